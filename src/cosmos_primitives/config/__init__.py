@@ -1,0 +1,55 @@
+"""Typed configuration: one msgspec Struct per section, TOML loading, aliases and overrides.
+
+Design choice: every section's struct lives in this package (one file per section), so that
+loading a config never imports torch-heavy components and the config stays at the bottom of the
+import graph. Components take their section as an argument.
+"""
+
+from cosmos_primitives.config.aliases import ALIASES, register_alias
+from cosmos_primitives.config.base import Section
+from cosmos_primitives.config.errors import ConfigError
+from cosmos_primitives.config.grpo import GRPOConfig
+from cosmos_primitives.config.loader import (
+    canonical_key,
+    config_from_dict,
+    config_to_dict,
+    dump_config,
+    load_config,
+    parse_override,
+)
+from cosmos_primitives.config.logging import LoggingConfig
+from cosmos_primitives.config.policy import LoraConfig, ParallelismConfig, PolicyConfig
+from cosmos_primitives.config.redis import RedisConfig
+from cosmos_primitives.config.rollout import RolloutConfig, SamplingConfig
+from cosmos_primitives.config.root import Config
+from cosmos_primitives.config.train import CheckpointConfig, DatasetConfig, TrainConfig, TrainPolicyConfig
+from cosmos_primitives.config.validation import ValidationConfig
+from cosmos_primitives.config.wfm import WFMConfig
+
+__all__ = [
+    "ALIASES",
+    "CheckpointConfig",
+    "Config",
+    "ConfigError",
+    "DatasetConfig",
+    "GRPOConfig",
+    "LoggingConfig",
+    "LoraConfig",
+    "ParallelismConfig",
+    "PolicyConfig",
+    "RedisConfig",
+    "RolloutConfig",
+    "SamplingConfig",
+    "Section",
+    "TrainConfig",
+    "TrainPolicyConfig",
+    "ValidationConfig",
+    "WFMConfig",
+    "canonical_key",
+    "config_from_dict",
+    "config_to_dict",
+    "dump_config",
+    "load_config",
+    "parse_override",
+    "register_alias",
+]

@@ -1,0 +1,255 @@
+"""``load_config``: TOML file + dotted overrides -> typed :class:`Config`, with clear errors."""
+
+from __future__ import annotations
+
+import difflib
+import os
+import re
+import types
+import typing
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+from typing import Any
+
+import msgspec
+
+from cosmos_primitives.config.aliases import ALIASES
+from cosmos_primitives.config.errors import ConfigError
+from cosmos_primitives.config.root import Config
+from cosmos_primitives.config.toml_io import dumps_toml, parse_toml_value, read_toml
+
+_MSGSPEC_ERROR = re.compile(r"^(?P<what>.*?)(?: - at `\$(?P<path>[^`]*)`)?$", re.S)
+
+
+def _reward_function_as_dict(value: Any) -> Any:
+    """``reward_function`` may be a list of names (each weight 1.0), a single name, or a table."""
+    if isinstance(value, str):
+        return {value: 1.0}
+    if isinstance(value, list) and all(isinstance(v, str) for v in value):
+        return {v: 1.0 for v in value}
+    return value
+
+
+# canonical dotted path -> normaliser applied to whatever value the user wrote there
+VALUE_NORMALISERS = {
+    "grpo.reward_function": _reward_function_as_dict,
+    "validation.reward_function": _reward_function_as_dict,
+}
+
+
+def _get(tree: dict[str, Any], path: str) -> Any:
+    node: Any = tree
+    for part in path.split("."):
+        if not isinstance(node, dict) or part not in node:
+            raise KeyError(path)
+        node = node[part]
+    return node
+
+
+def _set(tree: dict[str, Any], path: str, value: Any, source: str) -> None:
+    parts = path.split(".")
+    node = tree
+    for i, part in enumerate(parts[:-1]):
+        child = node.setdefault(part, {})
+        if not isinstance(child, dict):
+            where = ".".join(parts[: i + 1])
+            raise ConfigError(f"{source}: '{where}' is a value, not a table, so '{path}' cannot be set")
+        node = child
+    node[parts[-1]] = value
+
+
+def _pop(tree: dict[str, Any], path: str) -> Any:
+    parts = path.split(".")
+    node = _get(tree, ".".join(parts[:-1])) if len(parts) > 1 else tree
+    value = node.pop(parts[-1])
+    # drop tables the alias left empty, e.g. a [train.train_policy] holding only GRPO knobs
+    for depth in range(len(parts) - 1, 0, -1):
+        parent = _get(tree, ".".join(parts[: depth - 1])) if depth > 1 else tree
+        if parent.get(parts[depth - 1]) == {}:
+            del parent[parts[depth - 1]]
+        else:
+            break
+    return value
+
+
+def canonical_key(path: str) -> str:
+    """The canonical dotted path of ``path`` (itself when it is no alias)."""
+    return ALIASES[path][0] if path in ALIASES else path
+
+
+def _apply_aliases(tree: dict[str, Any], source: str) -> None:
+    for alias, (canonical, transform) in ALIASES.items():
+        try:
+            value = _get(tree, alias)
+        except KeyError:
+            continue
+        _pop(tree, alias)
+        if transform is not None:
+            value = transform(value)
+        try:
+            existing = _get(tree, canonical)
+        except KeyError:
+            _set(tree, canonical, value, source)
+            continue
+        if existing != value:
+            raise ConfigError(
+                f"{source}: '{alias}' = {value!r} and '{canonical}' = {existing!r} are the same setting "
+                f"with different values; keep only '{canonical}'"
+            )
+
+
+def _apply_normalisers(tree: dict[str, Any]) -> None:
+    for path, fn in VALUE_NORMALISERS.items():
+        try:
+            value = _get(tree, path)
+        except KeyError:
+            continue
+        _set(tree, path, fn(value), "")
+
+
+def _struct_of(tp: Any) -> type[msgspec.Struct] | None:
+    """The Struct type inside ``tp`` (``X``, ``X | None``), or None."""
+    if isinstance(tp, type) and issubclass(tp, msgspec.Struct):
+        return tp
+    for arg in typing.get_args(tp):
+        if isinstance(arg, type) and issubclass(arg, msgspec.Struct):
+            return arg
+    return None
+
+
+def _known_keys(struct: type[msgspec.Struct], prefix: str) -> Iterable[str]:
+    hints = typing.get_type_hints(struct)
+    for field in msgspec.structs.fields(struct):
+        path = f"{prefix}{field.encode_name}"
+        yield path
+        sub = _struct_of(hints[field.name])
+        if sub is not None:
+            yield from _known_keys(sub, path + ".")
+
+
+def _check_unknown(tree: dict[str, Any], struct: type[msgspec.Struct], prefix: str, source: str) -> None:
+    hints = typing.get_type_hints(struct)
+    fields = {f.encode_name: f for f in msgspec.structs.fields(struct)}
+    for key, value in tree.items():
+        path = f"{prefix}{key}"
+        if key not in fields:
+            everything = list(_known_keys(Config, "")) + list(ALIASES)
+            siblings = [f"{prefix}{name}" for name in fields]
+            close = difflib.get_close_matches(path, siblings, n=1, cutoff=0.5) or difflib.get_close_matches(
+                path, everything, n=1, cutoff=0.6
+            )
+            hint = f"; did you mean '{close[0]}'?" if close else f"; valid keys here: {', '.join(siblings)}"
+            raise ConfigError(f"{source}: unknown key '{path}'{hint}")
+        sub = _struct_of(hints[fields[key].name])
+        if sub is not None and isinstance(value, dict):
+            _check_unknown(value, sub, path + ".", source)
+
+
+def _field_type(path: str) -> Any:
+    """Annotated type of the config field at dotted ``path`` (None when not a struct field)."""
+    tp: Any = Config
+    for part in path.split("."):
+        struct = _struct_of(tp)
+        if struct is None:
+            return None
+        hints = typing.get_type_hints(struct)
+        names = {f.encode_name: f.name for f in msgspec.structs.fields(struct)}
+        if part not in names:
+            return None
+        tp = hints[names[part]]
+    return tp
+
+
+def _describe_type(tp: Any) -> str:
+    if typing.get_origin(tp) is typing.Literal:
+        return "one of " + ", ".join(repr(v) for v in typing.get_args(tp))
+    args = typing.get_args(tp)
+    if args and typing.get_origin(tp) in (typing.Union, types.UnionType):
+        return " or ".join(_describe_type(a) for a in args)
+    return getattr(tp, "__name__", None) or str(tp).replace("typing.", "")
+
+
+def _explain_validation_error(exc: msgspec.ValidationError, tree: dict[str, Any], source: str) -> ConfigError:
+    match = _MSGSPEC_ERROR.match(str(exc))
+    what, raw_path = (match.group("what"), match.group("path") or "") if match else (str(exc), "")
+    key = re.sub(r"\[(\d+)\]", r".\1", raw_path).lstrip(".")
+    try:
+        got = f" (got {_get(tree, key)!r})"
+    except (KeyError, TypeError):
+        got = ""
+    tp = _field_type(key)
+    if tp is not None:
+        return ConfigError(f"{source}: key '{key}' expects {_describe_type(tp)}{got}")
+    expected = re.search(r"Expected `([^`]*)`", what)
+    if expected:
+        return ConfigError(f"{source}: key '{key}' expects {expected.group(1)}{got}")
+    return ConfigError(f"{source}: key '{key}': {what}{got}")
+
+
+def config_from_dict(tree: dict[str, Any], source: str = "<dict>") -> Config:
+    """Validate a nested dict (aliases allowed) into a :class:`Config`."""
+    tree = _deepcopy(tree)
+    _apply_aliases(tree, source)
+    _apply_normalisers(tree)
+    _check_unknown(tree, Config, "", source)
+    try:
+        return msgspec.convert(tree, Config)
+    except msgspec.ValidationError as exc:
+        raise _explain_validation_error(exc, tree, source) from None
+
+
+def _deepcopy(tree: Any) -> Any:
+    if isinstance(tree, dict):
+        return {k: _deepcopy(v) for k, v in tree.items()}
+    if isinstance(tree, list):
+        return [_deepcopy(v) for v in tree]
+    return tree
+
+
+def parse_override(text: str) -> tuple[str, Any]:
+    """``"train.epoch=2"`` -> ``("train.epoch", 2)``; the value is parsed as TOML when it can be."""
+    key, sep, value = text.partition("=")
+    key = key.strip()
+    if not sep or not key:
+        raise ConfigError(f"override {text!r} is not of the form key.path=value")
+    return key, parse_toml_value(value.strip())
+
+
+def load_config(path: str | os.PathLike[str] | None = None, overrides: Sequence[str] = ()) -> Config:
+    """Load a TOML config file and apply dotted overrides.
+
+    Args:
+        path: TOML file, or None for all defaults.
+        overrides: ``["train.epoch=2", "grpo.kl_beta=0.01", ...]``; aliases allowed; values are TOML.
+
+    Raises:
+        ConfigError: unknown key (with the closest valid key), wrong type (with the expected type),
+            an alias and its canonical key given different values, or a malformed override.
+    """
+    source = str(path) if path is not None else "<defaults>"
+    tree = read_toml(path) if path is not None else {}
+    tree = _deepcopy(tree)
+    _apply_aliases(tree, source)
+    _check_unknown(tree, Config, "", source)
+    for text in overrides:
+        key, value = parse_override(text)
+        single: dict[str, Any] = {}
+        _set(single, canonical_key(key), value, f"override {text!r}")
+        _check_unknown(single, Config, "", f"override {text!r}")
+        _set(tree, canonical_key(key), value, f"override {text!r}")
+    return config_from_dict(tree, source if not overrides else f"{source} with overrides {list(overrides)}")
+
+
+def config_to_dict(config: Config) -> dict[str, Any]:
+    """Plain nested dict of a config (the resolved values, canonical keys)."""
+    return msgspec.to_builtins(config)
+
+
+def dump_config(config: Config, path: str | os.PathLike[str]) -> Path:
+    """Write the resolved config as TOML; :func:`load_config` on it gives back an equal config."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    tmp.write_text(dumps_toml(config_to_dict(config)))
+    os.replace(tmp, path)
+    return path

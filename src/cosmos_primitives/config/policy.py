@@ -1,0 +1,47 @@
+"""``[policy]``: the trainable model and how it is laid out over devices."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+import msgspec
+
+from cosmos_primitives.config.base import Section
+
+
+class ParallelismConfig(Section):
+    """``[policy.parallelism]`` / ``[rollout.parallelism]``: mesh sizes.
+
+    The product ``pp * dp_replicate * dp_shard * cp * tp`` must equal the number of ranks in the
+    group; ``dp_shard_size = -1`` takes whatever is left.
+    """
+
+    dp_replicate_size: int = 1
+    dp_shard_size: int = -1
+    cp_size: int = 1
+    tp_size: int = 1
+    pp_size: int = 1
+
+
+class LoraConfig(Section):
+    """``[policy.lora]``: low-rank adapters (peft); reference log-probs come from the adapters disabled."""
+
+    r: int = 32
+    lora_alpha: float = 64.0
+    lora_dropout: float = 0.0
+    target_modules: list[str] = msgspec.field(default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj"])
+
+
+class PolicyConfig(Section):
+    """``[policy]``."""
+
+    model_name_or_path: str = ""
+    model_revision: str | None = None
+    model_max_length: int = 4096
+    model_gradient_checkpointing: bool = False
+    dtype: Literal["bfloat16", "float32", "float16"] = "bfloat16"
+    parallelism: ParallelismConfig = msgspec.field(default_factory=ParallelismConfig)
+    freeze_patterns: list[str] = msgspec.field(default_factory=list)
+    trainable_patterns: list[str] = msgspec.field(default_factory=list)
+    logprob_chunk_size: int = 1024
+    lora: LoraConfig | None = None

@@ -1,0 +1,33 @@
+"""``[rollout]``: the generation engine and its sampling parameters."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+import msgspec
+
+from cosmos_primitives.config.base import Section
+from cosmos_primitives.config.policy import ParallelismConfig
+
+
+class SamplingConfig(Section):
+    """``[rollout.sampling_config]``."""
+
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = -1
+    repetition_penalty: float = 1.0
+
+
+class RolloutConfig(Section):
+    """``[rollout]``. The number of samples per prompt lives in ``[grpo]`` (alias ``n_generation``)."""
+
+    backend: Literal["hf", "vllm"] = "hf"
+    parallelism: ParallelismConfig = msgspec.field(default_factory=ParallelismConfig)
+    max_response_length: int = 1024
+    batch_size: int = 8
+    seed: int | None = None
+    gpu_memory_utilization: float = 0.7
+    enforce_eager: bool = True
+    include_stop_str_in_output: bool = False
+    sampling_config: SamplingConfig = msgspec.field(default_factory=SamplingConfig)

@@ -1,0 +1,31 @@
+"""The root of the config tree: one field per section."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import msgspec
+
+from cosmos_primitives.config.base import Section
+from cosmos_primitives.config.grpo import GRPOConfig
+from cosmos_primitives.config.logging import LoggingConfig
+from cosmos_primitives.config.policy import PolicyConfig
+from cosmos_primitives.config.redis import RedisConfig
+from cosmos_primitives.config.rollout import RolloutConfig
+from cosmos_primitives.config.train import TrainConfig
+from cosmos_primitives.config.validation import ValidationConfig
+from cosmos_primitives.config.wfm import WFMConfig
+
+
+class Config(Section):
+    """The whole config. ``[custom]`` is a free-form table for users' own recipes."""
+
+    policy: PolicyConfig = msgspec.field(default_factory=PolicyConfig)
+    train: TrainConfig = msgspec.field(default_factory=TrainConfig)
+    rollout: RolloutConfig = msgspec.field(default_factory=RolloutConfig)
+    grpo: GRPOConfig = msgspec.field(default_factory=GRPOConfig)
+    validation: ValidationConfig = msgspec.field(default_factory=ValidationConfig)
+    logging: LoggingConfig = msgspec.field(default_factory=LoggingConfig)
+    wfm: WFMConfig = msgspec.field(default_factory=WFMConfig)
+    redis: RedisConfig = msgspec.field(default_factory=RedisConfig)
+    custom: dict[str, Any] = msgspec.field(default_factory=dict)

@@ -1,0 +1,24 @@
+"""The library's Python logger: ``[cosmos] <time> - <level> - <message>`` with the rank in front."""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+
+_FORMAT = "[rank{rank}]:[cosmos] %(asctime)s - %(levelname)s - %(message)s"
+
+
+def get_logger(name: str = "cosmos") -> logging.Logger:
+    """The ``cosmos`` logger (or a child of it), printing to stderr once per process.
+
+    ``COSMOS_LOG_LEVEL`` sets the level (default INFO).
+    """
+    root = logging.getLogger("cosmos")
+    if not root.handlers:
+        handler = logging.StreamHandler(sys.stderr)
+        handler.setFormatter(logging.Formatter(_FORMAT.format(rank=os.environ.get("RANK", "0"))))
+        root.addHandler(handler)
+        root.setLevel(os.environ.get("COSMOS_LOG_LEVEL", "INFO").upper())
+        root.propagate = False
+    return root if name == "cosmos" else root.getChild(name.removeprefix("cosmos."))

@@ -1,0 +1,145 @@
+"""One metrics tracker: console lines, ``metrics.jsonl`` in the run directory, and W&B."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import time
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from cosmos_primitives.config.logging import LoggingConfig
+from cosmos_primitives.logging.console import get_logger
+from cosmos_primitives.utils.extras import require
+
+METRICS_FILE = "metrics.jsonl"
+
+
+def _scalar(value: Any) -> float | int | str:
+    if hasattr(value, "item"):
+        value = value.item()
+    if isinstance(value, (bool, int)):
+        return int(value)
+    if isinstance(value, float):
+        return value
+    return str(value)
+
+
+def _fmt(value: float | int | str) -> str:
+    if isinstance(value, float):
+        if value != 0 and (abs(value) < 1e-3 or abs(value) >= 1e5) and math.isfinite(value):
+            return f"{value:.3e}"
+        return f"{value:.4f}"
+    return str(value)
+
+
+class MetricsTracker:
+    """Log scalar metrics per step to the console, ``<run_dir>/metrics.jsonl`` and W&B.
+
+    Only rank 0 writes (other ranks' calls are no-ops). W&B runs offline (under
+    ``<run_dir>/wandb``) when ``WANDB_API_KEY`` is not set; ``project_name`` / ``experiment_name``
+    come from ``[logging]``.
+
+    Args:
+        run_dir: the run directory (``<output_dir>/<timestamp>``).
+        config: ``[logging]``; ``logger`` selects ``"console"`` and / or ``"wandb"``.
+        run_config: the whole config as a dict, recorded in W&B.
+        rank: this process's global rank.
+        total_steps: printed as ``step N/total`` when known.
+    """
+
+    def __init__(self, run_dir: str | Path, config: LoggingConfig | None = None, *,
+                 run_config: Mapping[str, Any] | None = None, rank: int | None = None,
+                 total_steps: int | None = None, prefix: str = "") -> None:
+        self.config = config or LoggingConfig()
+        self.run_dir = Path(run_dir)
+        self.rank = int(os.environ.get("RANK", "0")) if rank is None else rank
+        self.total_steps = total_steps
+        self.prefix = prefix
+        self.log = get_logger()
+        self._jsonl = None
+        self._wandb_run = None
+        if self.rank != 0:
+            return
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        self._jsonl = (self.run_dir / METRICS_FILE).open("a", buffering=1)
+        if "wandb" in self.config.logger:
+            self._wandb_run = self._start_wandb(run_config)
+
+    def _start_wandb(self, run_config: Mapping[str, Any] | None) -> Any:
+        wandb = require("wandb", "logging to Weights & Biases")
+        mode = os.environ.get("WANDB_MODE") or ("online" if os.environ.get("WANDB_API_KEY") else "offline")
+        return wandb.init(
+            project=self.config.project_name,
+            name=self.config.experiment_name or self.run_dir.name,
+            id=self.run_dir.name.replace("/", "_") if self.run_dir.name else None,
+            dir=str(self.run_dir),
+            config=dict(run_config or {}),
+            mode=mode,
+            resume="allow",
+            settings=wandb.Settings(silent=True, console="off"),
+        )
+
+    @property
+    def active(self) -> bool:
+        return self.rank == 0
+
+    def log_metrics(self, metrics: Mapping[str, Any], step: int) -> None:
+        """Record ``metrics`` (scalars or 0-d tensors) at ``step``."""
+        if self.rank != 0:
+            return
+        values = {k: _scalar(v) for k, v in metrics.items()}
+        record = {"step": step, "time": time.time(), **values}
+        if self._jsonl is not None:
+            self._jsonl.write(json.dumps(record) + "\n")
+        if "console" in self.config.logger and step % max(self.config.log_freq, 1) == 0:
+            where = f"{step}/{self.total_steps}" if self.total_steps else str(step)
+            body = ", ".join(f"{k}: {_fmt(v)}" for k, v in values.items())
+            self.log.info(f"{self.prefix}Step: {where}, {body}")
+        if self._wandb_run is not None:
+            self._wandb_run.log(values, step=step)
+
+    def log_text(self, message: str) -> None:
+        if self.rank == 0:
+            self.log.info(message)
+
+    def finish(self) -> None:
+        """Flush and close the JSONL file and the W&B run."""
+        if self._jsonl is not None:
+            self._jsonl.close()
+            self._jsonl = None
+        if self._wandb_run is not None:
+            self._wandb_run.finish()
+            self._wandb_run = None
+
+    def __enter__(self) -> MetricsTracker:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.finish()
+
+
+def read_metrics(run_dir: str | Path) -> list[dict[str, Any]]:
+    """Records of ``<run_dir>/metrics.jsonl`` in order (a torn last line is ignored)."""
+    path = Path(run_dir) / METRICS_FILE
+    if not path.is_file():
+        raise FileNotFoundError(f"{path} not found: is {run_dir} a run directory written by MetricsTracker?")
+    records = []
+    for line in path.read_text().splitlines():
+        try:
+            records.append(json.loads(line))
+        except json.JSONDecodeError:
+            continue
+    return records
+
+
+def metric_series(records: Sequence[Mapping[str, Any]], key: str) -> tuple[list[int], list[float]]:
+    """(steps, values) of one numeric metric."""
+    steps, values = [], []
+    for r in records:
+        if key in r and isinstance(r[key], (int, float)):
+            steps.append(int(r["step"]))
+            values.append(float(r[key]))
+    return steps, values

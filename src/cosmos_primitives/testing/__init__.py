@@ -1,0 +1,51 @@
+"""Builders for unit-testing components on a CPU: tiny models, offline tokenizer, media, a real
+Redis server, and a runner for multi-process gloo tests. Users can test their own components the
+same way (``from cosmos_primitives.testing import tiny_qwen2_5_vl, run_distributed``)."""
+
+from cosmos_primitives.testing.distributed import run_distributed
+from cosmos_primitives.testing.media import (
+    COLOURS,
+    color_image,
+    decode_frame_index,
+    frame_index_pattern,
+    write_corrupt_mp4,
+    write_image,
+    write_mp4,
+)
+from cosmos_primitives.testing.models import (
+    save_tiny_qwen2,
+    save_tiny_qwen2_5_vl,
+    tiny_flow_scheduler,
+    tiny_qwen2,
+    tiny_qwen2_5_vl,
+    tiny_qwen2_5_vl_config,
+    tiny_qwen2_5_vl_processor,
+    tiny_wan_transformer,
+    tiny_wan_vae,
+)
+from cosmos_primitives.testing.redis_server import RedisServer
+from cosmos_primitives.testing.tokenizer import qwen2_5_vl_chat_template, qwen_tokenizer, qwen_tokenizer_dir
+
+__all__ = [
+    "COLOURS",
+    "RedisServer",
+    "color_image",
+    "decode_frame_index",
+    "frame_index_pattern",
+    "qwen2_5_vl_chat_template",
+    "qwen_tokenizer",
+    "qwen_tokenizer_dir",
+    "run_distributed",
+    "save_tiny_qwen2",
+    "save_tiny_qwen2_5_vl",
+    "tiny_flow_scheduler",
+    "tiny_qwen2",
+    "tiny_qwen2_5_vl",
+    "tiny_qwen2_5_vl_config",
+    "tiny_qwen2_5_vl_processor",
+    "tiny_wan_transformer",
+    "tiny_wan_vae",
+    "write_corrupt_mp4",
+    "write_image",
+    "write_mp4",
+]

@@ -1,0 +1,181 @@
+"""Tiny models with random weights, built from configs: Qwen2.5-VL, Qwen2, and a Wan-style flow
+transformer with its VAE. Small enough for CPU tests, same code paths as the real ones."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from cosmos_primitives.testing.tokenizer import (
+    IMAGE_PAD_ID,
+    VIDEO_PAD_ID,
+    VISION_END_ID,
+    VISION_START_ID,
+    qwen2_5_vl_chat_template,
+    qwen_tokenizer,
+)
+from cosmos_primitives.utils.extras import require
+
+QWEN_VOCAB_SIZE = 151936
+TINY_PIXELS = 28 * 28  # one merged 2x2 patch of 14 px
+
+
+def tiny_qwen2_5_vl_config(hidden_size: int = 64, num_layers: int = 2, vision_depth: int = 2) -> Any:
+    """A Qwen2.5-VL config of a few million parameters (mostly the 151,936-token embedding)."""
+    from transformers import Qwen2_5_VLConfig
+
+    heads = 4
+    head_dim = hidden_size // heads
+    half = head_dim // 2
+    # mRoPE splits the rotary half-dimension into (temporal, height, width) sections.
+    mrope = [half - 2 * (half // 3), half // 3, half // 3]
+    return Qwen2_5_VLConfig(
+        text_config=dict(
+            vocab_size=QWEN_VOCAB_SIZE,
+            hidden_size=hidden_size,
+            intermediate_size=2 * hidden_size,
+            num_hidden_layers=num_layers,
+            num_attention_heads=heads,
+            num_key_value_heads=2,
+            max_position_embeddings=8192,
+            rope_parameters={"rope_type": "default", "rope_theta": 1_000_000.0, "mrope_section": mrope},
+            tie_word_embeddings=True,
+            bos_token_id=151643,
+            eos_token_id=151645,
+            pad_token_id=151643,
+        ),
+        vision_config=dict(
+            depth=vision_depth,
+            hidden_size=32,
+            intermediate_size=64,
+            num_heads=2,
+            out_hidden_size=hidden_size,
+            patch_size=14,
+            spatial_merge_size=2,
+            temporal_patch_size=2,
+            window_size=112,
+            fullatt_block_indexes=[vision_depth - 1],
+        ),
+        image_token_id=IMAGE_PAD_ID,
+        video_token_id=VIDEO_PAD_ID,
+        vision_start_token_id=VISION_START_ID,
+        vision_end_token_id=VISION_END_ID,
+        tie_word_embeddings=True,
+    )
+
+
+def tiny_qwen2_5_vl(seed: int = 0, **config_kwargs: Any) -> Any:
+    """A randomly initialised tiny ``Qwen2_5_VLForConditionalGeneration`` (float32, eval mode off)."""
+    from transformers import Qwen2_5_VLForConditionalGeneration
+
+    torch.manual_seed(seed)
+    model = Qwen2_5_VLForConditionalGeneration(tiny_qwen2_5_vl_config(**config_kwargs))
+    model.generation_config.pad_token_id = 151643
+    model.generation_config.eos_token_id = [151645, 151643]
+    return model
+
+
+def tiny_qwen2_5_vl_processor(min_pixels: int = 4 * TINY_PIXELS, max_pixels: int = 16 * TINY_PIXELS) -> Any:
+    """A ``Qwen2_5_VLProcessor`` over the real Qwen vocabulary with small pixel budgets.
+
+    Images and videos are resized to between ``min_pixels`` and ``max_pixels`` (multiples of 28 px).
+    """
+    from transformers import Qwen2_5_VLProcessor, Qwen2VLImageProcessor
+
+    require("torchvision", "the Qwen2.5-VL video processor")
+    from transformers import Qwen2VLVideoProcessor
+
+    size = {"shortest_edge": min_pixels, "longest_edge": max_pixels}
+    return Qwen2_5_VLProcessor(
+        image_processor=Qwen2VLImageProcessor(size=size),
+        video_processor=Qwen2VLVideoProcessor(size=size),
+        tokenizer=qwen_tokenizer(),
+        chat_template=qwen2_5_vl_chat_template(),
+    )
+
+
+def tiny_qwen2(seed: int = 0, hidden_size: int = 64, num_layers: int = 2) -> Any:
+    """A randomly initialised tiny text-only ``Qwen2ForCausalLM`` over the Qwen vocabulary."""
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    torch.manual_seed(seed)
+    config = Qwen2Config(
+        vocab_size=QWEN_VOCAB_SIZE,
+        hidden_size=hidden_size,
+        intermediate_size=2 * hidden_size,
+        num_hidden_layers=num_layers,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=8192,
+        tie_word_embeddings=True,
+        bos_token_id=151643,
+        eos_token_id=151645,
+        pad_token_id=151643,
+    )
+    return Qwen2ForCausalLM(config)
+
+
+def save_tiny_qwen2_5_vl(path: str | Path, seed: int = 0, **config_kwargs: Any) -> Path:
+    """Write a tiny Qwen2.5-VL and its processor to ``path`` (loadable with ``from_pretrained``)."""
+    path = Path(path)
+    tiny_qwen2_5_vl(seed=seed, **config_kwargs).save_pretrained(path)
+    tiny_qwen2_5_vl_processor().save_pretrained(path)
+    return path
+
+
+def save_tiny_qwen2(path: str | Path, seed: int = 0) -> Path:
+    """Write a tiny Qwen2 and the Qwen tokenizer to ``path``."""
+    path = Path(path)
+    tiny_qwen2(seed=seed).save_pretrained(path)
+    qwen_tokenizer().save_pretrained(path)
+    return path
+
+
+def tiny_wan_transformer(seed: int = 0, in_channels: int = 4, text_dim: int = 32, num_layers: int = 2) -> Any:
+    """A tiny diffusers ``WanTransformer3DModel`` (flow matching, velocity prediction).
+
+    Input ``hidden_states``: ``[B, in_channels, T, H, W]`` latents with even ``H``, ``W``;
+    ``encoder_hidden_states``: ``[B, L, text_dim]``; ``timestep``: ``[B]`` in ``[0, 1000]``.
+    """
+    diffusers = require("diffusers", "the tiny flow-matching transformer")
+    torch.manual_seed(seed)
+    return diffusers.WanTransformer3DModel(
+        patch_size=(1, 2, 2),
+        num_attention_heads=2,
+        attention_head_dim=16,
+        in_channels=in_channels,
+        out_channels=in_channels,
+        text_dim=text_dim,
+        freq_dim=32,
+        ffn_dim=64,
+        num_layers=num_layers,
+        cross_attn_norm=True,
+        qk_norm="rms_norm_across_heads",
+        rope_max_seq_len=64,
+    )
+
+
+def tiny_wan_vae(seed: int = 0, z_dim: int = 4) -> Any:
+    """A tiny diffusers ``AutoencoderKLWan``: video ``[B, 3, T, H, W]`` in [-1, 1] <-> latents
+    ``[B, z_dim, T, H/2, W/2]`` (no temporal downsampling; Wan's causal chunking wants
+    ``T = 1 + 4k`` frames)."""
+    diffusers = require("diffusers", "the tiny video VAE")
+    torch.manual_seed(seed)
+    return diffusers.AutoencoderKLWan(
+        base_dim=8,
+        z_dim=z_dim,
+        dim_mult=[1, 1],
+        num_res_blocks=1,
+        attn_scales=[],
+        temperal_downsample=[False],
+        latents_mean=[0.0] * z_dim,
+        latents_std=[1.0] * z_dim,
+    )
+
+
+def tiny_flow_scheduler(shift: float = 3.0) -> Any:
+    """The diffusers ``FlowMatchEulerDiscreteScheduler`` the flow sampler reads its sigmas from."""
+    diffusers = require("diffusers", "the flow-matching scheduler")
+    return diffusers.FlowMatchEulerDiscreteScheduler(shift=shift)

@@ -1,0 +1,123 @@
+"""Shared fixtures: tiny models, the offline Qwen tokenizer, generated media, a real Redis server.
+
+The builders live in ``cosmos_primitives.testing`` so that users can test their own components
+the same way; this file only scopes them for pytest.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+import torch
+
+from cosmos_primitives import testing as cpt
+from cosmos_primitives.testing.redis_server import live_servers
+
+os.environ.setdefault("WANDB_MODE", "offline")
+os.environ.setdefault("WANDB_SILENT", "true")
+os.environ.setdefault("COSMOS_NO_PROGRESS", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+HAS_CUDA = torch.cuda.is_available()
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    skip_gpu = pytest.mark.skip(reason="needs a CUDA GPU; none is visible on this machine")
+    for item in items:
+        if "gpu" in item.keywords and not HAS_CUDA:
+            item.add_marker(skip_gpu)
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    leftover = live_servers()
+    for server in leftover:
+        server.close()
+    if leftover:
+        session.exitstatus = 1
+        print(f"\nERROR: {len(leftover)} redis-server process(es) were left running by tests and were stopped")
+
+
+@pytest.fixture(scope="session")
+def qwen_tokenizer():
+    return cpt.qwen_tokenizer()
+
+
+@pytest.fixture(scope="session")
+def tiny_vl_processor():
+    return cpt.tiny_qwen2_5_vl_processor()
+
+
+@pytest.fixture
+def tiny_vl_model():
+    return cpt.tiny_qwen2_5_vl(seed=0)
+
+
+@pytest.fixture(scope="session")
+def tiny_vl_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A saved tiny Qwen2.5-VL + processor, loadable with ``from_pretrained`` (do not modify)."""
+    return cpt.save_tiny_qwen2_5_vl(tmp_path_factory.mktemp("tiny_vl") / "model")
+
+
+@pytest.fixture
+def tiny_qwen2_model():
+    return cpt.tiny_qwen2(seed=0)
+
+
+@pytest.fixture(scope="session")
+def tiny_qwen2_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return cpt.save_tiny_qwen2(tmp_path_factory.mktemp("tiny_qwen2") / "model")
+
+
+@pytest.fixture
+def tiny_wan():
+    return cpt.tiny_wan_transformer(seed=0)
+
+
+@pytest.fixture
+def tiny_vae():
+    return cpt.tiny_wan_vae(seed=0)
+
+
+@pytest.fixture(scope="session")
+def video_clips(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """mp4 clips of several lengths, frame rates and resolutions, plus a corrupt and a missing one."""
+    root = tmp_path_factory.mktemp("clips")
+    return {
+        "short": cpt.write_mp4(root / "short.mp4", num_frames=8, fps=8.0, size=(48, 64)),
+        "medium": cpt.write_mp4(root / "medium.mp4", num_frames=30, fps=10.0, size=(64, 64)),
+        "long_hd": cpt.write_mp4(root / "long_hd.mp4", num_frames=31, fps=30.0, size=(240, 320)),
+        "corrupt": cpt.write_corrupt_mp4(root / "corrupt.mp4"),
+        "missing": root / "does_not_exist.mp4",
+    }
+
+
+@pytest.fixture(scope="session")
+def color_images(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    root = tmp_path_factory.mktemp("images")
+    return {name: cpt.write_image(root / f"{name}.png", cpt.color_image(name)) for name in cpt.COLOURS}
+
+
+@pytest.fixture(scope="session")
+def redis_server():
+    """One real redis-server for the session (flushed per test by ``redis_url``)."""
+    with cpt.RedisServer() as server:
+        yield server
+
+
+@pytest.fixture
+def redis_url(redis_server) -> str:
+    import redis
+
+    client = redis.Redis.from_url(redis_server.url)
+    client.flushall()
+    client.close()
+    return redis_server.url
+
+
+@pytest.fixture
+def own_redis_server():
+    """A redis-server owned by one test (for restart / kill scenarios)."""
+    with cpt.RedisServer() as server:
+        yield server

@@ -1,0 +1,137 @@
+"""Config loading: unknown keys, types, aliases, overrides, dump / reload, users' snippets."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+import cosmos_primitives as cp
+from cosmos_primitives.config import ConfigError, dump_config, load_config
+
+DATA = Path(__file__).parent / "data"
+
+
+def write(tmp_path: Path, text: str) -> Path:
+    path = tmp_path / "cfg.toml"
+    path.write_text(text)
+    return path
+
+
+def test_reference_section1_snippet_loads_with_every_value() -> None:
+    cfg = cp.load_config(DATA / "reference_section1.toml")
+    assert cfg.policy.model_gradient_checkpointing is True
+    assert cfg.policy.parallelism.dp_shard_size == 4
+    assert cfg.rollout.parallelism.tp_size == 2
+    assert cfg.train.output_dir == "./outputs/sft"
+    assert cfg.train.train_batch_per_replica == 32
+    assert cfg.grpo.rollout_batch_size == 32  # spelled under [train.train_policy]
+    assert cfg.train.train_policy.dataset.name == "nvidia/Cosmos-Reason1-SFT-Dataset"
+    assert cfg.train.train_policy.dataset.subset == "robovqa"
+    assert cfg.train.train_policy.dataset.split == "understanding"
+    ckpt = cfg.train.ckpt
+    assert (ckpt.enable_checkpoint, ckpt.save_freq, ckpt.max_keep, ckpt.save_mode) == (True, 100, 2, "async")
+    assert (ckpt.upload_hf, ckpt.hf_repo_name, ckpt.upload_s3) == (False, "Cosmos-Reason1", False)
+    assert (ckpt.s3_bucket, ckpt.s3_prefix) == ("bucket", "outputs")
+    assert cfg.grpo.num_samples_per_prompt == 4
+    assert cfg.grpo.kl_beta == pytest.approx(0.01)  # kl_penalty is an alias
+    assert cfg.logging.project_name == "cosmos_reason1"
+    assert cfg.logging.experiment_name == "post_training/sft"
+
+
+def test_user_guide_snippets_load() -> None:
+    cfg = cp.load_config(DATA / "seed_snippets.toml")
+    assert cfg.train.epoch == 50
+    assert cfg.train.ckpt.upload_s3 is True
+    assert cfg.policy.parallelism.dp_shard_size == 8
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("[train]\nepoc = 2\n", "unknown key 'train.epoc'; did you mean 'train.epoch'?"),
+        ("[train.ckpt]\nsave_mod = 'sync'\n", "did you mean 'train.ckpt.save_mode'?"),
+        ("[polciy]\nmodel_name_or_path = 'x'\n", "did you mean 'policy'?"),
+        ("[policy.parallelism]\ndp_shard_sze = 2\n", "did you mean 'policy.parallelism.dp_shard_size'?"),
+    ],
+)
+def test_unknown_key_names_key_file_and_suggestion(tmp_path: Path, text: str, expected: str) -> None:
+    path = write(tmp_path, text)
+    with pytest.raises(ConfigError) as info:
+        load_config(path)
+    assert expected in str(info.value)
+    assert str(path) in str(info.value)
+
+
+@pytest.mark.parametrize(
+    ("text", "key", "expected"),
+    [
+        ("[train]\nepoch = 'two'\n", "train.epoch", "expects int"),
+        ("[train.ckpt]\nsave_mode = 'sometimes'\n", "train.ckpt.save_mode", "expects one of 'async', 'sync'"),
+        ("[policy]\nmodel_gradient_checkpointing = 1\n", "policy.model_gradient_checkpointing", "expects bool"),
+        ("[train.ckpt]\nupload_s3 = 'weekly'\n", "train.ckpt.upload_s3", "one of 'final', 'all'"),
+    ],
+)
+def test_wrong_type_names_key_and_expected_type(tmp_path: Path, text: str, key: str, expected: str) -> None:
+    path = write(tmp_path, text)
+    with pytest.raises(ConfigError) as info:
+        load_config(path)
+    message = str(info.value)
+    assert f"key '{key}'" in message
+    assert expected in message
+    assert str(path) in message
+
+
+def test_aliases_map_onto_one_field(tmp_path: Path) -> None:
+    a = load_config(write(tmp_path, "[rollout]\nn_generation = 6\n"))
+    b = load_config(write(tmp_path, "[grpo]\nnum_samples_per_prompt = 6\n"))
+    assert a.grpo.num_samples_per_prompt == b.grpo.num_samples_per_prompt == 6
+    assert a == b
+    old = load_config(write(tmp_path, "[train.train_policy]\nepsilon_high = 0.28\nkl_beta = 0.02\n"))
+    assert (old.grpo.epsilon_high, old.grpo.kl_beta) == (0.28, 0.02)
+    short = load_config(write(tmp_path, "[policy.parallelism]\ndp_shard = 2\ntp = 1\n"))
+    assert short.policy.parallelism.dp_shard_size == 2
+
+
+def test_alias_and_canonical_disagreeing_is_an_error(tmp_path: Path) -> None:
+    path = write(tmp_path, "[rollout]\nn_generation = 4\n[grpo]\nnum_samples_per_prompt = 8\n")
+    with pytest.raises(ConfigError, match=r"'rollout.n_generation' = 4 and 'grpo.num_samples_per_prompt' = 8"):
+        load_config(path)
+    same = write(tmp_path, "[rollout]\nn_generation = 8\n[grpo]\nnum_samples_per_prompt = 8\n")
+    assert load_config(same).grpo.num_samples_per_prompt == 8
+
+
+def test_reward_function_list_becomes_weights(tmp_path: Path) -> None:
+    cfg = load_config(write(tmp_path, "[train.train_policy]\nreward_function = ['single_choice', 'format']\n"))
+    assert cfg.grpo.reward_function == {"single_choice": 1.0, "format": 1.0}
+
+
+def test_dotted_overrides(tmp_path: Path) -> None:
+    path = write(tmp_path, "[train]\nepoch = 1\n")
+    cfg = load_config(path, overrides=["train.epoch=3", "rollout.n_generation=2", "train.output_dir=/tmp/x",
+                                       "train.optm_betas=[0.8, 0.9]", "custom.my_reward.scale=0.5"])
+    assert cfg.train.epoch == 3
+    assert cfg.grpo.num_samples_per_prompt == 2
+    assert cfg.train.output_dir == "/tmp/x"  # a bare word stays a string
+    assert cfg.train.optm_betas == [0.8, 0.9]
+    assert cfg.custom == {"my_reward": {"scale": 0.5}}
+    with pytest.raises(ConfigError, match=r"override 'train.epohc=3'.*did you mean 'train.epoch'"):
+        load_config(path, overrides=["train.epohc=3"])
+    with pytest.raises(ConfigError, match="not of the form"):
+        load_config(path, overrides=["train.epoch"])
+
+
+def test_dump_and_reload_round_trip(tmp_path: Path) -> None:
+    cfg = load_config(DATA / "reference_section1.toml",
+                      overrides=["train.resume=true", "custom.note='a \"quoted\" value'", "train.max_steps=7"])
+    out = dump_config(cfg, tmp_path / "run" / "config.toml")
+    again = load_config(out)
+    assert again == cfg
+    assert dump_config(again, tmp_path / "second.toml").read_text() == out.read_text()
+
+
+def test_missing_file_and_bad_toml(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="not found"):
+        load_config(tmp_path / "nope.toml")
+    with pytest.raises(ConfigError, match="invalid TOML"):
+        load_config(write(tmp_path, "[train\nepoch = 1\n"))
