@@ -7,6 +7,8 @@ import graph. Components take their section as an argument.
 
 from cosmos_primitives.config.aliases import ALIASES, register_alias
 from cosmos_primitives.config.base import Section
+from cosmos_primitives.config.checkpoint import CheckpointConfig
+from cosmos_primitives.config.dataset import DatasetConfig, TrainPolicyConfig
 from cosmos_primitives.config.errors import ConfigError
 from cosmos_primitives.config.grpo import GRPOConfig
 from cosmos_primitives.config.loader import (
@@ -22,7 +24,7 @@ from cosmos_primitives.config.policy import LoraConfig, ParallelismConfig, Polic
 from cosmos_primitives.config.redis import RedisConfig
 from cosmos_primitives.config.rollout import RolloutConfig, SamplingConfig
 from cosmos_primitives.config.root import Config
-from cosmos_primitives.config.train import CheckpointConfig, DatasetConfig, TrainConfig, TrainPolicyConfig
+from cosmos_primitives.config.train import TrainConfig
 from cosmos_primitives.config.validation import ValidationConfig
 from cosmos_primitives.config.wfm import WFMConfig
 

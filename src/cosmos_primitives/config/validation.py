@@ -5,7 +5,7 @@ from __future__ import annotations
 import msgspec
 
 from cosmos_primitives.config.base import Section
-from cosmos_primitives.config.train import DatasetConfig
+from cosmos_primitives.config.dataset import DatasetConfig
 
 
 class ValidationConfig(Section):
