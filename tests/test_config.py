@@ -4,10 +4,12 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import msgspec
 import pytest
 
 import cosmos_primitives as cp
-from cosmos_primitives.config import ConfigError, dump_config, load_config
+from cosmos_primitives.config import ConfigError, Section, dump_config, load_config
+from cosmos_primitives.config.loader import _check_unknown
 
 DATA = Path(__file__).parent / "data"
 
@@ -135,3 +137,17 @@ def test_missing_file_and_bad_toml(tmp_path: Path) -> None:
         load_config(tmp_path / "nope.toml")
     with pytest.raises(ConfigError, match="invalid TOML"):
         load_config(write(tmp_path, "[train\nepoch = 1\n"))
+
+
+class _Term(Section):
+    weight: float = 1.0
+
+
+class _Holder(Section):
+    terms: dict[str, _Term] = msgspec.field(default_factory=dict)
+
+
+def test_table_of_tables_fields_are_checked() -> None:
+    _check_unknown({"terms": {"a": {"weight": 2.0}}}, _Holder, "", "f.toml")
+    with pytest.raises(ConfigError, match=r"unknown key 'terms.a.wieght'; did you mean 'terms.a.weight'"):
+        _check_unknown({"terms": {"a": {"wieght": 2.0}}}, _Holder, "", "f.toml")

@@ -17,7 +17,8 @@ _PARALLEL_SHORT = {
     "pp": "pp_size",
 }
 
-# The older reference system spells the GRPO knobs under [train.train_policy].
+# The older reference system spells the GRPO knobs under [train.train_policy]. (``mini_batch`` stays
+# there: it is [train.train_policy] mini_batch for SFT and GRPO alike.)
 _GRPO_UNDER_TRAIN_POLICY = (
     "epsilon_low",
     "epsilon_high",
@@ -28,11 +29,46 @@ _GRPO_UNDER_TRAIN_POLICY = (
     "on_policy",
     "reward_function",
     "rollout_batch_size",
+    "policy_loss",
+    "advantage_estimator",
+    "advantage_std",
+    "advantage_epsilon",
+    "dual_clip_c",
+    "aipo_rho",
+    "behav_imp_weight_cap",
+    "off_policy_masking_delta",
+    "kl_estimator",
+    "entropy_coeff",
+    "positive_nll_coef",
+    "unbiased_loss_max_tokens",
+    "dynamic_sampling",
+    "overlong_reward",
+    "mu_iterations",
+    "reward_fallback_score",
 )
+
+
+def _unbiased_advantage_to_estimator(value: object) -> object:
+    """cosmos-rl's ``unbiased_advantage = true`` (do not divide by the std) is the Dr.GRPO estimator."""
+    if isinstance(value, bool):
+        return "drgrpo" if value else "grpo"
+    return value  # left for the type check to reject with the key's name
+
+
+# GRPO knobs that older configs spell differently: old name -> field of [grpo], value transform
+_GRPO_RENAMED = {
+    "unbiased_advantage": ("advantage_estimator", _unbiased_advantage_to_estimator),
+    "lower_bound_ratio": ("dual_clip_c", None),
+    "kl_penalty": ("kl_beta", None),
+}
 
 ALIASES: dict[str, tuple[str, Callable[[Any], Any] | None]] = {
     "rollout.n_generation": ("grpo.num_samples_per_prompt", None),
-    "grpo.kl_penalty": ("grpo.kl_beta", None),
+    **{
+        f"{section}.{old}": (f"grpo.{field}", transform)
+        for section in ("grpo", "train.train_policy")
+        for old, (field, transform) in _GRPO_RENAMED.items()
+    },
     "train.param_dtype": ("policy.dtype", None),
     **{
         f"train.train_policy.{key}": (f"grpo.{key}", None)

@@ -1,4 +1,14 @@
-"""``[grpo]``: GRPO-family knobs for language / vision-language policies (REFERENCE.md section 2)."""
+"""``[grpo]``: GRPO-family knobs for language / vision-language policies (REFERENCE.md section 2).
+
+The formulas these knobs drive live in :mod:`cosmos_primitives.algo`; ``grpo_loss`` reads this
+section. Older configs spell most knobs under ``[train.train_policy]`` (see ``config/aliases.py``),
+some under other names: ``unbiased_advantage = true`` is ``advantage_estimator = "drgrpo"``,
+``lower_bound_ratio`` is ``dual_clip_c``, ``[rollout] n_generation`` is ``num_samples_per_prompt``,
+``[grpo] kl_penalty`` is ``kl_beta``.
+
+The mini-batch size of a GRPO update is ``[train.train_policy] mini_batch`` (the same key SFT uses),
+so there is no second copy of it here.
+"""
 
 from __future__ import annotations
 
@@ -9,18 +19,80 @@ import msgspec
 from cosmos_primitives.config.base import Section
 
 
+class OverlongRewardConfig(Section):
+    """``[grpo.overlong_reward]``: DAPO overlong reward shaping (alias ``[train.train_policy.overlong_reward]``).
+
+    A completion of ``len`` tokens gets ``min(-(len - (max_length - buffer_length)) / buffer_length
+    * penalty_factor, 0)`` added to its reward: nothing up to ``max_length - buffer_length`` tokens,
+    then linearly down to ``-penalty_factor`` at ``max_length``.
+    """
+
+    enable_overlong_penalty: bool = False
+    buffer_length: int = 4096
+    penalty_factor: float = 1.0
+    # None: the rollout's ``[rollout] max_response_length``
+    max_length: int | None = None
+
+
 class GRPOConfig(Section):
-    """``[grpo]``. Older configs spell most of these under ``[train.train_policy]`` (aliases)."""
+    """``[grpo]``.
+
+    Defaults (cosmos-rl's): PPO-clip with ``epsilon_low = epsilon_high = 0.2`` and dual-clip
+    ``c = 3`` for negative advantages; group z-score advantages with the *population* std
+    (``advantage_std = "population"``, numpy's default, as cosmos-rl; verl and TRL use the unbiased
+    std, ``"unbiased"``); no KL (``kl_beta = 0``, estimator k3 when enabled); ``token-mean`` loss.
+
+    Policy loss: ``policy_loss`` names a registered loss (``cp.algo.policy_loss_names()``). Left
+    unset it follows the older knobs: ``aipo_rho`` set -> ``"aipo"``; ``variant = "gspo"`` ->
+    ``"gspo"`` (use small eps, e.g. 3e-4 / 4e-4); otherwise ``"ppo_clip"``. ``variant = "dapo"`` is
+    ``"ppo_clip"`` with dynamic sampling on (set ``epsilon_high = 0.28`` for DAPO's clip-higher).
+    """
 
     num_samples_per_prompt: int = 8
     rollout_batch_size: int = 8
-    variant: Literal["grpo", "gspo"] = "grpo"
+    variant: Literal["grpo", "gspo", "dapo"] = "grpo"
+    policy_loss: str | None = None
+
+    # advantages
+    advantage_estimator: str = "grpo"
+    advantage_std: Literal["population", "unbiased"] = "population"
+    advantage_epsilon: float = 1e-6
+
+    # policy loss
     epsilon_low: float = 0.2
     epsilon_high: float = 0.2
+    # dual-clip bound for negative advantages: the per-token loss is capped at ``c * |A|``; 0 disables it
+    dual_clip_c: float = 3.0
+    aipo_rho: float | None = None
+    # AReaL decoupled loss: tokens weighted by exp(logp_old - logp_rollout), zeroed above the cap (None: no cap)
+    behav_imp_weight_cap: float | None = None
+    # DeepSeek-V3.2 off-policy sequence masking threshold delta (None disables it)
+    off_policy_masking_delta: float | None = None
+
+    # regularisers
     kl_beta: float = 0.0
+    kl_estimator: str = "k3"
+    entropy_coeff: float = 0.0
+    positive_nll_coef: float | None = None
+
+    # aggregation
     loss_type: str = "token-mean"
+    # Dr.GRPO constant normaliser; with ``loss_type = "seq-mean-token-mean"`` it selects the constant (cosmos-rl)
+    unbiased_loss_max_tokens: int | None = None
+
+    # DAPO
+    # None: on iff ``variant = "dapo"``
+    dynamic_sampling: bool | None = None
+    overlong_reward: OverlongRewardConfig = msgspec.field(default_factory=OverlongRewardConfig)
+
+    # schedule
+    mu_iterations: int = 1
     allowed_outdated_steps: int = 4
     on_policy: bool = False
+
+    # rewards
     reward_function: dict[str, float] = msgspec.field(
         default_factory=lambda: {"single_choice": 1.0, "format": 1.0}
     )
+    # score used when a reward function raises (counted in the metrics); None: the error propagates
+    reward_fallback_score: float | None = None

@@ -107,13 +107,25 @@ def _apply_normalisers(tree: dict[str, Any]) -> None:
         _set(tree, path, fn(value), "")
 
 
+def _is_struct(tp: Any) -> bool:
+    return isinstance(tp, type) and issubclass(tp, msgspec.Struct)
+
+
 def _struct_of(tp: Any) -> type[msgspec.Struct] | None:
-    """The Struct type inside ``tp`` (``X``, ``X | None``), or None."""
-    if isinstance(tp, type) and issubclass(tp, msgspec.Struct):
+    """The Struct type of a field typed ``X`` or ``X | None``, or None."""
+    if _is_struct(tp):
         return tp
-    for arg in typing.get_args(tp):
-        if isinstance(arg, type) and issubclass(arg, msgspec.Struct):
-            return arg
+    if typing.get_origin(tp) in (typing.Union, types.UnionType):
+        return next((arg for arg in typing.get_args(tp) if _is_struct(arg)), None)
+    return None
+
+
+def _struct_values_of(tp: Any) -> type[msgspec.Struct] | None:
+    """The Struct type ``X`` of a field typed ``dict[str, X]`` (a table of tables), or None."""
+    if typing.get_origin(tp) is dict:
+        args = typing.get_args(tp)
+        if len(args) == 2 and _is_struct(args[1]):
+            return args[1]
     return None
 
 
@@ -140,15 +152,25 @@ def _check_unknown(tree: dict[str, Any], struct: type[msgspec.Struct], prefix: s
             )
             hint = f"; did you mean '{close[0]}'?" if close else f"; valid keys here: {', '.join(siblings)}"
             raise ConfigError(f"{source}: unknown key '{path}'{hint}")
-        sub = _struct_of(hints[fields[key].name])
+        field_type = hints[fields[key].name]
+        sub = _struct_of(field_type)
         if sub is not None and isinstance(value, dict):
             _check_unknown(value, sub, path + ".", source)
+        item = _struct_values_of(field_type)
+        if item is not None and isinstance(value, dict):
+            for name, entry in value.items():
+                if isinstance(entry, dict):
+                    _check_unknown(entry, item, f"{path}.{name}.", source)
 
 
 def _field_type(path: str) -> Any:
     """Annotated type of the config field at dotted ``path`` (None when not a struct field)."""
     tp: Any = Config
     for part in path.split("."):
+        item = _struct_values_of(tp)
+        if item is not None:  # ``part`` names an entry of a table of tables
+            tp = item
+            continue
         struct = _struct_of(tp)
         if struct is None:
             return None

@@ -11,6 +11,7 @@ from cosmos_primitives.config.grpo import GRPOConfig
 from cosmos_primitives.config.logging import LoggingConfig
 from cosmos_primitives.config.policy import PolicyConfig
 from cosmos_primitives.config.redis import RedisConfig
+from cosmos_primitives.config.remote_reward import RemoteRewardConfig
 from cosmos_primitives.config.rollout import RolloutConfig
 from cosmos_primitives.config.train import TrainConfig
 from cosmos_primitives.config.validation import ValidationConfig
@@ -28,4 +29,5 @@ class Config(Section):
     logging: LoggingConfig = msgspec.field(default_factory=LoggingConfig)
     wfm: WFMConfig = msgspec.field(default_factory=WFMConfig)
     redis: RedisConfig = msgspec.field(default_factory=RedisConfig)
+    remote_reward: RemoteRewardConfig = msgspec.field(default_factory=RemoteRewardConfig)
     custom: dict[str, Any] = msgspec.field(default_factory=dict)

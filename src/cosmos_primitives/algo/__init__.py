@@ -1,0 +1,110 @@
+"""Losses, advantage estimators and KL estimators: registries of small pure tensor functions.
+
+A GRPO training step (shapes: B sequences, T completion positions)::
+
+    rewards = cp.rewards.RewardSet.from_config(cfg.grpo)(completions, references, rows).total_tensor()
+    advantages = cp.algo.compute_advantages(rewards, cfg=cfg.grpo)                     # [B]
+    loss, metrics = cp.algo.grpo_loss(logprobs, old_logprobs, advantages, mask, cfg=cfg.grpo,
+                                      ref_logprobs=ref_logprobs)                        # [B, T] inputs
+    loss.backward()
+
+Add an algorithm with ``@register_policy_loss("name")`` (or ``register_advantage``,
+``register_kl_estimator``, ``register_aggregation``) and select it from ``[grpo]``.
+"""
+
+from cosmos_primitives.algo.advantages import (
+    compute_advantages,
+    drgrpo_advantages,
+    group_ids_from_size,
+    group_stats,
+    grpo_advantages,
+)
+from cosmos_primitives.algo.aggregation import (
+    dp_mean_token_count,
+    seq_mean_token_mean,
+    seq_mean_token_sum,
+    seq_mean_token_sum_norm,
+    token_mean,
+)
+from cosmos_primitives.algo.dapo import (
+    DynamicSamplingResult,
+    apply_overlong_reward,
+    dynamic_sampling,
+    dynamic_sampling_enabled,
+    overlong_penalty,
+)
+from cosmos_primitives.algo.entropy import entropy_bonus
+from cosmos_primitives.algo.grpo_loss import check_grpo_config, grpo_loss, resolve_loss_type, resolve_policy_loss
+from cosmos_primitives.algo.kl import kl_k1, kl_k2, kl_k3
+from cosmos_primitives.algo.policy_losses import (
+    PolicyLossOutput,
+    aipo_loss,
+    behaviour_weights,
+    gspo_loss,
+    off_policy_sequence_mask,
+    ppo_clip_loss,
+    sequence_mean,
+    token_advantages,
+)
+from cosmos_primitives.algo.registry import (
+    UnknownNameError,
+    advantage_names,
+    aggregation_names,
+    get_advantage,
+    get_aggregation,
+    get_kl_estimator,
+    get_policy_loss,
+    kl_estimator_names,
+    policy_loss_names,
+    register_advantage,
+    register_aggregation,
+    register_kl_estimator,
+    register_policy_loss,
+)
+
+__all__ = [
+    "DynamicSamplingResult",
+    "PolicyLossOutput",
+    "UnknownNameError",
+    "advantage_names",
+    "aggregation_names",
+    "aipo_loss",
+    "apply_overlong_reward",
+    "behaviour_weights",
+    "check_grpo_config",
+    "compute_advantages",
+    "dp_mean_token_count",
+    "drgrpo_advantages",
+    "dynamic_sampling",
+    "dynamic_sampling_enabled",
+    "entropy_bonus",
+    "get_advantage",
+    "get_aggregation",
+    "get_kl_estimator",
+    "get_policy_loss",
+    "group_ids_from_size",
+    "group_stats",
+    "grpo_advantages",
+    "grpo_loss",
+    "gspo_loss",
+    "kl_estimator_names",
+    "kl_k1",
+    "kl_k2",
+    "kl_k3",
+    "off_policy_sequence_mask",
+    "overlong_penalty",
+    "policy_loss_names",
+    "ppo_clip_loss",
+    "register_advantage",
+    "register_aggregation",
+    "register_kl_estimator",
+    "register_policy_loss",
+    "resolve_loss_type",
+    "resolve_policy_loss",
+    "seq_mean_token_mean",
+    "seq_mean_token_sum",
+    "seq_mean_token_sum_norm",
+    "sequence_mean",
+    "token_advantages",
+    "token_mean",
+]

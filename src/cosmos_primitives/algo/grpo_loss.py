@@ -1,0 +1,171 @@
+"""``grpo_loss``: the GRPO-family objective for one micro-batch, assembled from the registries by ``[grpo]``.
+
+Order of the terms (each optional one only when configured)::
+
+    per_token = policy_loss(logprobs, old_logprobs, advantages, mask)        # ppo_clip / gspo / aipo / ...
+    per_token *= behaviour_weights(old_logprobs, rollout_logprobs, cap)       # when rollout_logprobs given
+    per_token *= off_policy_sequence_mask(...)                                # off_policy_masking_delta
+    loss  = aggregate(per_token)                                              # loss_type
+          + kl_beta * aggregate(kl_estimator(logprobs, ref_logprobs))
+          - entropy_coeff * aggregate(entropy)
+          + positive_nll_coef * aggregate(-logprobs on tokens of sequences with A > 0, 0 elsewhere)
+"""
+
+from __future__ import annotations
+
+import torch
+
+from cosmos_primitives.algo.entropy import entropy_bonus
+from cosmos_primitives.algo.policy_losses import (
+    behaviour_weights,
+    off_policy_sequence_mask,
+    token_advantages,
+)
+from cosmos_primitives.algo.registry import (
+    AGGREGATIONS,
+    KL_ESTIMATORS,
+    POLICY_LOSSES,
+    get_aggregation,
+    get_kl_estimator,
+    get_policy_loss,
+)
+from cosmos_primitives.config.grpo import GRPOConfig
+
+_VARIANT_LOSS = {"grpo": "ppo_clip", "dapo": "ppo_clip", "gspo": "gspo"}
+
+
+def resolve_policy_loss(cfg: GRPOConfig) -> str:
+    """The policy loss ``cfg`` selects: ``policy_loss``, else ``"aipo"`` if ``aipo_rho`` is set, else by variant."""
+    if cfg.policy_loss is not None:
+        return cfg.policy_loss
+    if cfg.aipo_rho is not None:
+        return "aipo"
+    return _VARIANT_LOSS[cfg.variant]
+
+
+def resolve_loss_type(cfg: GRPOConfig) -> str:
+    """The aggregation: cosmos-rl's ``seq-mean-token-mean`` + ``unbiased_loss_max_tokens`` is Dr.GRPO's constant."""
+    if cfg.loss_type == "seq-mean-token-mean" and cfg.unbiased_loss_max_tokens:
+        return "seq-mean-token-sum-norm"
+    return cfg.loss_type
+
+
+def check_grpo_config(cfg: GRPOConfig) -> None:
+    """Raise ``ValueError`` naming the ``[grpo]`` key when the knobs contradict each other or name nothing."""
+    policy_loss = resolve_policy_loss(cfg)
+    POLICY_LOSSES.get(policy_loss)
+    if cfg.aipo_rho is not None and policy_loss != "aipo":
+        raise ValueError(
+            f"[grpo] aipo_rho = {cfg.aipo_rho} selects the AIPO loss but policy_loss = '{policy_loss}'; "
+            "remove one of the two"
+        )
+    loss_type = resolve_loss_type(cfg)
+    AGGREGATIONS.get(loss_type)
+    if cfg.unbiased_loss_max_tokens and loss_type != "seq-mean-token-sum-norm":
+        raise ValueError(
+            f"[grpo] unbiased_loss_max_tokens = {cfg.unbiased_loss_max_tokens} only applies with loss_type "
+            f"'seq-mean-token-mean' or 'seq-mean-token-sum-norm' (Dr.GRPO); loss_type is '{cfg.loss_type}'"
+        )
+    if cfg.kl_beta != 0.0:
+        KL_ESTIMATORS.get(cfg.kl_estimator)
+    if cfg.epsilon_low < 0 or cfg.epsilon_high < 0:
+        raise ValueError(
+            f"[grpo] epsilon_low / epsilon_high must be >= 0; got {cfg.epsilon_low} / {cfg.epsilon_high}"
+        )
+    if cfg.dual_clip_c != 0 and cfg.dual_clip_c <= 1.0:
+        raise ValueError(
+            f"[grpo] dual_clip_c (lower_bound_ratio) must be > 1 (3 is usual) or 0 to disable; got {cfg.dual_clip_c}"
+        )
+
+
+def grpo_loss(
+    logprobs: torch.Tensor,
+    old_logprobs: torch.Tensor,
+    advantages: torch.Tensor,
+    mask: torch.Tensor,
+    *,
+    cfg: GRPOConfig,
+    ref_logprobs: torch.Tensor | None = None,
+    rollout_logprobs: torch.Tensor | None = None,
+    entropy: torch.Tensor | None = None,
+    dp_token_count: float | torch.Tensor | None = None,
+) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """The loss to back-propagate for one micro-batch, and its metrics.
+
+    Args:
+        logprobs: [B, T] float32 log-probs of the completion tokens under the policy being trained (with grad).
+        old_logprobs: [B, T] the same under the policy before this update (μ = 1 on-policy: ``logprobs.detach()``).
+        advantages: [B] per sequence (``cp.algo.compute_advantages``) or [B, T].
+        mask: [B, T], 1 on completion tokens.
+        cfg: the ``[grpo]`` section.
+        ref_logprobs: [B, T] frozen reference's log-probs; required when ``kl_beta != 0`` (the KL metric is
+            reported whenever they are given).
+        rollout_logprobs: [B, T] the rollout engine's log-probs; when given, the AReaL behaviour correction
+            ``exp(old - rollout)`` (zeroed above ``behav_imp_weight_cap``) weights every token, and they are
+            the behaviour policy of off-policy masking.
+        entropy: [B, T] per-token entropy (with grad); required when ``entropy_coeff != 0``.
+        dp_token_count: ``token-mean`` denominator under data parallelism (``cp.algo.dp_mean_token_count``).
+
+    Returns:
+        ``(loss, metrics)``: a 0-d tensor, and detached 0-d tensors ``loss``, ``policy_loss``,
+        ``clip_fraction`` (tokens whose gradient a clip removed, dual clip included),
+        ``dual_clip_fraction``, ``ratio_mean`` / ``ratio_min`` / ``ratio_max`` (over masked tokens), and
+        when computed ``kl``, ``entropy``, ``positive_nll``, ``behaviour_weight_mean``,
+        ``behaviour_capped_fraction``, ``off_policy_masked_fraction`` (sequences).
+    """
+    check_grpo_config(cfg)
+    if cfg.kl_beta != 0.0 and ref_logprobs is None:
+        raise ValueError(f"[grpo] kl_beta = {cfg.kl_beta} needs ref_logprobs (the frozen reference's log-probs)")
+    if cfg.entropy_coeff != 0.0 and entropy is None:
+        raise ValueError(f"[grpo] entropy_coeff = {cfg.entropy_coeff} needs entropy ([B, T] per-token entropy)")
+    loss_type = resolve_loss_type(cfg)
+    aggregate = get_aggregation(loss_type)
+    agg_kwargs = {"token_count": dp_token_count, "max_tokens": cfg.unbiased_loss_max_tokens}
+    on = mask.bool()
+    n_tokens = on.sum().clamp(min=1)
+
+    out = get_policy_loss(resolve_policy_loss(cfg))(logprobs, old_logprobs, advantages, mask, cfg)
+    per_token = out.per_token_loss
+    metrics: dict[str, torch.Tensor] = {}
+    if rollout_logprobs is not None:
+        weights = behaviour_weights(old_logprobs, rollout_logprobs, mask, cfg.behav_imp_weight_cap)
+        per_token = per_token * weights
+        metrics["behaviour_weight_mean"] = weights.sum() / n_tokens
+        metrics["behaviour_capped_fraction"] = ((weights == 0) & on).sum() / n_tokens
+    if cfg.off_policy_masking_delta is not None:
+        behaviour = rollout_logprobs if rollout_logprobs is not None else old_logprobs
+        keep = off_policy_sequence_mask(logprobs, behaviour, advantages, mask, cfg.off_policy_masking_delta)
+        per_token = per_token * keep.unsqueeze(1)
+        metrics["off_policy_masked_fraction"] = 1.0 - keep.mean()
+
+    policy = aggregate(per_token, mask, **agg_kwargs)
+    loss = policy
+    if ref_logprobs is not None:
+        # with kl_beta = 0 the KL is only reported: no autograd graph for it
+        with torch.set_grad_enabled(cfg.kl_beta != 0.0 and torch.is_grad_enabled()):
+            kl = aggregate(get_kl_estimator(cfg.kl_estimator)(logprobs, ref_logprobs), mask, **agg_kwargs)
+        if cfg.kl_beta != 0.0:
+            loss = loss + cfg.kl_beta * kl
+        metrics["kl"] = kl
+    if entropy is not None:
+        if cfg.entropy_coeff != 0.0:
+            loss = loss + entropy_bonus(entropy, mask, cfg.entropy_coeff, loss_type=loss_type, **agg_kwargs)
+        metrics["entropy"] = torch.where(on, entropy, torch.zeros_like(entropy)).sum() / n_tokens
+    if cfg.positive_nll_coef:
+        positive = on & (token_advantages(advantages, logprobs) > 0)
+        # normalised like the policy loss (same denominator), so the coefficient means the same in every loss_type
+        nll = aggregate(torch.where(positive, -logprobs, torch.zeros_like(logprobs)), mask, **agg_kwargs)
+        loss = loss + cfg.positive_nll_coef * nll
+        metrics["positive_nll"] = nll
+
+    ratio = out.ratio
+    metrics.update(
+        loss=loss,
+        policy_loss=policy,
+        clip_fraction=(out.clipped | out.dual_clipped).sum() / n_tokens,
+        dual_clip_fraction=out.dual_clipped.sum() / n_tokens,
+        ratio_mean=torch.where(on, ratio, torch.zeros_like(ratio)).sum() / n_tokens,
+        ratio_min=torch.where(on, ratio, torch.full_like(ratio, float("inf"))).min(),
+        ratio_max=torch.where(on, ratio, torch.full_like(ratio, float("-inf"))).max(),
+    )
+    return loss, {k: v.detach().float() for k, v in metrics.items()}

@@ -1,0 +1,72 @@
+"""Rollout transport between rollout workers and trainers, with weight versions and staleness filtering.
+
+- :class:`RolloutRecord`: one GRPO group (completions, token ids, log-probs, rewards, advantages,
+  weight version, media references), msgpack-encoded with :func:`encode_record` / :func:`decode_record`;
+  :func:`record_from_group` builds one from a ``cp.rollout`` ``RolloutGroup``.
+- :class:`RedisRolloutQueue` (Redis Streams, consumer group, back-pressure, redelivery, exactly-once
+  training by record id) and :class:`InMemoryRolloutQueue` (one process) share one interface.
+- :class:`StalenessFilter` (trainer) drops records over ``allowed_outdated_steps``;
+  :class:`RolloutThrottle` (worker) waits instead of producing them.
+
+Trainer (one consumer per process that reads; ``step`` = weight version it holds)::
+
+    queue = cp.queue.RedisRolloutQueue(cfg.redis, consumer=f"trainer-{rank}")
+    stale = cp.queue.StalenessFilter.from_config(cfg.grpo)
+    queue.publish_weight_version(step)
+    while step < total_steps:
+        records = queue.get(records_per_step, timeout=600)
+        kept, dropped = stale.split(records, trainer_step=step)
+        queue.ack(dropped)                      # consumed: never delivered again
+        ...                                     # train on kept, then sync weights to the rollout ranks
+        step += 1
+        queue.publish_weight_version(step)      # before acknowledging (see RolloutThrottle)
+        queue.ack(kept)
+        tracker.log_metrics({**stale.metrics(), **queue.metrics()}, step)
+
+Rollout worker::
+
+    queue = cp.queue.RedisRolloutQueue(cfg.redis)
+    throttle = cp.queue.RolloutThrottle.from_config(queue, cfg.grpo, records_per_step)
+    while True:
+        if throttle.wait(engine.weight_version) > engine.weight_version:
+            ...                                 # receive the newer weights
+        groups = engine.generate(prompts, params)
+        queue.put_many([cp.queue.record_from_group(g, r, a) for g, r, a in zip(groups, rewards, advantages)])
+"""
+
+from cosmos_primitives.queue.base import RolloutQueue, wait_for_weight_version
+from cosmos_primitives.queue.errors import MalformedRecordError, QueueConnectionError, QueueError, QueueFullError
+from cosmos_primitives.queue.memory_queue import InMemoryRolloutQueue
+from cosmos_primitives.queue.record import (
+    RolloutRecord,
+    decode_record,
+    encode_record,
+    media_references,
+    record_from_group,
+)
+from cosmos_primitives.queue.redis_queue import REDIS_URL_ENV, RedisRolloutQueue, redact_url, resolve_redis_url
+from cosmos_primitives.queue.staleness import StalenessFilter, record_staleness
+from cosmos_primitives.queue.throttle import RolloutThrottle, expected_staleness
+
+__all__ = [
+    "REDIS_URL_ENV",
+    "InMemoryRolloutQueue",
+    "MalformedRecordError",
+    "QueueConnectionError",
+    "QueueError",
+    "QueueFullError",
+    "RedisRolloutQueue",
+    "RolloutQueue",
+    "RolloutRecord",
+    "RolloutThrottle",
+    "StalenessFilter",
+    "decode_record",
+    "encode_record",
+    "expected_staleness",
+    "media_references",
+    "record_from_group",
+    "record_staleness",
+    "redact_url",
+    "resolve_redis_url",
+    "wait_for_weight_version",
+]

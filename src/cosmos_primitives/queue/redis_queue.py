@@ -1,0 +1,508 @@
+"""The rollout queue between processes: Redis Streams with a consumer group.
+
+Keys (``S`` = ``[redis] stream``): ``S`` holds one entry per record (field ``record``: msgpack);
+``S:done`` the ids of trained records; ``S:dead`` rejected entries; ``S:weight_version`` the
+trainer's current weight version.
+
+Life of a record: ``put`` appends it (a Lua script refuses while ``S`` holds ``max_pending``
+entries, so producers wait instead of trimming); ``get`` reads it with XREADGROUP (or takes it
+over with XAUTOCLAIM from a consumer that stopped renewing it for ``claim_idle_s``); ``ack`` adds
+its id to ``S:done`` and XACKs + XDELs its entry in one script. A delivered record whose id is
+already in ``S:done`` is acknowledged and skipped, so a redelivered or duplicated record is not
+trained twice.
+
+Persistence: Redis without AOF / RDB loses everything on a restart. The clients reconnect,
+recreate the group and republish the weight version, and carry on with the records put after the
+restart; records that were in the stream are gone. Run redis-server with ``--appendonly yes``
+(``appendfsync always`` for no loss at all) to keep them.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import threading
+import time
+import uuid
+from collections import deque
+from collections.abc import Callable, Sequence
+from typing import Any, TypeVar
+from urllib.parse import urlsplit, urlunsplit
+
+import redis
+from redis.backoff import NoBackoff
+from redis.retry import Retry
+
+from cosmos_primitives.config.redis import RedisConfig
+from cosmos_primitives.queue import redis_scripts
+from cosmos_primitives.queue.base import wait_for_weight_version
+from cosmos_primitives.queue.errors import MalformedRecordError, QueueConnectionError, QueueFullError
+from cosmos_primitives.queue.record import RolloutRecord, decode_record, encode_record
+
+REDIS_URL_ENV = "COSMOS_REDIS_URL"
+RECORD_FIELD = b"record"
+# records per script call, keeping one Redis command's arguments to a few MB
+_CHUNK = 64
+
+log = logging.getLogger("cosmos.queue")
+T = TypeVar("T")
+
+
+def resolve_redis_url(url: str | None = None, config: RedisConfig | None = None) -> str:
+    """The Redis URL: ``url`` if given, else ``[redis] url``, else ``$COSMOS_REDIS_URL``.
+
+    Raises:
+        ValueError: none of them is set, or the URL is not ``redis://``, ``rediss://`` or ``unix://``.
+    """
+    resolved = url or (config.url if config is not None else "") or os.environ.get(REDIS_URL_ENV, "")
+    if not resolved:
+        raise ValueError(
+            f"no Redis URL for the rollout queue: set [redis] url = \"redis://host:6379/0\" in the config "
+            f"or the {REDIS_URL_ENV} environment variable"
+        )
+    if urlsplit(resolved).scheme not in ("redis", "rediss", "unix"):
+        raise ValueError(f"Redis URL {redact_url(resolved)!r} must start with redis://, rediss:// or unix://")
+    return resolved
+
+
+def redact_url(url: str) -> str:
+    """``url`` with its password replaced by ``***`` (for messages and logs)."""
+    parts = urlsplit(url)
+    if parts.password is None:
+        return url
+    netloc = parts.netloc.replace(f":{parts.password}@", ":***@", 1)
+    return urlunsplit(parts._replace(netloc=netloc))
+
+
+def _check_config(cfg: RedisConfig) -> None:
+    problems = []
+    if cfg.max_pending < 1:
+        problems.append(f"max_pending = {cfg.max_pending} must be >= 1 (records)")
+    if cfg.block_s <= 0:
+        problems.append(f"block_s = {cfg.block_s} must be > 0 (seconds)")
+    if cfg.socket_timeout_s <= cfg.block_s:
+        problems.append(f"socket_timeout_s = {cfg.socket_timeout_s} must exceed block_s = {cfg.block_s}")
+    if cfg.claim_idle_s <= 0:
+        problems.append(f"claim_idle_s = {cfg.claim_idle_s} must be > 0 (seconds)")
+    if cfg.reconnect_timeout_s < 0 or cfg.reconnect_initial_backoff_s <= 0 or cfg.reconnect_max_backoff_s <= 0:
+        problems.append("reconnect_timeout_s must be >= 0 and the reconnect back-offs > 0 (seconds)")
+    if not cfg.stream or not cfg.group:
+        problems.append("stream and group must be non-empty names")
+    if problems:
+        raise ValueError("invalid [redis] settings for the rollout queue: " + "; ".join(problems))
+
+
+def _entries(reply: Any) -> list[tuple[bytes, dict[bytes, bytes]]]:
+    """Entries of an XREADGROUP reply for one stream (RESP2 list form); [] when it timed out."""
+    if not reply:
+        return []
+    return list(reply[0][1])
+
+
+class RedisRolloutQueue:
+    """Rollout records over Redis Streams, shared by rollout workers (``put``) and trainers (``get`` / ``ack``).
+
+    Every trainer process is one consumer of ``[redis] group``; records are spread over the
+    consumers. A consumer renews its delivered-but-unacknowledged entries every ``claim_idle_s / 3``
+    from a background thread, so a live consumer keeps its records however long a step takes,
+    and the records of a consumer that died (SIGKILL, lost node) are taken over by another consumer
+    ``claim_idle_s`` after its last renewal. Lost connections are retried with exponential back-off
+    for ``reconnect_timeout_s``, then :class:`QueueConnectionError` names the URL.
+
+    ``put`` and ``get`` / ``ack`` may run in different threads; one object should not ``get`` from
+    two threads at once.
+
+    Args:
+        config: ``[redis]``; its ``url`` may be empty (then ``url`` or ``$COSMOS_REDIS_URL``).
+        url: overrides ``config.url``.
+        consumer: this consumer's name in the group; default ``<host>-<pid>-<6 hex>``.
+    """
+
+    def __init__(self, config: RedisConfig | None = None, *, url: str | None = None,
+                 consumer: str | None = None) -> None:
+        self.config = config or RedisConfig()
+        _check_config(self.config)
+        self.url = resolve_redis_url(url, self.config)
+        self.safe_url = redact_url(self.url)
+        self.stream = self.config.stream
+        self.group = self.config.group
+        self.done_key = f"{self.stream}:done"
+        self.dead_key = f"{self.stream}:dead"
+        self.version_key = f"{self.stream}:weight_version"
+        self.consumer = consumer or f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
+        self._redis = redis.Redis.from_url(
+            self.url,
+            protocol=2,
+            retry=Retry(NoBackoff(), 0),  # this class retries with its own bound and back-off
+            socket_timeout=self.config.socket_timeout_s,
+            socket_connect_timeout=min(5.0, self.config.socket_timeout_s),
+            redis_connect_func=self._on_connect,
+        )
+        self._put_script = self._redis.register_script(redis_scripts.BOUNDED_PUT)
+        self._ack_script = self._redis.register_script(redis_scripts.ACK_TRAINED)
+        self._dead_script = self._redis.register_script(redis_scripts.DEAD_LETTER)
+        self._renew_script = self._redis.register_script(redis_scripts.RENEW)
+        self._lock = threading.Lock()
+        self._reconnected = threading.Event()
+        self._outstanding: dict[str, list[str]] = {}  # record id -> entry ids delivered here, not acked
+        self._lost: set[str] = set()  # entry ids another consumer took over
+        self._group_ready = False
+        self._claim_cursor = "0-0"
+        self._last_claim_scan = -float("inf")
+        self._published_version: int | None = None
+        self._renewer: threading.Thread | None = None
+        self._stop = threading.Event()
+        self.rejected: deque[MalformedRecordError] = deque(maxlen=100)
+        self._counts = dict.fromkeys(
+            ("put", "put_wait_s", "delivered", "acked", "redelivered", "duplicates_skipped", "double_acked",
+             "malformed", "reconnects", "groups_recreated", "lost_claims"), 0)
+
+    # -- connection handling -------------------------------------------------------------------
+
+    def _on_connect(self, connection: redis.connection.AbstractConnection) -> None:
+        # redis-py re-opens a pooled connection that the server closed without raising, so a server
+        # restart is noticed here: a connection object that connects for the second time.
+        connection.on_connect()
+        if getattr(connection, "_cp_connected_before", False):
+            self._reconnected.set()
+        connection._cp_connected_before = True
+
+    def _call(self, what: str, fn: Callable[[], T]) -> T:
+        """Run one Redis operation, reconnecting with back-off and recreating a vanished group."""
+        cfg = self.config
+        first_failure: float | None = None
+        delay = cfg.reconnect_initial_backoff_s
+        attempts = 0
+        recreated = False
+        while True:
+            try:
+                result = fn()
+            except (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError) as exc:
+                now = time.monotonic()
+                if first_failure is None:
+                    first_failure = now
+                    log.warning("lost connection to Redis at %s during %s (%s); retrying for up to %ss",
+                                self.safe_url, what, exc, cfg.reconnect_timeout_s)
+                attempts += 1
+                elapsed = now - first_failure
+                if elapsed >= cfg.reconnect_timeout_s:
+                    raise QueueConnectionError(
+                        f"Redis at {self.safe_url} unreachable during {what} for {elapsed:.1f}s ({attempts} attempts; "
+                        f"last error: {exc}); gave up after [redis] reconnect_timeout_s = {cfg.reconnect_timeout_s}. "
+                        f"Check that redis-server runs at that address ([redis] url or ${REDIS_URL_ENV})."
+                    ) from exc
+                time.sleep(min(delay, cfg.reconnect_timeout_s - elapsed))
+                delay = min(2 * delay, cfg.reconnect_max_backoff_s)
+                continue
+            except redis.exceptions.ResponseError as exc:
+                if "NOGROUP" in str(exc) and not recreated:
+                    recreated = True
+                    self._create_group(recreating=self._group_ready)
+                    continue
+                raise
+            if first_failure is not None:
+                log.warning("reconnected to Redis at %s after %.1fs", self.safe_url, time.monotonic() - first_failure)
+            if self._reconnected.is_set():
+                self._reconnected.clear()
+                self._counts["reconnects"] += 1
+                self._after_reconnect()
+            return result
+
+    def _after_reconnect(self) -> None:
+        # A server restarted without persistence forgot the weight version; put back the one this
+        # process published (NX: a persisted or newer value wins).
+        if self._published_version is not None:
+            self._call("republish weight version",
+                       lambda: self._redis.set(self.version_key, self._published_version, nx=True))
+
+    def _create_group(self, recreating: bool = False) -> None:
+        # Starting at id 0 hands the group every record already in the stream, including those put
+        # before the first trainer started or between a server restart and this call.
+        try:
+            self._call("XGROUP CREATE", lambda: self._redis.xgroup_create(self.stream, self.group, id="0",
+                                                                          mkstream=True))
+            if recreating:
+                self._counts["groups_recreated"] += 1
+                log.warning("consumer group %r of stream %r at %s was gone (server restarted without "
+                            "persistence?); recreated it", self.group, self.stream, self.safe_url)
+        except redis.exceptions.ResponseError as exc:
+            if "BUSYGROUP" not in str(exc):
+                raise
+        self._group_ready = True
+
+    # -- producer side -------------------------------------------------------------------------
+
+    def put(self, record: RolloutRecord, timeout: float | None = None) -> None:
+        """Enqueue one record; see :meth:`put_many`."""
+        self.put_many([record], timeout)
+
+    def put_many(self, records: Sequence[RolloutRecord], timeout: float | None = None) -> None:
+        """Enqueue ``records`` in order, waiting while the stream holds ``max_pending`` unacknowledged records.
+
+        Args:
+            timeout: seconds to wait for room (0: do not wait); default ``[redis] put_timeout_s``, where
+                a value <= 0 means forever.
+
+        Raises:
+            QueueFullError: no room within ``timeout``; the records before the first that did not fit
+                were enqueued.
+            QueueConnectionError: Redis unreachable past ``reconnect_timeout_s``.
+        """
+        payloads = [encode_record(r) for r in records]
+        if timeout is None and self.config.put_timeout_s > 0:
+            timeout = self.config.put_timeout_s
+        deadline = None if timeout is None else time.monotonic() + timeout
+        done = 0
+        delay = 0.002
+        while done < len(payloads):
+            chunk = payloads[done:done + _CHUNK]
+            added = int(self._call("put", lambda chunk=chunk: self._put_script(
+                keys=[self.stream], args=[self.config.max_pending, *chunk])))
+            done += added
+            self._counts["put"] += added
+            if added:
+                delay = 0.002
+                continue
+            now = time.monotonic()
+            if deadline is not None and now >= deadline:
+                raise QueueFullError(
+                    f"rollout stream {self.stream!r} at {self.safe_url} held [redis] max_pending = "
+                    f"{self.config.max_pending} unacknowledged records for {timeout}s; {done} of {len(payloads)} "
+                    f"records were enqueued. Is a trainer consuming group {self.group!r} and calling ack()?"
+                )
+            pause = delay if deadline is None else min(delay, deadline - now)
+            time.sleep(pause)
+            self._counts["put_wait_s"] += pause
+            delay = min(2 * delay, 0.1)
+
+    # -- consumer side -------------------------------------------------------------------------
+
+    def get(self, n: int, timeout: float | None = None) -> list[RolloutRecord]:
+        """Up to ``n`` records, oldest first: first those taken over from dead consumers, then new ones.
+
+        Waits until ``n`` records arrived or ``timeout`` seconds passed (None: until ``n``; 0: no
+        waiting). Malformed entries are moved to ``<stream>:dead``, counted, logged and kept in
+        :attr:`rejected`; records already trained on are acknowledged and skipped.
+        """
+        if n < 1:
+            raise ValueError(f"get(n={n}): n must be >= 1")
+        if not self._group_ready:
+            self._create_group()
+        self._start_renewer()
+        deadline = None if timeout is None else time.monotonic() + timeout
+        out: list[RolloutRecord] = []
+        while True:
+            out += self._accept(self._claim_stale(n - len(out)), redelivered=True)
+            want = n - len(out)
+            if want <= 0:
+                break
+            remaining = None if deadline is None else deadline - time.monotonic()
+            if remaining is not None and remaining <= 0:
+                block_ms = None
+            else:
+                block_ms = max(1, int(1000 * min(self.config.block_s, remaining or self.config.block_s)))
+            reply = self._call("XREADGROUP", lambda want=want, block_ms=block_ms: self._redis.xreadgroup(
+                self.group, self.consumer, {self.stream: ">"}, count=want, block=block_ms))
+            out += self._accept(_entries(reply), redelivered=False)
+            if len(out) >= n or (deadline is not None and time.monotonic() >= deadline):
+                break
+        self._counts["delivered"] += len(out)
+        return out
+
+    def _claim_stale(self, count: int) -> list[tuple[bytes, dict[bytes, bytes]]]:
+        """Entries idle for ``claim_idle_s`` (their consumer stopped renewing them), taken over by this one."""
+        now = time.monotonic()
+        if count <= 0 or (self._claim_cursor == "0-0" and now - self._last_claim_scan < self.config.claim_idle_s / 4):
+            return []
+        reply = self._call("XAUTOCLAIM", lambda: self._redis.xautoclaim(
+            self.stream, self.group, self.consumer, min_idle_time=int(1000 * self.config.claim_idle_s),
+            start_id=self._claim_cursor, count=count))
+        cursor = reply[0].decode() if isinstance(reply[0], bytes) else str(reply[0])
+        self._claim_cursor = cursor
+        if cursor == "0-0":
+            self._last_claim_scan = now
+        return [(eid, fields) for eid, fields in reply[1] if fields]
+
+    def _accept(self, entries: list[tuple[bytes, dict[bytes, bytes]]], redelivered: bool) -> list[RolloutRecord]:
+        decoded: list[tuple[str, RolloutRecord]] = []
+        for raw_id, fields in entries:
+            entry_id = raw_id.decode()
+            try:
+                payload = fields.get(RECORD_FIELD)
+                if payload is None:
+                    names = sorted(k.decode(errors="replace") for k in fields)
+                    raise MalformedRecordError(entry_id, f"the entry has no 'record' field (its fields: {names})")
+                decoded.append((entry_id, decode_record(payload, entry_id)))
+            except MalformedRecordError as err:
+                self._reject(entry_id, fields, err)
+        if not decoded:
+            return []
+        scores = self._call("ZMSCORE", lambda: self._redis.zmscore(self.done_key, [r.record_id for _, r in decoded]))
+        fresh: list[RolloutRecord] = []
+        trained: list[tuple[str, list[str]]] = []
+        with self._lock:
+            for (entry_id, record), score in zip(decoded, scores):
+                rid = record.record_id
+                if score is not None:
+                    trained.append((rid, [entry_id]))
+                    continue
+                held = self._outstanding.get(rid)
+                if held is not None:  # another copy of a record this consumer is still training on
+                    if entry_id not in held:
+                        held.append(entry_id)
+                        self._counts["duplicates_skipped"] += 1
+                    continue
+                self._outstanding[rid] = [entry_id]
+                fresh.append(record)
+        if trained:
+            self._ack_entries(trained)
+            self._counts["duplicates_skipped"] += len(trained)
+            log.info("skipped %d redelivered records that were already trained on", len(trained))
+        if redelivered:
+            self._counts["redelivered"] += len(fresh)
+        return fresh
+
+    def _reject(self, entry_id: str, fields: dict[bytes, bytes], err: MalformedRecordError) -> None:
+        self._counts["malformed"] += 1
+        self.rejected.append(err)
+        log.error("%s; moved it to %r", err, self.dead_key)
+        args: list[Any] = [self.group, entry_id, self.config.dead_letter_maxlen,
+                           "entry_id", entry_id, "reason", err.reason, "consumer", self.consumer]
+        for key, value in fields.items():
+            args += [b"field:" + key, value]
+        self._call("dead-letter", lambda: self._dead_script(keys=[self.stream, self.dead_key], args=args))
+
+    def _ack_entries(self, items: Sequence[tuple[str, list[str]]]) -> list[str]:
+        """Mark record ids trained and XACK + XDEL their entries; returns ids that were trained before."""
+        already: list[str] = []
+        for start in range(0, len(items), 8 * _CHUNK):
+            args: list[Any] = [self.group, time.time(), self.config.done_retention_s]
+            for rid, entry_ids in items[start:start + 8 * _CHUNK]:
+                args += [rid, len(entry_ids), *entry_ids]
+            reply = self._call("ack", lambda args=args: self._ack_script(keys=[self.stream, self.done_key], args=args))
+            already += [r.decode() if isinstance(r, bytes) else str(r) for r in reply]
+        return already
+
+    def ack(self, records: Sequence[RolloutRecord]) -> int:
+        """Mark delivered records as consumed (trained on, or dropped as stale) in one atomic step each.
+
+        Their ids go to ``<stream>:done`` (so no copy of them is delivered again) and their entries
+        are acknowledged and deleted, which frees room for producers. Returns how many records were
+        acknowledged.
+
+        Raises:
+            ValueError: a record this consumer did not deliver or acknowledged already (nothing is
+                acknowledged then).
+        """
+        with self._lock:
+            unknown = [r.record_id for r in records if r.record_id not in self._outstanding]
+            if unknown:
+                raise ValueError(
+                    f"cannot acknowledge records {unknown[:5]} on consumer {self.consumer!r}: they were not delivered "
+                    "by this queue's get() or were acknowledged already"
+                )
+            items = [(rid, list(self._outstanding[rid])) for rid in dict.fromkeys(r.record_id for r in records)]
+        already = self._ack_entries(items)
+        with self._lock:
+            for rid, entry_ids in items:
+                self._outstanding.pop(rid, None)
+                self._lost.difference_update(entry_ids)
+        self._counts["acked"] += len(items)
+        if already:
+            self._counts["double_acked"] += len(already)
+            log.error("records %s had been acknowledged by another consumer already: they were trained twice. "
+                      "A consumer stalled for longer than [redis] claim_idle_s = %ss; raise it",
+                      already[:5], self.config.claim_idle_s)
+        return len(items)
+
+    # -- renewal of delivered entries ----------------------------------------------------------
+
+    def _start_renewer(self) -> None:
+        if self._renewer is None:
+            self._renewer = threading.Thread(target=self._renew_loop, name=f"cp-queue-renew-{self.consumer}",
+                                             daemon=True)
+            self._renewer.start()
+
+    def _renew_loop(self) -> None:
+        while not self._stop.wait(self.config.claim_idle_s / 3):
+            self.renew()
+
+    def renew(self) -> int:
+        """Reset the idle time of this consumer's delivered, unacknowledged entries; returns how many.
+
+        Runs every ``claim_idle_s / 3`` in a background thread once :meth:`get` was called. Entries
+        another consumer took over in the meantime are counted as ``queue/lost_claims``.
+        """
+        with self._lock:
+            ids = [e for held in self._outstanding.values() for e in held if e not in self._lost]
+        if not ids:
+            return 0
+        try:
+            reply = self._renew_script(keys=[self.stream], args=[self.group, self.consumer, *ids])
+        except redis.exceptions.RedisError as exc:  # the next round retries; get / ack report lasting failures
+            log.debug("renewing %d entries failed: %s", len(ids), exc)
+            return 0
+        lost = [r.decode() if isinstance(r, bytes) else str(r) for r in reply]
+        if lost:
+            with self._lock:
+                self._lost.update(lost)
+            self._counts["lost_claims"] += len(lost)
+            log.warning("%d delivered records are no longer held by consumer %r (taken over by another consumer "
+                        "after claim_idle_s, or the server restarted without persistence)", len(lost), self.consumer)
+        return len(ids) - len(lost)
+
+    # -- weight version ------------------------------------------------------------------------
+
+    def publish_weight_version(self, version: int) -> None:
+        """Trainer side: store ``version`` under ``<stream>:weight_version`` for rollout workers to read."""
+        version = int(version)
+        self._call("publish weight version", lambda: self._redis.set(self.version_key, version))
+        self._published_version = version
+
+    def weight_version(self) -> int | None:
+        """The trainer's last published weight version, None if none was published (since a restart)."""
+        raw = self._call("read weight version", lambda: self._redis.get(self.version_key))
+        if raw is None:
+            return None
+        try:
+            return int(raw)
+        except ValueError as exc:
+            raise ValueError(f"Redis key {self.version_key!r} at {self.safe_url} holds {raw!r}, not an integer "
+                             "weight version; only publish_weight_version() should write it") from exc
+
+    def wait_for_weight_version(self, min_version: int, timeout: float | None = None) -> int:
+        """Block until the published version is ``>= min_version``; see :func:`wait_for_weight_version`."""
+        return wait_for_weight_version(self, min_version, timeout)
+
+    # -- inspection ----------------------------------------------------------------------------
+
+    def pending(self) -> int:
+        """Records in the stream: enqueued and not acknowledged (the quantity ``max_pending`` bounds)."""
+        return int(self._call("XLEN", lambda: self._redis.xlen(self.stream)))
+
+    def dead_letters(self, count: int = 100) -> list[dict[str, str]]:
+        """The newest rejected entries of ``<stream>:dead`` (entry id, reason, consumer), newest first."""
+        reply = self._call("XREVRANGE", lambda: self._redis.xrevrange(self.dead_key, count=count))
+        out = []
+        for _, fields in reply:
+            out.append({k.decode(): v.decode(errors="replace") for k, v in fields.items()
+                        if k in (b"entry_id", b"reason", b"consumer")})
+        return out
+
+    def metrics(self) -> dict[str, float]:
+        """This process's counters under ``queue/`` (no Redis round trip)."""
+        return {f"queue/{k}": float(v) for k, v in self._counts.items()}
+
+    def close(self) -> None:
+        """Stop renewing and close the connections. Unacknowledged records go to another consumer later."""
+        self._stop.set()
+        if self._renewer is not None:
+            self._renewer.join(timeout=5)
+        self._redis.close()
+
+    def __enter__(self) -> RedisRolloutQueue:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

@@ -1,0 +1,70 @@
+"""Lua scripts run atomically inside Redis by :class:`~cosmos_primitives.queue.RedisRolloutQueue`.
+
+Each is one server-side step that must not interleave with other clients: a bounded append, the
+"mark trained + acknowledge + delete" of a batch, moving a bad entry to the dead-letter stream,
+and renewing this consumer's hold on its entries.
+"""
+
+# KEYS[1] stream. ARGV[1] max pending entries, ARGV[2..] record payloads.
+# Appends payloads in order while the stream holds fewer than ARGV[1] entries (entries are deleted
+# on acknowledgement, so the length is "enqueued and not acknowledged"). Returns how many it added.
+BOUNDED_PUT = """
+local room = tonumber(ARGV[1]) - redis.call('XLEN', KEYS[1])
+local added = 0
+for i = 2, #ARGV do
+  if room <= 0 then break end
+  redis.call('XADD', KEYS[1], '*', 'record', ARGV[i])
+  room = room - 1
+  added = added + 1
+end
+return added
+"""
+
+# KEYS[1] stream, KEYS[2] sorted set of trained record ids (score: Unix time of the ack).
+# ARGV[1] group, ARGV[2] now (s), ARGV[3] retention (s), then per record: record id, k, k entry ids.
+# Records the id as trained, acknowledges and deletes its entries; returns the record ids that were
+# already marked trained (trained twice). XACK is pcall'ed: after a restart without persistence the
+# group may be gone, and there is then nothing left to acknowledge.
+ACK_TRAINED = """
+local already = {}
+local i = 4
+while i <= #ARGV do
+  local rid = ARGV[i]
+  local k = tonumber(ARGV[i + 1])
+  if redis.call('ZADD', KEYS[2], 'NX', ARGV[2], rid) == 0 then
+    already[#already + 1] = rid
+  end
+  for j = i + 2, i + 1 + k do
+    redis.pcall('XACK', KEYS[1], ARGV[1], ARGV[j])
+    redis.call('XDEL', KEYS[1], ARGV[j])
+  end
+  i = i + 2 + k
+end
+redis.call('ZREMRANGEBYSCORE', KEYS[2], '-inf', tonumber(ARGV[2]) - tonumber(ARGV[3]))
+return already
+"""
+
+# KEYS[1] stream, KEYS[2] dead-letter stream. ARGV[1] group, ARGV[2] entry id, ARGV[3] dead-letter
+# max length, ARGV[4..] field / value pairs describing the entry. Copies, acknowledges, deletes.
+DEAD_LETTER = """
+redis.call('XADD', KEYS[2], 'MAXLEN', '~', ARGV[3], '*', unpack(ARGV, 4))
+redis.pcall('XACK', KEYS[1], ARGV[1], ARGV[2])
+redis.call('XDEL', KEYS[1], ARGV[2])
+return 1
+"""
+
+# KEYS[1] stream. ARGV[1] group, ARGV[2] consumer, ARGV[3..] entry ids delivered to that consumer.
+# Resets the idle time of the entries the consumer still owns (XCLAIM JUSTID does not count as a
+# delivery); returns the ids it no longer owns (claimed by another consumer, or gone).
+RENEW = """
+local lost = {}
+for i = 3, #ARGV do
+  local p = redis.pcall('XPENDING', KEYS[1], ARGV[1], ARGV[i], ARGV[i], 1)
+  if type(p) == 'table' and p[1] and p[1][2] == ARGV[2] then
+    redis.call('XCLAIM', KEYS[1], ARGV[1], ARGV[2], 0, ARGV[i], 'JUSTID')
+  else
+    lost[#lost + 1] = ARGV[i]
+  end
+end
+return lost
+"""

@@ -1,0 +1,41 @@
+"""Rewards: rule-based rewards, a registry of named rewards, and weighted sums over a batch.
+
+::
+
+    rewards = cp.rewards.RewardSet.from_config(cfg.grpo)            # {"single_choice": 1.0, "format": 1.0}
+    batch = rewards(completions, references, rows)                  # RewardBatch
+    batch.total_tensor(), batch.samples[0].values, batch.metrics    # [N] totals, per reward, batch means
+"""
+
+from cosmos_primitives.rewards.compose import REWARD_ARGUMENTS, RewardBatch, RewardError, RewardSet, SampleReward
+from cosmos_primitives.rewards.registry import UnknownRewardError, get_reward, register_reward, reward_names
+from cosmos_primitives.rewards.rule_based import (
+    ANSWER_PATTERN,
+    FORMAT_PATTERN,
+    boxed_answer_reward,
+    exact_match_reward,
+    extract_answer,
+    extract_boxed,
+    format_reward,
+    single_choice_reward,
+)
+
+__all__ = [
+    "ANSWER_PATTERN",
+    "FORMAT_PATTERN",
+    "REWARD_ARGUMENTS",
+    "RewardBatch",
+    "RewardError",
+    "RewardSet",
+    "SampleReward",
+    "UnknownRewardError",
+    "boxed_answer_reward",
+    "exact_match_reward",
+    "extract_answer",
+    "extract_boxed",
+    "format_reward",
+    "get_reward",
+    "register_reward",
+    "reward_names",
+    "single_choice_reward",
+]
