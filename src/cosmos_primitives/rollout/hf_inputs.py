@@ -1,0 +1,91 @@
+"""Turn :class:`Prompt` objects into processor inputs (chat template + images + videos)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+
+from cosmos_primitives.rollout.base import Prompt
+
+# Keys of a Qwen2.5-VL processor output that have one row per sequence.
+PER_SEQUENCE_KEYS = ("input_ids", "attention_mask", "mm_token_type_ids")
+
+
+def render_prompt(processor: Any, prompt: Prompt) -> str:
+    """The chat-templated prompt text ending with the assistant header."""
+    template_owner = processor if hasattr(processor, "apply_chat_template") else processor.tokenizer
+    try:
+        return template_owner.apply_chat_template(prompt.conversation, tokenize=False, add_generation_prompt=True)
+    except Exception as exc:
+        raise ValueError(f"prompt {prompt.prompt_id!r}: the chat template failed on its conversation: {exc}") from exc
+
+
+def encode_prompts(processor: Any, prompts: Sequence[Prompt]) -> dict[str, torch.Tensor]:
+    """Left-padded processor batch of ``prompts`` (one row each), media included.
+
+    Returns the processor's tensors: ``input_ids`` / ``attention_mask`` ``[P, L]`` and, for VLM
+    processors, ``pixel_values`` / ``image_grid_thw`` / ``pixel_values_videos`` /
+    ``video_grid_thw`` / ``second_per_grid_ts`` for the prompts' media in order.
+    """
+    texts = [render_prompt(processor, p) for p in prompts]
+    images = [img for p in prompts for img in p.images]
+    videos = [vid for p in prompts for vid in p.videos]
+    kwargs: dict[str, Any] = {"text": texts, "return_tensors": "pt", "padding": True, "padding_side": "left"}
+    if images:
+        kwargs["images"] = images
+    if videos:
+        from transformers.video_utils import VideoMetadata
+
+        fps = [f for p in prompts for f in (p.video_fps or [2.0] * len(p.videos))]
+        kwargs["videos"] = videos
+        kwargs["video_metadata"] = [
+            VideoMetadata(total_num_frames=len(v), fps=f, frames_indices=list(range(len(v))))
+            for v, f in zip(videos, fps)
+        ]
+        kwargs["do_sample_frames"] = False
+    if not images and not videos and not hasattr(processor, "image_processor"):
+        kwargs.pop("padding_side")
+        processor.padding_side = "left"
+    return dict(processor(**kwargs))
+
+
+def repeat_batch(batch: dict[str, torch.Tensor], prompts: Sequence[Prompt], n: int) -> dict[str, torch.Tensor]:
+    """Repeat every prompt row (and its media rows) ``n`` times, keeping copies adjacent.
+
+    ``pixel_values`` holds one block of ``t*h*w`` patch rows per image (``image_grid_thw``), in
+    prompt order; blocks are repeated with the sequence they belong to.
+    """
+    if n == 1:
+        return batch
+    out = {k: v.repeat_interleave(n, dim=0) for k, v in batch.items() if k in PER_SEQUENCE_KEYS}
+    media = (
+        ("pixel_values", "image_grid_thw", [len(p.images) for p in prompts]),
+        ("pixel_values_videos", "video_grid_thw", [len(p.videos) for p in prompts]),
+    )
+    for values_key, grid_key, per_prompt in media:
+        if values_key not in batch:
+            continue
+        grid = batch[grid_key]
+        rows = torch.split(batch[values_key], grid.prod(dim=-1).tolist())
+        values, grids, start = [], [], 0
+        for count in per_prompt:
+            block = list(range(start, start + count))
+            start += count
+            for _ in range(n):
+                values.extend(rows[i] for i in block)
+                grids.extend(grid[i] for i in block)
+        out[values_key] = torch.cat(values) if values else batch[values_key][:0]
+        out[grid_key] = torch.stack(grids) if grids else grid[:0]
+    if "second_per_grid_ts" in batch:
+        per_video = batch["second_per_grid_ts"]
+        ts, start = [], 0
+        for p in prompts:
+            block = per_video[start:start + len(p.videos)]
+            start += len(p.videos)
+            ts.extend([block] * n)
+        out["second_per_grid_ts"] = torch.cat(ts) if ts else per_video[:0]
+    for k, v in batch.items():
+        out.setdefault(k, v)
+    return out
