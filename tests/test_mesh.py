@@ -129,3 +129,12 @@ def _init_twice() -> tuple[int, int]:
     b = init_distributed()
     assert a == b
     return a.rank, a.world_size
+
+
+def _return_tensor() -> torch.Tensor:
+    return torch.full((1000,), float(dist.get_rank()))
+
+
+def test_run_distributed_returns_tensors_after_children_exit() -> None:
+    a, b = run_distributed(_return_tensor, 2)
+    assert torch.equal(a, torch.zeros(1000)) and torch.equal(b, torch.ones(1000))

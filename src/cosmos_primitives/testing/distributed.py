@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import pickle
 import queue as queue_mod
 import traceback
 from collections.abc import Callable, Sequence
@@ -24,7 +25,9 @@ def _worker(fn: Callable[..., Any], rank: int, world_size: int, port: int, args:
 
     try:
         init_distributed(backend="gloo", timeout_s=300.0)
-        value = fn(*args)
+        # pickled here: tensors sent through a torch queue would share memory that vanishes when this
+        # process exits before the parent reads them
+        value = pickle.dumps(fn(*args))
         results.put((rank, True, value))
     except BaseException:  # report everything, including SystemExit from the function
         results.put((rank, False, traceback.format_exc()))
@@ -68,7 +71,7 @@ def run_distributed(fn: Callable[..., Any], world_size: int, args: Sequence[Any]
                     f"after {timeout_s:.0f}s; ranks that reported: {sorted(collected)}"
                 ) from None
             if ok:
-                collected[rank] = value
+                collected[rank] = pickle.loads(value)
             else:
                 failures.append(f"--- rank {rank} ---\n{value}")
                 break

@@ -1,0 +1,57 @@
+"""Resume checkpoints (DCP, sharded, atomic, rotated, sync or async), Hugging Face safetensors
+export, and background uploads to S3 and the Hugging Face Hub.
+
+Names load on first use, so ``import cosmos_primitives.checkpoint`` stays cheap; boto3 and
+huggingface_hub (extras ``s3`` and ``hub``) are imported only when an upload is configured.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+_EXPORTS = {
+    "CheckpointManager": "cosmos_primitives.checkpoint.manager",
+    "PAUSE_ENV": "cosmos_primitives.checkpoint.manager",
+    "TrainState": "cosmos_primitives.checkpoint.train_state",
+    "export_safetensors": "cosmos_primitives.checkpoint.safetensors_export",
+    "gather_full_state_dict": "cosmos_primitives.checkpoint.safetensors_export",
+    "write_safetensors_shards": "cosmos_primitives.checkpoint.safetensors_export",
+    "find_latest_checkpoint": "cosmos_primitives.checkpoint.layout",
+    "list_checkpoints": "cosmos_primitives.checkpoint.layout",
+    "is_complete": "cosmos_primitives.checkpoint.layout",
+    "Uploader": "cosmos_primitives.checkpoint.uploader",
+    "UploadFailure": "cosmos_primitives.checkpoint.uploader",
+    "UploadTarget": "cosmos_primitives.checkpoint.uploader",
+    "S3Target": "cosmos_primitives.checkpoint.s3_upload",
+    "HubTarget": "cosmos_primitives.checkpoint.hub_upload",
+}
+
+__all__ = [
+    "PAUSE_ENV",
+    "CheckpointManager",
+    "HubTarget",
+    "S3Target",
+    "TrainState",
+    "UploadFailure",
+    "UploadTarget",
+    "Uploader",
+    "export_safetensors",
+    "find_latest_checkpoint",
+    "gather_full_state_dict",
+    "is_complete",
+    "list_checkpoints",
+    "write_safetensors_shards",
+]
+
+
+def __getattr__(name: str) -> Any:
+    if name in _EXPORTS:
+        value = getattr(importlib.import_module(_EXPORTS[name]), name)
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module 'cosmos_primitives.checkpoint' has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return __all__

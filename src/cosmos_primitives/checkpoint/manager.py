@@ -1,0 +1,419 @@
+"""Resume checkpoints with torch.distributed.checkpoint (DCP): sharded save / load of the model, its
+optimizer and LR scheduler, and the loop's state, with atomic completion, rotation, async saves,
+safetensors exports and uploads.
+
+A training loop makes these calls (every rank makes every call; rank 0 alone touches the
+filesystem outside DCP and uploads)::
+
+    ckpt = CheckpointManager(cfg.train.ckpt, run_dir, model=model, optimizer=opt, scheduler=sched,
+                             sampler=sampler, processor=processor)
+    state = ckpt.resume(cfg.train.resume)            # TrainState or None; restores everything in place
+    start = state.step if state else 0
+    for step in range(start + 1, total_steps + 1):
+        ...one optimizer step...
+        ckpt.maybe_save(step, epoch=epoch, force=step == total_steps)
+    ckpt.export_final()                              # <run_dir>/safetensors/final
+    ckpt.close()                                     # waits for the last save and the uploads
+
+What is saved lets a resumed run continue bitwise as if never stopped (same world size): weights,
+optimizer moments, scheduler, step / epoch / weight version, each rank's python / numpy / torch
+(and CUDA) RNG states and its sampler position, captured at the moment ``save`` is called.
+"""
+
+from __future__ import annotations
+
+import atexit
+import concurrent.futures
+import os
+import time
+import warnings
+import weakref
+from pathlib import Path
+from typing import Any, Protocol
+
+import torch.distributed as dist
+import torch.distributed.checkpoint as dcp
+from torch import nn
+from torch.distributed.checkpoint.state_dict import (
+    get_model_state_dict,
+    get_state_dict,
+    set_model_state_dict,
+    set_state_dict,
+)
+
+from cosmos_primitives.checkpoint import layout
+from cosmos_primitives.checkpoint.safetensors_export import export_safetensors
+from cosmos_primitives.checkpoint.train_state import TrainState, decode, encode
+from cosmos_primitives.checkpoint.uploader import Uploader, UploadFailure, UploadTarget
+from cosmos_primitives.config.checkpoint import CheckpointConfig
+from cosmos_primitives.logging.console import get_logger
+from cosmos_primitives.parallel.distributed import barrier, broadcast_object
+from cosmos_primitives.utils.seeding import capture_rng_state, restore_rng_state
+
+PAUSE_ENV = "COSMOS_TEST_CKPT_PAUSE_STEP"
+"""Test hook: when set to N, committing ``step_N`` pauses 600 s after the data is written and before
+the completion marker, so that a test can kill the process mid-save. Never set it in real runs."""
+
+
+class SupportsStateDict(Protocol):
+    def state_dict(self) -> dict[str, Any]: ...
+
+    def load_state_dict(self, state: dict[str, Any]) -> Any: ...
+
+
+class CheckpointManager:
+    """Saves and restores everything a training loop needs to continue exactly.
+
+    Construct it on every rank (it may create a gloo process group for async saves, a collective).
+
+    Args:
+        config: ``[train.ckpt]``.
+        run_dir: ``<output_dir>/<timestamp>``; checkpoints go to ``run_dir/checkpoints/step_N``,
+            exports to ``run_dir/safetensors/{step_N,final}``.
+        model: the module to save, plain or FSDP2 / TP sharded (``fully_shard`` applied in place).
+        optimizer: its optimizer (state saved sharded like the parameters), optional.
+        scheduler: an LR scheduler (anything with ``state_dict`` / ``load_state_dict``), optional.
+        sampler: the data sampler, saved per rank (``state_dict`` / ``load_state_dict``), optional.
+        processor, tokenizer: written into safetensors exports.
+        s3_client_factory: makes the boto3 S3 client (default: from the ``AWS_*`` variables).
+        hf_api_factory: makes the ``HfApi``-like object for Hub uploads (default: ``HfApi`` with ``HF_TOKEN``).
+    """
+
+    def __init__(
+        self,
+        config: CheckpointConfig,
+        run_dir: str | Path,
+        *,
+        model: nn.Module,
+        optimizer: Any = None,
+        scheduler: SupportsStateDict | None = None,
+        sampler: SupportsStateDict | None = None,
+        processor: Any = None,
+        tokenizer: Any = None,
+        s3_client_factory: Any = None,
+        hf_api_factory: Any = None,
+    ) -> None:
+        if config.max_keep == 0 or config.max_keep < -1:
+            raise ValueError(f"[train.ckpt] max_keep must be -1 (keep all) or >= 1, got {config.max_keep}")
+        self.config = config
+        self.run_dir = Path(run_dir)
+        self.checkpoints_dir = self.run_dir / layout.CHECKPOINTS_DIR
+        self.safetensors_dir = self.run_dir / layout.SAFETENSORS_DIR
+        self.model = model
+        self.optimizer = optimizer
+        self.scheduler = scheduler
+        self.sampler = sampler
+        self.processor = processor
+        self.tokenizer = tokenizer
+        self._dist = dist.is_initialized()
+        if not self._dist:
+            # DCP warns on every call that it assumes one process; that is what we asked for
+            warnings.filterwarnings("ignore", message="torch.distributed is disabled, unavailable or uninitialized")
+        self.rank = dist.get_rank() if self._dist else 0
+        self.world_size = dist.get_world_size() if self._dist else 1
+        self._log = get_logger("cosmos.checkpoint")
+        self._async = config.save_mode == "async"
+        # Background saves run collectives from another thread: they need a group of their own.
+        self._async_group = dist.new_group(backend="gloo") if self._async and self._dist else None
+        self._committer = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="cosmos-ckpt")
+        self._inflight: concurrent.futures.Future[None] | None = None
+        self._closed = False
+        self.uploader: Uploader | None = None
+        self._s3: UploadTarget | None = None
+        self._hub: UploadTarget | None = None
+        self._upload_s3 = "all" if config.upload_s3 is True else (config.upload_s3 or None)
+        if self._upload_s3 or config.upload_hf:
+            self._make_upload_targets(s3_client_factory, hf_api_factory)
+        atexit.register(_wait_at_exit, weakref.ref(self))
+
+    # ----------------------------------------------------------------------------------- saving
+    def should_save(self, step: int) -> bool:
+        """True when ``step`` is on the ``save_freq`` schedule and checkpointing is enabled."""
+        freq = self.config.save_freq
+        return self.config.enable_checkpoint and freq > 0 and step > 0 and step % freq == 0
+
+    def maybe_save(self, step: int, *, epoch: int = 0, weight_version: int | None = None,
+                   extra: dict[str, Any] | None = None, force: bool = False) -> Path | None:
+        """Save when :meth:`should_save` says so, or when ``force`` (e.g. the last step) and checkpointing is on.
+
+        A scheduled save is accompanied by a ``safetensors/step_N`` export when ``export_safetensors``
+        and ``export_every_save`` are set (a forced save is not: :meth:`export_final` follows it).
+
+        Returns:
+            The checkpoint folder, or None when nothing was saved.
+        """
+        scheduled = self.should_save(step)
+        if not (scheduled or (force and self.config.enable_checkpoint)):
+            return None
+        path = self.save(step, epoch=epoch, weight_version=weight_version, extra=extra)
+        if scheduled and self.config.export_safetensors and self.config.export_every_save:
+            self.export(step)
+        return path
+
+    def save(self, step: int, *, epoch: int = 0, weight_version: int | None = None,
+             extra: dict[str, Any] | None = None) -> Path:
+        """Write ``<run_dir>/checkpoints/step_<step>`` (collective).
+
+        RNG states, sampler position and weights are captured now; in async mode the writing
+        continues in the background and the folder appears (renamed from ``step_N.tmp``) when it
+        is complete. A previous save still in flight is waited for first.
+
+        Args:
+            step: optimizer steps completed.
+            epoch: the loop's epoch counter.
+            weight_version: defaults to ``step``.
+            extra: small values of the caller, the same on every rank (e.g. a best metric).
+
+        Returns:
+            The folder the checkpoint will have once complete.
+        """
+        self.wait()
+        if self._closed:
+            raise RuntimeError("CheckpointManager.save() after close()")
+        tmp = self.checkpoints_dir / (layout.step_dir_name(step) + layout.TMP_SUFFIX)
+        final = self.checkpoints_dir / layout.step_dir_name(step)
+        record = TrainState(step=step, epoch=epoch, weight_version=step if weight_version is None else weight_version,
+                            extra=dict(extra or {}), world_size=self.world_size).to_record()
+        state = self._state_to_save(record)
+        if self.rank == 0:
+            layout.remove_tree(tmp)  # a leftover from a crashed attempt at the same step
+            tmp.mkdir(parents=True)
+        barrier()
+        started = time.monotonic()
+        if self._async:
+            future = dcp.async_save(state, checkpoint_id=str(tmp), process_group=self._async_group,
+                                    no_dist=not self._dist)
+            self._inflight = self._committer.submit(self._finish_async, future, step, tmp, final, started)
+            self._log.info("Saving checkpoint step %d in the background to %s", step, final)
+            return final
+        dcp.save(state, checkpoint_id=str(tmp), no_dist=not self._dist)
+        error = None
+        if self.rank == 0:
+            try:
+                self._commit(step, tmp, final, started)
+            except Exception as exc:
+                error = f"{type(exc).__name__}: {exc}"
+        error = broadcast_object(error)
+        if error is not None:
+            raise RuntimeError(f"committing checkpoint {final} failed on rank 0: {error}")
+        return final
+
+    def wait(self) -> None:
+        """Block until a background save has finished; re-raise its error (naming the checkpoint)."""
+        inflight, self._inflight = self._inflight, None
+        if inflight is not None:
+            inflight.result()
+
+    def _state_to_save(self, record: dict[str, Any]) -> dict[str, Any]:
+        state: dict[str, Any] = {}
+        if self.optimizer is not None:
+            state["model"], state["optimizer"] = get_state_dict(self.model, self.optimizer)
+        else:
+            state["model"] = get_model_state_dict(self.model)
+        if self.scheduler is not None:
+            state["scheduler"] = encode(self.scheduler.state_dict())
+        state["train_state"] = encode(record)
+        private = {"rng": capture_rng_state(), "sampler": self.sampler.state_dict() if self.sampler else None}
+        # a key per rank: DCP keeps one copy of equal keys, while RNG streams differ between ranks
+        state["rank_state"] = {f"rank{self.rank}": encode(private)}
+        return state
+
+    def _finish_async(self, future: concurrent.futures.Future[Any], step: int, tmp: Path, final: Path,
+                      started: float) -> None:
+        try:
+            future.result()
+        except Exception as exc:
+            raise RuntimeError(f"background save of checkpoint {final} failed: {exc}") from exc
+        if self.rank == 0:
+            self._commit(step, tmp, final, started)
+
+    def _commit(self, step: int, tmp: Path, final: Path, started: float) -> None:
+        """Rank 0, after every rank's data and DCP's metadata are on disk: mark complete, publish, rotate."""
+        if os.environ.get(PAUSE_ENV) == str(step):
+            self._log.warning("test hook %s=%d: pausing before committing %s", PAUSE_ENV, step, tmp)
+            time.sleep(600)
+        layout.write_marker(tmp, layout.marker_info(step, self.world_size))
+        layout.publish(tmp, final)
+        self._log.info("Saved checkpoint step %d to %s (%.1f s)", step, final, time.monotonic() - started)
+        self._rotate()
+        if self._upload_s3 == "all":
+            self._upload(self._s3, final)
+
+    def _rotate(self) -> None:
+        protected = frozenset(self.uploader.pending()) if self.uploader else frozenset()
+        for path in layout.rotate(layout.list_checkpoints(self.checkpoints_dir), self.config.max_keep, protected):
+            self._log.info("Removed old checkpoint %s (max_keep = %d)", path, self.config.max_keep)
+        exports = [p for p in sorted(self.safetensors_dir.glob("step_*"), key=lambda p: layout.step_of(p) or -1)
+                   if p.is_dir() and layout.step_of(p) is not None]
+        for path in layout.rotate(exports, self.config.max_keep, protected):
+            self._log.info("Removed old export %s (max_keep = %d)", path, self.config.max_keep)
+
+    # ---------------------------------------------------------------------------------- loading
+    def resume(self, resume: bool | str | Path, *, output_dir: str | Path | None = None) -> TrainState | None:
+        """Restore the checkpoint ``[train] resume`` names, if any (collective).
+
+        ``resume = false``: nothing. ``true``: the latest complete checkpoint of this run directory,
+        else of the newest run under ``output_dir`` (default: the run directory's parent) that has
+        one; none found means a fresh start (logged). A path: that checkpoint, or the latest complete
+        one inside that folder; none found raises ``FileNotFoundError``. Incomplete folders of this
+        run (``*.tmp``, unmarked) are deleted first.
+
+        Returns:
+            The restored :class:`TrainState`, or None when starting fresh.
+        """
+        if resume is False or resume is None or resume == "":
+            return None
+        self.wait()  # cleaning below must not race a save of this manager
+        found: str | None = None
+        if self.rank == 0:
+            self.clean_incomplete()
+            if resume is True:
+                hit = layout.find_latest_checkpoint(self.run_dir) or layout.find_latest_checkpoint(
+                    Path(output_dir) if output_dir is not None else self.run_dir.parent)
+            else:
+                hit = layout.find_latest_checkpoint(resume)
+            found = None if hit is None else str(hit)
+        found = broadcast_object(found)
+        if found is None:
+            if resume is True:
+                self._log.info("resume = true but no complete checkpoint under %s: starting from step 0",
+                               output_dir or self.run_dir.parent)
+                return None
+            raise FileNotFoundError(
+                f"[train] resume = {str(resume)!r}: no complete checkpoint there. A complete checkpoint is "
+                f"a step_N folder holding a {layout.MARKER} file; point resume at one, at its run "
+                f"directory, or set resume = true"
+            )
+        return self.load(found)
+
+    def load(self, path: str | Path) -> TrainState:
+        """Load the checkpoint folder ``path`` into the model, optimizer, scheduler, sampler and RNGs (collective)."""
+        self.wait()
+        path = Path(path)
+        if not layout.is_complete(path):
+            raise FileNotFoundError(
+                f"{path} is not a complete checkpoint (no {layout.MARKER} marker in a step_N folder)")
+        keys = set(dcp.FileSystemReader(str(path)).read_metadata().state_dict_metadata)
+        saved_world = int(layout.read_marker(path).get("world_size", self.world_size))
+        has_optimizer = any(k.startswith("optimizer.") for k in keys)
+        state: dict[str, Any] = {}
+        if self.optimizer is not None and has_optimizer:
+            state["model"], state["optimizer"] = get_state_dict(self.model, self.optimizer)
+        else:
+            state["model"] = get_model_state_dict(self.model)
+            if self.optimizer is not None:
+                self._log.warning("%s holds no optimizer state: the optimizer starts fresh", path)
+        if self.scheduler is not None and "scheduler" in keys:
+            state["scheduler"] = None
+        state["train_state"] = None
+        own_key = f"rank{self.rank}"
+        rank_key = own_key if f"rank_state.{own_key}" in keys else "rank0"
+        state["rank_state"] = {rank_key: None}
+        try:
+            dcp.load(state, checkpoint_id=str(path), no_dist=not self._dist)
+        except Exception as exc:
+            raise RuntimeError(f"loading checkpoint {path} failed (was it written for this model?): {exc}") from exc
+        if "optimizer" in state:
+            set_state_dict(self.model, self.optimizer, model_state_dict=state["model"],
+                           optim_state_dict=state["optimizer"])
+        else:
+            set_model_state_dict(self.model, state["model"])
+        if state.get("scheduler") is not None:
+            self.scheduler.load_state_dict(decode(state["scheduler"]))
+        private = decode(state["rank_state"][rank_key])
+        if self.sampler is not None and private.get("sampler") is not None:
+            self.sampler.load_state_dict(private["sampler"])
+        if rank_key == own_key:
+            restore_rng_state(private["rng"])
+        else:
+            self._log.warning(
+                "checkpoint %s was written by %d ranks, this is rank %d of %d: its RNG streams are not "
+                "restored and the sampler takes rank 0's position, so the resume is not bitwise exact",
+                path, saved_world, self.rank, self.world_size)
+        train = TrainState.from_record(decode(state["train_state"]), path)
+        self._log.info("Resumed from %s (step %d, epoch %d)", path, train.step, train.epoch)
+        return train
+
+    def clean_incomplete(self) -> list[Path]:
+        """Delete folders of this run that a crash left half-written (rank 0 only; returns them)."""
+        if self.rank != 0:
+            return []
+        leftovers = layout.list_incomplete(self.checkpoints_dir)
+        if self.safetensors_dir.is_dir():
+            leftovers += sorted(p for p in self.safetensors_dir.iterdir() if p.name.endswith(layout.TMP_SUFFIX))
+        for path in leftovers:
+            self._log.info("Removing incomplete %s", path)
+            layout.remove_tree(path)
+        return leftovers
+
+    def checkpoints(self) -> list[Path]:
+        """Complete checkpoints of this run, oldest first."""
+        return layout.list_checkpoints(self.checkpoints_dir)
+
+    # ------------------------------------------------------------------------- export / upload
+    def export(self, step: int | None = None) -> Path:
+        """Export a Hugging Face folder: ``safetensors/step_<step>``, or ``safetensors/final`` when ``step`` is None.
+
+        Collective. Queues the uploads the config asks for (S3 ``"all"``: every export; ``"final"``:
+        the final one; the Hub: the final one).
+        """
+        final = step is None
+        out = self.safetensors_dir / ("final" if final else layout.step_dir_name(step))
+        export_safetensors(self.model, out, processor=self.processor, tokenizer=self.tokenizer,
+                           max_shard_size_gb=self.config.max_shard_size_gb, dtype=self.config.export_dtype)
+        if self.rank == 0:
+            if not final:
+                self._rotate()
+            if self._upload_s3 == "all" or (final and self._upload_s3 == "final"):
+                self._upload(self._s3, out)
+            if final and self.config.upload_hf:
+                self._upload(self._hub, out, dest="")
+        return out
+
+    def export_final(self) -> Path | None:
+        """``safetensors/final`` when ``export_safetensors`` is set (collective); else None."""
+        return self.export() if self.config.export_safetensors else None
+
+    def _make_upload_targets(self, s3_client_factory: Any, hf_api_factory: Any) -> None:
+        from cosmos_primitives.checkpoint.hub_upload import HubTarget
+        from cosmos_primitives.checkpoint.s3_upload import S3Target
+
+        # checked on every rank so that a wrong config fails before training, everywhere
+        if self._upload_s3:
+            self._s3 = S3Target(self.config.s3_bucket, self.config.s3_prefix, client_factory=s3_client_factory)
+        if self.config.upload_hf:
+            self._hub = HubTarget(self.config.hf_repo_name, self.config.hf_private, api_factory=hf_api_factory)
+        if self.rank == 0:
+            self.uploader = Uploader(self.config.upload_retries, self.config.upload_backoff_s)
+
+    def _upload(self, target: UploadTarget | None, local: Path, dest: str | None = None) -> None:
+        if target is None or self.uploader is None:
+            return
+        if dest is None:
+            dest = f"{self.run_dir.name}/{local.relative_to(self.run_dir).as_posix()}"
+        self.uploader.submit(target, local, dest)
+
+    # -------------------------------------------------------------------------------- shutdown
+    def close(self, upload_timeout_s: float | None = None) -> list[UploadFailure]:
+        """Wait for the background save and the uploads; return upload failures (rank 0; ``[]`` elsewhere).
+
+        Call it on every rank before destroying the process group.
+        """
+        if self._closed:
+            return list(self.uploader.failures) if self.uploader else []
+        try:
+            self.wait()
+        finally:
+            self._closed = True
+            self._committer.shutdown(wait=True)
+        failures: list[UploadFailure] = []
+        if self.uploader is not None:
+            failures = self.uploader.close(upload_timeout_s)
+            self._rotate()  # folders kept for their uploads may go now
+        return failures
+
+
+def _wait_at_exit(ref: weakref.ReferenceType[CheckpointManager]) -> None:
+    manager = ref()
+    if manager is not None and not manager._closed:
+        manager.wait()

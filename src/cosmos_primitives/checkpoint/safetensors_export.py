@@ -1,0 +1,198 @@
+"""Hugging Face folder export: full weights gathered from FSDP2 / TP shards, written by rank 0 as
+safetensors shards + index, with config, generation config, tokenizer and processor files.
+
+For a ``transformers`` model the model's own ``save_pretrained`` writes the weights (called on a
+weightless meta-device copy with the gathered state dict), so the in-memory names of e.g.
+Qwen2.5-VL (``model.language_model.*``, ``model.visual.*``) become the on-disk names
+``from_pretrained`` and vLLM expect (``model.*``, ``visual.*``) and tied weights are dropped exactly
+as ``transformers`` itself does. Any other module is written under its state-dict names.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from cosmos_primitives.checkpoint.layout import TMP_SUFFIX, publish, remove_tree
+from cosmos_primitives.logging.console import get_logger
+from cosmos_primitives.parallel.distributed import broadcast_object, get_rank
+
+GB = 10**9
+INDEX_FILE = "model.safetensors.index.json"
+_DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
+
+
+def gather_full_state_dict(model: nn.Module) -> dict[str, torch.Tensor]:
+    """Collective over the model's ranks: full (unsharded) CPU tensors on rank 0, ``{}`` elsewhere.
+
+    Works for FSDP2 / TP (DTensor) parameters and for plain modules; without a process group the
+    single process gets everything.
+    """
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+    return get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+
+
+def export_safetensors(
+    model: nn.Module,
+    out_dir: str | Path,
+    *,
+    processor: Any = None,
+    tokenizer: Any = None,
+    max_shard_size_gb: float = 4.0,
+    dtype: str = "auto",
+) -> Path:
+    """Write ``model`` as a Hugging Face folder at ``out_dir``. Every rank must call it; rank 0 writes.
+
+    The folder is written as ``<out_dir>.tmp`` and renamed into place when complete (an existing
+    ``out_dir`` is replaced), then ``Exported safetensors to <out_dir>`` is logged.
+
+    Args:
+        model: the trained module, possibly FSDP2-sharded; a ``transformers`` ``PreTrainedModel``
+            gets a ``from_pretrained``-loadable folder with ``config.json`` and ``generation_config.json``.
+        out_dir: e.g. ``<run_dir>/safetensors/final``.
+        processor: saved with its own ``save_pretrained`` (tokenizer, ``processor_config.json``,
+            chat template); ``preprocessor_config.json`` (image processor),
+            ``video_preprocessor_config.json`` and ``chat_template.json`` are added when missing,
+            because vLLM and older ``transformers`` read those names.
+        tokenizer: saved when given (not needed when ``processor`` holds it).
+        max_shard_size_gb: largest shard in GB (10**9 bytes); a single larger tensor gets its own shard.
+        dtype: ``"auto"`` (as trained), ``"bfloat16"``, ``"float16"`` or ``"float32"``.
+
+    Returns:
+        ``out_dir`` as a Path (on every rank, once rank 0 has finished).
+
+    Raises:
+        RuntimeError: on every rank, when rank 0 failed to write (its error is in the message).
+    """
+    if dtype != "auto" and dtype not in _DTYPES:
+        raise ValueError(f"export dtype must be 'auto' or one of {sorted(_DTYPES)}, got {dtype!r}")
+    if max_shard_size_gb <= 0:
+        raise ValueError(f"[train.ckpt] max_shard_size_gb must be > 0, got {max_shard_size_gb}")
+    out_dir = Path(out_dir)
+    log = get_logger()
+    if get_rank() == 0:
+        log.info("Prepare to export safetensors to %s at rank 0", out_dir)
+    full_sd = gather_full_state_dict(model)
+    error: str | None = None
+    if get_rank() == 0:
+        try:
+            _write_folder(model, full_sd, out_dir, processor, tokenizer, int(max_shard_size_gb * GB), dtype)
+        except Exception as exc:  # reported to every rank below, then raised everywhere
+            error = f"{type(exc).__name__}: {exc}"
+            log.exception("Safetensors export to %s failed", out_dir)
+    del full_sd
+    if dist.is_initialized() and dist.get_world_size() > 1:
+        error = broadcast_object(error)
+    if error is not None:
+        raise RuntimeError(f"exporting safetensors to {out_dir} failed on rank 0: {error}")
+    if get_rank() == 0:
+        log.info("Exported safetensors to %s", out_dir)
+    return out_dir
+
+
+def _write_folder(model: nn.Module, full_sd: dict[str, torch.Tensor], out_dir: Path, processor: Any,
+                  tokenizer: Any, max_shard_bytes: int, dtype: str) -> None:
+    tmp = out_dir.with_name(out_dir.name + TMP_SUFFIX)
+    remove_tree(tmp)
+    tmp.mkdir(parents=True)
+    if dtype != "auto":
+        target = _DTYPES[dtype]
+        full_sd = {k: v.to(target) if v.is_floating_point() else v for k, v in full_sd.items()}
+    hf_class = _transformers_class(model)
+    if hf_class is not None:
+        _save_with_transformers(model, hf_class, full_sd, tmp, max_shard_bytes)
+    else:
+        write_safetensors_shards(full_sd, tmp, max_shard_bytes)
+    if processor is not None:
+        processor.save_pretrained(str(tmp))
+    if tokenizer is not None:
+        tokenizer.save_pretrained(str(tmp))
+    _add_files_readers_expect(tmp, processor, tokenizer)
+    log = get_logger()
+    for i, shard in enumerate(sorted(tmp.glob("*.safetensors"))):
+        log.info("Saved chunk %d to %s (%.2f GB)", i, shard.name, shard.stat().st_size / GB)
+    publish(tmp, out_dir)
+
+
+def _transformers_class(model: nn.Module) -> type | None:
+    """The ``PreTrainedModel`` class behind ``model`` (FSDP2 swaps in a subclass; look past it)."""
+    try:
+        from transformers import PreTrainedModel
+    except ImportError:  # pragma: no cover - transformers is a core dependency
+        return None
+    from torch.distributed.fsdp import FSDPModule
+
+    for cls in type(model).__mro__:
+        if issubclass(cls, PreTrainedModel) and not issubclass(cls, FSDPModule):
+            return cls
+    return None
+
+
+def _save_with_transformers(model: nn.Module, hf_class: type, full_sd: dict[str, torch.Tensor], out: Path,
+                            max_shard_bytes: int) -> None:
+    # A weightless copy of the same class: save_pretrained needs the class's name conversions and
+    # tied-weight table, while calling it on the live (sharded) module would touch its parameters.
+    with torch.device("meta"):
+        skeleton = hf_class(copy.deepcopy(model.config))
+    floating = [v.dtype for v in full_sd.values() if v.is_floating_point()]
+    if floating:
+        skeleton.to(floating[0])
+    if getattr(model, "generation_config", None) is not None:
+        skeleton.generation_config = copy.deepcopy(model.generation_config)
+    skeleton.save_pretrained(str(out), state_dict=full_sd, max_shard_size=max_shard_bytes)
+    if not (out / "generation_config.json").exists() and skeleton.can_generate():
+        from transformers import GenerationConfig
+
+        GenerationConfig.from_model_config(model.config).save_pretrained(str(out))
+
+
+def write_safetensors_shards(state_dict: dict[str, torch.Tensor], out: Path, max_shard_bytes: int) -> list[Path]:
+    """Write ``state_dict`` as ``model-0000i-of-0000n.safetensors`` + ``model.safetensors.index.json``.
+
+    Tensors are packed in order into shards of at most ``max_shard_bytes``; a larger tensor gets a
+    shard of its own. Used for modules that are not ``transformers`` models.
+    """
+    from safetensors.torch import save_file
+
+    shards: list[dict[str, torch.Tensor]] = [{}]
+    sizes = [0]
+    for name, tensor in state_dict.items():
+        nbytes = tensor.numel() * tensor.element_size()
+        if shards[-1] and sizes[-1] + nbytes > max_shard_bytes:
+            shards.append({})
+            sizes.append(0)
+        # contiguous private copies: safetensors refuses views and tensors sharing storage
+        shards[-1][name] = tensor.detach().contiguous().clone()
+        sizes[-1] += nbytes
+    total = len(shards)
+    weight_map: dict[str, str] = {}
+    paths = []
+    for i, shard in enumerate(shards, start=1):
+        name = f"model-{i:05d}-of-{total:05d}.safetensors"
+        save_file(shard, str(out / name), metadata={"format": "pt"})
+        weight_map.update(dict.fromkeys(shard, name))
+        paths.append(out / name)
+    index = {"metadata": {"total_size": sum(sizes)}, "weight_map": weight_map}
+    (out / INDEX_FILE).write_text(json.dumps(index, indent=2, sort_keys=True))
+    return paths
+
+
+def _add_files_readers_expect(out: Path, processor: Any, tokenizer: Any) -> None:
+    """``transformers`` 5 folds processor settings into ``processor_config.json`` and the chat template
+    into ``chat_template.jinja``; vLLM and ``transformers`` 4 look for the older file names."""
+    image_processor = getattr(processor, "image_processor", None)
+    if image_processor is not None and not (out / "preprocessor_config.json").exists():
+        image_processor.save_pretrained(str(out))
+    video_processor = getattr(processor, "video_processor", None)
+    if video_processor is not None and not (out / "video_preprocessor_config.json").exists():
+        video_processor.save_pretrained(str(out))
+    template = getattr(processor, "chat_template", None) or getattr(tokenizer, "chat_template", None)
+    if isinstance(template, str) and not (out / "chat_template.json").exists():
+        (out / "chat_template.json").write_text(json.dumps({"chat_template": template}, indent=2) + "\n")

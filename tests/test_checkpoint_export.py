@@ -1,0 +1,101 @@
+"""Hugging Face safetensors export in one process: shards, index, processor files, from_pretrained parity."""
+
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+
+import pytest
+import torch
+from torch import nn
+
+from cosmos_primitives.checkpoint import CheckpointManager, export_safetensors
+from cosmos_primitives.checkpoint.safetensors_export import GB
+from cosmos_primitives.config import CheckpointConfig
+from cosmos_primitives.testing import tiny_qwen2_5_vl
+
+
+@pytest.fixture
+def cosmos_log(caplog: pytest.LogCaptureFixture):
+    """The cosmos logger does not propagate to the root logger: attach pytest's capture handler to it."""
+    logger = logging.getLogger("cosmos")
+    logger.addHandler(caplog.handler)
+    caplog.set_level(logging.INFO, logger="cosmos")
+    yield caplog
+    logger.removeHandler(caplog.handler)
+
+
+def test_export_tiny_qwen2_5_vl_loads_with_identical_logits(tmp_path: Path, tiny_vl_processor, cosmos_log) -> None:
+    from transformers import AutoProcessor, Qwen2_5_VLForConditionalGeneration
+
+    model = tiny_qwen2_5_vl(seed=1)
+    with torch.no_grad():
+        model.model.language_model.norm.weight.mul_(1.5)
+    out = tmp_path / "safetensors" / "final"
+    max_gb = 0.0005  # 500 kB: forces many shards
+    path = export_safetensors(model, out, processor=tiny_vl_processor, max_shard_size_gb=max_gb)
+    assert path == out
+    assert f"Exported safetensors to {out}" in cosmos_log.text
+
+    index = json.loads((out / "model.safetensors.index.json").read_text())
+    shards = sorted(set(index["weight_map"].values()))
+    assert len(shards) >= 3 and sorted(p.name for p in out.glob("*.safetensors")) == shards
+    for shard in shards:
+        tensors = [k for k, v in index["weight_map"].items() if v == shard]
+        if len(tensors) > 1:  # a single tensor over the limit is allowed its own shard
+            assert (out / shard).stat().st_size <= max_gb * GB + 64 * 1024  # + the safetensors header
+    names = set(index["weight_map"])
+    assert "model.embed_tokens.weight" in names and "visual.patch_embed.proj.weight" in names
+    assert "lm_head.weight" not in names  # tied to the embedding, as transformers saves it
+    for name in ("config.json", "generation_config.json", "preprocessor_config.json", "chat_template.json",
+                 "tokenizer.json", "tokenizer_config.json"):
+        assert (out / name).is_file(), name
+
+    loaded = Qwen2_5_VLForConditionalGeneration.from_pretrained(out)
+    ids = torch.tensor([[9707, 11, 1879, 0, 151644, 872, 198, 100]])
+    with torch.no_grad():
+        assert torch.equal(loaded(input_ids=ids).logits, model(input_ids=ids).logits)
+    processor = AutoProcessor.from_pretrained(out)
+    assert processor.chat_template == tiny_vl_processor.chat_template
+    assert processor.image_processor.size == tiny_vl_processor.image_processor.size
+
+
+def test_export_dtype_bfloat16(tmp_path: Path) -> None:
+    from transformers import Qwen2_5_VLForConditionalGeneration
+
+    model = tiny_qwen2_5_vl(seed=2)
+    out = export_safetensors(model, tmp_path / "bf16", dtype="bfloat16")
+    loaded = Qwen2_5_VLForConditionalGeneration.from_pretrained(out)
+    assert loaded.dtype == torch.bfloat16
+    ref = model.model.language_model.layers[1].mlp.down_proj.weight.to(torch.bfloat16)
+    assert torch.equal(loaded.model.language_model.layers[1].mlp.down_proj.weight, ref)
+
+
+def test_plain_module_is_written_under_its_state_dict_names(tmp_path: Path) -> None:
+    from safetensors.torch import load_file
+
+    model = nn.Sequential(nn.Linear(300, 300), nn.Linear(300, 10))
+    out = export_safetensors(model, tmp_path / "plain", max_shard_size_gb=300 * 300 * 4 / GB)
+    index = json.loads((out / "model.safetensors.index.json").read_text())
+    assert set(index["weight_map"]) == {"0.weight", "0.bias", "1.weight", "1.bias"}
+    # 0.weight fills a shard exactly; the three small tensors after it share the second one
+    assert len(set(index["weight_map"].values())) == 2
+    assert index["weight_map"]["0.bias"] == index["weight_map"]["1.bias"] != index["weight_map"]["0.weight"]
+    loaded = {}
+    for shard in set(index["weight_map"].values()):
+        loaded.update(load_file(str(out / shard)))
+    assert all(torch.equal(loaded[k], v) for k, v in model.state_dict().items())
+
+
+def test_manager_exports_steps_and_final_with_rotation(tmp_path: Path) -> None:
+    model = nn.Linear(4, 4)
+    cfg = CheckpointConfig(enable_checkpoint=True, save_mode="sync", save_freq=1, max_keep=2)
+    ckpt = CheckpointManager(cfg, tmp_path, model=model)
+    for step in (1, 2, 3):
+        ckpt.maybe_save(step, force=step == 3)
+    final = ckpt.export_final()
+    ckpt.close()
+    assert sorted(p.name for p in (tmp_path / "safetensors").iterdir()) == ["final", "step_2", "step_3"]
+    assert final == tmp_path / "safetensors" / "final" and (final / "model.safetensors.index.json").exists()
+    assert [p.name for p in ckpt.checkpoints()] == ["step_2", "step_3"]
