@@ -10,22 +10,53 @@ from cosmos_primitives.config.base import Section
 
 
 class DatasetConfig(Section):
-    """``[train.train_policy.dataset]``: a hub name or a local path, and how to read its media."""
+    """``[train.train_policy.dataset]``: a hub name or a local path, and how to read its media.
+
+    Sources (``kind``): ``"hf"`` reads a ``datasets`` dataset (hub name, a ``save_to_disk`` folder,
+    or a ``.json`` / ``.jsonl`` / ``.parquet`` file) whose rows hold a ``conversations`` column;
+    ``"video_folder"`` reads ``<name>/videos/<id><video_suffix>.mp4`` beside
+    ``<name>/metas/<id>.label.json``; ``"auto"`` picks ``video_folder`` when ``name`` is a folder
+    holding ``videos/`` and ``metas/``, else ``hf``.
+
+    Media: relative media paths resolve under ``media_dir`` (default: the dataset's own folder).
+    Videos are sampled at ``fps`` frames per second, at most ``max_frames`` frames (an even number,
+    as Qwen2.5-VL's temporal patch is 2 frames), each frame resized to at most ``max_pixels`` pixels
+    (a per-part ``"fps"`` / ``"max_pixels"`` in the conversation overrides these).
+
+    Bad samples (missing or undecodable media, samples longer than the packing budget) are skipped,
+    counted and logged; the run stops once more than ``bad_sample_budget`` were seen on one rank.
+    """
 
     name: str = ""
     subset: str = ""
     revision: str = ""
     split: str = "train"
+    kind: Literal["auto", "hf", "video_folder"] = "auto"
     media_dir: str = ""
     fps: float = 2.0
     max_pixels: int = 81920
+    min_pixels: int = 3136
     max_frames: int = 32
+    video_backend: Literal["auto", "decord", "pyav"] = "auto"
     bad_sample_budget: int = 100
+    # video folder adapter
+    video_suffix: str = ""
+    label_field: str = ""
+    prompt: str = "Describe what happens in this video."
+    system_prompt: str = ""
+    # MCQ prompt adapter (Cosmos-Reason1-RL style rows)
+    question_column: str = "question"
+    choices_column: str = "choices"
+    answer_column: str = "answer"
+    video_column: str = "video"
+    image_column: str = "image"
 
 
 class TrainPolicyConfig(Section):
     """``[train.train_policy]``: what is trained (``type``) and on which data.
 
+    ``sequence_packing``: several samples share one row of at most ``packing_budget`` tokens
+    (``None``: ``policy.model_max_length``); ``packing_buffer`` samples are held to choose rows from.
     The GRPO knobs that older configs spell here (``epsilon_low``, ``kl_beta``, ``loss_type``,
     ``variant``, ...) are aliases of the fields of ``[grpo]``.
     """
@@ -34,6 +65,6 @@ class TrainPolicyConfig(Section):
     dataset: DatasetConfig = msgspec.field(default_factory=DatasetConfig)
     conversation_column_name: str = "conversations"
     mini_batch: int = 1
-
-
-
+    sequence_packing: bool = True
+    packing_budget: int | None = None
+    packing_buffer: int = 32

@@ -1,0 +1,111 @@
+"""Dataset adapters, video sampling, Qwen2.5-VL encoding with assistant-only labels, sequence packing
+and resumable samplers for VLM training.
+
+Names load on first use so that ``import cosmos_primitives.data`` stays cheap (no ``datasets``,
+decoder or processor import until needed). See :mod:`cosmos_primitives.data.packing` for the batch
+contract the trainer relies on.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+_EXPORTS = {
+    "BadSampleError": "bad_samples",
+    "BadSampleBudgetExceeded": "bad_samples",
+    "BadSampleTracker": "bad_samples",
+    "ConversationSample": "conversation",
+    "normalize_conversation": "conversation",
+    "load_conversation": "conversation",
+    "MediaSettings": "media",
+    "load_image": "media",
+    "resolve_media_path": "media",
+    "SampledVideo": "video_sampling",
+    "VideoDecodeError": "video_sampling",
+    "sample_video": "video_sampling",
+    "plan_frame_indices": "video_sampling",
+    "fit_pixel_budget": "video_sampling",
+    "HFConversationDataset": "hf_conversations",
+    "load_hf_dataset": "hf_conversations",
+    "VideoFolderDataset": "video_folder",
+    "MCQPromptDataset": "mcq",
+    "mcq_prompt_text": "mcq",
+    "mcq_choices": "mcq",
+    "answer_letter": "mcq",
+    "MRopeSpec": "mrope",
+    "mrope_position_ids": "mrope",
+    "IGNORE_INDEX": "qwen_vl_encoding",
+    "EncodedSample": "qwen_vl_encoding",
+    "encode_conversation": "qwen_vl_encoding",
+    "assistant_labels": "qwen_vl_encoding",
+    "plan_rows": "packing",
+    "collate_packed": "packing",
+    "collate_padded": "packing",
+    "model_inputs": "packing",
+    "padding_stats": "packing",
+    "ResumableDistributedSampler": "sampler",
+    "SFTBatchLoader": "sft_loader",
+    "all_ranks_have_batch": "sft_loader",
+    "build_sft_dataset": "sft_loader",
+    "build_sft_loader": "sft_loader",
+}
+
+__all__ = sorted(_EXPORTS)
+
+if TYPE_CHECKING:  # pragma: no cover
+    from cosmos_primitives.data.bad_samples import (  # noqa: F401
+        BadSampleBudgetExceeded,
+        BadSampleError,
+        BadSampleTracker,
+    )
+    from cosmos_primitives.data.conversation import (  # noqa: F401
+        ConversationSample,
+        load_conversation,
+        normalize_conversation,
+    )
+    from cosmos_primitives.data.hf_conversations import HFConversationDataset, load_hf_dataset  # noqa: F401
+    from cosmos_primitives.data.mcq import MCQPromptDataset, answer_letter, mcq_choices, mcq_prompt_text  # noqa: F401
+    from cosmos_primitives.data.media import MediaSettings, load_image, resolve_media_path  # noqa: F401
+    from cosmos_primitives.data.mrope import MRopeSpec, mrope_position_ids  # noqa: F401
+    from cosmos_primitives.data.packing import (  # noqa: F401
+        collate_packed,
+        collate_padded,
+        model_inputs,
+        padding_stats,
+        plan_rows,
+    )
+    from cosmos_primitives.data.qwen_vl_encoding import (  # noqa: F401
+        IGNORE_INDEX,
+        EncodedSample,
+        assistant_labels,
+        encode_conversation,
+    )
+    from cosmos_primitives.data.sampler import ResumableDistributedSampler  # noqa: F401
+    from cosmos_primitives.data.sft_loader import (  # noqa: F401
+        SFTBatchLoader,
+        all_ranks_have_batch,
+        build_sft_dataset,
+        build_sft_loader,
+    )
+    from cosmos_primitives.data.video_folder import VideoFolderDataset  # noqa: F401
+    from cosmos_primitives.data.video_sampling import (  # noqa: F401
+        SampledVideo,
+        VideoDecodeError,
+        fit_pixel_budget,
+        plan_frame_indices,
+        sample_video,
+    )
+
+
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'cosmos_primitives.data' has no attribute {name!r}")
+    value = getattr(importlib.import_module(f"cosmos_primitives.data.{module}"), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return __all__

@@ -1,0 +1,99 @@
+"""Adapter for Hugging Face ``datasets`` whose rows hold a chat ``conversations`` column
+(Cosmos-Reason1-SFT style), with video / image paths resolved under a clip folder."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from cosmos_primitives.data.conversation import ConversationSample, load_conversation, normalize_conversation
+from cosmos_primitives.data.media import MediaSettings
+from cosmos_primitives.utils.extras import require
+
+_FILE_BUILDERS = {".json": "json", ".jsonl": "json", ".parquet": "parquet", ".csv": "csv", ".arrow": "arrow"}
+
+
+def load_hf_dataset(name: str, split: str = "train", subset: str = "", revision: str = "") -> Any:
+    """A ``datasets.Dataset`` from a hub name, a ``save_to_disk`` folder, or a data file / folder.
+
+    Local files (``.json``, ``.jsonl``, ``.parquet``, ``.csv``, ``.arrow``) are read with the
+    matching ``datasets`` builder; the whole file is the ``split``.
+    """
+    datasets = require("datasets", "Hugging Face conversation datasets")
+    path = Path(name).expanduser()
+    if path.is_dir() and ((path / "dataset_info.json").is_file() or (path / "dataset_dict.json").is_file()):
+        loaded = datasets.load_from_disk(str(path))
+        if isinstance(loaded, datasets.DatasetDict):
+            if split not in loaded:
+                raise KeyError(f"{path} has splits {sorted(loaded)} but split={split!r} was asked for "
+                               f"(config key train.train_policy.dataset.split)")
+            loaded = loaded[split]
+        return loaded
+    if path.is_file():
+        builder = _FILE_BUILDERS.get(path.suffix.lower())
+        if builder is None:
+            raise ValueError(f"cannot read dataset file {path}: use one of {sorted(_FILE_BUILDERS)}")
+        return datasets.load_dataset(builder, data_files={split: str(path)}, split=split)
+    return datasets.load_dataset(name if not path.is_dir() else str(path), subset or None, split=split,
+                                 revision=revision or None)
+
+
+class HFConversationDataset:
+    """Random access to conversation rows, media loaded per item.
+
+    Args:
+        rows: a ``datasets.Dataset`` or any sequence of dict rows.
+        media_dir: folder relative media paths are taken under.
+        settings: video / image reading defaults (a part's own ``fps`` / ``max_pixels`` win).
+        conversation_column: the column holding the conversation (a list of messages or its JSON).
+        system_prompt: prepended as a system message when the row has none ("" keeps the template's).
+        name: used in messages naming a row (``name[index]``).
+
+    ``dataset[i]`` returns a :class:`ConversationSample` or raises
+    :class:`~cosmos_primitives.data.bad_samples.BadSampleError` naming the file or row at fault.
+    """
+
+    def __init__(self, rows: Sequence[dict[str, Any]] | Any, media_dir: str | Path | None = None,
+                 settings: MediaSettings | None = None, conversation_column: str = "conversations",
+                 system_prompt: str = "", name: str = "dataset") -> None:
+        self.rows = rows
+        self.media_dir = media_dir
+        self.settings = settings or MediaSettings()
+        self.conversation_column = conversation_column
+        self.system_prompt = system_prompt
+        self.name = name
+        columns = getattr(rows, "column_names", None)
+        if columns is not None and conversation_column not in columns:
+            raise KeyError(f"{name} has no column {conversation_column!r} (columns: {columns}); set "
+                           f"train.train_policy.conversation_column_name")
+
+    @classmethod
+    def from_config(cls, cfg: Any, conversation_column: str = "conversations") -> HFConversationDataset:
+        """From a :class:`~cosmos_primitives.config.DatasetConfig`; local datasets default their
+        ``media_dir`` to their own folder."""
+        rows = load_hf_dataset(cfg.name, split=cfg.split, subset=cfg.subset, revision=cfg.revision)
+        media_dir = cfg.media_dir
+        if not media_dir and Path(cfg.name).expanduser().exists():
+            local = Path(cfg.name).expanduser()
+            media_dir = str(local if local.is_dir() else local.parent)
+        return cls(rows, media_dir=media_dir or None, settings=MediaSettings.from_config(cfg),
+                   conversation_column=conversation_column, system_prompt=cfg.system_prompt, name=cfg.name)
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+    def conversation(self, index: int) -> list[dict[str, Any]]:
+        """Row ``index``'s normalized conversation (media not loaded, paths as stored)."""
+        row = self.rows[index]
+        where = f"{self.name}[{index}]"
+        if self.conversation_column not in row:
+            raise KeyError(f"{where} has no field {self.conversation_column!r} (fields: {sorted(row)})")
+        messages = normalize_conversation(row[self.conversation_column], where)
+        if self.system_prompt and messages[0]["role"] != "system":
+            messages.insert(0, {"role": "system", "content": self.system_prompt})
+        return messages
+
+    def __getitem__(self, index: int) -> ConversationSample:
+        return load_conversation(self.conversation(index), self.media_dir, self.settings,
+                                 sample_id=f"{self.name}[{index}]")
