@@ -7,6 +7,7 @@ from typing import Any
 import msgspec
 
 from cosmos_primitives.config.base import Section
+from cosmos_primitives.config.evaluation import EvalConfig
 from cosmos_primitives.config.grpo import GRPOConfig
 from cosmos_primitives.config.logging import LoggingConfig
 from cosmos_primitives.config.policy import PolicyConfig
@@ -30,4 +31,5 @@ class Config(Section):
     wfm: WFMConfig = msgspec.field(default_factory=WFMConfig)
     redis: RedisConfig = msgspec.field(default_factory=RedisConfig)
     remote_reward: RemoteRewardConfig = msgspec.field(default_factory=RemoteRewardConfig)
+    eval: EvalConfig = msgspec.field(default_factory=EvalConfig)
     custom: dict[str, Any] = msgspec.field(default_factory=dict)

@@ -1,0 +1,68 @@
+"""MCQ / exact-match evaluation of a model or exported checkpoint on benchmark files.
+
+::
+
+    report = cp.eval.evaluate("outputs/sft/20260101/safetensors/final", "bench.jsonl",
+                              data_dir="data", results_dir="results", cfg=cfg.eval)
+    report.table["overall"]["accuracy"]
+    cp.eval.calculate_accuracy("results")      # the same table, from the saved predictions alone
+
+Names load on first use so that ``import cosmos_primitives.eval`` stays cheap.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+_EXPORTS = {
+    "BenchmarkFormatError": "benchmark",
+    "BenchmarkItem": "benchmark",
+    "load_benchmark": "benchmark",
+    "parse_item": "benchmark",
+    "prompt_text": "prompts",
+    "item_conversation": "prompts",
+    "load_item_prompt": "prompts",
+    "extract_letter": "scoring",
+    "extract_prediction": "scoring",
+    "is_correct": "scoring",
+    "ResultStore": "result_store",
+    "accuracy_table": "accuracy",
+    "format_accuracy_table": "accuracy",
+    "calculate_accuracy": "accuracy",
+    "load_eval_engine": "model_loading",
+    "load_hf_model": "model_loading",
+    "load_processor": "model_loading",
+    "EvalReport": "runner",
+    "evaluate": "runner",
+    "sampling_params": "runner",
+}
+
+__all__ = sorted(_EXPORTS)
+
+if TYPE_CHECKING:  # pragma: no cover
+    from cosmos_primitives.eval.accuracy import accuracy_table, calculate_accuracy, format_accuracy_table  # noqa: F401
+    from cosmos_primitives.eval.benchmark import (  # noqa: F401
+        BenchmarkFormatError,
+        BenchmarkItem,
+        load_benchmark,
+        parse_item,
+    )
+    from cosmos_primitives.eval.model_loading import load_eval_engine, load_hf_model, load_processor  # noqa: F401
+    from cosmos_primitives.eval.prompts import item_conversation, load_item_prompt, prompt_text  # noqa: F401
+    from cosmos_primitives.eval.result_store import ResultStore  # noqa: F401
+    from cosmos_primitives.eval.runner import EvalReport, evaluate, sampling_params  # noqa: F401
+    from cosmos_primitives.eval.scoring import extract_letter, extract_prediction, is_correct  # noqa: F401
+
+
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'cosmos_primitives.eval' has no attribute {name!r}")
+    value = getattr(importlib.import_module(f"cosmos_primitives.eval.{module}"), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return __all__

@@ -1,0 +1,341 @@
+"""cp.eval: accuracy tables against hand-computed ones, skip-saved re-runs, interrupted runs, clear errors.
+
+A scripted engine (implementing the RolloutEngine protocol) returns fixed completions per item, so
+every number in the expected tables below is worked out by hand from the fixture.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Sequence
+from pathlib import Path
+
+import pytest
+
+from cosmos_primitives import testing as cpt
+from cosmos_primitives.config.evaluation import EvalConfig
+from cosmos_primitives.eval import (
+    BenchmarkFormatError,
+    calculate_accuracy,
+    evaluate,
+    extract_letter,
+    extract_prediction,
+    load_benchmark,
+    parse_item,
+    prompt_text,
+)
+from cosmos_primitives.logging.console import get_logger
+from cosmos_primitives.rollout.base import Completion, Prompt, RolloutEngine, RolloutGroup, SamplingParams
+
+REFERENCE_MCQ_PROMPT = (
+    "Which colour fills the image?\n(A) red\n(B) green\n(C) blue\n(D) yellow"
+    "\nAnswer with the option's letter from the given choices directly."
+    "\nPlease answer the question in the following format: "
+    "<think> your reasoning </think> <answer> your answer </answer>."
+)
+
+
+class ScriptedEngine:
+    """Returns ``script[prompt_id]`` (a string, or a list consumed one call at a time); records every call."""
+
+    def __init__(self, script: dict[str, str | list[str]], fail_on_call: int | None = None) -> None:
+        self.script = {k: list(v) if isinstance(v, list) else v for k, v in script.items()}
+        self.fail_on_call = fail_on_call
+        self.calls: list[list[str]] = []
+        self.prompts: list[Prompt] = []
+        self.params: list[SamplingParams] = []
+        self.weight_version = 0
+
+    def generate(self, prompts: Sequence[Prompt], params: SamplingParams) -> list[RolloutGroup]:
+        if self.fail_on_call is not None and len(self.calls) + 1 == self.fail_on_call:
+            raise RuntimeError("simulated crash of the rollout engine")
+        self.calls.append([p.prompt_id for p in prompts])
+        self.prompts.extend(prompts)
+        self.params.append(params)
+        groups = []
+        for p in prompts:
+            entry = self.script[p.prompt_id]
+            text = entry.pop(0) if isinstance(entry, list) else entry
+            completion = Completion(text=text, token_ids=[1, 2, 3], logprobs=[-0.1] * 3, finish_reason="stop")
+            groups.append(RolloutGroup(prompt=p, prompt_token_ids=[7] * 11, completions=[completion],
+                                       weight_version=self.weight_version))
+        return groups
+
+    def update_weights(self, named_tensors, version: int) -> None:
+        self.weight_version = version
+
+    @property
+    def called_ids(self) -> list[str]:
+        return [pid for call in self.calls for pid in call]
+
+
+class WarningList(logging.Handler):
+    """Keeps the messages of WARNING records (the cosmos logger does not propagate to pytest's caplog)."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.WARNING)
+        self.messages: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.messages.append(record.getMessage())
+
+
+COLOURS4 = ["red", "green", "blue", "yellow"]
+ITEMS = [
+    {"id": "av-1", "dataset": "av", "image": "av/red.png", "question": "Which colour fills the image?",
+     "choices": COLOURS4, "answer": "A"},
+    {"id": "av-2", "dataset": "av", "image": "av/blue.png", "question": "Which colour?",
+     "choices": {"A": "red", "B": "blue"}, "answer": "B"},
+    {"id": "av-3", "dataset": "av", "video": "clips/a.mp4", "question": "What happens?",
+     "choices": ["stop", "go", "turn"], "answer": "(C)"},
+    {"id": "rv-1", "dataset": "robovqa", "video": "clips/a.mp4", "question": "Next step?",
+     "index2ans": {"A": "pick", "B": "place"}, "correct_answer": "B"},
+    {"id": "rv-2", "dataset": "robovqa", "image": "rv/green.png", "question": "Colour?",
+     "choices": COLOURS4, "answer": "A"},
+    {"id": "rv-3", "dataset": "robovqa", "video": "clips/missing.mp4", "question": "Gone?",
+     "choices": ["yes", "no"], "answer": "A"},
+    {"id": "ho-1", "dataset": "holoassist", "image": "ho/yellow.png", "question": "What does the person do?",
+     "answer": "Pick up the cup"},
+    {"id": "ho-2", "dataset": "holoassist", "question": "Which hand?", "answer": "left"},
+]
+SCRIPT = {
+    "av-1": "<think>It is red.</think>\n\n<answer>A</answer>",  # right
+    "av-2": "<think>Looks red.</think>\n\n<answer>A</answer>",  # wrong
+    "av-3": "<think>turning</think>\n\n<answer> c </answer>",  # right: stripped, any case
+    "rv-1": "B",  # right: no <answer> tag, the whole completion is the answer
+    "rv-2": "<think>maybe <answer>B</answer></think>\n\n<answer>A</answer>",  # wrong: the FIRST <answer> counts
+    "rv-3": "<answer>A</answer>",  # never asked: its video is missing
+    "ho-1": "<think>x</think>\n\n<answer>pick up  the CUP</answer>",  # right: case / whitespace-insensitive
+    "ho-2": "<answer>right</answer>",  # wrong
+}
+# by hand from the comments above; rv-3 is failed, not in the totals
+EXPECTED = {
+    "av": {"correct": 2, "total": 3, "accuracy": 2 / 3, "failed": 0},
+    "holoassist": {"correct": 1, "total": 2, "accuracy": 1 / 2, "failed": 0},
+    "robovqa": {"correct": 1, "total": 2, "accuracy": 1 / 2, "failed": 1},
+    "overall": {"correct": 4, "total": 7, "accuracy": 4 / 7, "failed": 1},
+}
+
+
+@pytest.fixture
+def bench(tmp_path: Path) -> tuple[Path, Path]:
+    """(benchmark.jsonl, data dir) for ITEMS, with real PNGs and a real mp4."""
+    data = tmp_path / "data"
+    for path, colour in (("av/red.png", "red"), ("av/blue.png", "blue"), ("rv/green.png", "green"),
+                         ("ho/yellow.png", "yellow")):
+        cpt.write_image(data / path, cpt.color_image(colour))
+    cpt.write_mp4(data / "clips/a.mp4", num_frames=8, fps=8.0, size=(56, 56))
+    path = tmp_path / "bench.jsonl"
+    path.write_text("".join(json.dumps(item) + "\n" for item in ITEMS))
+    return path, data
+
+
+def quiet_cfg(**changes) -> EvalConfig:
+    return EvalConfig(**{"batch_size": 3, "max_pixels": 3136, **changes})
+
+
+def test_accuracy_table_equals_hand_computed(bench, tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    path, data = bench
+    engine = ScriptedEngine(SCRIPT)
+    assert isinstance(engine, RolloutEngine)
+    report = evaluate(engine, path, data_dir=data, results_dir=tmp_path / "results", cfg=quiet_cfg())
+
+    assert report.table == EXPECTED
+    assert (report.generated, report.skipped) == (7, 0)
+    assert sorted(engine.called_ids) == sorted(set(SCRIPT) - {"rv-3"})
+    assert [len(c) for c in engine.calls] == [3, 2, 2]  # batch of 3, then one missing item left out of batch 2
+    printed = capsys.readouterr().out
+    assert "2 / 3" in printed and "66.67%" in printed and "4 / 7" in printed and "57.14%" in printed
+
+    # the missing video names the item, its line and the path; the run went on
+    [failure] = report.failures
+    assert failure["id"] == "rv-3" and failure["line"] == 6 and failure["path"].endswith("clips/missing.mp4")
+    assert "not found" in failure["reason"] and "rv-3" in printed and "missing.mp4" in printed
+
+    # the engine got the media: one image, or one video sampled at the default 4 fps
+    by_id = {p.prompt_id: p for p in engine.prompts}
+    assert len(by_id["av-1"].images) == 1 and not by_id["av-1"].videos
+    assert len(by_id["av-3"].videos) == 1 and by_id["av-3"].video_fps[0] == pytest.approx(4.0)
+    assert by_id["ho-2"].images == [] and by_id["ho-2"].videos == []
+    assert engine.params[0].temperature == 0.6 and engine.params[0].max_new_tokens == 1024
+
+    record = json.loads((tmp_path / "results/av/av-1.json").read_text())
+    assert record["prompt"] == REFERENCE_MCQ_PROMPT
+    assert by_id["av-1"].conversation[-1]["content"][-1]["text"] == REFERENCE_MCQ_PROMPT
+    assert (record["raw_output"], record["extracted_answer"], record["ground_truth"], record["correct"]) == (
+        SCRIPT["av-1"], "A", "A", True)
+    assert json.loads((tmp_path / "results/robovqa/rv-2.json").read_text())["extracted_answer"] == "B"
+
+    assert calculate_accuracy(tmp_path / "results") == EXPECTED
+    assert calculate_accuracy(tmp_path / "results", ["av"])["overall"] == EXPECTED["av"]
+
+
+def test_rerun_skips_saved_items_and_recomputes_the_same_table(bench, tmp_path: Path) -> None:
+    path, data = bench
+    results = tmp_path / "results"
+    first = evaluate(ScriptedEngine(SCRIPT), path, data_dir=data, results_dir=results, cfg=quiet_cfg())
+
+    again = ScriptedEngine({})  # would raise KeyError if asked for anything
+    warnings = WarningList()
+    get_logger().addHandler(warnings)
+    try:
+        second = evaluate(again, path, data_dir=data, results_dir=results, cfg=quiet_cfg(temperature=0.0))
+    finally:
+        get_logger().removeHandler(warnings)
+    assert again.calls == []
+    [warning] = [m for m in warnings.messages if "saved prediction(s)" in m]
+    assert warning.startswith("7 saved") and "'temperature': '0.6 saved, 0.0 now'" in warning
+    assert (second.generated, second.skipped) == (0, 7)
+    assert second.table == first.table == EXPECTED
+    assert calculate_accuracy(results) == EXPECTED
+
+    # once the missing clip exists, only that item is generated
+    cpt.write_mp4(data / "clips/missing.mp4", num_frames=8, fps=8.0, size=(56, 56))
+    third_engine = ScriptedEngine(SCRIPT)
+    third = evaluate(third_engine, path, data_dir=data, results_dir=results, cfg=quiet_cfg())
+    assert third_engine.called_ids == ["rv-3"] and third.failures == []
+    assert third.table["robovqa"] == {"correct": 2, "total": 3, "accuracy": 2 / 3, "failed": 0}
+    assert calculate_accuracy(results) == third.table
+
+    everything = ScriptedEngine(SCRIPT)
+    evaluate(everything, path, data_dir=data, results_dir=results, cfg=quiet_cfg(skip_saved=False))
+    assert sorted(everything.called_ids) == sorted(SCRIPT)
+
+
+def test_interrupted_run_keeps_saved_items(bench, tmp_path: Path) -> None:
+    path, data = bench
+    results = tmp_path / "results"
+    crashing = ScriptedEngine(SCRIPT, fail_on_call=3)
+    with pytest.raises(RuntimeError, match="simulated crash"):
+        evaluate(crashing, path, data_dir=data, results_dir=results, cfg=quiet_cfg(batch_size=2))
+    kept = sorted(p.stem for p in results.glob("*/*.json"))
+    assert kept == sorted(crashing.called_ids) == ["av-1", "av-2", "av-3", "rv-1"]
+    assert not list(results.rglob("*.tmp"))
+
+    resumed = ScriptedEngine(SCRIPT)
+    report = evaluate(resumed, path, data_dir=data, results_dir=results, cfg=quiet_cfg(batch_size=2))
+    assert sorted(resumed.called_ids) == ["ho-1", "ho-2", "rv-2"]
+    assert report.skipped == 4 and report.table == EXPECTED
+
+
+def test_letter_answer_type_prompt_and_extraction(bench, tmp_path: Path) -> None:
+    path, data = bench
+    script = {"av-1": "A", "av-2": "(B) blue", "av-3": "The answer is C.", "rv-1": "b", "rv-2": "a red one",
+              "ho-1": " Pick up the cup\n", "ho-2": "Left hand"}
+    engine = ScriptedEngine(script)
+    cfg = quiet_cfg(answer_type="letter", temperature=0.0, datasets=["av", "robovqa", "holoassist"])
+    report = evaluate(engine, path, data_dir=data, results_dir=tmp_path / "results", cfg=cfg)
+    # right: av-1, av-2, av-3, rv-1 (a lone "b" equals "B" ignoring case), ho-1 (stripped);
+    # wrong: rv-2 (a lower-case article is not read as option "A"), ho-2 (not an exact match)
+    assert report.table["overall"] == {"correct": 5, "total": 7, "accuracy": 5 / 7, "failed": 1}
+    assert report.table["av"] == {"correct": 3, "total": 3, "accuracy": 1.0, "failed": 0}
+    assert report.table["robovqa"] == {"correct": 1, "total": 2, "accuracy": 0.5, "failed": 1}
+    record = json.loads((tmp_path / "results/av/av-1.json").read_text())
+    assert record["prompt"] == REFERENCE_MCQ_PROMPT.split("\nPlease answer")[0]
+    assert engine.params[0].temperature == 0.0
+
+
+def test_empty_answers_are_retried_with_a_new_seed(bench, tmp_path: Path) -> None:
+    path, data = bench
+    engine = ScriptedEngine({"ho-2": ["<answer></answer>", "<answer> </answer>", "<answer>left</answer>"]})
+    cfg = quiet_cfg(max_retries=3)
+    items = [i for i in load_benchmark(path, datasets=["holoassist"]) if i.id == "ho-2"]
+    report = evaluate(engine, items, data_dir=data, results_dir=tmp_path / "results", cfg=cfg)
+    assert engine.called_ids == ["ho-2"] * 3
+    assert len({p.seed for p in engine.params}) == 3
+    assert report.table["overall"]["correct"] == 1
+    assert json.loads((tmp_path / "results/holoassist/ho-2.json").read_text())["attempts"] == 3
+
+
+def test_extract_prediction_rules() -> None:
+    mcq = parse_item({"question": "q", "choices": ["a", "b", "c", "d"], "answer": 2}, 1, "d")
+    assert mcq.answer == "C" and mcq.letters == ["A", "B", "C", "D"]
+    for text, letter in [("B", "B"), ("(B)", "B"), ("B. second", "B"), ("B) second", "B"), ("D", "D"),
+                         ("The answer is C.", "C"), ("<answer>(A)</answer>", "A"), ("a red one", "a red one"),
+                         ("E", "E")]:
+        assert extract_letter(text, mcq.letters) == letter, text
+    assert extract_prediction("<think>t</think>\n\n<answer> B </answer><answer>C</answer>", mcq) == "B"
+    assert extract_prediction("no tags at all ", mcq) == "no tags at all"
+    assert prompt_text(mcq) == "q\n(A) a\n(B) b\n(C) c\n(D) d" + REFERENCE_MCQ_PROMPT[REFERENCE_MCQ_PROMPT.index(
+        "\nAnswer with"):]
+    open_ended = parse_item({"question": "Describe.", "answer": " Spin "}, 1, "d")
+    assert open_ended.choices is None and open_ended.answer == "Spin"
+    assert prompt_text(open_ended, "letter") == "Describe."
+    assert prompt_text(open_ended, "reasoning") == "Describe." + REFERENCE_MCQ_PROMPT[REFERENCE_MCQ_PROMPT.index(
+        "\nPlease answer"):]
+
+
+def test_malformed_items_name_line_and_key(tmp_path: Path) -> None:
+    jsonl = tmp_path / "bad.jsonl"
+    jsonl.write_text("\n".join([
+        json.dumps({"id": "1", "question": "q", "choices": ["x", "y"], "answer": "A"}),
+        json.dumps({"id": "2", "question": "q", "choices": ["x", "y"]}),
+        "",
+        json.dumps({"id": "4", "choices": ["x"], "answer": "A"}),
+        json.dumps({"id": "5", "question": "q", "choices": ["x", "y"], "answer": "E"}),
+        json.dumps({"id": "1", "question": "q", "choices": ["x", "y"], "answer": "B"}),
+        json.dumps({"id": "7", "question": "q", "video": 3, "answer": "x"}),
+    ]) + "\n")
+    with pytest.raises(BenchmarkFormatError) as err:
+        load_benchmark(jsonl)
+    message = str(err.value)
+    assert "5 malformed item(s)" in message
+    assert "line 2: item is missing key 'answer'" in message
+    assert "line 4: item is missing key 'question'" in message
+    assert "line 5:" in message and "'E'" in message
+    assert "line 6: id '1'" in message and "on line 1" in message
+    assert "line 7: 'video' must be a path" in message
+
+    pretty = tmp_path / "bad.json"
+    pretty.write_text(json.dumps([{"question": "q", "answer": "x"}, {"question": "q"}], indent=2))
+    with pytest.raises(BenchmarkFormatError, match=r"bad.json line 6: item is missing key 'answer'"):
+        load_benchmark(pretty)
+    broken = tmp_path / "broken.jsonl"
+    broken.write_text('{"question": "q", "answer": "x"}\n{"question": \n')
+    with pytest.raises(BenchmarkFormatError, match=r"broken.jsonl line 2: invalid JSON"):
+        load_benchmark(broken)
+    with pytest.raises(BenchmarkFormatError, match="does not exist"):
+        load_benchmark(tmp_path / "nope.jsonl")
+
+
+def test_json_list_benchmark_defaults_and_filters(tmp_path: Path) -> None:
+    path = tmp_path / "mini_bench.json"
+    path.write_text(json.dumps([{"question": "q1", "answer": "x"},
+                                {"question": "q2", "answer": "y", "dataset": "av", "id": "k/1"}], indent=1))
+    items = load_benchmark(path)
+    assert [(i.id, i.dataset, i.line) for i in items] == [("line2", "mini_bench", 2), ("k/1", "av", 6)]
+    assert [i.id for i in load_benchmark(path, datasets=["av"])] == ["k/1"]
+    assert len(load_benchmark(path, limit=1)) == 1
+    with pytest.raises(BenchmarkFormatError, match=r"no items of dataset\(s\) \['robovqa'\]"):
+        load_benchmark(path, datasets=["robovqa"])
+    # an id with a slash still gets its own file inside the dataset folder
+    engine = ScriptedEngine({"line2": "<answer>x</answer>", "k/1": "<answer>z</answer>"})
+    report = evaluate(engine, path, results_dir=tmp_path / "results", cfg=quiet_cfg(), print_table=False)
+    assert report.table["overall"]["correct"] == 1
+    assert [p.parent.name for p in (tmp_path / "results").glob("*/*.json")].count("av") == 1
+    assert calculate_accuracy(tmp_path / "results") == report.table
+
+
+def test_cosmos_reason1_benchmark_file_with_qa_pairs(tmp_path: Path) -> None:
+    """A downloaded ``<dataset>_benchmark_qa_pairs.json``: one row per clip, its QA pairs nested."""
+    data = tmp_path / "robovqa"
+    cpt.write_mp4(data / "clips/c1.mp4", num_frames=8, fps=8.0, size=(56, 56))
+    cpt.write_mp4(data / "clips/c2.mp4", num_frames=8, fps=8.0, size=(56, 56))
+    path = data / "robovqa_benchmark_qa_pairs.json"
+    path.write_text(json.dumps([
+        {"video": "clips/c1.mp4", "qa_pairs": {"question": "Done?", "index2ans": {"A": "yes", "B": "no"},
+                                               "answer": "A"}},
+        {"video": "clips/c2.mp4", "qa_pairs": [
+            {"question": "Next?", "index2ans": {"A": "grasp", "B": "release"}, "answer": "B"},
+            {"question": "Hand?", "index2ans": {"A": "left", "B": "right"}, "correct_answer": "A"}]},
+    ], indent=1))
+    items = load_benchmark(path)
+    assert [(i.id, i.dataset, i.media, i.answer) for i in items] == [
+        ("c1", "robovqa", [("video", "clips/c1.mp4")], "A"),
+        ("c2-0", "robovqa", [("video", "clips/c2.mp4")], "B"),
+        ("c2-1", "robovqa", [("video", "clips/c2.mp4")], "A"),
+    ]
+    engine = ScriptedEngine({"c1": "<answer>A</answer>", "c2-0": "<answer>A</answer>", "c2-1": "<answer>a</answer>"})
+    report = evaluate(engine, path, results_dir=tmp_path / "results", cfg=quiet_cfg(), print_table=False)
+    assert report.table["robovqa"] == {"correct": 2, "total": 3, "accuracy": 2 / 3, "failed": 0}

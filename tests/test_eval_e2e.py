@@ -1,0 +1,160 @@
+"""cp.eval end to end: an exported tiny Qwen2.5-VL checkpoint through HFRolloutEngine on image and
+video items, the examples/evaluate.py script, and the vLLM backend against the stand-in."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+from cosmos_primitives import testing as cpt
+from cosmos_primitives.checkpoint.safetensors_export import export_safetensors
+from cosmos_primitives.config.evaluation import EvalConfig
+from cosmos_primitives.eval import (
+    accuracy_table,
+    calculate_accuracy,
+    evaluate,
+    extract_prediction,
+    is_correct,
+    load_benchmark,
+    load_eval_engine,
+)
+from cosmos_primitives.rollout.hf_engine import HFRolloutEngine
+from cosmos_primitives.testing.colour_mcq import write_colour_mcq
+from cosmos_primitives.testing.tokenizer import IMAGE_PAD_ID, VIDEO_PAD_ID
+
+ROOT = Path(__file__).resolve().parents[1]
+STANDINS = str(Path(__file__).parent / "standins")
+
+
+@pytest.fixture(scope="module")
+def exported(tmp_path_factory: pytest.TempPathFactory, tiny_vl_processor) -> Path:
+    """A tiny Qwen2.5-VL exported the way training exports it: <run>/safetensors/final."""
+    out = tmp_path_factory.mktemp("run") / "safetensors" / "final"
+    return export_safetensors(cpt.tiny_qwen2_5_vl(seed=0), out, processor=tiny_vl_processor)
+
+
+@pytest.fixture(scope="module")
+def colour_bench(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    """Two colour-MCQ image items (dataset colour_mcq) and one video item (dataset clips)."""
+    data = tmp_path_factory.mktemp("data")
+    path = write_colour_mcq(data, 2, seed=0, split="test")
+    cpt.write_mp4(data / "clips/a.mp4", num_frames=8, fps=8.0, size=(56, 56))
+    video = {"id": "v0", "dataset": "clips", "video": "clips/a.mp4", "question": "What changes?",
+             "choices": ["brightness", "colour"], "answer": "A"}
+    path.write_text(path.read_text() + json.dumps(video) + "\n")
+    return path, data
+
+
+class RecordingEngine:
+    """Passes calls to a real engine and keeps the groups it returned."""
+
+    def __init__(self, engine: HFRolloutEngine) -> None:
+        self.engine = engine
+        self.groups: list = []
+        self.weight_version = engine.weight_version
+
+    def generate(self, prompts, params):
+        groups = self.engine.generate(prompts, params)
+        self.groups.extend(groups)
+        return groups
+
+    def update_weights(self, named_tensors, version):
+        self.engine.update_weights(named_tensors, version)
+
+
+def test_exported_checkpoint_on_images_and_video(exported: Path, colour_bench, tmp_path: Path) -> None:
+    path, data = colour_bench
+    engine = load_eval_engine(exported)
+    assert isinstance(engine, HFRolloutEngine)
+    recording = RecordingEngine(engine)
+    cfg = EvalConfig(temperature=0.0, max_tokens=4, fps=4.0, max_pixels=3136, batch_size=3)
+    report = evaluate(recording, path, data_dir=data, results_dir=tmp_path / "results", cfg=cfg)
+
+    by_id = {g.prompt.prompt_id: g for g in recording.groups}
+    assert sorted(by_id) == ["test-0", "test-1", "v0"]
+    for item_id in ("test-0", "test-1"):
+        assert IMAGE_PAD_ID in by_id[item_id].prompt_token_ids and VIDEO_PAD_ID not in by_id[item_id].prompt_token_ids
+    assert VIDEO_PAD_ID in by_id["v0"].prompt_token_ids and IMAGE_PAD_ID not in by_id["v0"].prompt_token_ids
+
+    items = {i.id: i for i in load_benchmark(path)}
+    records = [json.loads(p.read_text()) for p in sorted((tmp_path / "results").glob("*/*.json"))]
+    assert len(records) == 3
+    for record in records:
+        group = by_id[record["id"]]
+        assert record["raw_output"] == group.completions[0].text
+        assert record["completion_tokens"] == len(group.completions[0].token_ids) <= 4
+        prediction = extract_prediction(record["raw_output"], items[record["id"]])
+        assert record["extracted_answer"] == prediction
+        assert record["correct"] == is_correct(prediction, items[record["id"]])
+    assert report.table == accuracy_table(records) == calculate_accuracy(tmp_path / "results")
+    assert set(report.table) == {"colour_mcq", "clips", "overall"} and report.table["overall"]["total"] == 3
+
+
+def _load_example():
+    spec = importlib.util.spec_from_file_location("evaluate_example", ROOT / "examples" / "evaluate.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_example_script_with_config(exported: Path, colour_bench, tmp_path: Path,
+                                    capsys: pytest.CaptureFixture) -> None:
+    path, data = colour_bench
+    example = _load_example()
+    results = tmp_path / "results"
+    argv = ["--config", str(ROOT / "examples/configs/eval_tiny.toml"), "--model", str(exported),
+            "--benchmark", str(path), "--data-dir", str(data), "--results-dir", str(results),
+            "--max-tokens", "3", "--datasets", "colour_mcq", "eval.max_pixels=3136"]
+    table = example.main(argv)
+    assert table["overall"]["total"] == 2 and set(table) == {"colour_mcq", "overall"}
+    saved = json.loads((results / "colour_mcq" / "test-0.json").read_text())
+    assert saved["settings"]["temperature"] == 0.0 and saved["settings"]["max_tokens"] == 3
+    assert saved["settings"]["max_pixels"] == 3136 and saved["settings"]["fps"] == 2.0  # flags, overrides, file
+    out = capsys.readouterr().out
+    assert "2 generated, 0 reused" in out and "colour_mcq" in out
+
+    assert example.main(argv) == table
+    assert "0 generated, 2 reused" in capsys.readouterr().out
+    assert example.main(["--results-dir", str(results), "--score-only"]) == table
+
+
+def test_model_arguments_and_path_errors(tmp_path: Path, qwen_tokenizer) -> None:
+    with pytest.raises(FileNotFoundError, match="does not exist"):
+        load_eval_engine(tmp_path / "no_such_run" / "safetensors" / "final")
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(FileNotFoundError, match=r"has no config\.json"):
+        load_eval_engine(tmp_path / "empty")
+    model = cpt.tiny_qwen2(seed=0)
+    with pytest.raises(ValueError, match="needs its processor"):
+        load_eval_engine(model)
+    with pytest.raises(ValueError, match="backend 'hf'"):
+        load_eval_engine(model, qwen_tokenizer, backend="vllm")
+    in_memory = load_eval_engine(model, qwen_tokenizer)
+    assert isinstance(in_memory, HFRolloutEngine) and in_memory.model is model
+    assert load_eval_engine(in_memory) is in_memory
+
+
+def test_vllm_backend_against_standin(monkeypatch: pytest.MonkeyPatch, tiny_qwen2_dir: Path, qwen_tokenizer,
+                                     tmp_path: Path) -> None:
+    monkeypatch.syspath_prepend(STANDINS)
+    monkeypatch.delitem(sys.modules, "vllm", raising=False)
+    import vllm
+
+    vllm.CALLS.clear()
+    bench = tmp_path / "text.jsonl"
+    bench.write_text("".join(json.dumps({"id": str(i), "question": f"Say {w}.", "answer": w}) + "\n"
+                             for i, w in enumerate(["yes", "no"])))
+    # the stand-in samples only with temperature > 0
+    cfg = EvalConfig(backend="vllm", tp_size=1, temperature=0.7, max_tokens=3, max_model_len=512, seed=5)
+    report = evaluate(str(tiny_qwen2_dir), bench, results_dir=tmp_path / "results", cfg=cfg,
+                      processor=qwen_tokenizer, print_table=False)
+    llm_kwargs = next(kwargs for name, kwargs in vllm.CALLS if name == "LLM")
+    assert (llm_kwargs["model"], llm_kwargs["tensor_parallel_size"], llm_kwargs["max_model_len"],
+            llm_kwargs["seed"]) == (str(tiny_qwen2_dir), 1, 512, 5)
+    assert ("generate", 2) in vllm.CALLS
+    assert report.table["overall"]["total"] == 2 and report.generated == 2
+    monkeypatch.delitem(sys.modules, "vllm", raising=False)
