@@ -1,0 +1,10 @@
+"""Built-in name maps, one file per model family; importing this package registers them."""
+
+from cosmos_primitives.sync.families.qwen2 import QWEN2
+from cosmos_primitives.sync.families.qwen2_5_vl import QWEN2_5_VL
+from cosmos_primitives.sync.name_maps import register_family
+
+for _family in (QWEN2, QWEN2_5_VL):
+    register_family(_family, replace=True)
+
+__all__ = ["QWEN2", "QWEN2_5_VL"]

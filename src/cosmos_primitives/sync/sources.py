@@ -1,0 +1,76 @@
+"""The trainer side of a sync: its parameters under clean names, and their full (unsharded) values."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+from torch.distributed.tensor import DTensor
+
+# Module wrappers that insert a path component without changing the model: activation
+# checkpointing, torch.compile, FSDP1. FSDP2 (fully_shard) keeps names as they are.
+_WRAPPER_PARTS = ("_checkpoint_wrapped_module.", "_orig_mod.", "_fsdp_wrapped_module.")
+
+
+def clean_name(name: str) -> str:
+    """``layers.0._checkpoint_wrapped_module.mlp.weight`` -> ``layers.0.mlp.weight``."""
+    for part in _WRAPPER_PARTS:
+        name = name.replace(part, "")
+    return name
+
+
+def named_sources(model: nn.Module) -> dict[str, torch.Tensor]:
+    """The trainer's parameters by clean name, in ``named_parameters()`` order.
+
+    Tied parameters appear once (under their first name, e.g. the input embedding). Values are
+    the parameters themselves: plain tensors, or FSDP2 ``DTensor`` shards (see :func:`full_tensor`).
+    """
+    out: dict[str, torch.Tensor] = {}
+    for raw, param in model.named_parameters():
+        name = clean_name(raw)
+        if name in out:
+            raise ValueError(f"two parameters of {type(model).__name__} have the name '{name}' after "
+                             f"removing wrapper prefixes {_WRAPPER_PARTS}")
+        out[name] = param
+    return out
+
+
+def is_sharded(t: torch.Tensor) -> bool:
+    """True for a ``DTensor`` (FSDP2 / TP): reading its full value is a collective."""
+    return isinstance(t, DTensor)
+
+
+def full_tensor(t: torch.Tensor) -> torch.Tensor:
+    """The full value of ``t`` without autograd history: ``DTensor.full_tensor()`` (an all-gather
+    every rank of its mesh must join, in the same order), or ``t`` itself."""
+    if isinstance(t, DTensor):
+        return t.detach().full_tensor()
+    return t.detach()
+
+
+def local_device(t: torch.Tensor) -> torch.device:
+    """Where this rank's part of ``t`` lives."""
+    return t.to_local().device if isinstance(t, DTensor) else t.device
+
+
+def ties_embeddings(model: nn.Module) -> bool:
+    """Whether a HF model ties its output embedding to its input embedding."""
+    config = getattr(model, "config", None)
+    if config is None:
+        return False
+    get_text = getattr(config, "get_text_config", None)
+    text = get_text() if callable(get_text) else config
+    return bool(getattr(text, "tie_word_embeddings", getattr(config, "tie_word_embeddings", False)))
+
+
+def fused_shape(name: str, sources: tuple[str, ...], parts: list[torch.Tensor]) -> tuple[int, ...]:
+    """Shape of the engine tensor ``name`` made of ``parts`` (several: concatenated along dim 0)."""
+    if len(parts) == 1:
+        return tuple(parts[0].shape)
+    tails = {tuple(p.shape[1:]) for p in parts}
+    dtypes = {p.dtype for p in parts}
+    if len(tails) != 1 or len(dtypes) != 1:
+        raise ValueError(
+            f"cannot fuse {list(sources)} into '{name}' along dim 0: shapes "
+            f"{[tuple(p.shape) for p in parts]}, dtypes {sorted(map(str, dtypes))}"
+        )
+    return (sum(p.shape[0] for p in parts), *tails.pop())
