@@ -55,7 +55,8 @@ def export_safetensors(
 
     Args:
         model: the trained module, possibly FSDP2-sharded; a ``transformers`` ``PreTrainedModel``
-            gets a ``from_pretrained``-loadable folder with ``config.json`` and ``generation_config.json``.
+            (or a wrapper holding one as ``.hf_model``, like ``cp.policy.CausalLMPolicy``) gets a
+            ``from_pretrained``-loadable folder with ``config.json`` and ``generation_config.json``.
         out_dir: e.g. ``<run_dir>/safetensors/final``.
         processor: saved with its own ``save_pretrained`` (tokenizer, ``processor_config.json``,
             chat template); ``preprocessor_config.json`` (image processor),
@@ -77,6 +78,8 @@ def export_safetensors(
         raise ValueError(f"[train.ckpt] max_shard_size_gb must be > 0, got {max_shard_size_gb}")
     out_dir = Path(out_dir)
     log = get_logger()
+    # a training wrapper (e.g. cp.policy.CausalLMPolicy) exposes the transformers model it owns
+    model = getattr(model, "hf_model", model)
     if get_rank() == 0:
         log.info("Prepare to export safetensors to %s at rank 0", out_dir)
     full_sd = gather_full_state_dict(model)
@@ -146,6 +149,12 @@ def _save_with_transformers(model: nn.Module, hf_class: type, full_sd: dict[str,
         skeleton.to(floating[0])
     if getattr(model, "generation_config", None) is not None:
         skeleton.generation_config = copy.deepcopy(model.generation_config)
+    # Gathering FSDP2 shards gives tied parameters (lm_head / embed_tokens) separate copies, and
+    # save_pretrained drops a tied duplicate only when it shares storage with its source: share it again.
+    full_sd = dict(full_sd)
+    for target, source in (getattr(skeleton, "all_tied_weights_keys", None) or {}).items():
+        if target in full_sd and source in full_sd and torch.equal(full_sd[target], full_sd[source]):
+            full_sd[target] = full_sd[source]
     skeleton.save_pretrained(str(out), state_dict=full_sd, max_shard_size=max_shard_bytes)
     if not (out / "generation_config.json").exists() and skeleton.can_generate():
         from transformers import GenerationConfig

@@ -10,7 +10,8 @@ from cosmos_primitives.config.base import Section
 from cosmos_primitives.config.checkpoint import CheckpointConfig
 from cosmos_primitives.config.dataset import DatasetConfig, TrainPolicyConfig
 from cosmos_primitives.config.errors import ConfigError
-from cosmos_primitives.config.grpo import GRPOConfig
+from cosmos_primitives.config.evaluation import EvalConfig
+from cosmos_primitives.config.grpo import GRPOConfig, OverlongRewardConfig
 from cosmos_primitives.config.loader import (
     canonical_key,
     config_from_dict,
@@ -22,6 +23,7 @@ from cosmos_primitives.config.loader import (
 from cosmos_primitives.config.logging import LoggingConfig
 from cosmos_primitives.config.policy import LoraConfig, ParallelismConfig, PolicyConfig
 from cosmos_primitives.config.redis import RedisConfig
+from cosmos_primitives.config.remote_reward import RemoteRewardConfig, RemoteRewardTerm
 from cosmos_primitives.config.rollout import RolloutConfig, SamplingConfig
 from cosmos_primitives.config.root import Config
 from cosmos_primitives.config.train import TrainConfig
@@ -34,12 +36,16 @@ __all__ = [
     "Config",
     "ConfigError",
     "DatasetConfig",
+    "EvalConfig",
     "GRPOConfig",
     "LoggingConfig",
     "LoraConfig",
+    "OverlongRewardConfig",
     "ParallelismConfig",
     "PolicyConfig",
     "RedisConfig",
+    "RemoteRewardConfig",
+    "RemoteRewardTerm",
     "RolloutConfig",
     "SamplingConfig",
     "Section",

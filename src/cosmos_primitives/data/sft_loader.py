@@ -75,7 +75,13 @@ class SFTBatchLoader:
     def __iter__(self) -> Iterator[dict[str, torch.Tensor]]:
         while (batch := self.next_batch()) is not None:
             yield batch
+        self.start_next_epoch()
+
+    def start_next_epoch(self) -> None:
+        """Move to the next epoch (samples held back for the current one are dropped with it)."""
         self.sampler.set_epoch(self.sampler.epoch + 1)
+        self._pending = []
+        self._restored = []
         self._indices = None
 
     def next_batch(self) -> dict[str, torch.Tensor] | None:
@@ -99,6 +105,41 @@ class SFTBatchLoader:
         taken, self._pending = self._pending[: self.samples_per_batch], self._pending[self.samples_per_batch:]
         return collate_padded([s for _, s in taken], self.pad_token_id,
                               pad_to=self.token_budget if self.pad_to_budget else None)
+
+    def next_step(self, num_samples: int) -> list[dict[str, torch.Tensor]] | None:
+        """The micro-batches of one optimizer step: the next ``num_samples`` samples of the epoch
+        (bad ones skipped and counted), packed into rows of at most ``token_budget`` tokens and
+        split into batches of ``rows_per_batch`` rows (or ``samples_per_batch`` padded samples).
+
+        Each step consumes exactly its samples, so the sampler position alone resumes the loader,
+        and every rank takes the same number of steps per epoch. ``None`` when the epoch is used up.
+        """
+        if self._indices is None:
+            self._indices = iter(self.sampler)
+        drawn = 0
+        samples: list[EncodedSample] = []
+        while drawn < num_samples:
+            index = next(self._indices, None)
+            if index is None:
+                break
+            drawn += 1
+            before = len(self._pending)
+            self._admit(index)
+            if len(self._pending) > before:
+                samples.append(self._pending.pop()[1])
+        if drawn == 0:
+            return None
+        if not samples:
+            return []
+        if not self.packing:
+            size = self.samples_per_batch
+            return [collate_padded(samples[i:i + size], self.pad_token_id,
+                                   pad_to=self.token_budget if self.pad_to_budget else None)
+                    for i in range(0, len(samples), size)]
+        rows = [[samples[i] for i in row] for row in plan_rows([len(s) for s in samples], self.token_budget)]
+        pad_to = self.token_budget if self.pad_to_budget else None
+        return [collate_packed(rows[i:i + self.rows_per_batch], self.pad_token_id, pad_to=pad_to)
+                for i in range(0, len(rows), self.rows_per_batch)]
 
     def _fill(self, target: int, min_tokens: int = 0) -> None:
         """Draw samples until ``target`` are pending and they hold at least ``min_tokens`` tokens

@@ -85,10 +85,14 @@ class ParallelMesh:
         self.mesh: DeviceMesh = init_device_mesh(
             self.device_type, tuple(self.sizes[d] for d in DIM_NAMES), mesh_dim_names=DIM_NAMES
         )
-        for flat_name, dims in FLATTENED.items():
-            self.mesh[dims]._flatten(mesh_dim_name=flat_name)
+        # kept here: slicing a flattened dim back out of the root mesh is deprecated in torch
+        self._flat: dict[str, DeviceMesh] = {
+            flat_name: self.mesh[dims]._flatten(mesh_dim_name=flat_name) for flat_name, dims in FLATTENED.items()
+        }
 
     def __getitem__(self, name: str | tuple[str, ...]) -> DeviceMesh:
+        if isinstance(name, str) and name in self._flat:
+            return self._flat[name]
         return self.mesh[name]
 
     def size(self, name: str) -> int:
@@ -102,14 +106,14 @@ class ParallelMesh:
     def local_rank(self, name: str) -> int:
         """This process's coordinate along a base or flattened dim."""
         self.size(name)  # validates the name
-        return self.mesh[name].get_local_rank()
+        return self[name].get_local_rank()
 
     def enabled(self, name: str) -> bool:
         return self.size(name) > 1
 
     def group(self, name: str) -> dist.ProcessGroup:
         """The process group of a dim (e.g. for all-reducing token counts over ``"dp"``)."""
-        return self.mesh[name].get_group()
+        return self[name].get_group()
 
     @property
     def dp_rank(self) -> int:
@@ -122,9 +126,13 @@ class ParallelMesh:
     @property
     def fsdp_mesh(self) -> DeviceMesh:
         """The mesh FSDP2 shards over: 1-D dp_shard(+cp), or 2-D (dp_replicate, dp_shard) for HSDP."""
+        if self.enabled("cp"):
+            if self.enabled("dp_replicate"):
+                return self.mesh["dp_replicate", "dp_shard_cp"]
+            return self._flat["dp_shard_cp"]
         if self.enabled("dp_replicate"):
-            return self.mesh["dp_replicate", "dp_shard_cp"]
-        return self.mesh["dp_shard_cp"]
+            return self.mesh["dp_replicate", "dp_shard"]
+        return self.mesh["dp_shard"]
 
     def __repr__(self) -> str:
         dims = ", ".join(f"{k}={v}" for k, v in self.sizes.items())

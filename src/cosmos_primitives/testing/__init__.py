@@ -2,6 +2,13 @@
 Redis server, and a runner for multi-process gloo tests. Users can test their own components the
 same way (``from cosmos_primitives.testing import tiny_qwen2_5_vl, run_distributed``)."""
 
+from cosmos_primitives.testing.colour_mcq import (
+    colour_mcq_rows,
+    colour_mcq_sft_rows,
+    write_colour_mcq,
+    write_colour_mcq_sft,
+)
+from cosmos_primitives.testing.demo_assets import ensure_demo_assets, write_video_qa
 from cosmos_primitives.testing.distributed import run_distributed
 from cosmos_primitives.testing.media import (
     COLOURS,
@@ -30,7 +37,10 @@ __all__ = [
     "COLOURS",
     "RedisServer",
     "color_image",
+    "colour_mcq_rows",
+    "colour_mcq_sft_rows",
     "decode_frame_index",
+    "ensure_demo_assets",
     "frame_index_pattern",
     "qwen2_5_vl_chat_template",
     "qwen_tokenizer",
@@ -45,7 +55,10 @@ __all__ = [
     "tiny_qwen2_5_vl_processor",
     "tiny_wan_transformer",
     "tiny_wan_vae",
+    "write_colour_mcq",
+    "write_colour_mcq_sft",
     "write_corrupt_mp4",
     "write_image",
     "write_mp4",
+    "write_video_qa",
 ]

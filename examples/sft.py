@@ -1,0 +1,123 @@
+"""Supervised fine-tuning of a (vision-)language model, e.g. Cosmos-Reason1 (Qwen2.5-VL) on video QA.
+
+    python examples/sft.py --config examples/configs/sft_tiny.toml
+    torchrun --nproc_per_node 2 examples/sft.py --config examples/configs/sft_tiny.toml train.epoch=2
+
+Read top to bottom: set up, train, save. Every block comes from cosmos_primitives; copy this file
+and edit it for your own recipe. One optimizer step takes ``[train] train_batch_per_replica``
+samples per data-parallel rank, packed into rows of at most ``packing_budget`` tokens (when
+``sequence_packing``) and run as micro-batches of ``[train.train_policy] mini_batch`` rows; the loss
+is the token mean over every micro-batch of every data-parallel rank.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import time
+
+import torch
+
+import cosmos_primitives as cp
+from cosmos_primitives.algo.sft_loss import sft_loss, trained_mask
+from cosmos_primitives.checkpoint import CheckpointManager
+from cosmos_primitives.data import all_ranks_have_batch, build_sft_loader
+
+
+def without_labels(batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """A copy of ``batch`` whose loss is zero (same shapes, so the same collectives run)."""
+    return {**batch, "labels": torch.full_like(batch["labels"], -100)}
+
+
+def parse_args() -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--config", required=True, help="TOML config")
+    parser.add_argument("overrides", nargs="*", help="dotted overrides, e.g. train.epoch=2")
+    return parser.parse_args()
+
+
+def main() -> None:
+    args = parse_args()
+    cfg = cp.load_config(args.config, args.overrides)
+    info = cp.parallel.init_distributed()
+    log = cp.logging.get_logger()
+    mesh = cp.parallel.ParallelMesh(cfg.policy.parallelism, device_type=info.device.type)
+    if info.is_rank0:
+        from cosmos_primitives.testing.demo_assets import ensure_demo_assets
+
+        ensure_demo_assets(cfg)  # only acts on [custom] demo_model / demo_data (tiny configs)
+    cp.parallel.barrier()
+    cp.utils.seed_everything(cfg.train.seed)
+
+    # Run directory (shared by all ranks), resolved config, metrics.
+    stamp = cp.parallel.broadcast_object(time.strftime("%Y%m%d%H%M%S"))
+    run_dir = cp.utils.make_run_dir(cfg.train.output_dir, reuse_latest=bool(cfg.train.resume), timestamp=stamp)
+    if info.is_rank0:
+        cp.config.dump_config(cfg, run_dir / "config.toml")
+
+    # Model, data, optimizer.
+    processor = cp.eval.load_processor(cfg.policy.model_name_or_path)
+    policy = cp.policy.build_policy(cfg.policy, mesh)
+    loader = build_sft_loader(cfg, processor, policy.config, rank=mesh.dp_rank, world_size=mesh.dp_size)
+    steps_per_epoch = math.ceil(len(loader.sampler) / cfg.train.train_batch_per_replica)
+    total_steps = cfg.train.max_steps or cfg.train.epoch * steps_per_epoch
+    optimizer = cp.policy.build_optimizer(policy, cfg.train)
+    scheduler = cp.policy.build_lr_scheduler(optimizer, cfg.train, total_steps)
+    ckpt = CheckpointManager(cfg.train.ckpt, run_dir, model=policy, optimizer=optimizer, scheduler=scheduler,
+                             sampler=loader, processor=processor)
+    state = ckpt.resume(cfg.train.resume, output_dir=cfg.train.output_dir)
+    step = state.step if state else 0
+    tracker = cp.logging.MetricsTracker(run_dir, cfg.logging, run_config=cp.config.config_to_dict(cfg),
+                                        total_steps=total_steps, prefix="[SFT] ")
+    log.info(f"run dir {run_dir}; {total_steps} steps of {cfg.train.train_batch_per_replica} samples per rank; {mesh}")
+
+    dp_group = mesh.group("dp")
+    done = step >= total_steps
+    while not done and loader.epoch < cfg.train.epoch:
+        start = time.perf_counter()
+        micro_batches = loader.next_step(cfg.train.train_batch_per_replica)
+        while micro_batches == []:  # every sample of the step was bad: take the next ones
+            micro_batches = loader.next_step(cfg.train.train_batch_per_replica)
+        if not all_ranks_have_batch(micro_batches is not None, device=info.device, group=dp_group):
+            loader.start_next_epoch()
+            continue
+        # FSDP needs the same number of forward / backward passes on every rank: pad with copies
+        # that train on nothing
+        count = torch.tensor([len(micro_batches)], device=info.device)
+        torch.distributed.all_reduce(count, op=torch.distributed.ReduceOp.MAX, group=dp_group)
+        micro_batches += [without_labels(micro_batches[0]) for _ in range(int(count) - len(micro_batches))]
+        # token mean over every micro-batch of every data-parallel rank
+        tokens = sum(int(trained_mask(b["labels"]).sum()) for b in micro_batches)
+        global_tokens = cp.parallel.all_reduce_sum(torch.tensor([tokens], device=info.device), dp_group).item()
+        nll_sum = 0.0
+        for batch in micro_batches:
+            batch = {k: v.to(info.device) if torch.is_tensor(v) else v for k, v in batch.items()}
+            out = cp.policy.token_logprobs(policy, batch, chunk_size=cfg.policy.logprob_chunk_size)
+            loss, stats = sft_loss(out.logprobs, batch["labels"], group=dp_group, token_count=global_tokens)
+            loss.backward()
+            nll_sum += float(stats["loss"] * stats["tokens"])
+        grad_norm = cp.parallel.clip_grad_norm_(policy.parameters(), cfg.train.optm_grad_norm_clip)
+        optimizer.step()
+        scheduler.step()
+        optimizer.zero_grad(set_to_none=True)
+        step += 1
+        tracker.log_metrics({"loss": nll_sum / max(global_tokens, 1), "grad_norm": grad_norm,
+                             "lr": scheduler.get_last_lr()[0], "tokens": global_tokens, "epoch": loader.epoch,
+                             "step_time": time.perf_counter() - start,
+                             "bad_samples": loader.bad_samples.count}, step)
+        ckpt.maybe_save(step, epoch=loader.epoch, force=step == total_steps)
+        done = step >= total_steps
+
+    log.info(f"[SFT] Training finished at step {step}/{total_steps}, saving final checkpoint in huggingface "
+             "safetensors...")
+    if cfg.train.ckpt.export_safetensors:
+        ckpt.export_final()
+    failures = ckpt.close()
+    tracker.finish()
+    cp.parallel.destroy_distributed()
+    if failures:
+        raise SystemExit(f"{len(failures)} upload(s) failed: {failures}")
+
+
+if __name__ == "__main__":
+    main()
