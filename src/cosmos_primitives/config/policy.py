@@ -33,7 +33,19 @@ class LoraConfig(Section):
 
 
 class PolicyConfig(Section):
-    """``[policy]``."""
+    """``[policy]``: what ``cp.policy.build_policy`` builds.
+
+    - ``model_name_or_path`` / ``model_revision``: HF model folder or Hub repo (Qwen2-family causal
+      LM or Qwen2.5-VL).
+    - ``dtype``: compute dtype. Sharded trainers keep float32 master weights and compute in this
+      dtype through FSDP2 mixed precision; unsharded models are loaded in it.
+    - ``model_gradient_checkpointing``: recompute each decoder layer / vision block in backward.
+    - ``trainable_patterns`` / ``freeze_patterns``: regexes searched in parameter names (e.g.
+      ``'^model\\.visual\\.'`` as a TOML literal string freezes Qwen2.5-VL's vision tower);
+      freezing wins.
+    - ``logprob_chunk_size``: tokens per chunk of the log-prob head (its float32 buffer is
+      ``chunk x vocab x 4`` bytes: 622 MB at 1,024 x 151,936).
+    """
 
     model_name_or_path: str = ""
     model_revision: str | None = None

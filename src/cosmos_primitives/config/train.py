@@ -12,7 +12,14 @@ from cosmos_primitives.config.dataset import TrainPolicyConfig
 
 
 class TrainConfig(Section):
-    """``[train]``."""
+    """``[train]``.
+
+    Optimizer (``cp.policy.build_optimizer`` / ``build_lr_scheduler``): AdamW with ``optm_lr``
+    (peak), ``optm_betas``, ``optm_eps``, ``optm_weight_decay`` (not on biases / norm scales);
+    ``optm_warmup_steps`` of linear warmup, then ``optm_decay_type`` ``"cosine"`` / ``"linear"``
+    down to ``optm_lr * optm_min_lr_factor`` (reached at the last step), or ``"constant"``;
+    ``optm_grad_norm_clip`` clips the total gradient norm (``<= 0`` disables).
+    """
 
     epoch: int = 1
     max_steps: int | None = None
@@ -24,6 +31,7 @@ class TrainConfig(Section):
     optm_lr: float = 1e-5
     optm_weight_decay: float = 0.01
     optm_betas: list[float] = msgspec.field(default_factory=lambda: [0.9, 0.999])
+    optm_eps: float = 1e-8
     optm_warmup_steps: int = 0
     optm_decay_type: Literal["cosine", "linear", "constant"] = "constant"
     optm_min_lr_factor: float = 0.0

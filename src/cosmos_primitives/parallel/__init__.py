@@ -1,5 +1,6 @@
-"""Process groups, the device mesh, and (in later modules) FSDP2 / TP / activation checkpointing."""
+"""Process groups, the device mesh, FSDP2 / TP / activation checkpointing, and exact gradient clipping."""
 
+from cosmos_primitives.parallel.activation_checkpoint import apply_activation_checkpointing
 from cosmos_primitives.parallel.distributed import (
     DistInfo,
     all_reduce_sum,
@@ -12,7 +13,10 @@ from cosmos_primitives.parallel.distributed import (
     init_distributed,
     is_rank0,
 )
+from cosmos_primitives.parallel.fsdp import apply_fsdp, find_blocks, fsdp_units, transformer_block_classes
+from cosmos_primitives.parallel.grad_norm import clip_grad_norm_, total_grad_norm
 from cosmos_primitives.parallel.mesh import DIM_NAMES, MeshError, ParallelMesh, resolve_sizes
+from cosmos_primitives.parallel.tensor_parallel import apply_tensor_parallel, qwen2_layer_plan
 
 __all__ = [
     "DIM_NAMES",
@@ -20,13 +24,22 @@ __all__ = [
     "MeshError",
     "ParallelMesh",
     "all_reduce_sum",
+    "apply_activation_checkpointing",
+    "apply_fsdp",
+    "apply_tensor_parallel",
     "barrier",
     "broadcast_object",
+    "clip_grad_norm_",
     "destroy_distributed",
+    "find_blocks",
     "free_port",
+    "fsdp_units",
     "get_rank",
     "get_world_size",
     "init_distributed",
     "is_rank0",
+    "qwen2_layer_plan",
     "resolve_sizes",
+    "total_grad_norm",
+    "transformer_block_classes",
 ]

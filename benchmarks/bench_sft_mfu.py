@@ -1,0 +1,161 @@
+"""Benchmark 4: SFT throughput and MFU of a ~1.5B Qwen2-architecture model (random weights).
+
+bf16 compute with float32 master weights (FSDP2 mixed precision), packed rows of 4,096 tokens
+(several samples per row, position ids restarting per sample, no attention across samples), the
+chunked log-prob head, ``sft_loss``, AdamW, clipping: the step ``examples/sft.py`` runs.
+
+    python benchmarks/bench_sft_mfu.py                       # one GPU
+    torchrun --nproc_per_node 8 benchmarks/bench_sft_mfu.py   # FSDP2 over 8 GPUs
+
+MFU = (6 x params x tokens + attention FLOPs) / (seconds x GPUs x dense bf16 peak), with attention
+FLOPs = 6 x layers x heads x head_dim x sum over samples of len^2 (causal: QK^T and PV, forward
+and backward, half of the full square). Activation-checkpoint and log-prob-head recomputation are
+not counted (they are overhead). The in-run baseline is a large bf16 matmul on the same GPU:
+the ratio achieved / matmul throughput is printed beside the MFU against the spec sheet
+(989 TFLOP/s for H100 / H200 SXM). Needs a CUDA GPU; on a CPU-only machine it exits with code 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+
+import torch
+
+# dense bf16 peaks (TFLOP/s, no sparsity) by device-name substring
+PEAK_TFLOPS = {"H100": 989.0, "H200": 989.0, "GH200": 989.0, "B200": 2250.0, "A100": 312.0, "L40S": 362.0}
+
+
+def qwen2_1_5b_config():
+    """The Qwen2.5-1.5B shape: 28 layers, hidden 1536, 12 heads (2 KV), MLP 8960, tied 151,936 vocab."""
+    from transformers import Qwen2Config
+
+    return Qwen2Config(
+        vocab_size=151936, hidden_size=1536, intermediate_size=8960, num_hidden_layers=28,
+        num_attention_heads=12, num_key_value_heads=2, max_position_embeddings=32768,
+        tie_word_embeddings=True, rope_theta=1_000_000.0, use_cache=False,
+    )
+
+
+def packed_row(seq_len: int, vocab: int, generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor, list[int]]:
+    """One row of ``seq_len`` tokens made of samples with long-tailed lengths (64 .. 2,048)."""
+    lengths: list[int] = []
+    while sum(lengths) < seq_len:
+        n = int(min(2048, 64 + torch.empty(1).exponential_(1 / 600.0, generator=generator).item()))
+        lengths.append(min(n, seq_len - sum(lengths)))
+    ids = torch.randint(0, vocab, (seq_len,), generator=generator)
+    positions = torch.cat([torch.arange(n) for n in lengths])
+    return ids, positions, lengths
+
+
+def matmul_tflops(device: torch.device, n: int = 8192, iters: int = 20) -> float:
+    """Measured dense bf16 matmul throughput (the in-run baseline)."""
+    a = torch.randn(n, n, device=device, dtype=torch.bfloat16)
+    b = torch.randn(n, n, device=device, dtype=torch.bfloat16)
+    for _ in range(3):
+        a @ b
+    torch.cuda.synchronize(device)
+    start = time.perf_counter()
+    for _ in range(iters):
+        a @ b
+    torch.cuda.synchronize(device)
+    return 2 * n**3 * iters / (time.perf_counter() - start) / 1e12
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--seq-len", type=int, default=4096)
+    parser.add_argument("--rows", type=int, default=2, help="packed rows per GPU per step")
+    parser.add_argument("--steps", type=int, default=12)
+    parser.add_argument("--warmup-steps", type=int, default=3, help="steps excluded from the timing")
+    parser.add_argument("--chunk-size", type=int, default=2048, help="log-prob head chunk")
+    parser.add_argument("--activation-checkpointing", action="store_true")
+    parser.add_argument("--attn", default="sdpa", help="attn_implementation (sdpa, flash_attention_2)")
+    parser.add_argument("--peak-tflops", type=float, default=None, help="dense bf16 peak if the GPU is not known")
+    args = parser.parse_args()
+
+    if not torch.cuda.is_available():
+        print("bench_sft_mfu: no CUDA GPU is visible on this machine; this benchmark needs one "
+              "(no figures produced; record 'no GPU available' in benchmarks/RESULTS.md).", file=sys.stderr)
+        return 2
+
+    from transformers import Qwen2ForCausalLM
+
+    import cosmos_primitives as cp
+    from cosmos_primitives.algo.sft_loss import sft_loss
+    from cosmos_primitives.config.policy import ParallelismConfig, PolicyConfig
+    from cosmos_primitives.config.train import TrainConfig
+
+    info = cp.parallel.init_distributed()
+    name = torch.cuda.get_device_name(info.device)
+    peak = args.peak_tflops or next((v for k, v in PEAK_TFLOPS.items() if k in name), None)
+    if peak is None:
+        print(f"unknown GPU {name!r}: pass --peak-tflops (dense bf16)", file=sys.stderr)
+        return 2
+    mesh = cp.parallel.ParallelMesh(ParallelismConfig(dp_shard_size=-1), device_type="cuda")
+
+    config = qwen2_1_5b_config()
+    config._attn_implementation = args.attn
+    torch.manual_seed(0)
+    with torch.device(info.device):
+        hf_model = Qwen2ForCausalLM(config)
+    n_params = sum(p.numel() for p in hf_model.parameters())
+    cfg = PolicyConfig(dtype="bfloat16", logprob_chunk_size=args.chunk_size,
+                       model_gradient_checkpointing=args.activation_checkpointing)
+    policy = cp.policy.build_policy(cfg, mesh, hf_model=hf_model)
+    train = TrainConfig(optm_lr=1e-5, optm_warmup_steps=2, optm_decay_type="constant")
+    optimizer = cp.policy.build_optimizer(policy, train)
+    scheduler = cp.policy.build_lr_scheduler(optimizer, train)
+
+    gen = torch.Generator().manual_seed(1000 + info.rank)
+    heads, head_dim = config.num_attention_heads, config.hidden_size // config.num_attention_heads
+    matmul = matmul_tflops(info.device)
+    torch.cuda.reset_peak_memory_stats(info.device)
+    timed_tokens, timed_attn_flops, timed_seconds = 0, 0.0, 0.0
+    for step in range(args.steps):
+        rows = [packed_row(args.seq_len, config.vocab_size, gen) for _ in range(args.rows)]
+        ids = torch.stack([r[0] for r in rows]).to(info.device)
+        positions = torch.stack([r[1] for r in rows]).to(info.device)
+        labels = ids.clone()
+        labels[positions == 0] = -100  # the first token of a sample has no prediction in its sample
+        batch = {"input_ids": ids, "labels": labels, "position_ids": positions}
+        torch.cuda.synchronize(info.device)
+        start = time.perf_counter()
+        out = cp.policy.token_logprobs(policy, batch)
+        loss, stats = sft_loss(out.logprobs, labels, group=mesh.group("dp"))
+        loss.backward()
+        cp.parallel.clip_grad_norm_(policy.parameters(), 1.0)
+        optimizer.step()
+        scheduler.step()
+        optimizer.zero_grad(set_to_none=True)
+        torch.cuda.synchronize(info.device)
+        seconds = time.perf_counter() - start
+        if step >= args.warmup_steps:
+            timed_seconds += seconds
+            timed_tokens += ids.numel()
+            timed_attn_flops += 6.0 * config.num_hidden_layers * heads * head_dim * sum(
+                n * n for r in rows for n in r[2])
+        if info.is_rank0:
+            print(f"step {step}: loss {float(stats['loss']):.3f}  {ids.numel() / seconds:,.0f} tokens/s/GPU")
+
+    totals = torch.tensor([timed_tokens, timed_attn_flops, timed_seconds], dtype=torch.float64, device=info.device)
+    cp.parallel.all_reduce_sum(totals)
+    world = info.world_size
+    tokens, attn_flops, seconds = float(totals[0]), float(totals[1]), float(totals[2]) / world
+    flops = 6.0 * n_params * tokens + attn_flops
+    achieved = flops / seconds / world / 1e12
+    if info.is_rank0:
+        print(f"model: Qwen2 {n_params / 1e9:.2f}B params, {config.num_hidden_layers} layers, seq {args.seq_len}, "
+              f"{args.rows} packed rows/GPU, {world} x {name}, attn={args.attn}, "
+              f"activation checkpointing={args.activation_checkpointing}")
+        print(f"throughput: {tokens / seconds / world:,.0f} tokens/s/GPU ({tokens / seconds:,.0f} total)")
+        print(f"achieved {achieved:.1f} TFLOP/s/GPU; MFU vs {peak:.0f} TFLOP/s spec peak: {achieved / peak:.1%} "
+              f"(target >= 40%); vs measured bf16 matmul {matmul:.0f} TFLOP/s: {achieved / matmul:.1%}")
+        print(f"peak GPU memory: {torch.cuda.max_memory_allocated(info.device) / 2**30:.1f} GiB")
+    cp.parallel.destroy_distributed()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,90 @@
+"""FSDP2 (``fully_shard``) applied per transformer block and at the root, with mixed precision."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+import torch
+from torch.distributed.device_mesh import DeviceMesh
+from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
+
+from cosmos_primitives.parallel.mesh import ParallelMesh
+
+
+def transformer_block_classes(model: torch.nn.Module) -> set[str]:
+    """Class names of the repeated blocks of every Hugging Face model inside ``model``.
+
+    Read from ``_no_split_modules`` (e.g. ``{"Qwen2_5_VLDecoderLayer", "Qwen2_5_VLVisionBlock"}``
+    for Qwen2.5-VL: language-model layers and vision blocks).
+    """
+    names: set[str] = set()
+    for module in model.modules():
+        names.update(getattr(module, "_no_split_modules", None) or ())
+    return names
+
+
+def find_blocks(model: torch.nn.Module, block_classes: Iterable[str | type] | None = None) -> list[torch.nn.Module]:
+    """The block modules of ``model`` in registration order (outermost match only)."""
+    wanted = set(transformer_block_classes(model) if block_classes is None else block_classes)
+    if not wanted:
+        raise ValueError(
+            f"{type(model).__name__} declares no transformer block classes (_no_split_modules); "
+            "pass block_classes=[...] naming the repeated layer class"
+        )
+    blocks: list[torch.nn.Module] = []
+    inside: set[int] = set()
+    for module in model.modules():
+        if id(module) in inside:
+            continue
+        if type(module).__name__ in wanted or type(module) in wanted:
+            blocks.append(module)
+            inside.update(id(m) for m in module.modules())
+    return blocks
+
+
+def apply_fsdp(
+    model: torch.nn.Module,
+    mesh: DeviceMesh | ParallelMesh,
+    *,
+    param_dtype: torch.dtype | None = torch.bfloat16,
+    reduce_dtype: torch.dtype = torch.float32,
+    block_classes: Iterable[str | type] | None = None,
+    reshard_after_forward: bool = True,
+) -> torch.nn.Module:
+    """Shard ``model`` in place with FSDP2: one ``fully_shard`` unit per block, then the root.
+
+    The root unit owns everything outside the blocks (embeddings, final norm, LM head, the
+    vision patch embedding / merger), so callers must go through the root module's ``forward``
+    for those parameters to be gathered: wrap the HF model in
+    :class:`cosmos_primitives.policy.CausalLMPolicy` and shard that.
+
+    Args:
+        model: the module to shard (the root; parameters may be float32 master weights on CPU,
+            they move to the mesh's device).
+        mesh: ``ParallelMesh`` (its ``fsdp_mesh``: 1-D dp_shard, or 2-D (dp_replicate, dp_shard)
+            = HSDP: sharded within a replica group, all-reduced across groups) or a ``DeviceMesh``.
+        param_dtype: compute dtype of the gathered parameters (``[policy] dtype``); None keeps
+            the stored dtype. Optimizer state stays in the stored (master) dtype.
+        reduce_dtype: dtype of the gradient reduce-scatter / all-reduce (float32 by default).
+        block_classes: block class names or types; default: the HF ``_no_split_modules``.
+        reshard_after_forward: free gathered block parameters after forward (re-gather in
+            backward); False trades memory for one all-gather less per block.
+
+    Returns:
+        ``model`` (now also an ``FSDPModule``). Gradients of sharded parameters are averaged over
+        the mesh (not summed): scale per-rank losses accordingly (see ``cp.algo.sft_loss``).
+    """
+    fsdp_mesh = mesh.fsdp_mesh if isinstance(mesh, ParallelMesh) else mesh
+    if param_dtype == torch.float32:
+        param_dtype = None
+    policy = MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=reduce_dtype)
+    blocks = find_blocks(model, block_classes)
+    for block in blocks:
+        fully_shard(block, mesh=fsdp_mesh, mp_policy=policy, reshard_after_forward=reshard_after_forward)
+    fully_shard(model, mesh=fsdp_mesh, mp_policy=policy, reshard_after_forward=reshard_after_forward)
+    return model
+
+
+def fsdp_units(model: torch.nn.Module) -> list[str]:
+    """Qualified names of the ``fully_shard`` units inside ``model`` (``""`` = the root)."""
+    return [name for name, module in model.named_modules() if isinstance(module, FSDPModule)]

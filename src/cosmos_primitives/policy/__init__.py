@@ -1,0 +1,48 @@
+"""Trainable policies: a HF causal LM / Qwen2.5-VL as a log-prob module, its optimizer and schedule.
+
+An SFT / GRPO step (``cfg`` from ``cp.load_config``, ``mesh = cp.parallel.ParallelMesh(...)``)::
+
+    policy = cp.policy.build_policy(cfg.policy, mesh)               # load, freeze, TP, FSDP2
+    optimizer = cp.policy.build_optimizer(policy, cfg.train)
+    scheduler = cp.policy.build_lr_scheduler(optimizer, cfg.train, total_steps)
+    out = cp.policy.token_logprobs(policy, batch)                   # [B, T] float32 log-probs
+    loss, metrics = sft_loss(out.logprobs, batch["labels"], group=mesh.group("dp"))
+    loss.backward()
+    grad_norm = cp.parallel.clip_grad_norm_(policy.parameters(), cfg.train.optm_grad_norm_clip)
+    optimizer.step(); scheduler.step(); optimizer.zero_grad()
+
+(``sft_loss`` is ``cosmos_primitives.algo.sft_loss.sft_loss``.)
+"""
+
+from cosmos_primitives.algo.logprobs import TokenLogProbs
+from cosmos_primitives.policy.build import build_policy
+from cosmos_primitives.policy.lm_policy import MODEL_INPUT_KEYS, CausalLMPolicy, backbone_of, token_logprobs
+from cosmos_primitives.policy.loading import is_vision_language, load_hf_model, resolve_dtype
+from cosmos_primitives.policy.optim import (
+    WarmupDecayLR,
+    build_lr_scheduler,
+    build_optimizer,
+    lr_factor,
+    optimizer_param_groups,
+)
+from cosmos_primitives.policy.trainable import TrainableSummary, apply_trainable_patterns, trainable_summary
+
+__all__ = [
+    "MODEL_INPUT_KEYS",
+    "CausalLMPolicy",
+    "TokenLogProbs",
+    "TrainableSummary",
+    "WarmupDecayLR",
+    "apply_trainable_patterns",
+    "backbone_of",
+    "build_lr_scheduler",
+    "build_optimizer",
+    "build_policy",
+    "is_vision_language",
+    "load_hf_model",
+    "lr_factor",
+    "optimizer_param_groups",
+    "resolve_dtype",
+    "token_logprobs",
+    "trainable_summary",
+]

@@ -1,0 +1,84 @@
+"""``[policy]`` -> a ready-to-train :class:`CausalLMPolicy`: load, freeze, checkpointing, TP, FSDP2."""
+
+from __future__ import annotations
+
+import torch
+
+from cosmos_primitives.config.policy import PolicyConfig
+from cosmos_primitives.logging.console import get_logger
+from cosmos_primitives.parallel.activation_checkpoint import apply_activation_checkpointing
+from cosmos_primitives.parallel.fsdp import apply_fsdp
+from cosmos_primitives.parallel.mesh import ParallelMesh
+from cosmos_primitives.parallel.tensor_parallel import apply_tensor_parallel
+from cosmos_primitives.policy.lm_policy import CausalLMPolicy
+from cosmos_primitives.policy.loading import load_hf_model, resolve_dtype
+from cosmos_primitives.policy.trainable import apply_trainable_patterns
+
+log = get_logger()
+
+
+def build_policy(
+    cfg: PolicyConfig,
+    mesh: ParallelMesh | None = None,
+    *,
+    hf_model: torch.nn.Module | None = None,
+    device: torch.device | str | None = None,
+) -> CausalLMPolicy:
+    """Build the trainable policy described by ``[policy]``.
+
+    Steps, in the order FSDP2 needs: load ``model_name_or_path`` (or take ``hf_model``), apply
+    ``trainable_patterns`` / ``freeze_patterns`` (logging the trainable count),
+    ``model_gradient_checkpointing``, wrap in :class:`CausalLMPolicy`, tensor-parallelise the
+    Qwen2 layers over ``mesh["tp"]`` when ``tp_size > 1``, and shard with FSDP2 over
+    ``mesh.fsdp_mesh`` (HSDP when ``dp_replicate_size > 1``).
+
+    Precision: with a mesh, master weights (and AdamW state) are float32 and forward / backward
+    compute in ``[policy] dtype`` (FSDP mixed precision, float32 gradient reduction). Without a
+    mesh the weights are loaded directly in ``[policy] dtype`` and moved to ``device``.
+
+    Args:
+        cfg: ``[policy]``.
+        mesh: the trainer's mesh; None = no sharding (single process, e.g. a reference model).
+        hf_model: an already built HF model to use instead of loading ``model_name_or_path``
+            (cast to float32 master weights with a mesh, to ``[policy] dtype`` without).
+        device: target device without a mesh (with one, FSDP places shards on the mesh device).
+
+    Raises:
+        NotImplementedError: ``cp_size`` / ``pp_size`` > 1 or ``[policy.lora]`` (not supported for
+            language policies yet).
+    """
+    if mesh is not None and (mesh.enabled("cp") or mesh.enabled("pp")):
+        raise NotImplementedError(
+            f"[policy.parallelism] cp_size={mesh.size('cp')}, pp_size={mesh.size('pp')}: context and pipeline "
+            "parallelism are not supported by cp.policy; use dp_shard_size / dp_replicate_size / tp_size"
+        )
+    if cfg.lora is not None:
+        raise NotImplementedError("[policy.lora] is not supported for language / vision-language policies yet")
+    compute_dtype = resolve_dtype(cfg.dtype)
+    if hf_model is None:
+        if not cfg.model_name_or_path:
+            raise ValueError("[policy] model_name_or_path is empty: set it to a model folder or Hub repo id")
+        hf_model = load_hf_model(cfg.model_name_or_path, revision=cfg.model_revision,
+                                 dtype=torch.float32 if mesh is not None else compute_dtype)
+    else:
+        hf_model = hf_model.to(torch.float32 if mesh is not None else compute_dtype)
+    summary = apply_trainable_patterns(hf_model, cfg.freeze_patterns, cfg.trainable_patterns)
+    log.info(f"policy {type(hf_model).__name__}: {summary}")
+    if cfg.model_gradient_checkpointing:
+        apply_activation_checkpointing(hf_model)
+    policy = CausalLMPolicy(hf_model, chunk_size=cfg.logprob_chunk_size)
+    policy.trainable_summary = summary
+    if mesh is not None and mesh.enabled("tp"):
+        apply_tensor_parallel(hf_model, mesh["tp"])
+    if mesh is not None and (mesh.fsdp_mesh.size() > 1 or compute_dtype != torch.float32):
+        apply_fsdp(policy, mesh, param_dtype=compute_dtype)
+    elif mesh is not None:
+        # one FSDP rank shards nothing and float32 needs no mixed precision: plain module, no
+        # per-step all-gather / reduce-scatter copies
+        log.info("FSDP2 skipped: a single data-parallel rank in float32")
+        policy.to(mesh.device_type)
+    elif device is not None:
+        policy.to(device)
+    policy.train()
+    return policy
+

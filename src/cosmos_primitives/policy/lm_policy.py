@@ -1,0 +1,174 @@
+"""A trainable language / vision-language policy: HF backbone + chunked log-prob head in one module.
+
+``CausalLMPolicy`` owns a Hugging Face model (``.hf_model``, still ``save_pretrained``-able) and its
+``forward`` returns per-token log-probs instead of logits. It is the module to shard with FSDP2:
+the embeddings, final norm and (tied) LM head belong to the root unit, whose parameters are only
+gathered while the root's ``forward`` runs, so computing hidden states with ``hf_model.model(...)``
+and the head outside of it would read sharded weights.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+from torch.distributed.tensor import DTensor, Replicate
+
+from cosmos_primitives.algo.logprobs import TokenLogProbs, token_logprobs_from_hidden
+
+# Batch keys forwarded to the backbone; anything else in a batch (labels, sample ids, ...) is not.
+MODEL_INPUT_KEYS = (
+    "attention_mask",
+    "position_ids",
+    "pixel_values",
+    "image_grid_thw",
+    "pixel_values_videos",
+    "video_grid_thw",
+    "second_per_grid_ts",
+    "rope_deltas",
+)
+
+
+def backbone_of(hf_model: torch.nn.Module) -> torch.nn.Module:
+    """The HF base model that returns ``last_hidden_state`` (``model`` of ``*ForCausalLM`` /
+    ``Qwen2_5_VLForConditionalGeneration``; it merges image / video features itself)."""
+    prefix = getattr(hf_model, "base_model_prefix", "")
+    backbone = getattr(hf_model, prefix, None) if prefix else None
+    if backbone is None:
+        raise TypeError(
+            f"{type(hf_model).__name__} has no base model attribute (base_model_prefix={prefix!r}); "
+            "expected a Hugging Face *ForCausalLM or *ForConditionalGeneration model"
+        )
+    return backbone
+
+
+def _head_weight(hf_model: torch.nn.Module) -> torch.Tensor:
+    head = hf_model.get_output_embeddings()
+    if head is None or not isinstance(getattr(head, "weight", None), torch.Tensor):
+        raise TypeError(f"{type(hf_model).__name__} has no output embedding (LM head) weight")
+    if getattr(head, "bias", None) is not None:
+        raise NotImplementedError(f"{type(hf_model).__name__}: an LM head with a bias is not supported")
+    weight = head.weight
+    if isinstance(weight, DTensor):
+        if not all(isinstance(p, Replicate) for p in weight.placements):
+            raise NotImplementedError(
+                f"LM head weight is sharded ({weight.placements}); the chunked head needs it replicated "
+                "inside forward (call through the FSDP root module, and do not tensor-parallelise the LM head)"
+            )
+        weight = weight.to_local()
+    return weight
+
+
+def hf_token_logprobs(
+    hf_model: torch.nn.Module,
+    input_ids: torch.Tensor,
+    *,
+    labels: torch.Tensor | None = None,
+    mask: torch.Tensor | None = None,
+    chunk_size: int = 1024,
+    with_entropy: bool = False,
+    temperature: float = 1.0,
+    **model_inputs: Any,
+) -> TokenLogProbs:
+    """Backbone forward, then the chunked log-prob head (see :class:`CausalLMPolicy.forward`)."""
+    model_inputs.pop("use_cache", None)
+    out = backbone_of(hf_model)(input_ids=input_ids, use_cache=False, **model_inputs)
+    hidden = out.last_hidden_state if hasattr(out, "last_hidden_state") else out[0]
+    if temperature != 1.0:
+        hidden = hidden / temperature  # logits / T = (hidden / T) @ W^T
+    return token_logprobs_from_hidden(
+        hidden, _head_weight(hf_model), input_ids, labels=labels, mask=mask,
+        chunk_size=chunk_size, with_entropy=with_entropy,
+    )
+
+
+class CausalLMPolicy(torch.nn.Module):
+    """A HF causal LM or VLM whose forward gives per-token log-probs (and entropy).
+
+    Args:
+        hf_model: e.g. ``Qwen2ForCausalLM`` or ``Qwen2_5_VLForConditionalGeneration``
+            (:func:`cosmos_primitives.policy.load_hf_model`). Exposed as ``.hf_model``.
+        chunk_size: default tokens per LM-head chunk (``[policy] logprob_chunk_size``).
+    """
+
+    def __init__(self, hf_model: torch.nn.Module, *, chunk_size: int = 1024) -> None:
+        super().__init__()
+        self.hf_model = hf_model
+        self.chunk_size = chunk_size
+
+    @property
+    def config(self) -> Any:
+        return self.hf_model.config
+
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        *,
+        labels: torch.Tensor | None = None,
+        mask: torch.Tensor | None = None,
+        with_entropy: bool = False,
+        chunk_size: int | None = None,
+        temperature: float = 1.0,
+        **model_inputs: Any,
+    ) -> TokenLogProbs:
+        """Per-token log-probs of ``input_ids`` under the model.
+
+        Args:
+            input_ids: ``[B, T]`` int64.
+            labels: ``[B, T]`` HF labels (-100 = not scored); scored positions are ``labels != -100``.
+            mask: ``[B, T]`` positions to score when there are no labels (e.g. completion mask);
+                neither given: every position t >= 1.
+            with_entropy: also return the per-token entropy (with gradient).
+            chunk_size: tokens per LM-head chunk (default: the constructor's).
+            temperature: score the distribution of ``logits / temperature`` (as sampled by a
+                rollout engine at that temperature).
+            **model_inputs: passed to the backbone: ``attention_mask`` ``[B, T]`` (omit for packed
+                rows), ``position_ids`` ``[B, T]`` or ``[3 or 4, B, T]`` (mRoPE), ``pixel_values``,
+                ``image_grid_thw``, ``pixel_values_videos``, ``video_grid_thw``, ``second_per_grid_ts``.
+
+        Returns:
+            :class:`~cosmos_primitives.algo.logprobs.TokenLogProbs`: ``logprobs`` ``[B, T]``
+            float32 with ``logprobs[:, t] = log p(input_ids[:, t] | < t)``, 0 at t = 0 and on
+            unscored positions; ``entropy`` likewise or None.
+        """
+        return hf_token_logprobs(
+            self.hf_model, input_ids, labels=labels, mask=mask, with_entropy=with_entropy,
+            chunk_size=self.chunk_size if chunk_size is None else chunk_size, temperature=temperature,
+            **model_inputs,
+        )
+
+
+def token_logprobs(
+    model: torch.nn.Module,
+    batch: Mapping[str, Any],
+    *,
+    chunk_size: int | None = None,
+    with_entropy: bool = False,
+    mask: torch.Tensor | None = None,
+    temperature: float = 1.0,
+) -> TokenLogProbs:
+    """Per-token log-probs of a collated batch (``cp.data`` packed or padded).
+
+    Args:
+        model: a :class:`CausalLMPolicy` (sharded or not; called through its ``forward``) or a
+            plain, unsharded HF model.
+        batch: ``input_ids`` ``[B, T]``, optional ``labels`` ``[B, T]`` (scored where != -100) and
+            the model inputs of :data:`MODEL_INPUT_KEYS`; other keys are ignored. Tensors are moved
+            to the model's device.
+        chunk_size: tokens per LM-head chunk (default: the policy's, or 1024).
+        with_entropy: also return the per-token entropy.
+        mask: ``[B, T]`` positions to score when the batch has no labels.
+        temperature: score ``logits / temperature`` (GRPO: the rollout's sampling temperature).
+    """
+    device = next(model.parameters()).device
+
+    def to_device(value: Any) -> Any:
+        return value.to(device, non_blocking=True) if isinstance(value, torch.Tensor) else value
+
+    inputs = {k: to_device(batch[k]) for k in MODEL_INPUT_KEYS if batch.get(k) is not None}
+    input_ids, labels, mask = to_device(batch["input_ids"]), to_device(batch.get("labels")), to_device(mask)
+    if isinstance(model, CausalLMPolicy):
+        return model(input_ids, labels=labels, mask=mask, with_entropy=with_entropy, chunk_size=chunk_size, **inputs)
+    return hf_token_logprobs(model, input_ids, labels=labels, mask=mask, with_entropy=with_entropy,
+                             chunk_size=chunk_size or 1024, **inputs)

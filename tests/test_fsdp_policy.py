@@ -1,0 +1,214 @@
+"""FSDP2 / HSDP / TP on CPU with 2 gloo processes against single-process references.
+
+One ``run_distributed`` call (process start-up dominates) runs every scenario; the tests below
+each check one part of its result.
+
+- FSDP (dp_shard=2) and HSDP (dp_replicate=2): two SFT steps (AdamW, warmup + cosine, clipping
+  active) on unequal token counts per rank give the losses, gradient norms and parameters of one
+  process training on both ranks' batches with a global token mean.
+- TP (tp=2): logits of the tensor-parallel Qwen2 equal the unsharded model's; a TP(+FSDP) policy
+  gives the same log-probs and the same total gradient norm.
+- Qwen2.5-VL with a frozen vision tower: FSDP units cover every decoder layer and vision block,
+  log-probs with an image match the unsharded model, the vision tower gets no gradient.
+- bf16 compute: master weights stay float32, log-probs close to float32.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+import cosmos_primitives as cp
+from cosmos_primitives.algo.sft_loss import sft_loss
+from cosmos_primitives.config.policy import ParallelismConfig, PolicyConfig
+from cosmos_primitives.config.train import TrainConfig
+
+STEPS = 2
+CLIP = 0.5
+TRAIN = TrainConfig(optm_lr=1e-3, optm_warmup_steps=1, optm_decay_type="cosine", max_steps=3,
+                    optm_weight_decay=0.1, optm_grad_norm_clip=CLIP)
+WATCHED = ("model.embed_tokens.weight", "model.layers.0.self_attn.q_proj.weight", "model.layers.1.mlp.down_proj.weight",
+           "model.layers.0.self_attn.q_proj.bias", "model.norm.weight")
+
+
+def rank_batches() -> list[dict[str, torch.Tensor]]:
+    """Rank 0 trains 6 tokens, rank 1 trains 17: a per-rank mean would weight them very differently."""
+    g = torch.Generator().manual_seed(7)
+    batches = []
+    for trained_per_row in ((3, 3), (10, 7)):
+        ids = torch.randint(0, 3000, (2, 11), generator=g)
+        labels = torch.full_like(ids, -100)
+        for row, n in enumerate(trained_per_row):
+            labels[row, -n:] = ids[row, -n:]
+        batches.append({"input_ids": ids, "labels": labels})
+    return batches
+
+
+def _train(policy, batches_per_step, group=None, token_count=None):
+    optimizer = cp.policy.build_optimizer(policy, TRAIN)
+    scheduler = cp.policy.build_lr_scheduler(optimizer, TRAIN)
+    losses, norms = [], []
+    for _ in range(STEPS):
+        step_loss = 0.0
+        for batch in batches_per_step:
+            out = cp.policy.token_logprobs(policy, batch)
+            loss, stats = sft_loss(out.logprobs, batch["labels"], group=group, token_count=token_count)
+            loss.backward()
+            step_loss += float(stats["loss"]) if token_count is None else float(loss.detach())
+        norms.append(float(cp.parallel.clip_grad_norm_(policy.parameters(), CLIP)))
+        optimizer.step()
+        scheduler.step()
+        optimizer.zero_grad()
+        losses.append(step_loss)
+    return losses, norms
+
+
+def _full(param: torch.Tensor) -> torch.Tensor:
+    from torch.distributed.tensor import DTensor
+
+    return (param.full_tensor() if isinstance(param, DTensor) else param).detach().clone()
+
+
+def _vl_batch() -> dict[str, torch.Tensor]:
+    from test_policy_model import image_batch
+
+    return image_batch(seed=1)
+
+
+def _worker(text_dir: str, vl_dir: str) -> dict:
+    import torch.distributed as dist
+    from torch.distributed.tensor import DTensor
+
+    rank = dist.get_rank()
+    batch = rank_batches()[rank]
+    result: dict = {}
+
+    for name, sizes in (("fsdp", dict(dp_shard_size=2)), ("hsdp", dict(dp_replicate_size=2, dp_shard_size=1))):
+        parallelism = ParallelismConfig(**sizes)
+        mesh = cp.parallel.ParallelMesh(parallelism, device_type="cpu")
+        cfg = PolicyConfig(model_name_or_path=text_dir, dtype="float32", parallelism=parallelism,
+                           model_gradient_checkpointing=(name == "fsdp"))
+        policy = cp.policy.build_policy(cfg, mesh)
+        hf = policy.hf_model
+        result[f"{name}_tied"] = hf.lm_head.weight is hf.model.embed_tokens.weight
+        result[f"{name}_placements"] = str(hf.model.layers[0].mlp.up_proj.weight.placements)
+        losses, norms = _train(policy, [batch], group=mesh.group("dp"))
+        params = dict(hf.named_parameters())
+        result[name] = {"losses": losses, "norms": norms, "params": {n: _full(params[n]) for n in WATCHED}}
+
+    # TP: plain HF model with the TP plan -> logits; tp ranks must see the same tokens
+    batch = rank_batches()[0]
+    tp_par = ParallelismConfig(tp_size=2, dp_shard_size=1)
+    tp_mesh = cp.parallel.ParallelMesh(tp_par, device_type="cpu")
+    hf_tp = cp.policy.load_hf_model(text_dir, dtype="float32")
+    result["tp_layers"] = cp.parallel.apply_tensor_parallel(hf_tp, tp_mesh["tp"])
+    q = hf_tp.model.layers[0].self_attn.q_proj.weight
+    result["tp_q_local_shape"] = tuple(q.to_local().shape) if isinstance(q, DTensor) else None
+    with torch.no_grad():
+        result["tp_logits"] = hf_tp(input_ids=batch["input_ids"], use_cache=False).logits
+    # TP + FSDP(dp_shard=1) policy: log-probs and a 2-D DTensor gradient norm
+    policy = cp.policy.build_policy(PolicyConfig(model_name_or_path=text_dir, dtype="float32", parallelism=tp_par),
+                                    tp_mesh)
+    out = cp.policy.token_logprobs(policy, batch)
+    sft_loss(out.logprobs, batch["labels"], group=tp_mesh.group("dp"))[0].backward()
+    result["tp_logprobs"] = out.logprobs.detach()
+    result["tp_norm"] = float(cp.parallel.total_grad_norm(policy.parameters()))
+    batch = rank_batches()[rank]
+
+    # Qwen2.5-VL, frozen vision tower, FSDP over 2 ranks, both ranks on the same image batch
+    mesh = cp.parallel.ParallelMesh(ParallelismConfig(dp_shard_size=2), device_type="cpu")
+    cfg = PolicyConfig(model_name_or_path=vl_dir, dtype="float32", freeze_patterns=[r"^model\.visual\."])
+    policy = cp.policy.build_policy(cfg, mesh)
+    result["vl_units"] = cp.parallel.fsdp_units(policy)
+    out = cp.policy.token_logprobs(policy, _vl_batch())
+    out.logprobs.sum().backward()
+    result["vl_logprobs"] = out.logprobs.detach()
+    result["vl_visual_grads"] = sum(p.grad is not None for n, p in policy.named_parameters() if ".visual." in n)
+    result["vl_lm_grads"] = sum(p.grad is not None for n, p in policy.named_parameters() if ".language_model." in n)
+
+    # bf16 compute through FSDP mixed precision
+    cfg = PolicyConfig(model_name_or_path=text_dir, dtype="bfloat16", parallelism=ParallelismConfig(dp_shard_size=2))
+    policy = cp.policy.build_policy(cfg, mesh)
+    result["bf16_param_dtypes"] = sorted({str(p.dtype) for p in policy.parameters()})
+    result["bf16_logprobs"] = cp.policy.token_logprobs(policy, batch).logprobs.detach()
+    return result
+
+
+@pytest.fixture(scope="module")
+def runs(tiny_qwen2_dir: Path, tiny_vl_dir: Path) -> dict:
+    results = cp.testing.run_distributed(_worker, 2, args=(str(tiny_qwen2_dir), str(tiny_vl_dir)),
+                                         env={"PYTHONPATH": str(Path(__file__).parent)})
+    return {"ranks": results, "text_dir": str(tiny_qwen2_dir), "vl_dir": str(tiny_vl_dir)}
+
+
+@pytest.fixture(scope="module")
+def single_process(runs: dict) -> dict:
+    """Both ranks' batches on one process, loss = global token mean."""
+    policy = cp.policy.build_policy(PolicyConfig(model_name_or_path=runs["text_dir"], dtype="float32"))
+    batches = rank_batches()
+    total = sum(int(sft_loss(torch.zeros(b["labels"].shape), b["labels"])[1]["tokens"]) for b in batches)
+    losses, norms = _train(policy, batches, token_count=total)
+    params = dict(policy.hf_model.named_parameters())
+    return {"losses": losses, "norms": norms, "params": {n: params[n].detach().clone() for n in WATCHED},
+            "policy": cp.policy.build_policy(PolicyConfig(model_name_or_path=runs["text_dir"], dtype="float32"))}
+
+
+@pytest.mark.parametrize("layout", ["fsdp", "hsdp"])
+def test_sharded_sft_steps_match_one_process(runs: dict, single_process: dict, layout: str) -> None:
+    for rank_result in runs["ranks"]:
+        got = rank_result[layout]
+        assert rank_result[f"{layout}_tied"], "tied lm_head / embed_tokens must stay one parameter"
+        torch.testing.assert_close(torch.tensor(got["losses"]), torch.tensor(single_process["losses"]),
+                                   atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(torch.tensor(got["norms"]), torch.tensor(single_process["norms"]),
+                                   atol=1e-5, rtol=1e-5)
+        assert all(n > CLIP for n in got["norms"]), "the test needs clipping to be active"
+        for name in WATCHED:
+            torch.testing.assert_close(got["params"][name], single_process["params"][name], atol=2e-6, rtol=1e-5,
+                                       msg=f"{layout} {name}")
+    placements = runs["ranks"][0][f"{layout}_placements"]
+    assert placements == ("(Shard(dim=0),)" if layout == "fsdp" else "(Replicate(), Shard(dim=0))")
+
+
+def test_tensor_parallel_logits_and_logprobs_match_unsharded(runs: dict, single_process: dict) -> None:
+    reference = single_process["policy"]
+    batch = rank_batches()[0]
+    with torch.no_grad():
+        logits = reference.hf_model(input_ids=batch["input_ids"], use_cache=False).logits
+    for rank_result in runs["ranks"]:
+        assert rank_result["tp_layers"] == 2
+        assert rank_result["tp_q_local_shape"] == (32, 64)  # 4 heads x 16 -> 2 heads per rank
+        torch.testing.assert_close(rank_result["tp_logits"], logits, atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(rank_result["tp_logprobs"], cp.policy.token_logprobs(reference, batch).logprobs,
+                                   atol=1e-5, rtol=1e-5)
+    # the 2-D (dp_shard x tp) DTensor gradient norm equals the unsharded model's on that batch
+    reference.zero_grad()
+    sft_loss(cp.policy.token_logprobs(reference, batch).logprobs, batch["labels"])[0].backward()
+    expected = torch.nn.utils.get_total_norm([p.grad for p in reference.parameters()])
+    assert runs["ranks"][0]["tp_norm"] == pytest.approx(float(expected), rel=1e-5)
+
+
+def test_vl_fsdp_units_frozen_vision_and_logprobs(runs: dict) -> None:
+    result = runs["ranks"][0]
+    units = result["vl_units"]
+    assert "" in units
+    assert {u for u in units if ".language_model.layers." in u} == {f"hf_model.model.language_model.layers.{i}"
+                                                                     for i in range(2)}
+    assert {u for u in units if ".visual.blocks." in u} == {f"hf_model.model.visual.blocks.{i}" for i in range(2)}
+    assert result["vl_visual_grads"] == 0 and result["vl_lm_grads"] > 0
+    hf = cp.policy.load_hf_model(runs["vl_dir"], dtype="float32")
+    expected = cp.policy.token_logprobs(hf, _vl_batch()).logprobs
+    for rank_result in runs["ranks"]:
+        torch.testing.assert_close(rank_result["vl_logprobs"], expected, atol=1e-5, rtol=1e-5)
+
+
+def test_bf16_compute_keeps_float32_master_weights(runs: dict, single_process: dict) -> None:
+    result = runs["ranks"][0]
+    assert result["bf16_param_dtypes"] == ["torch.float32"]
+    batch = rank_batches()[0]
+    expected = cp.policy.token_logprobs(single_process["policy"], batch).logprobs
+    scored = batch["labels"] != -100
+    diff = (result["bf16_logprobs"] - expected)[scored].abs().max()
+    assert 0 < diff < 0.1, "bf16 compute must differ from float32 a little, and only a little"

@@ -1,0 +1,116 @@
+"""AdamW parameter groups, warmup + decay schedules with exact resume, gradient clipping."""
+
+from __future__ import annotations
+
+import copy
+import itertools
+import math
+
+import pytest
+import torch
+
+import cosmos_primitives as cp
+from cosmos_primitives.config.train import TrainConfig
+
+
+def _model() -> torch.nn.Module:
+    torch.manual_seed(0)
+    return torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.LayerNorm(8), torch.nn.Linear(8, 2))
+
+
+def _lrs(scheduler, optimizer, steps: int) -> list[float]:
+    lrs = []
+    for _ in range(steps):
+        lrs.append(optimizer.param_groups[0]["lr"])
+        optimizer.step()
+        scheduler.step()
+    return lrs
+
+
+def test_schedule_shapes() -> None:
+    train = TrainConfig(optm_lr=1.0, optm_warmup_steps=4, optm_decay_type="cosine", optm_min_lr_factor=0.1,
+                        max_steps=14)
+    optimizer = cp.policy.build_optimizer(_model(), train)
+    lrs = _lrs(cp.policy.build_lr_scheduler(optimizer, train), optimizer, 16)
+    assert lrs[:4] == pytest.approx([0.25, 0.5, 0.75, 1.0])
+    assert lrs[4] == pytest.approx(1.0)
+    # the floor is reached at the last step (13) and kept
+    assert lrs[13] == pytest.approx(0.1) and lrs[15] == pytest.approx(0.1)
+    # half way through the decay, cosine gives the mean of peak and floor
+    mid = cp.policy.lr_factor(8, warmup_steps=4, total_steps=13, decay_type="cosine", min_lr_factor=0.1)
+    assert mid == pytest.approx(0.55)
+    assert all(a >= b for a, b in itertools.pairwise(lrs[4:]))
+
+    linear = [cp.policy.lr_factor(s, warmup_steps=0, total_steps=5, decay_type="linear", min_lr_factor=0.0)
+              for s in range(6)]
+    assert linear == pytest.approx([1.0, 0.75, 0.5, 0.25, 0.0, 0.0])
+    constant = [cp.policy.lr_factor(s, warmup_steps=2, total_steps=None, decay_type="constant", min_lr_factor=0.0)
+                for s in range(4)]
+    assert constant == pytest.approx([0.5, 1.0, 1.0, 1.0])
+
+
+def test_scheduler_and_optimizer_resume_exactly() -> None:
+    train = TrainConfig(optm_lr=1e-2, optm_warmup_steps=2, optm_decay_type="linear", max_steps=10)
+    x = torch.randn(16, 4, generator=torch.Generator().manual_seed(1))
+
+    def step(model, optimizer, scheduler):
+        model(x).pow(2).mean().backward()
+        optimizer.step()
+        scheduler.step()
+        optimizer.zero_grad()
+
+    model = _model()
+    optimizer = cp.policy.build_optimizer(model, train)
+    scheduler = cp.policy.build_lr_scheduler(optimizer, train)
+    for _ in range(4):
+        step(model, optimizer, scheduler)
+    # deep copies: state_dict() hands out the live state tensors
+    saved = copy.deepcopy((model.state_dict(), optimizer.state_dict(), scheduler.state_dict()))
+    for _ in range(3):
+        step(model, optimizer, scheduler)
+
+    resumed = _model()
+    resumed.load_state_dict(saved[0])
+    optimizer2 = cp.policy.build_optimizer(resumed, train)
+    scheduler2 = cp.policy.build_lr_scheduler(optimizer2, TrainConfig(optm_lr=5.0))  # settings come from the state
+    optimizer2.load_state_dict(saved[1])
+    scheduler2.load_state_dict(saved[2])
+    assert scheduler2.decay_type == "linear" and scheduler2.last_epoch == 4
+    for _ in range(3):
+        step(resumed, optimizer2, scheduler2)
+    for key, value in model.state_dict().items():
+        assert torch.equal(value, resumed.state_dict()[key]), key
+    assert optimizer2.param_groups[0]["lr"] == optimizer.param_groups[0]["lr"]
+
+
+def test_weight_decay_groups_and_config_errors() -> None:
+    model = _model()
+    optimizer = cp.policy.build_optimizer(model, TrainConfig(optm_weight_decay=0.1, optm_betas=[0.8, 0.9]))
+    decayed, plain = optimizer.param_groups
+    assert decayed["weight_decay"] == 0.1 and plain["weight_decay"] == 0.0
+    assert {p.ndim for p in decayed["params"]} == {2} and {p.ndim for p in plain["params"]} == {1}
+    assert decayed["betas"] == (0.8, 0.9)
+    with pytest.raises(ValueError, match="needs total_steps"):
+        cp.policy.build_lr_scheduler(optimizer, TrainConfig(optm_decay_type="cosine"))
+    for p in model.parameters():
+        p.requires_grad_(False)
+    with pytest.raises(ValueError, match="no trainable parameters"):
+        cp.policy.build_optimizer(model, TrainConfig())
+
+
+@pytest.mark.parametrize("norm_type", [2.0, math.inf])
+def test_clip_grad_norm_matches_torch_on_plain_tensors(norm_type: float) -> None:
+    ours, theirs = _model(), _model()
+    x = torch.randn(8, 4, generator=torch.Generator().manual_seed(2))
+    for model in (ours, theirs):
+        (model(x) * 10).pow(2).sum().backward()
+    norm = cp.parallel.clip_grad_norm_(ours.parameters(), 0.3, norm_type)
+    expected = torch.nn.utils.clip_grad_norm_(theirs.parameters(), 0.3, norm_type)
+    torch.testing.assert_close(norm, expected)
+    assert norm > 0.3
+    for a, b in zip(ours.parameters(), theirs.parameters()):
+        torch.testing.assert_close(a.grad, b.grad)
+    # disabled clipping reports the norm and leaves gradients alone
+    before = [p.grad.clone() for p in ours.parameters()]
+    cp.parallel.clip_grad_norm_(ours.parameters(), 0.0, norm_type)
+    assert all(torch.equal(a, p.grad) for a, p in zip(before, ours.parameters()))
