@@ -1,14 +1,172 @@
-"""``[wfm]``: world-model RL (FlowGRPO / DDRL) knobs (REFERENCE.md sections 3 and 4)."""
+"""``[wfm]``: world-model RL (FlowGRPO / DDRL) knobs (REFERENCE.md sections 3 and 4).
+
+Example (the tiny CPU recipe; the Cosmos-Predict2.5-2B values are in
+``examples/configs/cosmos_predict2_5_2b_flowgrpo.toml``)::
+
+    [wfm]
+    model = "tiny"                # or a diffusers folder holding transformer/, vae/, scheduler/
+    algorithm = "flow_grpo"       # or "ddrl"
+    num_samples_per_prompt = 8
+    num_inference_steps = 10
+    guidance_scale = 1.0          # read in the convention named by guidance_convention
+    clip_range = 1e-3
+
+    [wfm.sampler]
+    sde_type = "flow_grpo"
+    noise_level = 0.7
+
+    [wfm.lora]
+    r = 32
+    lora_alpha = 64.0
+
+    [wfm.data]
+    kind = "mock"
+    num_frames = 5
+    height = 16
+    width = 16
+
+The loop's own knobs (learning rate, steps, seed, grad clip, output dir) are ``[train]``'s; the reward
+service client is ``[remote_reward]``.
+"""
 
 from __future__ import annotations
+
+from typing import Literal
+
+import msgspec
 
 from cosmos_primitives.config.base import Section
 
 
-class WFMConfig(Section):
-    """``[wfm]``."""
+class WFMSamplerConfig(Section):
+    """``[wfm.sampler]``: the stochastic (SDE) steps of a rollout.
 
+    ``sde_type``:
+
+    - ``"flow_grpo"``: ``std_t = noise_level * sqrt(sigma / (1 - sigma))`` (``1 - sigma_1`` in the
+      denominator at ``sigma = 1``), Flow-GRPO's default;
+    - ``"linear"``: ``std_t = noise_min + (noise_max - noise_min) * sigma`` (Cosmos / Wan schedule),
+      same mean as ``"flow_grpo"``;
+    - ``"cps"``: coefficients-preserving step, ``std = sigma_next * sin(noise_level * pi / 2)``.
+
+    Only steps inside the SDE window are stochastic (and get a log-prob); the others are ODE (Euler)
+    steps. ``sde_window_size = 0`` makes every step stochastic. Otherwise the window's first step is
+    drawn per rollout batch, uniformly so that the window lies inside ``sde_window_range = [lo, hi)``
+    (step indices; empty: all steps). Flow-GRPO-Fast uses e.g. size 2 within the first half.
+    """
+
+    sde_type: Literal["flow_grpo", "linear", "cps"] = "flow_grpo"
+    noise_level: float = 0.7
+    noise_min: float = 0.0
+    noise_max: float = 0.7
+    sde_window_size: int = 0
+    sde_window_range: list[int] = msgspec.field(default_factory=list)
+    # scheduler shift of the sigma grid; None: the model's scheduler config (3.0 for the tiny one)
+    shift: float | None = None
+
+
+class WFMLoraConfig(Section):
+    """``[wfm.lora]``: peft LoRA on the transformer's attention projections.
+
+    ``enabled = false`` trains every weight (full fine-tuning; the KL reference is then a frozen
+    copy of the initial network, only built when ``kl_beta > 0``). With LoRA the reference is the
+    same network with the adapters disabled. ``init_lora_weights``: peft's option (``"gaussian"`` /
+    ``true`` start at B = 0, i.e. at the base model).
+    """
+
+    enabled: bool = True
+    r: int = 32
+    lora_alpha: float = 64.0
+    lora_dropout: float = 0.0
+    target_modules: list[str] = msgspec.field(default_factory=lambda: ["to_q", "to_k", "to_v", "to_out.0"])
+    init_lora_weights: bool | str = True
+
+
+class WFMDataConfig(Section):
+    """``[wfm.data]``: the prompts (and, for DDRL, the real clips).
+
+    ``kind = "clip_folder"`` reads ``path/videos/*.mp4``, ``path/metas/<same name>.txt`` and
+    optionally ``path/text_embedding/<name>.npy`` / ``.safetensors`` (``.pickle`` / ``.pkl`` only with
+    ``allow_pickle = true``: unpickling runs code from the file). ``kind = "mock"`` makes
+    ``mock_num_samples`` random captions, embeddings and clips (quick runs, tests).
+
+    Captions without a precomputed embedding are embedded by ``text_encoder``: ``"hash"`` is a tiny
+    deterministic hashing embedder (no download; for CPU recipes and tests), ``"none"`` makes a
+    missing embedding an error. Embeddings are zero-padded (or cut) to ``max_tokens`` rows with a mask.
+    ``height`` / ``width`` are in pixels (``[768, 432]`` W x H for Cosmos-Predict2.5 480p).
+    """
+
+    kind: Literal["mock", "clip_folder"] = "mock"
+    path: str = ""
+    num_frames: int = 5
+    height: int = 16
+    width: int = 16
+    fps: float = 16.0
+    max_tokens: int = 16
+    text_dim: int = 32
+    text_encoder: Literal["hash", "none"] = "hash"
+    allow_pickle: bool = False
+    mock_num_samples: int = 8
+    # prompts per rank per update; each is rolled out [wfm] num_samples_per_prompt times
+    prompts_per_step: int = 1
+    # precomputed embedding of [wfm] negative_prompt (.npy / .safetensors), needed for guidance
+    # with text_encoder = "none"; the hashing embedder embeds the negative prompt itself
+    negative_embedding: str = ""
+
+
+class WFMConfig(Section):
+    """``[wfm]``.
+
+    Guidance: ``guidance_convention = "diffusers"`` reads ``guidance_scale`` as
+    ``v = v_u + g (v_c - v_u)`` (``g = 1`` is no guidance); ``"cosmos"`` reads it as
+    ``v = v_c + g (v_c - v_u)`` (``g = 0`` is no guidance).
+
+    FlowGRPO loss: per trained step, PPO-clip with ``clip_range`` on the per-step ratio, advantages
+    clamped to ``+-adv_clip_max``, plus ``kl_beta`` times the closed-form KL to the reference
+    (``kl_reduction = "mean"`` averages the squared mean difference over latent elements as the
+    log-probs are averaged, Flow-GRPO's code; ``"sum"`` is the exact KL of the whole step).
+    Advantages: ``(r - mean_group) / (std + 1e-4)`` with the std of the prompt group
+    (``advantage_std_scope = "group"``) or of the whole batch (``"batch"``).
+
+    Trained steps: a random ``train_step_fraction`` of the stochastic steps per update.
+
+    DDRL (``algorithm = "ddrl"``): adds ``data_beta`` times the flow-matching loss on real clips,
+    ``ddrl_rollout_noise`` / ``ddrl_rollout_sigma`` reuse the rollout's initial noise / the trained
+    step's sigma for it, and ``advantage_transform = "neg_exp"`` maps ``A -> -exp(-A)`` (then clamps).
+    """
+
+    model: str = "tiny"
+    algorithm: Literal["flow_grpo", "ddrl"] = "flow_grpo"
+    num_samples_per_prompt: int = 8
     num_inference_steps: int = 20
+    eval_num_inference_steps: int = 40
     guidance_scale: float = 1.0
+    guidance_convention: Literal["diffusers", "cosmos"] = "diffusers"
+    negative_prompt: str = ""
+    # float32 everywhere on CPU; bf16 weights on GPU (the SDE arithmetic stays float32 either way)
+    dtype: Literal["float32", "bfloat16"] = "float32"
+    gradient_checkpointing: bool = False
+
+    # loss
+    clip_range: float = 1e-3
+    adv_clip_max: float = 5.0
+    advantage_std_scope: Literal["group", "batch"] = "group"
+    advantage_transform: Literal["none", "neg_exp"] = "none"
     kl_beta: float = 0.0
+    kl_reduction: Literal["mean", "sum"] = "mean"
     data_beta: float = 0.0
+    ddrl_rollout_noise: bool = True
+    ddrl_rollout_sigma: bool = True
+    ddrl_loss_weighting: Literal["velocity", "x0"] = "velocity"
+    train_step_fraction: float = 1.0
+    # optimizer steps per rollout batch (the rollout batch is split into this many mini-batches)
+    num_minibatches: int = 1
+
+    # true: every rank starts the reference reward server on loopback and points the [remote_reward]
+    # client at it (rewards must be ones it hosts: brightness, contrast, colorfulness, media_stats);
+    # false: the [remote_reward] URLs (or REMOTE_REWARD_* variables) name a running service
+    start_reward_server: bool = False
+
+    sampler: WFMSamplerConfig = msgspec.field(default_factory=WFMSamplerConfig)
+    lora: WFMLoraConfig = msgspec.field(default_factory=WFMLoraConfig)
+    data: WFMDataConfig = msgspec.field(default_factory=WFMDataConfig)

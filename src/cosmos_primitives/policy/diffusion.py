@@ -1,0 +1,175 @@
+"""A diffusers flow-matching transformer as a trainable policy: LoRA or full fine-tuning, its KL
+reference, FSDP2 sharding and gradient checkpointing.
+
+With LoRA (peft, on the attention projections ``to_q``, ``to_k``, ``to_v``, ``to_out.0`` by
+default) the reference is the same network with the adapters disabled, so it costs no memory.
+With full fine-tuning the reference is a frozen copy of the initial weights, made only when asked
+for (``keep_reference=True``, i.e. when a KL term is used).
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import torch
+
+from cosmos_primitives.config.wfm import WFMLoraConfig
+from cosmos_primitives.rollout.flow_sampler import VelocityFn, diffusers_velocity_fn
+from cosmos_primitives.utils.extras import require
+
+BLOCK_ATTRIBUTES = ("blocks", "transformer_blocks")
+"""Where diffusers transformers keep their blocks (Wan, Cosmos: ``blocks``; SD3, Flux: ``transformer_blocks``)."""
+
+
+def apply_lora(transformer: Any, lora: WFMLoraConfig, adapter_name: str = "default") -> Any:
+    """Add a peft LoRA adapter to ``transformer`` in place and freeze everything else.
+
+    Only the adapter's ``lora_A`` / ``lora_B`` weights are trainable afterwards. The update is
+    ``(lora_alpha / r) * B A``; with ``init_lora_weights = true`` ``B`` starts at 0 (the base model).
+
+    Raises:
+        ValueError: none of ``lora.target_modules`` names a module of the transformer.
+    """
+    peft = require("peft", "LoRA on diffusion transformers")
+    modules = [name for name, _ in transformer.named_modules()]
+    if not any(name == t or name.endswith("." + t) for t in lora.target_modules for name in modules):
+        raise ValueError(
+            f"[wfm.lora] target_modules {lora.target_modules} match no module of {type(transformer).__name__}; "
+            f"its linear layers end in e.g. {sorted(_linear_suffixes(transformer))[:8]}"
+        )
+    config = peft.LoraConfig(r=lora.r, lora_alpha=lora.lora_alpha, lora_dropout=lora.lora_dropout,
+                             target_modules=list(lora.target_modules), init_lora_weights=lora.init_lora_weights)
+    transformer.requires_grad_(False)
+    transformer.add_adapter(config, adapter_name=adapter_name)
+    return transformer
+
+
+def _linear_suffixes(module: torch.nn.Module) -> set[str]:
+    return {".".join(name.split(".")[-2:]) for name, m in module.named_modules() if isinstance(m, torch.nn.Linear)}
+
+
+@contextmanager
+def adapters_disabled(transformer: Any) -> Iterator[Any]:
+    """Run ``transformer`` without its LoRA adapters inside the block (the KL reference)."""
+    transformer.disable_adapters()
+    try:
+        yield transformer
+    finally:
+        transformer.enable_adapters()
+
+
+def transformer_blocks(transformer: torch.nn.Module) -> list[torch.nn.Module]:
+    """The repeated blocks of a diffusers transformer (the FSDP2 / checkpointing unit)."""
+    for attr in BLOCK_ATTRIBUTES:
+        blocks = getattr(transformer, attr, None)
+        if isinstance(blocks, torch.nn.ModuleList) and len(blocks) > 0:
+            return list(blocks)
+    raise ValueError(f"{type(transformer).__name__} has no block list (looked for {BLOCK_ATTRIBUTES}); "
+                     "shard it yourself with torch.distributed.fsdp.fully_shard")
+
+
+def shard_transformer(transformer: torch.nn.Module, mesh: Any = None, *, param_dtype: torch.dtype | None = None,
+                      reshard_after_forward: bool = True) -> torch.nn.Module:
+    """FSDP2: ``fully_shard`` every transformer block, then the root (in place).
+
+    Args:
+        mesh: a 1-D ``DeviceMesh`` (e.g. ``cp.parallel.ParallelMesh(...).fsdp_mesh``; 2-D for HSDP);
+            ``None``: all ranks of the default group.
+        param_dtype: compute dtype of the gathered weights (e.g. ``torch.bfloat16``); gradients are
+            reduced in float32.
+
+    Gradients are averaged over the mesh: each rank's loss should be the mean over its own samples.
+    """
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+    kwargs: dict[str, Any] = {"mesh": mesh, "reshard_after_forward": reshard_after_forward}
+    if param_dtype is not None:
+        kwargs["mp_policy"] = MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=torch.float32)
+    for block in transformer_blocks(transformer):
+        fully_shard(block, **kwargs)
+    fully_shard(transformer, **kwargs)
+    return transformer
+
+
+class DiffusionPolicy:
+    """The trainable transformer of world-model RL and its KL reference.
+
+    Args:
+        transformer: a diffusers flow transformer (moved / cast by the caller).
+        lora: ``[wfm.lora]``; ``None`` or ``enabled = false``: full fine-tuning.
+        keep_reference: with full fine-tuning, keep a frozen copy of the initial weights as the
+            reference (needed for a KL term). Ignored with LoRA.
+        gradient_checkpointing: recompute block activations in backward (diffusers' own switch).
+
+    Use :meth:`velocity_fn` for rollouts and training, ``with policy.reference() as ref:`` for the
+    reference velocity, :meth:`shard` for FSDP2.
+    """
+
+    def __init__(self, transformer: Any, *, lora: WFMLoraConfig | None = None, keep_reference: bool = False,
+                 gradient_checkpointing: bool = False) -> None:
+        self.transformer = transformer
+        self.uses_lora = lora is not None and lora.enabled
+        self._frozen_reference: Any = None
+        if self.uses_lora:
+            apply_lora(transformer, lora)
+        else:
+            transformer.requires_grad_(True)
+            if keep_reference:
+                self._frozen_reference = copy.deepcopy(transformer).requires_grad_(False).eval()
+        if gradient_checkpointing:
+            transformer.enable_gradient_checkpointing()
+
+    def trainable_parameters(self) -> list[torch.nn.Parameter]:
+        """The parameters the optimizer updates (LoRA weights, or all of them)."""
+        return [p for p in self.transformer.parameters() if p.requires_grad]
+
+    def num_trainable(self) -> int:
+        """Number of trainable scalars (local shard sizes after :meth:`shard`)."""
+        return sum(p.numel() for p in self.trainable_parameters())
+
+    def velocity_fn(self, **forward_kwargs: Any) -> VelocityFn:
+        """The policy's velocity, see :func:`cosmos_primitives.rollout.flow_sampler.diffusers_velocity_fn`."""
+        return diffusers_velocity_fn(self.transformer, **forward_kwargs)
+
+    @property
+    def has_reference(self) -> bool:
+        return self.uses_lora or self._frozen_reference is not None
+
+    @contextmanager
+    def reference(self, **forward_kwargs: Any) -> Iterator[VelocityFn]:
+        """The reference velocity inside the block, evaluated without autograd.
+
+        Raises:
+            RuntimeError: full fine-tuning built without ``keep_reference=True``.
+        """
+        if self.uses_lora:
+            with adapters_disabled(self.transformer), torch.no_grad():
+                yield diffusers_velocity_fn(self.transformer, **forward_kwargs)
+            return
+        if self._frozen_reference is None:
+            raise RuntimeError("this DiffusionPolicy does full fine-tuning without a reference copy; build it with "
+                               "keep_reference=True (needed when [wfm] kl_beta > 0)")
+        with torch.no_grad():
+            yield diffusers_velocity_fn(self._frozen_reference, **forward_kwargs)
+
+    def shard(self, mesh: Any = None, *, param_dtype: torch.dtype | None = None) -> DiffusionPolicy:
+        """FSDP2-shard the transformer (and the frozen reference, if any) over ``mesh`` (:func:`shard_transformer`)."""
+        shard_transformer(self.transformer, mesh, param_dtype=param_dtype)
+        if self._frozen_reference is not None:
+            shard_transformer(self._frozen_reference, mesh, param_dtype=param_dtype)
+        return self
+
+    def adapter_state_dict(self) -> dict[str, torch.Tensor]:
+        """The trainable weights by name (LoRA weights only, or the whole transformer), full tensors on CPU.
+
+        Collective under FSDP2: call it on every rank.
+        """
+        out = {}
+        for name, p in self.transformer.named_parameters():
+            if p.requires_grad:
+                full = p.full_tensor() if hasattr(p, "full_tensor") else p
+                out[name] = full.detach().to("cpu", copy=True)
+        return out

@@ -1,0 +1,304 @@
+"""Flow-matching rollouts with per-step log-probs (Flow-GRPO / DDRL), and their recomputation for training.
+
+A rollout runs the transformer on the scheduler's sigma grid from pure noise (``sigma = 1``) to the
+sample (``sigma = 0``). Steps in the SDE set are stochastic and record the log-probability of the
+latents they produced; the others are deterministic Euler steps and record nothing. Everything the
+trainer needs to recompute a step's log-prob is stored in the :class:`FlowTrajectory` (latents,
+sigmas, timesteps, guidance scale, SDE parameters), so training never re-derives them from live
+scheduler state.
+
+Noise comes from one ``torch.Generator`` per sample seeded with that sample's seed: the same seed
+gives the same trajectory whatever else is in the batch.
+
+Classifier-free guidance is always evaluated as two forward passes (conditional, then
+unconditional) in rollouts and in training alike, so that the first update recomputes exactly the
+stored log-probs; in training the unconditional pass runs without autograd (its branch is detached).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any, Literal
+
+import attrs
+import torch
+
+from cosmos_primitives.rollout.flow_sde import SDEParams, gaussian_log_prob, ode_step, sde_step_stats
+
+VelocityFn = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
+"""``fn(latents [B, C, T, H, W], timestep [B] in [0, 1000], text [B, L, D]) -> velocity [B, C, T, H, W]``."""
+
+
+def diffusers_velocity_fn(transformer: Any, **forward_kwargs: Any) -> VelocityFn:
+    """Wrap a diffusers flow transformer (``WanTransformer3DModel`` and alike) as a :data:`VelocityFn`.
+
+    Inputs are cast to the transformer's dtype, the velocity comes back as float32.
+    ``forward_kwargs`` are passed on every call (e.g. ``fps`` or ``padding_mask`` for Cosmos models).
+    """
+
+    def velocity(latents: torch.Tensor, timestep: torch.Tensor, text: torch.Tensor) -> torch.Tensor:
+        dtype = next(transformer.parameters()).dtype
+        out = transformer(hidden_states=latents.to(dtype), timestep=timestep, encoder_hidden_states=text.to(dtype),
+                          return_dict=False, **forward_kwargs)[0]
+        return out.float()
+
+    return velocity
+
+
+def to_diffusers_guidance(scale: float, convention: Literal["diffusers", "cosmos"]) -> float:
+    """A guidance scale in the diffusers convention (``v = v_u + g (v_c - v_u)``, 1 = off).
+
+    Cosmos writes ``v = v_c + g (v_c - v_u)`` (0 = off), which is diffusers' ``g + 1``.
+    """
+    if convention == "diffusers":
+        return float(scale)
+    if convention == "cosmos":
+        return float(scale) + 1.0
+    raise ValueError(
+        f"guidance convention must be 'diffusers' or 'cosmos' ([wfm] guidance_convention); got {convention!r}"
+    )
+
+
+def guided_velocity(velocity_fn: VelocityFn, x: torch.Tensor, timestep: torch.Tensor, text: torch.Tensor,
+                    negative_text: torch.Tensor | None, guidance_scale: float) -> torch.Tensor:
+    """Classifier-free guided velocity, float32 ``[B, C, T, H, W]``.
+
+    ``guidance_scale`` is in the diffusers convention (1 = no guidance, the unconditional pass is
+    skipped). The unconditional pass runs without autograd: gradients flow through the conditional
+    branch only. ``negative_text`` is ``[B, L, D]`` or ``[1, L, D]`` (broadcast).
+    """
+    v_cond = velocity_fn(x, timestep, text).float()
+    if guidance_scale == 1.0 or negative_text is None:
+        return v_cond
+    if negative_text.shape[0] == 1 and x.shape[0] > 1:
+        negative_text = negative_text.expand(x.shape[0], *negative_text.shape[1:])
+    with torch.no_grad():
+        v_uncond = velocity_fn(x, timestep, negative_text).float()
+    return v_uncond + guidance_scale * (v_cond - v_uncond)
+
+
+@attrs.define
+class FlowTrajectory:
+    """A batch of rollouts.
+
+    Attributes:
+        latents: ``[B, S + 1, C, T, H, W]`` float32; ``latents[:, 0]`` is the initial noise,
+            ``latents[:, -1]`` the generated sample, ``latents[:, i + 1]`` the result of step ``i``.
+        sigmas: ``[S + 1]`` float32, the grid the steps ran on (``sigmas[i] -> sigmas[i + 1]``).
+        timesteps: ``[S]`` float32, what the model was given at each step (in ``[0, 1000]``).
+        sde_steps: ``[K]`` int64, the steps that were stochastic (ascending); only they have log-probs.
+        log_probs: ``[B, K]`` float32, the log-prob of ``latents[:, sde_steps[k] + 1]``, averaged over elements.
+        seeds: ``[B]`` int64, each sample's noise seed.
+        guidance_scale: the guidance used, diffusers convention (1 = none).
+        sde: the SDE parameters of the stochastic steps.
+    """
+
+    latents: torch.Tensor
+    sigmas: torch.Tensor
+    timesteps: torch.Tensor
+    sde_steps: torch.Tensor
+    log_probs: torch.Tensor
+    seeds: torch.Tensor
+    guidance_scale: float
+    sde: SDEParams
+
+    @property
+    def samples(self) -> torch.Tensor:
+        """The generated latents ``[B, C, T, H, W]``."""
+        return self.latents[:, -1]
+
+    @property
+    def initial_noise(self) -> torch.Tensor:
+        """The noise each rollout started from, ``[B, C, T, H, W]``."""
+        return self.latents[:, 0]
+
+    @property
+    def batch_size(self) -> int:
+        return self.latents.shape[0]
+
+    def select(self, index: torch.Tensor | Sequence[int] | slice) -> FlowTrajectory:
+        """The trajectories of some samples (e.g. a mini-batch); per-step fields are shared."""
+        if not isinstance(index, slice):
+            index = torch.as_tensor(index, dtype=torch.long, device=self.latents.device)
+        return attrs.evolve(self, latents=self.latents[index], log_probs=self.log_probs[index],
+                            seeds=self.seeds[index.cpu() if isinstance(index, torch.Tensor) else index])
+
+
+def flow_sigmas(scheduler: Any, num_inference_steps: int, *, shift: float | None = None,
+                **set_timesteps_kwargs: Any) -> tuple[torch.Tensor, torch.Tensor]:
+    """The sigma grid and model timesteps of a diffusers flow-matching scheduler.
+
+    Args:
+        scheduler: e.g. ``FlowMatchEulerDiscreteScheduler``; it is not modified (a copy with
+            ``shift`` applied is configured).
+        shift: overrides the scheduler's ``shift``.
+        set_timesteps_kwargs: passed to ``set_timesteps`` (e.g. ``mu`` for dynamic shifting).
+
+    Returns:
+        ``(sigmas [S + 1] float32, descending from 1 to 0, timesteps [S] float32 in [0, 1000])``.
+    """
+    overrides = {} if shift is None else {"shift": shift}
+    sched = type(scheduler).from_config(scheduler.config, **overrides)
+    sched.set_timesteps(num_inference_steps, device="cpu", **set_timesteps_kwargs)
+    sigmas = sched.sigmas.detach().float().clone()
+    timesteps = sched.timesteps.detach().float().clone()
+    if sigmas.shape != (num_inference_steps + 1,) or timesteps.shape != (num_inference_steps,):
+        raise ValueError(
+            f"{type(scheduler).__name__} gave {tuple(sigmas.shape)} sigmas and {tuple(timesteps.shape)} timesteps "
+            f"for {num_inference_steps} steps; expected S + 1 sigmas ending at 0 and S timesteps"
+        )
+    return sigmas, timesteps
+
+
+def sde_window(num_steps: int, window_size: int = 0, window_range: Sequence[int] = (),
+               generator: torch.Generator | None = None) -> list[int]:
+    """The stochastic steps of a rollout batch.
+
+    ``window_size = 0``: every step. Otherwise ``window_size`` consecutive steps whose first step is
+    drawn uniformly so that the window lies inside ``window_range = [lo, hi)`` (empty: all steps).
+    """
+    if window_size <= 0:
+        return list(range(num_steps))
+    lo, hi = (0, num_steps) if not window_range else (int(window_range[0]), int(window_range[1]))
+    if not 0 <= lo < hi <= num_steps or hi - lo < window_size:
+        raise ValueError(
+            f"SDE window of {window_size} steps does not fit in sde_window_range [{lo}, {hi}) of a "
+            f"{num_steps}-step rollout ([wfm.sampler] sde_window_size / sde_window_range)"
+        )
+    start = lo + int(torch.randint(0, hi - lo - window_size + 1, (1,), generator=generator).item())
+    return list(range(start, start + window_size))
+
+
+def _noise(generators: Sequence[torch.Generator], shape: Sequence[int], device: torch.device) -> torch.Tensor:
+    return torch.stack([torch.randn(tuple(shape), generator=g, device=device, dtype=torch.float32)
+                        for g in generators])
+
+
+@torch.no_grad()
+def sample_flow(
+    velocity_fn: VelocityFn,
+    text: torch.Tensor,
+    *,
+    latent_shape: Sequence[int],
+    sigmas: torch.Tensor,
+    timesteps: torch.Tensor,
+    seeds: Sequence[int] | torch.Tensor,
+    negative_text: torch.Tensor | None = None,
+    guidance_scale: float = 1.0,
+    guidance_convention: Literal["diffusers", "cosmos"] = "diffusers",
+    sde: SDEParams | None = None,
+    sde_steps: Sequence[int] | None = None,
+) -> FlowTrajectory:
+    """Generate ``B`` latents, recording every step.
+
+    Args:
+        velocity_fn: see :data:`VelocityFn` (e.g. :func:`diffusers_velocity_fn`).
+        text: ``[B, L, D]`` prompt embeddings; negative_text: ``[B or 1, L, D]`` (unconditional
+            branch of guidance; ignored when guidance is off).
+        latent_shape: ``(C, T, H, W)`` of one sample's latents.
+        sigmas: ``[S + 1]`` descending to 0 and timesteps ``[S]``, e.g. from :func:`flow_sigmas`.
+        seeds: ``[B]`` one seed per sample.
+        guidance_scale: read in ``guidance_convention``.
+        sde: stochastic-step parameters; ``None`` with ``sde_steps`` unset gives a plain ODE rollout.
+        sde_steps: which steps are stochastic (``None``: all of them when ``sde`` is given); see
+            :func:`sde_window`. A stochastic step whose std is 0 (CPS to sigma 0) is deterministic
+            and gets no log-prob.
+
+    Returns:
+        a :class:`FlowTrajectory` on ``text``'s device.
+    """
+    device = text.device
+    batch = text.shape[0]
+    seeds = torch.as_tensor(seeds, dtype=torch.long).cpu()
+    if seeds.shape != (batch,):
+        raise ValueError(f"need one seed per sample: {batch} prompts, seeds of shape {tuple(seeds.shape)}")
+    sigmas = sigmas.detach().float().cpu()
+    timesteps = timesteps.detach().float().cpu()
+    num_steps = timesteps.shape[0]
+    if sigmas.shape != (num_steps + 1,):
+        raise ValueError(
+            f"sigmas must be [S + 1] = [{num_steps + 1}] for {num_steps} timesteps; got {tuple(sigmas.shape)}"
+        )
+    if bool((sigmas[1:] >= sigmas[:-1]).any()):
+        raise ValueError(f"sigmas must strictly decrease (from 1 to 0); got {sigmas.tolist()}")
+    guidance = to_diffusers_guidance(guidance_scale, guidance_convention)
+    if sde_steps is not None:
+        stochastic = {int(i) for i in sde_steps}
+    else:
+        stochastic = set() if sde is None else set(range(num_steps))
+    if not stochastic <= set(range(num_steps)):
+        raise ValueError(f"sde_steps {sorted(stochastic)} reach outside the {num_steps} steps of this rollout")
+    sde = sde or SDEParams()
+
+    generators = [torch.Generator(device=device).manual_seed(int(s)) for s in seeds]
+    x = _noise(generators, latent_shape, device)
+    latents = [x]
+    recorded: list[int] = []
+    log_probs: list[torch.Tensor] = []
+    sigma_1 = sigmas[1] if num_steps > 1 else sigmas[-1]
+    for i in range(num_steps):
+        t = timesteps[i].to(device).expand(batch)
+        v = guided_velocity(velocity_fn, x, t, text, negative_text, guidance)
+        if i in stochastic:
+            stats = sde_step_stats(x, v, sigmas[i].to(device), sigmas[i + 1].to(device), sigma_1.to(device), sde)
+            if bool((stats.std > 0).all()):
+                x = stats.mean + stats.std * _noise(generators, latent_shape, device)
+                log_probs.append(gaussian_log_prob(x, stats.mean, stats.std))
+                recorded.append(i)
+            else:
+                x = stats.mean
+        else:
+            x = ode_step(x, v, sigmas[i].to(device), sigmas[i + 1].to(device))
+        latents.append(x)
+    return FlowTrajectory(
+        latents=torch.stack(latents, dim=1),
+        sigmas=sigmas.to(device),
+        timesteps=timesteps.to(device),
+        sde_steps=torch.tensor(recorded, dtype=torch.long, device=device),
+        log_probs=torch.stack(log_probs, dim=1) if log_probs else torch.zeros(batch, 0, device=device),
+        seeds=seeds,
+        guidance_scale=guidance,
+        sde=sde,
+    )
+
+
+@attrs.define
+class StepRecompute:
+    """One stored step evaluated under the current network.
+
+    ``log_prob``: ``[B]`` float32 (differentiable); ``mean``: ``[B, C, T, H, W]``; ``std``:
+    ``[B, 1, 1, 1, 1]``; ``sigma``: ``[B]``, the step's sigma per sample.
+    """
+
+    log_prob: torch.Tensor
+    mean: torch.Tensor
+    std: torch.Tensor
+    sigma: torch.Tensor
+
+
+def recompute_step(velocity_fn: VelocityFn, trajectory: FlowTrajectory, step: int | torch.Tensor,
+                   text: torch.Tensor, negative_text: torch.Tensor | None = None) -> StepRecompute:
+    """Recompute a stored stochastic step's mean, std and log-prob with the current network.
+
+    Args:
+        step: the step index (one of ``trajectory.sde_steps``), or ``[B]`` one per sample.
+        text, negative_text: the embeddings the rollout used (``[B, L, D]``; negative may be ``[1, L, D]``).
+
+    Guidance, sigmas, timesteps and SDE parameters come from the trajectory. Runs with autograd
+    when enabled (the unconditional pass never does).
+    """
+    batch = trajectory.batch_size
+    steps = torch.as_tensor(step, dtype=torch.long, device=trajectory.latents.device)
+    steps = steps.expand(batch) if steps.ndim == 0 else steps
+    known = set(trajectory.sde_steps.tolist())
+    if not set(steps.tolist()) <= known:
+        raise ValueError(f"steps {sorted(set(steps.tolist()) - known)} were deterministic in this rollout "
+                         f"(stochastic steps: {sorted(known)}); only stochastic steps have a log-prob")
+    rows = torch.arange(batch, device=steps.device)
+    x, x_next = trajectory.latents[rows, steps], trajectory.latents[rows, steps + 1]
+    sigma, sigma_next = trajectory.sigmas[steps], trajectory.sigmas[steps + 1]
+    sigma_1 = trajectory.sigmas[1] if trajectory.sigmas.shape[0] > 2 else trajectory.sigmas[-1]
+    v = guided_velocity(velocity_fn, x, trajectory.timesteps[steps], text, negative_text, trajectory.guidance_scale)
+    stats = sde_step_stats(x, v, sigma, sigma_next, sigma_1, trajectory.sde)
+    return StepRecompute(log_prob=gaussian_log_prob(x_next, stats.mean, stats.std), mean=stats.mean,
+                         std=stats.std, sigma=sigma)
