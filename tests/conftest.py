@@ -7,6 +7,7 @@ the same way; this file only scopes them for pytest.
 from __future__ import annotations
 
 import os
+import sys
 from pathlib import Path
 
 import pytest
@@ -121,3 +122,15 @@ def own_redis_server():
     """A redis-server owned by one test (for restart / kill scenarios)."""
     with cpt.RedisServer() as server:
         yield server
+
+
+@pytest.fixture
+def standin_vllm(monkeypatch: pytest.MonkeyPatch):
+    """The documented-API vLLM stand-in from ``tests/standins``, removed from ``sys.modules`` after."""
+    monkeypatch.syspath_prepend(str(Path(__file__).parent / "standins"))
+    sys.modules.pop("vllm", None)
+    import vllm
+
+    vllm.CALLS.clear()
+    yield vllm
+    sys.modules.pop("vllm", None)

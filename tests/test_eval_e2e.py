@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import importlib.util
 import json
-import sys
 from pathlib import Path
 
 import pytest
@@ -27,7 +26,6 @@ from cosmos_primitives.testing.colour_mcq import write_colour_mcq
 from cosmos_primitives.testing.tokenizer import IMAGE_PAD_ID, VIDEO_PAD_ID
 
 ROOT = Path(__file__).resolve().parents[1]
-STANDINS = str(Path(__file__).parent / "standins")
 
 
 @pytest.fixture(scope="module")
@@ -138,13 +136,8 @@ def test_model_arguments_and_path_errors(tmp_path: Path, qwen_tokenizer) -> None
     assert load_eval_engine(in_memory) is in_memory
 
 
-def test_vllm_backend_against_standin(monkeypatch: pytest.MonkeyPatch, tiny_qwen2_dir: Path, qwen_tokenizer,
-                                     tmp_path: Path) -> None:
-    monkeypatch.syspath_prepend(STANDINS)
-    monkeypatch.delitem(sys.modules, "vllm", raising=False)
-    import vllm
-
-    vllm.CALLS.clear()
+def test_vllm_backend_against_standin(standin_vllm, tiny_qwen2_dir: Path, qwen_tokenizer, tmp_path: Path) -> None:
+    vllm = standin_vllm
     bench = tmp_path / "text.jsonl"
     bench.write_text("".join(json.dumps({"id": str(i), "question": f"Say {w}.", "answer": w}) + "\n"
                              for i, w in enumerate(["yes", "no"])))
@@ -157,4 +150,3 @@ def test_vllm_backend_against_standin(monkeypatch: pytest.MonkeyPatch, tiny_qwen
             llm_kwargs["seed"]) == (str(tiny_qwen2_dir), 1, 512, 5)
     assert ("generate", 2) in vllm.CALLS
     assert report.table["overall"]["total"] == 2 and report.generated == 2
-    monkeypatch.delitem(sys.modules, "vllm", raising=False)

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import sys
-from pathlib import Path
 
 import pytest
 import torch
@@ -11,19 +10,6 @@ import torch
 from cosmos_primitives import testing as cpt
 from cosmos_primitives.rollout.base import Prompt, RolloutEngine, SamplingParams
 from cosmos_primitives.utils.extras import MissingExtraError
-
-STANDINS = str(Path(__file__).parent / "standins")
-
-
-@pytest.fixture
-def standin_vllm(monkeypatch: pytest.MonkeyPatch):
-    monkeypatch.syspath_prepend(STANDINS)
-    sys.modules.pop("vllm", None)
-    import vllm
-
-    vllm.CALLS.clear()
-    yield vllm
-    sys.modules.pop("vllm", None)
 
 
 def test_missing_vllm_names_the_extra(monkeypatch: pytest.MonkeyPatch, qwen_tokenizer) -> None:

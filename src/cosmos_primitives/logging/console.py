@@ -9,6 +9,21 @@ import sys
 _FORMAT = "[rank{rank}]:[cosmos] %(asctime)s - %(levelname)s - %(message)s"
 
 
+class _CurrentStderrHandler(logging.StreamHandler):
+    """Writes to whatever ``sys.stderr`` is at emit time, so redirections made later are honoured."""
+
+    def __init__(self) -> None:
+        super().__init__(sys.stderr)
+
+    @property
+    def stream(self):
+        return sys.stderr
+
+    @stream.setter
+    def stream(self, _value) -> None:
+        pass
+
+
 def get_logger(name: str = "cosmos") -> logging.Logger:
     """The ``cosmos`` logger (or a child of it), printing to stderr once per process.
 
@@ -16,7 +31,7 @@ def get_logger(name: str = "cosmos") -> logging.Logger:
     """
     root = logging.getLogger("cosmos")
     if not root.handlers:
-        handler = logging.StreamHandler(sys.stderr)
+        handler = _CurrentStderrHandler()
         handler.setFormatter(logging.Formatter(_FORMAT.format(rank=os.environ.get("RANK", "0"))))
         root.addHandler(handler)
         root.setLevel(os.environ.get("COSMOS_LOG_LEVEL", "INFO").upper())
