@@ -33,9 +33,18 @@ from cosmos_primitives.algo.dapo import (
     dynamic_sampling_enabled,
     overlong_penalty,
 )
+from cosmos_primitives.algo.ddrl import DataLoss, ddrl_data_loss, neg_exp_advantages, noisy_latents
 from cosmos_primitives.algo.entropy import entropy_bonus
+from cosmos_primitives.algo.flow_grpo import FlowGRPOLoss, flow_grpo_advantages, flow_grpo_loss, select_train_steps
 from cosmos_primitives.algo.grpo_loss import check_grpo_config, grpo_loss, resolve_loss_type, resolve_policy_loss
 from cosmos_primitives.algo.kl import kl_k1, kl_k2, kl_k3
+from cosmos_primitives.algo.logprobs import (
+    TokenLogProbs,
+    chunked_selective_log_softmax,
+    naive_token_logprobs,
+    prediction_mask,
+    token_logprobs_from_hidden,
+)
 from cosmos_primitives.algo.policy_losses import (
     PolicyLossOutput,
     aipo_loss,
@@ -61,10 +70,14 @@ from cosmos_primitives.algo.registry import (
     register_kl_estimator,
     register_policy_loss,
 )
+from cosmos_primitives.algo.sft_loss import sft_loss, trained_mask
 
 __all__ = [
+    "DataLoss",
     "DynamicSamplingResult",
+    "FlowGRPOLoss",
     "PolicyLossOutput",
+    "TokenLogProbs",
     "UnknownNameError",
     "advantage_names",
     "aggregation_names",
@@ -72,12 +85,16 @@ __all__ = [
     "apply_overlong_reward",
     "behaviour_weights",
     "check_grpo_config",
+    "chunked_selective_log_softmax",
     "compute_advantages",
+    "ddrl_data_loss",
     "dp_mean_token_count",
     "drgrpo_advantages",
     "dynamic_sampling",
     "dynamic_sampling_enabled",
     "entropy_bonus",
+    "flow_grpo_advantages",
+    "flow_grpo_loss",
     "get_advantage",
     "get_aggregation",
     "get_kl_estimator",
@@ -91,20 +108,28 @@ __all__ = [
     "kl_k1",
     "kl_k2",
     "kl_k3",
+    "naive_token_logprobs",
+    "neg_exp_advantages",
+    "noisy_latents",
     "off_policy_sequence_mask",
     "overlong_penalty",
     "policy_loss_names",
     "ppo_clip_loss",
+    "prediction_mask",
     "register_advantage",
     "register_aggregation",
     "register_kl_estimator",
     "register_policy_loss",
     "resolve_loss_type",
     "resolve_policy_loss",
+    "select_train_steps",
     "seq_mean_token_mean",
     "seq_mean_token_sum",
     "seq_mean_token_sum_norm",
     "sequence_mean",
+    "sft_loss",
     "token_advantages",
+    "token_logprobs_from_hidden",
     "token_mean",
+    "trained_mask",
 ]

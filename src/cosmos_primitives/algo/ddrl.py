@@ -8,12 +8,14 @@ KL to the data distribution and replaces the reverse KL to the reference (``kl_b
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Literal
 
 import attrs
 import torch
 
-from cosmos_primitives.rollout.flow_sampler import VelocityFn
+# (x_t [B, C, T, H, W], timestep [B], text [B, L, D]) -> velocity; same as cp.rollout.VelocityFn
+VelocityFn = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
 
 
 def neg_exp_advantages(advantages: torch.Tensor, clip: float = 5.0) -> torch.Tensor:

@@ -28,7 +28,7 @@ from cosmos_primitives.config.rollout import RolloutConfig, SamplingConfig
 from cosmos_primitives.config.root import Config
 from cosmos_primitives.config.train import TrainConfig
 from cosmos_primitives.config.validation import ValidationConfig
-from cosmos_primitives.config.wfm import WFMConfig
+from cosmos_primitives.config.wfm import WFMConfig, WFMDataConfig, WFMLoraConfig, WFMSamplerConfig
 
 __all__ = [
     "ALIASES",
@@ -53,6 +53,9 @@ __all__ = [
     "TrainPolicyConfig",
     "ValidationConfig",
     "WFMConfig",
+    "WFMDataConfig",
+    "WFMLoraConfig",
+    "WFMSamplerConfig",
     "canonical_key",
     "config_from_dict",
     "config_to_dict",

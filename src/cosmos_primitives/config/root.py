@@ -7,6 +7,7 @@ from typing import Any
 import msgspec
 
 from cosmos_primitives.config.base import Section
+from cosmos_primitives.config.disaggregated import DisaggregatedConfig
 from cosmos_primitives.config.evaluation import EvalConfig
 from cosmos_primitives.config.grpo import GRPOConfig
 from cosmos_primitives.config.logging import LoggingConfig
@@ -30,6 +31,7 @@ class Config(Section):
     logging: LoggingConfig = msgspec.field(default_factory=LoggingConfig)
     wfm: WFMConfig = msgspec.field(default_factory=WFMConfig)
     redis: RedisConfig = msgspec.field(default_factory=RedisConfig)
+    disaggregated: DisaggregatedConfig = msgspec.field(default_factory=DisaggregatedConfig)
     remote_reward: RemoteRewardConfig = msgspec.field(default_factory=RemoteRewardConfig)
     eval: EvalConfig = msgspec.field(default_factory=EvalConfig)
     custom: dict[str, Any] = msgspec.field(default_factory=dict)

@@ -12,6 +12,18 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 _EXPORTS = {
+    "RolloutBatch": "rollout_batch",
+    "collate_rollouts": "rollout_batch",
+    "ClipFolderDataset": "wfm_clips",
+    "MockClipDataset": "wfm_clips",
+    "HashingTextEmbedder": "wfm_clips",
+    "build_wfm_dataset": "wfm_clips",
+    "collate_clips": "wfm_clips",
+    "negative_prompt_embedding": "wfm_clips",
+    "read_clip": "wfm_clips",
+    "resize_clip": "wfm_clips",
+    "load_text_embedding": "wfm_clips",
+    "pad_text_embedding": "wfm_clips",
     "BadSampleError": "bad_samples",
     "BadSampleBudgetExceeded": "bad_samples",
     "BadSampleTracker": "bad_samples",

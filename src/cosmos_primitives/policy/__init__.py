@@ -16,6 +16,13 @@ An SFT / GRPO step (``cfg`` from ``cp.load_config``, ``mesh = cp.parallel.Parall
 
 from cosmos_primitives.algo.logprobs import TokenLogProbs
 from cosmos_primitives.policy.build import build_policy
+from cosmos_primitives.policy.diffusion import (
+    DiffusionPolicy,
+    adapters_disabled,
+    apply_lora,
+    shard_transformer,
+    transformer_blocks,
+)
 from cosmos_primitives.policy.lm_policy import MODEL_INPUT_KEYS, CausalLMPolicy, backbone_of, token_logprobs
 from cosmos_primitives.policy.loading import is_vision_language, load_hf_model, resolve_dtype
 from cosmos_primitives.policy.optim import (
@@ -30,9 +37,12 @@ from cosmos_primitives.policy.trainable import TrainableSummary, apply_trainable
 __all__ = [
     "MODEL_INPUT_KEYS",
     "CausalLMPolicy",
+    "DiffusionPolicy",
     "TokenLogProbs",
     "TrainableSummary",
     "WarmupDecayLR",
+    "adapters_disabled",
+    "apply_lora",
     "apply_trainable_patterns",
     "backbone_of",
     "build_lr_scheduler",
@@ -43,6 +53,8 @@ __all__ = [
     "lr_factor",
     "optimizer_param_groups",
     "resolve_dtype",
+    "shard_transformer",
     "token_logprobs",
     "trainable_summary",
+    "transformer_blocks",
 ]

@@ -1,0 +1,105 @@
+"""Rollout groups -> one right-padded training batch (prompt + completion rows, media repeated)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import attrs
+import torch
+
+from cosmos_primitives.rollout.base import RolloutGroup
+from cosmos_primitives.rollout.hf_inputs import encode_prompts, repeat_batch
+
+
+@attrs.define
+class RolloutBatch:
+    """What a GRPO step trains on; ``N`` = prompts x completions, ``T`` = longest prompt + completion.
+
+    Attributes:
+        inputs: model inputs: ``input_ids`` / ``attention_mask`` ``[N, T]`` (right padded), plus
+            ``mm_token_type_ids`` and media tensors (``pixel_values``, ``image_grid_thw``, ...) for VLMs.
+        completion_mask: ``[N, T]`` float32, 1 on completion tokens (aligned with ``input_ids``:
+            position ``t`` holds token ``t``, whose log-prob is ``logprobs[:, t]``).
+        rollout_logprobs: ``[N, T]`` float32, the engine's log-prob of each completion token, 0 elsewhere.
+        group_index: ``[N]`` int64, index of the prompt (group) each row belongs to.
+        completion_lengths: ``[N]`` int64.
+        weight_versions: ``[N]`` int64, the policy version that generated each row.
+    """
+
+    inputs: dict[str, torch.Tensor]
+    completion_mask: torch.Tensor
+    rollout_logprobs: torch.Tensor
+    group_index: torch.Tensor
+    completion_lengths: torch.Tensor
+    weight_versions: torch.Tensor
+
+    def to(self, device: torch.device | str) -> RolloutBatch:
+        return attrs.evolve(
+            self,
+            inputs={k: v.to(device) for k, v in self.inputs.items()},
+            completion_mask=self.completion_mask.to(device),
+            rollout_logprobs=self.rollout_logprobs.to(device),
+        )
+
+    def __len__(self) -> int:
+        return int(self.completion_mask.shape[0])
+
+
+def collate_rollouts(groups: Sequence[RolloutGroup], processor: Any, pad_token_id: int | None = None) -> RolloutBatch:
+    """Build the training batch of ``groups`` (every group must hold the same number of completions).
+
+    The prompts are re-encoded with ``processor`` to recover their media tensors; their token ids
+    must equal the ones the engine generated from (an error names the prompt otherwise).
+    """
+    if not groups:
+        raise ValueError("collate_rollouts: no rollout groups")
+    n = len(groups[0].completions)
+    if any(len(g.completions) != n for g in groups):
+        raise ValueError(f"collate_rollouts: groups hold different numbers of completions: "
+                         f"{[len(g.completions) for g in groups]}")
+    tokenizer = getattr(processor, "tokenizer", processor)
+    pad = pad_token_id if pad_token_id is not None else tokenizer.pad_token_id
+    prompts = [g.prompt for g in groups]
+    encoded = encode_prompts(processor, prompts)
+    for g, row, mask in zip(groups, encoded["input_ids"], encoded["attention_mask"]):
+        if row[mask.bool()].tolist() != list(g.prompt_token_ids):
+            raise ValueError(f"prompt {g.prompt.prompt_id!r}: re-encoding the prompt gave different token ids than "
+                             "the rollout engine used; is the same processor / chat template used for both?")
+    media = repeat_batch({k: v for k, v in encoded.items() if k not in ("input_ids", "attention_mask",
+                                                                         "mm_token_type_ids")}, prompts, n)
+    rows: list[list[int]] = []
+    prompt_lengths: list[int] = []
+    logprob_rows: list[list[float]] = []
+    for g in groups:
+        for c in g.completions:
+            rows.append(list(g.prompt_token_ids) + list(c.token_ids))
+            prompt_lengths.append(len(g.prompt_token_ids))
+            logprob_rows.append(list(c.logprobs))
+    width = max(len(r) for r in rows)
+    count = len(rows)
+    input_ids = torch.full((count, width), pad, dtype=torch.long)
+    attention_mask = torch.zeros((count, width), dtype=torch.long)
+    completion_mask = torch.zeros((count, width), dtype=torch.float32)
+    rollout_logprobs = torch.zeros((count, width), dtype=torch.float32)
+    for i, (ids, start, lps) in enumerate(zip(rows, prompt_lengths, logprob_rows)):
+        input_ids[i, : len(ids)] = torch.tensor(ids)
+        attention_mask[i, : len(ids)] = 1
+        completion_mask[i, start : len(ids)] = 1.0
+        rollout_logprobs[i, start : start + len(lps)] = torch.tensor(lps, dtype=torch.float32)
+    inputs: dict[str, torch.Tensor] = {"input_ids": input_ids, "attention_mask": attention_mask, **media}
+    if "mm_token_type_ids" in encoded:
+        # vision placeholders are marked per prompt token; completions hold none
+        inputs["mm_token_type_ids"] = torch.zeros_like(input_ids)
+        for p, (types, mask) in enumerate(zip(encoded["mm_token_type_ids"], encoded["attention_mask"])):
+            prompt_types = types[mask.bool()]
+            for i in range(p * n, (p + 1) * n):
+                inputs["mm_token_type_ids"][i, : len(prompt_types)] = prompt_types
+    return RolloutBatch(
+        inputs=inputs,
+        completion_mask=completion_mask,
+        rollout_logprobs=rollout_logprobs,
+        group_index=torch.arange(len(groups)).repeat_interleave(n),
+        completion_lengths=torch.tensor([len(c.token_ids) for g in groups for c in g.completions]),
+        weight_versions=torch.tensor([g.weight_version for g in groups for _ in g.completions]),
+    )

@@ -1,0 +1,100 @@
+"""Queue records -> rollout groups -> the training batch, on the trainer side of disaggregated GRPO.
+
+A :class:`~cosmos_primitives.queue.RolloutRecord` carries token ids and media REFERENCES, not
+pixels. The trainer rebuilds each prompt from the record's conversation (re-reading its images /
+videos with the same media settings the rollout side used), so that :func:`collate_rollouts`
+produces exactly the batch it would have produced from the original rollout groups; that function
+also checks that the re-encoded prompt gives the token ids the engine generated from.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from cosmos_primitives.data.bad_samples import BadSampleError
+from cosmos_primitives.data.conversation import load_conversation
+from cosmos_primitives.data.media import MediaSettings
+from cosmos_primitives.data.rollout_batch import RolloutBatch, collate_rollouts
+from cosmos_primitives.rollout.base import Completion, Prompt, RolloutGroup
+
+if TYPE_CHECKING:  # pragma: no cover
+    from cosmos_primitives.queue.record import RolloutRecord
+
+
+def group_from_record(record: RolloutRecord, settings: MediaSettings | None = None,
+                      media_dir: str | Path | None = None) -> RolloutGroup:
+    """The :class:`RolloutGroup` a record was made from, media re-loaded from its references.
+
+    Args:
+        record: a record made by ``cp.queue.record_from_group`` with its conversation included.
+        settings: how to read media (``MediaSettings.from_config`` of the dataset the rollout side
+            read); a video part's own ``fps`` (the effective rate the rollout sampled) keeps the
+            same frames.
+        media_dir: folder for relative references (conversations from ``cp.data`` adapters hold
+            absolute paths, so it is usually not needed).
+
+    Returns:
+        A group whose prompt has the record's conversation, ``prompt_id``, ``reference``
+        (``meta["reference"]``) and re-loaded ``images`` / ``videos``; its ``row`` is empty.
+
+    Raises:
+        ValueError: the record has no conversation (``include_conversation=False``), or its
+            conversation names different media than ``record.media``.
+        BadSampleError: a referenced media file is missing or unreadable (names the record).
+    """
+    if not record.conversation:
+        raise ValueError(
+            f"record {record.record_id} (prompt {record.prompt_id!r}) carries no conversation, so its prompt "
+            "cannot be rebuilt; put records with record_from_group(..., include_conversation=True)"
+        )
+    settings = settings or MediaSettings()
+    sample_id = f"record {record.record_id} (prompt {record.prompt_id!r})"
+    try:
+        loaded = load_conversation(record.conversation, media_dir, settings, sample_id=sample_id)
+    except BadSampleError as exc:
+        raise BadSampleError(sample_id, f"cannot re-load its media: {exc}") from exc
+    if record.media and len(record.media) != len(loaded.media_paths):
+        raise ValueError(f"{sample_id}: media lists {len(record.media)} references but its conversation holds "
+                         f"{len(loaded.media_paths)} media parts")
+    reference = record.meta.get("reference", "")
+    prompt = Prompt(conversation=loaded.conversation, prompt_id=record.prompt_id, images=loaded.images,
+                    videos=loaded.videos, video_fps=loaded.video_fps, reference=str(reference))
+    completions = [
+        Completion(text=text, token_ids=list(ids), logprobs=list(lps), finish_reason=reason)
+        for text, ids, lps, reason in zip(record.completions, record.completion_token_ids, record.logprobs,
+                                          record.finish_reasons)
+    ]
+    return RolloutGroup(prompt=prompt, prompt_token_ids=list(record.prompt_token_ids), completions=completions,
+                        weight_version=record.weight_version)
+
+
+def collate_records(records: Sequence[RolloutRecord], processor: Any, settings: MediaSettings | None = None,
+                    media_dir: str | Path | None = None, pad_token_id: int | None = None) -> RolloutBatch:
+    """The training batch of ``records``: :func:`collate_rollouts` of their rebuilt groups.
+
+    Rows are in record order, each record's completions adjacent (``N = sum of n``), so
+    :func:`record_advantages` / :func:`record_rewards` line up with the rows.
+
+    Raises:
+        ValueError: no records, records with different numbers of completions, or a prompt whose
+            re-encoding differs from the record's ``prompt_token_ids`` (different processor / template).
+        BadSampleError: a referenced media file is missing (see :func:`group_from_record`).
+    """
+    if not records:
+        raise ValueError("collate_records: no records")
+    groups = [group_from_record(r, settings, media_dir) for r in records]
+    return collate_rollouts(groups, processor, pad_token_id=pad_token_id)
+
+
+def record_advantages(records: Sequence[RolloutRecord], device: torch.device | str | None = None) -> torch.Tensor:
+    """The advantages the rollout side computed, one per batch row: ``[N]`` float32 in record order."""
+    return torch.tensor([a for r in records for a in r.advantages], dtype=torch.float32, device=device)
+
+
+def record_rewards(records: Sequence[RolloutRecord], device: torch.device | str | None = None) -> torch.Tensor:
+    """The rewards of every completion, one per batch row: ``[N]`` float32 in record order."""
+    return torch.tensor([x for r in records for x in r.rewards], dtype=torch.float32, device=device)

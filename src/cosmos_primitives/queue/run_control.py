@@ -1,0 +1,116 @@
+"""Job-wide control next to a Redis rollout stream: a stop flag, and clearing what an earlier run left.
+
+Keys (``S`` = the queue's stream): ``S:stop`` holds the reason once the trainer asked the rollout
+workers to stop. :meth:`RunControl.clear_stream` deletes ``S`` (records and the consumer group),
+``S:done``, ``S:dead``, ``S:weight_version`` and ``S:stop``.
+"""
+
+from __future__ import annotations
+
+import math
+
+import redis
+from redis.backoff import ExponentialBackoff
+from redis.retry import Retry
+
+from cosmos_primitives.queue.errors import QueueConnectionError
+from cosmos_primitives.queue.redis_queue import RedisRolloutQueue
+
+
+class RunControl:
+    """The stop flag of a disaggregated job, shared through the Redis server of its rollout queue.
+
+    The trainer calls :meth:`request_stop` when it has taken its last step; rollout workers poll
+    :meth:`stop_requested` between generations. Lost connections are retried with the queue's
+    back-off (``[redis] reconnect_*``), then :class:`QueueConnectionError` names the URL.
+
+    Args:
+        queue: the job's :class:`RedisRolloutQueue` (its URL, stream name and reconnect settings are used;
+            this object opens its own connection).
+    """
+
+    def __init__(self, queue: RedisRolloutQueue) -> None:
+        cfg = queue.config
+        self.safe_url = queue.safe_url
+        self.stop_key = f"{queue.stream}:stop"
+        self.keys = (queue.stream, queue.done_key, queue.dead_key, queue.version_key, self.stop_key)
+        self._timeout_s = cfg.reconnect_timeout_s
+        retries = max(1, math.ceil(cfg.reconnect_timeout_s / cfg.reconnect_max_backoff_s))
+        self._redis = redis.Redis.from_url(
+            queue.url,
+            retry=Retry(ExponentialBackoff(cap=cfg.reconnect_max_backoff_s, base=cfg.reconnect_initial_backoff_s),
+                        retries),
+            retry_on_error=[redis.exceptions.ConnectionError, redis.exceptions.TimeoutError],
+            socket_timeout=cfg.socket_timeout_s,
+            socket_connect_timeout=min(5.0, cfg.socket_timeout_s),
+        )
+
+    def _run(self, what: str, fn):
+        try:
+            return fn()
+        except (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError) as exc:
+            raise QueueConnectionError(
+                f"Redis at {self.safe_url} unreachable during {what} (retried for about {self._timeout_s}s: {exc}); "
+                "check that redis-server runs at that address ([redis] url or $COSMOS_REDIS_URL)"
+            ) from exc
+
+    def request_stop(self, reason: str = "trainer finished") -> None:
+        """Ask every rollout worker of the job to stop (sets ``<stream>:stop`` to ``reason``)."""
+        self._run("request stop", lambda: self._redis.set(self.stop_key, reason))
+
+    def stop_requested(self) -> str | None:
+        """The reason given to :meth:`request_stop`, or None while the job runs."""
+        raw = self._run("read stop flag", lambda: self._redis.get(self.stop_key))
+        return None if raw is None else raw.decode(errors="replace")
+
+    def clear_stop(self) -> bool:
+        """Remove a stop flag an earlier run left; returns whether there was one."""
+        return bool(self._run("clear stop flag", lambda: self._redis.delete(self.stop_key)))
+
+    def clear_stream(self) -> int:
+        """Delete the stream, its consumer group, trained ids, dead letters, weight version and stop flag.
+
+        For a fresh run only (a resumed run may want the records still queued). Returns how many
+        of those keys existed.
+        """
+        return int(self._run("clear stream", lambda: self._redis.delete(*self.keys)))
+
+    def close(self) -> None:
+        self._redis.close()
+
+    def __enter__(self) -> RunControl:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def required_max_pending(allowed_outdated_steps: int, records_per_step: int, producers: int, records_per_put: int,
+                         *, on_policy: bool = False) -> int:
+    """The smallest ``[redis] max_pending`` with which a throttled producer never blocks in ``put``.
+
+    A :class:`~cosmos_primitives.queue.RolloutThrottle` lets a producer whose weights are the
+    trainer's generate while at most ``(bound + 1) * records_per_step - 1`` records are
+    unacknowledged (``bound`` = allowed staleness, 0 on-policy); every producer may have passed that
+    check at once, each with one batch of ``records_per_put`` in hand. A put that blocks can
+    deadlock the job: the trainer waits in a weight broadcast for the very producer that waits for
+    room in the queue.
+    """
+    bound = 0 if on_policy else allowed_outdated_steps
+    return (bound + 1) * records_per_step - 1 + producers * records_per_put
+
+
+def check_queue_capacity(max_pending: int, allowed_outdated_steps: int, records_per_step: int, producers: int,
+                         records_per_put: int, *, on_policy: bool = False) -> None:
+    """Raise when ``max_pending`` is below :func:`required_max_pending` (names every number and the fix)."""
+    need = required_max_pending(allowed_outdated_steps, records_per_step, producers, records_per_put,
+                                on_policy=on_policy)
+    if max_pending < need:
+        bound = 0 if on_policy else allowed_outdated_steps
+        raise ValueError(
+            f"[redis] max_pending = {max_pending} is too small: with a staleness bound of {bound} steps ([grpo] "
+            f"allowed_outdated_steps / on_policy), {records_per_step} records per trainer step and {producers} rollout "
+            f"rank(s) putting {records_per_put} records at a time, up to {need} records can be unacknowledged, and a "
+            f"rollout rank blocked on a full queue would deadlock the weight broadcast. Set [redis] max_pending >= "
+            f"{need}, or lower allowed_outdated_steps / records_per_step"
+        )

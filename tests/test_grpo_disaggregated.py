@@ -1,0 +1,289 @@
+"""Building blocks of disaggregated GRPO: rank roles and the trainers' own mesh, queue records back
+into the training batch, the queue size that keeps a throttled producer from blocking, and the stop
+flag on a real redis-server."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import shutil
+from pathlib import Path
+
+import attrs
+import pytest
+import torch
+import torch.distributed as dist
+from torch import nn
+
+import cosmos_primitives as cp
+from cosmos_primitives import testing as cpt
+from cosmos_primitives.config.policy import ParallelismConfig
+from cosmos_primitives.data.bad_samples import BadSampleError
+from cosmos_primitives.data.mcq import MCQPromptDataset
+from cosmos_primitives.data.media import MediaSettings
+from cosmos_primitives.data.rollout_batch import collate_rollouts
+from cosmos_primitives.data.rollout_records import (
+    collate_records,
+    group_from_record,
+    record_advantages,
+    record_rewards,
+)
+from cosmos_primitives.parallel.roles import RoleMesh, split_roles
+from cosmos_primitives.queue import (
+    InMemoryRolloutQueue,
+    QueueFullError,
+    RedisRolloutQueue,
+    RolloutThrottle,
+    decode_record,
+    encode_record,
+    record_from_group,
+)
+from cosmos_primitives.queue.run_control import RunControl, check_queue_capacity, required_max_pending
+from cosmos_primitives.rollout.base import Completion, Prompt, RolloutGroup
+from cosmos_primitives.rollout.hf_inputs import encode_prompts
+
+# ---------------------------------------------------------------------------------------- roles
+
+
+def test_split_roles_puts_trainers_first() -> None:
+    split = split_roles(4, 1, rank=3)
+    assert split.trainer_ranks == (0, 1, 2) and split.rollout_ranks == (3,)
+    assert split.is_rollout and split.role == "rollout" and split.index == 0
+    assert split.num_trainers == 3 and split.num_rollouts == 1
+    two = [split_roles(5, 2, rank=r) for r in range(5)]
+    assert [s.role for s in two] == ["trainer"] * 3 + ["rollout"] * 2
+    assert [s.index for s in two] == [0, 1, 2, 0, 1]
+
+
+@pytest.mark.parametrize("rollout_ranks", [0, 2, 3])
+def test_split_roles_needs_both_roles(rollout_ranks: int) -> None:
+    with pytest.raises(ValueError, match=rf"num_rollout_ranks = {rollout_ranks} with 2 ranks"):
+        split_roles(2, rollout_ranks, rank=0)
+
+
+def _trainers_shard_and_broadcast() -> list[float] | str:
+    """Ranks 0-1 shard a Linear with FSDP2 over their RoleMesh and broadcast it to rank 2."""
+    from torch.distributed.fsdp import fully_shard
+
+    from cosmos_primitives.sync import WeightBroadcaster, WeightReceiver, new_sync_group
+
+    roles = split_roles(dist.get_world_size(), 1)
+    mesh = RoleMesh(ParallelismConfig(), roles.trainer_ranks, device_type="cpu")  # every rank
+    group = new_sync_group(src=roles.trainer_ranks[0], receivers=roles.rollout_ranks)
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(5, 7), nn.Linear(7, 3))
+    if roles.is_trainer:
+        assert mesh.is_member and mesh.dp_size == 2
+        ones = torch.ones(1)
+        dist.all_reduce(ones, group=mesh.group("dp"))  # the trainers' group, without the rollout rank
+        assert ones.item() == 2
+        fully_shard(model, mesh=mesh.fsdp_mesh)
+        model(torch.randn(4, 5)).sum().backward()  # a sharded step works over the trainers alone
+        WeightBroadcaster(model, group).sync(version=0)
+        dist.barrier()
+        return "trainer"
+    assert not mesh.is_member
+    target = nn.Sequential(nn.Linear(5, 7), nn.Linear(7, 3)).requires_grad_(False)
+    for p in target.parameters():
+        p.zero_()
+    WeightReceiver(target, group).sync()
+    dist.barrier()
+    return torch.cat([p.reshape(-1) for p in target.parameters()]).tolist()
+
+
+def test_role_mesh_shards_over_trainers_and_rollout_rank_receives() -> None:
+    results = cpt.run_distributed(_trainers_shard_and_broadcast, 3)
+    assert results[:2] == ["trainer", "trainer"]
+    torch.manual_seed(0)
+    expected = nn.Sequential(nn.Linear(5, 7), nn.Linear(7, 3))
+    assert results[2] == torch.cat([p.detach().reshape(-1) for p in expected.parameters()]).tolist()
+
+
+# --------------------------------------------------------------------------------- records -> batch
+
+N_SAMPLES = 3
+
+
+@pytest.fixture(scope="module")
+def mcq_media(tmp_path_factory: pytest.TempPathFactory):
+    """Three image MCQ prompts and one video prompt, media on disk, loaded as the rollout side loads them."""
+    root = tmp_path_factory.mktemp("mcq_media")
+    rows = [json.loads(line) for line in cpt.write_colour_mcq(root, 3, seed=0).read_text().splitlines()]
+    cpt.write_mp4(root / "clip.mp4", num_frames=20, fps=8.0, size=(48, 64))  # sampled at 1.6 fps
+    rows.append({"id": "video0", "question": "What happens?", "choices": ["nothing", "a flash"], "answer": "A",
+                 "video": "clip.mp4"})
+    settings = MediaSettings(fps=2.0, max_pixels=64 * 64, max_frames=4)
+    dataset = MCQPromptDataset(rows, media_dir=root, settings=settings)
+    return root, settings, [dataset[i] for i in range(len(rows))]
+
+
+def make_groups(prompts, processor, seed: int = 0) -> list[RolloutGroup]:
+    """Groups of N_SAMPLES completions of different lengths, with float32-exact log-probs."""
+    gen = torch.Generator().manual_seed(seed)
+    groups = []
+    for i, prompt in enumerate(prompts):
+        enc = encode_prompts(processor, [prompt])
+        prompt_ids = enc["input_ids"][0][enc["attention_mask"][0].bool()].tolist()
+        completions = []
+        for k in range(N_SAMPLES):
+            length = 2 + (i + k) % 4
+            ids = torch.randint(0, 1000, (length,), generator=gen).tolist()
+            completions.append(Completion(text=f"c{i}{k}", token_ids=ids,
+                                          logprobs=(-torch.rand(length, generator=gen)).tolist(),
+                                          finish_reason="stop" if k % 2 else "length"))
+        groups.append(RolloutGroup(prompt=prompt, prompt_token_ids=prompt_ids, completions=completions,
+                                   weight_version=5 + i))
+    return groups
+
+
+def through_the_queue(groups: list[RolloutGroup]) -> list:
+    """Records as the trainer receives them: made with record_from_group, msgpack-encoded and decoded."""
+    records = []
+    for i, group in enumerate(groups):
+        rewards = [float(i + k) for k in range(N_SAMPLES)]
+        advantages = [0.5 * k - i for k in range(N_SAMPLES)]
+        records.append(decode_record(encode_record(record_from_group(group, rewards, advantages))))
+    return records
+
+
+def test_records_rebuild_the_batch_of_their_groups(mcq_media, tiny_vl_processor) -> None:
+    _, settings, prompts = mcq_media
+    groups = make_groups(prompts, tiny_vl_processor)
+    records = through_the_queue(groups)
+    assert all(len(r.media) == 1 and Path(r.media[0]).is_file() for r in records)  # references, not pixels
+
+    expected = collate_rollouts(groups, tiny_vl_processor)
+    batch = collate_records(records, tiny_vl_processor, settings)
+    assert set(batch.inputs) == set(expected.inputs)
+    assert {"pixel_values", "pixel_values_videos"} <= set(batch.inputs)
+    for key, value in expected.inputs.items():
+        assert torch.equal(batch.inputs[key], value), key
+    for name in ("completion_mask", "rollout_logprobs", "group_index", "completion_lengths", "weight_versions"):
+        assert torch.equal(getattr(batch, name), getattr(expected, name)), name
+    assert batch.weight_versions.tolist() == [v for v in (5, 6, 7, 8) for _ in range(N_SAMPLES)]
+    assert record_advantages(records).tolist() == [0.5 * k - i for i in range(4) for k in range(N_SAMPLES)]
+    assert record_rewards(records).tolist() == [float(i + k) for i in range(4) for k in range(N_SAMPLES)]
+
+    rebuilt = group_from_record(records[0], settings)
+    assert rebuilt.prompt.reference == prompts[0].reference and rebuilt.prompt.prompt_id == prompts[0].prompt_id
+    assert [c.finish_reason for c in rebuilt.completions] == [c.finish_reason for c in groups[0].completions]
+
+
+def test_record_without_conversation_or_media_is_named(mcq_media, tiny_vl_processor, tmp_path) -> None:
+    _, settings, prompts = mcq_media
+    group = make_groups(prompts[:1], tiny_vl_processor)[0]
+    bare = record_from_group(group, [0.0] * N_SAMPLES, [0.0] * N_SAMPLES, include_conversation=False)
+    with pytest.raises(ValueError, match=f"record {bare.record_id} .* carries no conversation"):
+        group_from_record(bare, settings)
+
+    # the image was deleted between generation and training
+    image = next(p["image"] for m in prompts[0].conversation for p in m["content"] if p["type"] == "image")
+    moved = shutil.copy(image, tmp_path / "gone.png")
+    conversation = json.loads(json.dumps(prompts[0].conversation).replace(image, str(moved)))
+    group = attrs.evolve(group, prompt=attrs.evolve(group.prompt, conversation=conversation))
+    record = record_from_group(group, [0.0] * N_SAMPLES, [0.0] * N_SAMPLES)
+    (tmp_path / "gone.png").unlink()
+    with pytest.raises(BadSampleError, match=f"record {record.record_id}.*gone.png"):
+        group_from_record(record, settings)
+
+
+def test_prompt_tokens_that_do_not_re_encode_are_refused(mcq_media, tiny_vl_processor) -> None:
+    _, settings, prompts = mcq_media
+    record = through_the_queue(make_groups(prompts[:1], tiny_vl_processor))[0]
+    record.prompt_token_ids = record.prompt_token_ids[1:]
+    with pytest.raises(ValueError, match="re-encoding the prompt gave different token ids"):
+        collate_records([record], tiny_vl_processor, settings)
+
+
+# ------------------------------------------------------------------------------- queue capacity
+
+
+def record(version: int):
+    prompt = Prompt(conversation=[{"role": "user", "content": "q"}], prompt_id="p")
+    group = RolloutGroup(prompt=prompt, prompt_token_ids=[1, 2], weight_version=version,
+                         completions=[Completion(text="a", token_ids=[3], logprobs=[-0.1], finish_reason="stop")])
+    return record_from_group(group, [1.0], [0.0])
+
+
+@pytest.mark.parametrize(("slack", "blocks"), [(0, False), (-1, True)])
+def test_required_max_pending_is_what_throttled_producers_can_fill(slack: int, blocks: bool) -> None:
+    """Worst case: every producer passes the throttle at the deepest queue it allows, then all put."""
+    bound, per_step, producers, per_put = 2, 4, 3, 5
+    need = required_max_pending(bound, per_step, producers, per_put)
+    assert need == (bound + 1) * per_step - 1 + producers * per_put
+    queue = InMemoryRolloutQueue(max_pending=need + slack)
+    queue.publish_weight_version(7)
+    queue.put_many([record(7) for _ in range((bound + 1) * per_step - 1)])
+    throttle = RolloutThrottle(queue, bound, per_step)
+    assert all(throttle.ahead_by(7) <= 0 for _ in range(producers))  # each may generate
+    assert throttle.ahead_by(7 - 1) > 0  # a producer with older weights may not
+    puts = [lambda: queue.put_many([record(7) for _ in range(per_put)], timeout=0) for _ in range(producers)]
+    if blocks:
+        with pytest.raises(QueueFullError):
+            for put in puts:
+                put()
+    else:
+        for put in puts:
+            put()
+        assert queue.pending() == need
+
+
+def test_check_queue_capacity_names_the_fix() -> None:
+    check_queue_capacity(23, 1, 8, 1, 8)
+    with pytest.raises(ValueError, match=r"max_pending = 22 is too small.*max_pending >= 23"):
+        check_queue_capacity(22, 1, 8, 1, 8)
+    check_queue_capacity(15, 5, 8, 1, 8, on_policy=True)  # on-policy: bound 0 whatever the steps say
+
+
+# ------------------------------------------------------------------------------------ run control
+
+
+def test_stop_flag_and_clearing_a_stream(redis_url: str) -> None:
+    from cosmos_primitives.config.redis import RedisConfig
+
+    with RedisRolloutQueue(RedisConfig(stream="cp:test:control"), url=redis_url) as queue, \
+            RunControl(queue) as control:
+        assert control.stop_requested() is None
+        control.request_stop("trainer finished at step 3")
+        assert control.stop_requested() == "trainer finished at step 3"
+        assert control.clear_stop() and control.stop_requested() is None
+        queue.put_many([record(0), record(1)])
+        queue.publish_weight_version(4)
+        control.request_stop("left by an earlier run")
+        assert control.clear_stream() == 3  # the stream, the weight version and the stop flag
+        assert queue.pending() == 0 and queue.weight_version() is None and control.stop_requested() is None
+        queue.put(record(0))  # the queue works again after the reset (its group is recreated)
+        assert [r.weight_version for r in queue.get(1, timeout=5)] == [0]
+
+
+# ------------------------------------------------------------------- the recipe's startup checks
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="module")
+def recipe():
+    spec = importlib.util.spec_from_file_location("grpo_vlm_example", REPO / "examples" / "grpo_vlm.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_recipe_plans_both_roles_from_the_config(recipe) -> None:
+    config = REPO / "examples" / "configs" / "grpo_tiny_disaggregated.toml"
+    roles = split_roles(5, 2, rank=0)  # 3 trainers, 2 rollout ranks
+    plan = recipe.plan_disaggregated(cp.load_config(config, ["grpo.rollout_batch_size=4"]), roles)
+    assert plan == (12, 4, 4)  # records per step (4 per trainer), per trainer, per generate call
+    plan = recipe.plan_disaggregated(cp.load_config(config, ["disaggregated.records_per_step=6",
+                                                             "disaggregated.prompts_per_rollout=2"]), roles)
+    assert plan == (6, 2, 2)
+
+    refusals = {
+        "disaggregated.records_per_step=7": "records_per_step = 7 must be a multiple of the 3 trainer ranks",
+        "redis.max_pending=30": r"max_pending = 30 is too small",  # (1 + 1) * 24 - 1 + 2 * 8 = 63 needed
+        "train.ckpt.enable_checkpoint=true": "does not save or resume checkpoints yet",
+        "train.ckpt.upload_s3=final": "does not upload exports yet",
+    }
+    for override, message in refusals.items():
+        with pytest.raises(ValueError, match=message):
+            recipe.plan_disaggregated(cp.load_config(config, [override]), roles)

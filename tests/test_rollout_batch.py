@@ -1,0 +1,61 @@
+"""Rollout groups -> training batch: layout, masks, media, and log-probs that match the engine's."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from cosmos_primitives import testing as cpt
+from cosmos_primitives.data.rollout_batch import collate_rollouts
+from cosmos_primitives.rollout.base import Prompt, SamplingParams
+from cosmos_primitives.rollout.hf_engine import HFRolloutEngine
+
+
+def prompts() -> list[Prompt]:
+    out = []
+    for i, colour in enumerate(("red", "blue", "green")):
+        text = "Which colour?" + " Look closely." * i  # different prompt lengths
+        conv = [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": text}]}]
+        out.append(Prompt(conversation=conv, prompt_id=f"p{i}", images=[cpt.color_image(colour, size=(56, 84))]))
+    return out
+
+
+def test_batch_layout_and_logprobs_match_engine(tiny_vl_model, tiny_vl_processor) -> None:
+    engine = HFRolloutEngine(tiny_vl_model, tiny_vl_processor, weight_version=2)
+    groups = engine.generate(prompts(), SamplingParams(n=2, temperature=1.0, max_new_tokens=5, seed=0))
+    batch = collate_rollouts(groups, tiny_vl_processor)
+    assert len(batch) == 6
+    assert batch.group_index.tolist() == [0, 0, 1, 1, 2, 2]
+    assert batch.weight_versions.tolist() == [2] * 6
+    assert batch.inputs["image_grid_thw"].shape[0] == 6
+    for i, (grp, c) in enumerate((g, c) for g in groups for c in g.completions):
+        ids = batch.inputs["input_ids"][i]
+        length = len(grp.prompt_token_ids) + len(c.token_ids)
+        assert ids[:length].tolist() == grp.prompt_token_ids + c.token_ids
+        assert batch.inputs["attention_mask"][i].sum() == length
+        assert batch.completion_mask[i].sum() == len(c.token_ids)
+        assert batch.completion_mask[i, len(grp.prompt_token_ids)] == 1
+    # teacher-forced log-probs of the batch equal what the engine sampled with
+    with torch.no_grad():
+        logits = tiny_vl_model(**batch.inputs).logits.float()
+    logprobs = torch.zeros_like(batch.completion_mask)
+    logprobs[:, 1:] = torch.log_softmax(logits[:, :-1], -1).gather(-1, batch.inputs["input_ids"][:, 1:, None])[..., 0]
+    mask = batch.completion_mask.bool()
+    torch.testing.assert_close(logprobs[mask], batch.rollout_logprobs[mask], atol=1e-4, rtol=1e-4)
+
+
+def test_mismatched_processor_is_named(tiny_vl_model, tiny_vl_processor) -> None:
+    engine = HFRolloutEngine(tiny_vl_model, tiny_vl_processor)
+    groups = engine.generate(prompts()[:1], SamplingParams(n=1, max_new_tokens=2, seed=0))
+    groups[0].prompt_token_ids = groups[0].prompt_token_ids[1:]
+    with pytest.raises(ValueError, match="prompt 'p0': re-encoding"):
+        collate_rollouts(groups, tiny_vl_processor)
+
+
+def test_text_only_groups(tiny_qwen2_model, qwen_tokenizer) -> None:
+    engine = HFRolloutEngine(tiny_qwen2_model, qwen_tokenizer)
+    ps = [Prompt(conversation=[{"role": "user", "content": "hi" * (i + 1)}], prompt_id=str(i)) for i in range(2)]
+    groups = engine.generate(ps, SamplingParams(n=3, max_new_tokens=4, seed=1))
+    batch = collate_rollouts(groups, qwen_tokenizer)
+    assert set(batch.inputs) == {"input_ids", "attention_mask"}
+    assert batch.completion_mask.sum() == sum(len(c.token_ids) for g in groups for c in g.completions)
