@@ -7,6 +7,7 @@ import torch
 
 from cosmos_primitives import testing as cpt
 from cosmos_primitives.data.rollout_batch import collate_rollouts
+from cosmos_primitives.policy import CausalLMPolicy, token_logprobs
 from cosmos_primitives.rollout.base import Prompt, SamplingParams
 from cosmos_primitives.rollout.hf_engine import HFRolloutEngine
 
@@ -42,6 +43,23 @@ def test_batch_layout_and_logprobs_match_engine(tiny_vl_model, tiny_vl_processor
     logprobs[:, 1:] = torch.log_softmax(logits[:, :-1], -1).gather(-1, batch.inputs["input_ids"][:, 1:, None])[..., 0]
     mask = batch.completion_mask.bool()
     torch.testing.assert_close(logprobs[mask], batch.rollout_logprobs[mask], atol=1e-4, rtol=1e-4)
+
+
+@pytest.mark.parametrize("wrap", [True, False], ids=["policy", "hf_model"])
+def test_trainer_logprobs_match_the_engine_at_its_sampling_temperature(tiny_vl_model, tiny_vl_processor,
+                                                                        wrap: bool) -> None:
+    """What GRPO trains on: ``cp.policy.token_logprobs`` at the rollout temperature equals the engine's
+    log-probs of the sampled tokens (at the first update the policy ratio is exactly 1)."""
+    engine = HFRolloutEngine(tiny_vl_model, tiny_vl_processor)
+    groups = engine.generate(prompts(), SamplingParams(n=2, temperature=0.7, max_new_tokens=6, seed=3))
+    batch = collate_rollouts(groups, tiny_vl_processor)
+    model = CausalLMPolicy(tiny_vl_model) if wrap else tiny_vl_model
+    mask = batch.completion_mask.bool()
+    with torch.no_grad():
+        at_t = token_logprobs(model, batch.inputs, mask=batch.completion_mask, temperature=0.7).logprobs
+        at_one = token_logprobs(model, batch.inputs, mask=batch.completion_mask).logprobs
+    torch.testing.assert_close(at_t[mask], batch.rollout_logprobs[mask], atol=1e-4, rtol=1e-4)
+    assert (at_one[mask] - batch.rollout_logprobs[mask]).abs().max() > 1e-2  # the temperature is not a no-op
 
 
 def test_mismatched_processor_is_named(tiny_vl_model, tiny_vl_processor) -> None:

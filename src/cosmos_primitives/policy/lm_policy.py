@@ -18,9 +18,12 @@ from torch.distributed.tensor import DTensor, Replicate
 from cosmos_primitives.algo.logprobs import TokenLogProbs, token_logprobs_from_hidden
 
 # Batch keys forwarded to the backbone; anything else in a batch (labels, sample ids, ...) is not.
+# Qwen2.5-VL (transformers 5) builds its 3-D mRoPE positions from ``mm_token_type_ids`` when no
+# ``position_ids`` are given; without it, it silently falls back to 1-D text positions.
 MODEL_INPUT_KEYS = (
     "attention_mask",
     "position_ids",
+    "mm_token_type_ids",
     "pixel_values",
     "image_grid_thw",
     "pixel_values_videos",
@@ -169,6 +172,7 @@ def token_logprobs(
     inputs = {k: to_device(batch[k]) for k in MODEL_INPUT_KEYS if batch.get(k) is not None}
     input_ids, labels, mask = to_device(batch["input_ids"]), to_device(batch.get("labels")), to_device(mask)
     if isinstance(model, CausalLMPolicy):
-        return model(input_ids, labels=labels, mask=mask, with_entropy=with_entropy, chunk_size=chunk_size, **inputs)
+        return model(input_ids, labels=labels, mask=mask, with_entropy=with_entropy, chunk_size=chunk_size,
+                     temperature=temperature, **inputs)
     return hf_token_logprobs(model, input_ids, labels=labels, mask=mask, with_entropy=with_entropy,
-                             chunk_size=chunk_size or 1024, **inputs)
+                             chunk_size=chunk_size or 1024, temperature=temperature, **inputs)
