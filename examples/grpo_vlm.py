@@ -173,7 +173,8 @@ def update_policy(policy, reference, optimizer, batch: RolloutBatch, advantages:
     Args:
         advantages: [N] per row, on the batch's device.
         behaviour_logprobs: pass the engine's log-probs to the loss (AReaL behaviour weights /
-            off-policy masking of ``[grpo] behav_imp_weight_cap`` / ``off_policy_masking_delta``).
+            off-policy masking of ``[grpo] behav_imp_weight_cap`` / ``off_policy_masking_delta``);
+            the ratio's old policy is then the trainer's weights at the start of the update.
 
     Returns:
         ``(metrics, grad_norm, times)``: token-weighted means of the loss metrics, the last
@@ -186,9 +187,13 @@ def update_policy(policy, reference, optimizer, batch: RolloutBatch, advantages:
     times: dict[str, float] = {}
     t0 = time.perf_counter()
     token_count = cp.algo.dp_mean_token_count(batch.completion_mask, dp_group)
+    # the PPO ratio's "old" policy ([grpo] old_logprobs); None: this update's first forward (the
+    # weights at its start), free when there is one iteration
+    old = [batch.rollout_logprobs[r] for r in rows]
     with torch.no_grad():
-        old = [policy_logprobs(policy, batch, r, temperature=temperature, chunk_size=chunk).logprobs
-               for r in rows] if grpo.mu_iterations > 1 else None
+        if behaviour_logprobs or grpo.old_logprobs == "recompute":
+            old = [policy_logprobs(policy, batch, r, temperature=temperature, chunk_size=chunk).logprobs
+                   for r in rows] if grpo.mu_iterations > 1 else None
         ref = [policy_logprobs(reference, batch, r, temperature=temperature, chunk_size=chunk).logprobs
                for r in rows] if reference is not None else None
     times["logprobs"] = time.perf_counter() - t0

@@ -44,6 +44,7 @@ _GRPO_UNDER_TRAIN_POLICY = (
     "dynamic_sampling",
     "overlong_reward",
     "mu_iterations",
+    "old_logprobs",
     "reward_fallback_score",
 )
 

@@ -87,6 +87,14 @@ class GRPOConfig(Section):
 
     # schedule
     mu_iterations: int = 1
+    # the "old" policy of the PPO ratio: "rollout" = the engine's log-probs of the sampled tokens (the
+    # behaviour policy: the clip bounds each update relative to the weights that generated the data,
+    # however stale), "recompute" = the trainer's own log-probs at the start of the update (for an
+    # engine whose numerics differ from the trainer's, e.g. vLLM in bf16; with mu_iterations = 1 and
+    # stale records the ratio is then always 1 and nothing is clipped). The decoupled loss
+    # (behav_imp_weight_cap / off_policy_masking_delta) always recomputes: the engine's log-probs go
+    # to its behaviour weights.
+    old_logprobs: Literal["rollout", "recompute"] = "rollout"
     allowed_outdated_steps: int = 4
     on_policy: bool = False
 
