@@ -137,3 +137,36 @@ def test_run_distributed_timeout_kills_children() -> None:
 
 def _sleep_forever() -> None:
     signal.pause()
+
+
+def test_initializer_range_sets_the_std_of_every_module() -> None:
+    default = cpt.tiny_qwen2_5_vl(seed=0, hidden_size=128)
+    scaled = cpt.tiny_qwen2_5_vl(seed=0, hidden_size=128, initializer_range=128**-0.5)
+    for model, std in ((default, 0.02), (scaled, 128**-0.5)):
+        for weight in (model.model.language_model.layers[0].mlp.up_proj.weight,
+                       model.model.language_model.embed_tokens.weight,
+                       model.model.visual.blocks[0].attn.qkv.weight):
+            assert abs(float(weight.std()) - std) < 0.1 * std
+
+
+def test_colour_mcq_sft_rows_follow_an_imperfect_teacher() -> None:
+    rows = cpt.colour_mcq_rows(400, seed=0)
+    exact = cpt.colour_mcq_sft_rows(rows)
+    noisy = cpt.colour_mcq_sft_rows(rows, {"blue": "green"}, mistake_rate=0.5, seed=3)
+    assert noisy == cpt.colour_mcq_sft_rows(rows, {"blue": "green"}, mistake_rate=0.5, seed=3)  # reproducible
+    changed = 0
+    for row, good, taught in zip(rows, exact, noisy):
+        answer = taught["conversations"][1]["content"]
+        assert taught["conversations"][0] == good["conversations"][0]  # same image and prompt
+        if answer == good["conversations"][1]["content"]:
+            assert answer == f"<think>The image is {row['colour']}.</think>\n\n<answer>{row['answer']}</answer>"
+        else:
+            changed += 1
+            assert row["colour"] == "blue"
+            assert answer == "<think>The image is green.</think>\n\n<answer>B</answer>"  # green is choice B
+    blue = sum(r["colour"] == "blue" for r in rows)
+    assert 0.35 * blue < changed < 0.65 * blue
+    with pytest.raises(ValueError, match="'purple'"):
+        cpt.colour_mcq_sft_rows(rows, {"blue": "purple"}, mistake_rate=0.5)
+    with pytest.raises(ValueError, match="mistake_rate"):
+        cpt.colour_mcq_sft_rows(rows, {"blue": "green"}, mistake_rate=1.5)

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 import random
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -57,30 +57,52 @@ def write_colour_mcq(root: str | Path, n: int, seed: int = 0, split: str = "trai
     return path
 
 
-def reasoning_answer(row: dict[str, Any]) -> str:
-    """The target completion an SFT run teaches: a short reasoning naming the colour, then the letter."""
-    return f"<think>The image is {row['colour']}.</think>\n\n<answer>{row['answer']}</answer>"
+def reasoning_answer(row: dict[str, Any], colour: str | None = None) -> str:
+    """The target completion an SFT run teaches: a short reasoning naming the colour (``row``'s own
+    unless ``colour`` is given), then the letter of that colour among the row's choices."""
+    colour = colour or row["colour"]
+    letter = "ABCDEFGHIJKLMNOPQRSTUVWXYZ"[list(row["choices"]).index(colour)]
+    return f"<think>The image is {colour}.</think>\n\n<answer>{letter}</answer>"
 
 
-def colour_mcq_sft_rows(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Cosmos-Reason1-SFT style rows (``conversations``) whose user turn is the exact MCQ prompt."""
+def colour_mcq_sft_rows(rows: Sequence[dict[str, Any]], mistakes: Mapping[str, str] | None = None,
+                        mistake_rate: float = 0.0, seed: int = 0) -> list[dict[str, Any]]:
+    """Cosmos-Reason1-SFT style rows (``conversations``) whose user turn is the exact MCQ prompt.
+
+    The assistant turns are the traces of a teacher that is right, except that for a row whose
+    colour is a key of ``mistakes`` it names (and answers) ``mistakes[colour]`` instead, with
+    probability ``mistake_rate`` (drawn per row from ``seed``). An SFT model imitates such a
+    teacher, mistakes included; RL with the true answers as reward can correct them.
+    """
     from cosmos_primitives.data.mcq import mcq_prompt_text
 
+    mistakes = dict(mistakes or {})
+    unknown = sorted((set(mistakes) | set(mistakes.values())) - set(COLOUR_NAMES))
+    if unknown:
+        raise ValueError(f"mistakes {mistakes}: {unknown} are not colours of the task {list(COLOUR_NAMES)}")
+    if not 0.0 <= mistake_rate <= 1.0:
+        raise ValueError(f"mistake_rate must be in [0, 1], got {mistake_rate}")
+    rng = random.Random(f"teacher-{seed}")
     out = []
     for row in rows:
+        wrong = row["colour"] in mistakes and rng.random() < mistake_rate
         user = [{"type": "image", "image": row["image"]},
                 {"type": "text", "text": mcq_prompt_text(row["question"], row["choices"])}]
+        answer = reasoning_answer(row, mistakes[row["colour"]] if wrong else None)
         out.append({"id": row["id"], "conversations": [
             {"role": "user", "content": user},
-            {"role": "assistant", "content": reasoning_answer(row)},
+            {"role": "assistant", "content": answer},
         ]})
     return out
 
 
-def write_colour_mcq_sft(root: str | Path, jsonl: str | Path) -> Path:
-    """Write ``<jsonl stem>_sft.jsonl`` beside ``jsonl`` holding the SFT rows of its items."""
+def write_colour_mcq_sft(root: str | Path, jsonl: str | Path, mistakes: Mapping[str, str] | None = None,
+                         mistake_rate: float = 0.0, seed: int = 0) -> Path:
+    """Write ``<jsonl stem>_sft.jsonl`` under ``root``: the SFT rows of the items of ``jsonl``
+    (teacher mistakes as in :func:`colour_mcq_sft_rows`)."""
     jsonl = Path(jsonl)
     rows = [json.loads(line) for line in jsonl.read_text().splitlines() if line.strip()]
     out = Path(root) / f"{jsonl.stem}_sft.jsonl"
-    out.write_text("".join(json.dumps(r) + "\n" for r in colour_mcq_sft_rows(rows)))
+    sft_rows = colour_mcq_sft_rows(rows, mistakes, mistake_rate, seed)
+    out.write_text("".join(json.dumps(r) + "\n" for r in sft_rows))
     return out

@@ -22,8 +22,15 @@ QWEN_VOCAB_SIZE = 151936
 TINY_PIXELS = 28 * 28  # one merged 2x2 patch of 14 px
 
 
-def tiny_qwen2_5_vl_config(hidden_size: int = 64, num_layers: int = 2, vision_depth: int = 2) -> Any:
-    """A Qwen2.5-VL config of a few million parameters (mostly the 151,936-token embedding)."""
+def tiny_qwen2_5_vl_config(hidden_size: int = 64, num_layers: int = 2, vision_depth: int = 2,
+                           initializer_range: float | None = None) -> Any:
+    """A Qwen2.5-VL config of a few million parameters (mostly the 151,936-token embedding).
+
+    ``initializer_range``: std of the random weights (every module, vision tower included).
+    ``None`` keeps transformers' 0.02, which is right for a 3,584-wide model but leaves a tiny one
+    in a slow-learning regime: it only starts to use the image after long, seed-dependent plateaus.
+    Models meant to learn (demos, learning tests) use ``hidden_size ** -0.5``.
+    """
     from transformers import Qwen2_5_VLConfig
 
     heads = 4
@@ -31,7 +38,7 @@ def tiny_qwen2_5_vl_config(hidden_size: int = 64, num_layers: int = 2, vision_de
     half = head_dim // 2
     # mRoPE splits the rotary half-dimension into (temporal, height, width) sections.
     mrope = [half - 2 * (half // 3), half // 3, half // 3]
-    return Qwen2_5_VLConfig(
+    config = Qwen2_5_VLConfig(
         text_config=dict(
             vocab_size=QWEN_VOCAB_SIZE,
             hidden_size=hidden_size,
@@ -64,6 +71,12 @@ def tiny_qwen2_5_vl_config(hidden_size: int = 64, num_layers: int = 2, vision_de
         vision_end_token_id=VISION_END_ID,
         tie_word_embeddings=True,
     )
+    if initializer_range is not None:
+        # the top-level model initialises all of its modules with the top config's std when it has one
+        config.initializer_range = initializer_range
+        config.text_config.initializer_range = initializer_range
+        config.vision_config.initializer_range = initializer_range
+    return config
 
 
 def tiny_qwen2_5_vl(seed: int = 0, **config_kwargs: Any) -> Any:
