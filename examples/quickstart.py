@@ -4,9 +4,12 @@
 
 1. Generate data: solid-colour images, "Which colour fills the image?" with four choices
    (train and held-out test splits), and SFT conversations whose answers follow the
-   "<think> ... </think> <answer> X </answer>" format.
-2. SFT a randomly initialised tiny Qwen2.5-VL (examples/sft.py) and evaluate it on the held-out set.
-3. GRPO from the SFT export (examples/grpo_vlm.py, rewards: format + single_choice) and evaluate again.
+   "<think> ... </think> <answer> X </answer>" format. As SFT data often does, they come from an
+   imperfect teacher: it mistakes blue for green and yellow for red two times in three.
+2. SFT a randomly initialised tiny Qwen2.5-VL (examples/sft.py) and evaluate it on the held-out set:
+   it learns the format and imitates the teacher, mistakes included.
+3. GRPO from the SFT export (examples/grpo_vlm.py, rewards: format + single_choice against the true
+   answers) and evaluate again: the reward corrects the teacher's mistakes.
 4. Print held-out accuracy and format rate after SFT and after GRPO; write the reward curve PNG
    and summary.json.
 """
@@ -26,6 +29,12 @@ from cosmos_primitives.config import EvalConfig
 from cosmos_primitives.rewards import get_reward
 
 EXAMPLES = Path(__file__).resolve().parent
+HIDDEN_SIZE = 128
+# The SFT traces come from an imperfect teacher: it mistakes blue for green and yellow for red two
+# times in three. SFT imitates it, mistakes included; GRPO, rewarded with the true answers, has
+# something to correct.
+TEACHER_MISTAKES = {"blue": "green", "yellow": "red"}
+TEACHER_MISTAKE_RATE = 2 / 3
 
 
 def run_recipe(script: str, config: str, overrides: list[str]) -> None:
@@ -60,20 +69,26 @@ def main() -> None:
     parser.add_argument("--test-items", type=int, default=64)
     parser.add_argument("--sft-steps", type=int, default=None, help="override quickstart_sft.toml max_steps")
     parser.add_argument("--grpo-steps", type=int, default=None, help="override grpo_tiny.toml max_steps")
+    parser.add_argument("--seed", type=int, default=0, help="seeds the model init, the generated data and both runs")
     args = parser.parse_args()
     start = time.perf_counter()
     out = Path(args.output_dir).resolve()
     data, models = out / "data", out / "models"
 
     print("== 1. data and a random tiny Qwen2.5-VL", flush=True)
-    train = cpt.write_colour_mcq(data, args.train_items, seed=0, split="train")
-    test = cpt.write_colour_mcq(data, args.test_items, seed=1, split="test")
-    sft_rows = cpt.write_colour_mcq_sft(data, train)
-    base = cpt.save_tiny_qwen2_5_vl(models / "base", seed=0)
+    train = cpt.write_colour_mcq(data, args.train_items, seed=args.seed, split="train")
+    test = cpt.write_colour_mcq(data, args.test_items, seed=args.seed, split="test")
+    sft_rows = cpt.write_colour_mcq_sft(data, train, mistakes=TEACHER_MISTAKES, mistake_rate=TEACHER_MISTAKE_RATE,
+                                        seed=args.seed)
+    # Weights drawn with std 1/sqrt(width): with transformers' default 0.02 (right for a 3,584-wide
+    # model) a model this narrow learns to read the image only after long, seed-dependent plateaus.
+    base = cpt.save_tiny_qwen2_5_vl(models / "base", seed=args.seed, hidden_size=HIDDEN_SIZE,
+                                    initializer_range=HIDDEN_SIZE**-0.5)
 
     print("== 2. SFT", flush=True)
     sft_overrides = [f"policy.model_name_or_path={base}", f"train.output_dir={out / 'sft'}",
-                     f"train.train_policy.dataset.name={sft_rows}", f"train.train_policy.dataset.media_dir={data}"]
+                     f"train.train_policy.dataset.name={sft_rows}", f"train.train_policy.dataset.media_dir={data}",
+                     f"train.seed={args.seed}"]
     if args.sft_steps is not None:
         sft_overrides.append(f"train.max_steps={args.sft_steps}")
     run_recipe("sft.py", "quickstart_sft.toml", sft_overrides)
@@ -83,7 +98,7 @@ def main() -> None:
 
     print("== 3. GRPO from the SFT model", flush=True)
     grpo_overrides = [f"policy.model_name_or_path={sft_model}", f"train.output_dir={out / 'grpo'}",
-                      f"train.train_policy.dataset.name={train}", "custom={}"]
+                      f"train.train_policy.dataset.name={train}", "custom={}", f"train.seed={args.seed}"]
     if args.grpo_steps is not None:
         grpo_overrides.append(f"train.max_steps={args.grpo_steps}")
     run_recipe("grpo_vlm.py", "grpo_tiny.toml", grpo_overrides)

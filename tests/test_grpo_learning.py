@@ -1,0 +1,103 @@
+"""End-to-end learning checks on the colour-MCQ task (slow; CI runs them).
+
+1. The README's main job, ``examples/quickstart.py``, run as a user runs it: SFT of a random tiny
+   Qwen2.5-VL must teach the answer format, then GRPO from the SFT export must raise held-out
+   accuracy (greedy decoding) by at least 15 points or to at least 90 %.
+2. ``examples/grpo_vlm.py --mode disaggregated`` (one rollout rank, one trainer rank, a private
+   redis-server, weights broadcast back every step) from the same SFT export and data must reach the
+   same outcome as the colocated GRPO of step 1.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import cosmos_primitives as cp
+from cosmos_primitives.config import EvalConfig
+from cosmos_primitives.logging.tracker import read_metrics
+
+pytestmark = pytest.mark.slow
+
+REPO = Path(__file__).resolve().parents[1]
+RUN_TIMEOUT_S = 900
+MIN_GAIN_POINTS = 15.0
+TARGET_ACCURACY = 0.9
+
+
+def run(cmd: list[str], log_path: Path) -> str:
+    """Run a recipe from the repository root; assert exit 0; return its output."""
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", "COSMOS_REDIS_URL": ""}
+    proc = subprocess.run(cmd, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                          timeout=RUN_TIMEOUT_S)
+    log = proc.stdout.decode(errors="replace")
+    log_path.write_text(log)
+    assert proc.returncode == 0, f"{' '.join(cmd)} exited with {proc.returncode}:\n{log[-5000:]}"
+    return log
+
+
+def held_out_accuracy(model: Path, benchmark: Path, results: Path) -> float:
+    """Greedy accuracy on the held-out split, with the quickstart's evaluation settings."""
+    cfg = EvalConfig(temperature=0.0, max_tokens=32, batch_size=64, skip_saved=False)
+    overall = cp.eval.evaluate(str(model), str(benchmark), results_dir=results, cfg=cfg,
+                               print_table=False).table["overall"]
+    return overall["correct"] / overall["total"]
+
+
+def learned(before: float, after: float) -> bool:
+    return 100 * (after - before) >= MIN_GAIN_POINTS or after >= TARGET_ACCURACY
+
+
+@pytest.fixture(scope="module")
+def quickstart(tmp_path_factory: pytest.TempPathFactory) -> dict:
+    """``examples/quickstart.py`` run once for the module; its ``summary.json`` plus ``out`` and ``log``."""
+    out = tmp_path_factory.mktemp("quickstart")
+    log = run([sys.executable, "examples/quickstart.py", "--output-dir", str(out)], out / "quickstart.log")
+    summary = json.loads((out / "summary.json").read_text())
+    return {**summary, "out": out, "log": log}
+
+
+def test_sft_teaches_the_answer_format(quickstart: dict) -> None:
+    after_sft = quickstart["after_sft"]
+    assert after_sft["items"] == 64
+    assert after_sft["format"] >= 0.9, after_sft
+
+
+def test_grpo_raises_held_out_accuracy(quickstart: dict) -> None:
+    before, after = quickstart["after_sft"]["accuracy"], quickstart["after_grpo"]["accuracy"]
+    assert learned(before, after), f"held-out accuracy {before:.1%} after SFT -> {after:.1%} after GRPO"
+    assert quickstart["after_grpo"]["format"] >= 0.9
+    # what the user sees: the printed table and the reward curve
+    assert "== Quickstart result (held-out colour MCQ, greedy decoding)" in quickstart["log"]
+    assert Path(quickstart["reward_curve"]).stat().st_size > 0
+    # the training reward rose too, not only the evaluation
+    rows = read_metrics(Path(quickstart["grpo_model"]).parents[1])
+    first, last = rows[:5], rows[-5:]
+    mean = lambda rs: sum(r["reward/single_choice"] for r in rs) / len(rs)  # noqa: E731
+    assert mean(last) > mean(first) + 0.15, [round(r["reward/single_choice"], 3) for r in rows]
+
+
+def test_disaggregated_grpo_reaches_the_colocated_outcome(quickstart: dict) -> None:
+    out = quickstart["out"]
+    dis_out = out / "grpo_disaggregated"
+    run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
+         "examples/grpo_vlm.py", "--mode", "disaggregated",
+         "--config", "examples/configs/grpo_tiny_disaggregated.toml",
+         f"policy.model_name_or_path={quickstart['sft_model']}", f"train.output_dir={dis_out}",
+         f"train.train_policy.dataset.name={out / 'data' / 'train.jsonl'}", "custom={}",
+         "disaggregated.start_local_redis=true"], out / "disaggregated.log")
+    run_dir = cp.utils.latest_run_dir(dis_out)
+    rows = read_metrics(run_dir)
+    assert max(r["staleness/max"] for r in rows) <= 1  # [grpo] allowed_outdated_steps = 1
+
+    before = quickstart["after_sft"]["accuracy"]
+    colocated = quickstart["after_grpo"]["accuracy"]
+    after = held_out_accuracy(run_dir / "safetensors" / "final", out / "data" / "test.jsonl", out / "eval" / "dis")
+    print(f"held-out accuracy: after SFT {before:.1%}, colocated GRPO {colocated:.1%}, disaggregated GRPO {after:.1%}")
+    assert learned(before, after), f"disaggregated GRPO: {before:.1%} after SFT -> {after:.1%}"
+    assert after >= colocated - 0.1, f"disaggregated {after:.1%} vs colocated {colocated:.1%}"
