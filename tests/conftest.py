@@ -6,6 +6,7 @@ the same way; this file only scopes them for pytest.
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import sys
 from pathlib import Path
@@ -134,3 +135,13 @@ def standin_vllm(monkeypatch: pytest.MonkeyPatch):
     vllm.CALLS.clear()
     yield vllm
     sys.modules.pop("vllm", None)
+
+
+@pytest.fixture(scope="session")
+def grpo_recipe():
+    """``examples/grpo_vlm.py`` imported as a module (its functions, without running ``main``)."""
+    path = Path(__file__).resolve().parents[1] / "examples" / "grpo_vlm.py"
+    spec = importlib.util.spec_from_file_location("grpo_vlm_example", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module

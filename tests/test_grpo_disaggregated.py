@@ -4,7 +4,6 @@ flag on a real redis-server."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import shutil
 from pathlib import Path
@@ -261,15 +260,8 @@ def test_stop_flag_and_clearing_a_stream(redis_url: str) -> None:
 REPO = Path(__file__).resolve().parents[1]
 
 
-@pytest.fixture(scope="module")
-def recipe():
-    spec = importlib.util.spec_from_file_location("grpo_vlm_example", REPO / "examples" / "grpo_vlm.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-def test_recipe_plans_both_roles_from_the_config(recipe) -> None:
+def test_recipe_plans_both_roles_from_the_config(grpo_recipe) -> None:
+    recipe = grpo_recipe
     config = REPO / "examples" / "configs" / "grpo_tiny_disaggregated.toml"
     roles = split_roles(5, 2, rank=0)  # 3 trainers, 2 rollout ranks
     plan = recipe.plan_disaggregated(cp.load_config(config, ["grpo.rollout_batch_size=4"]), roles)

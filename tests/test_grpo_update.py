@@ -9,7 +9,6 @@ by the clip: ``"recompute"`` makes the ratio exactly 1 whatever the records' age
 from __future__ import annotations
 
 import copy
-import importlib.util
 from pathlib import Path
 
 import attrs
@@ -24,14 +23,6 @@ from cosmos_primitives.rollout.hf_engine import HFRolloutEngine
 
 REPO = Path(__file__).resolve().parents[1]
 CONFIG = REPO / "examples" / "configs" / "grpo_tiny.toml"
-
-
-@pytest.fixture(scope="module")
-def recipe():
-    spec = importlib.util.spec_from_file_location("grpo_vlm_example", REPO / "examples" / "grpo_vlm.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 @pytest.fixture
@@ -61,7 +52,8 @@ def step_of(weights: dict, model) -> dict:
     return {k: v - dict(model.named_parameters())[k].detach() for k, v in weights.items()}
 
 
-def test_fresh_records_take_the_same_step_either_way(recipe, rollouts) -> None:
+def test_fresh_records_take_the_same_step_either_way(grpo_recipe, rollouts) -> None:
+    recipe = grpo_recipe
     model, batch = rollouts
     from_rollout, weights_rollout = update(recipe, model, batch, "rollout")
     from_trainer, weights_trainer = update(recipe, model, batch, "recompute")
@@ -72,7 +64,8 @@ def test_fresh_records_take_the_same_step_either_way(recipe, rollouts) -> None:
     assert max(float(v.abs().max()) for v in step_rollout.values()) > 1e-3  # a real step was taken
 
 
-def test_stale_records_are_clipped_against_the_policy_that_generated_them(recipe, rollouts) -> None:
+def test_stale_records_are_clipped_against_the_policy_that_generated_them(grpo_recipe, rollouts) -> None:
+    recipe = grpo_recipe
     model, batch = rollouts
     # as if older weights had generated them: every sampled token was 1 nat less likely then (ratio e)
     stale = attrs.evolve(batch, rollout_logprobs=batch.rollout_logprobs - batch.completion_mask)
