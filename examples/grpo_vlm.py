@@ -220,7 +220,8 @@ def update_policy(policy, reference, optimizer, batch: RolloutBatch, advantages:
 
 
 def loss_metrics(metric_sums: dict[str, float]) -> dict[str, float]:
-    return {k: metric_sums.get(k, 0.0) for k in ("kl", "clip_fraction", "entropy", "loss")}
+    # "kl" exists only with a reference model (kl_beta != 0): never log a KL that was not computed
+    return {k: metric_sums[k] for k in ("kl", "clip_fraction", "entropy", "loss") if k in metric_sums}
 
 
 # --------------------------------------------------------------------------------------- colocated
@@ -304,7 +305,8 @@ def run_colocated(cfg: cp.config.Config, info: cp.parallel.DistInfo) -> None:
     failures = ckpt.close()
     tracker.finish()
     if info.is_rank0:
-        cp.logging.plot_run(run_dir, keys=["reward/mean", "reward/single_choice", "reward/format", "kl"])
+        curves = ["reward/mean", *(f"reward/{name}" for name in cfg.grpo.reward_function), "entropy", "clip_fraction"]
+        cp.logging.plot_run(run_dir, keys=curves + (["kl"] if cfg.grpo.kl_beta else []))
     cp.parallel.destroy_distributed()
     if failures:
         raise SystemExit(f"{len(failures)} upload(s) failed: {failures}")

@@ -70,6 +70,8 @@ def test_trains_from_the_queue_with_fresh_weights_on_the_rollout_rank(assets, re
         assert r["staleness/kept"] == 2  # records per step: rollout_batch_size x 1 trainer rank
         # the records trained at step s were sampled with weights of version s - 1 - staleness
         assert r["step"] - 1 - r["staleness/max"] <= r["rollout/weight_version"] <= r["step"] - 1
+        assert {"clip_fraction", "entropy", "loss"} <= set(r)
+        assert "kl" not in r  # kl_beta = 0: no reference model, so no KL is computed or logged
     # the rollout rank received every broadcast: its batches were sampled with ever newer weights
     versions = [int(v) for v in re.findall(r"\[rollout\] batch \d+: \d+ records with weight version (\d+)", log)]
     assert versions == sorted(versions) and versions[-1] >= STEPS - 1, log[-3000:]
@@ -83,6 +85,7 @@ def test_trains_from_the_queue_with_fresh_weights_on_the_rollout_rank(assets, re
         client.close()
     final = run_dir / "safetensors" / "final"
     assert (final / "config.json").is_file() and list(final.glob("*.safetensors"))
+    assert (run_dir / "curves.png").stat().st_size > 0
 
 
 def test_local_redis_server_is_started_and_stopped(assets, tmp_path: Path) -> None:
