@@ -72,6 +72,23 @@ def test_export_dtype_bfloat16(tmp_path: Path) -> None:
     assert torch.equal(loaded.model.language_model.layers[1].mlp.down_proj.weight, ref)
 
 
+def test_one_file_export_has_an_index_too(tmp_path: Path) -> None:
+    from safetensors.torch import load_file
+    from transformers import Qwen2_5_VLForConditionalGeneration
+
+    model = tiny_qwen2_5_vl(seed=3)
+    out = export_safetensors(model, tmp_path / "one")  # default ~4 GB shards: a single file
+    assert [p.name for p in out.glob("*.safetensors")] == ["model.safetensors"]
+    index = json.loads((out / "model.safetensors.index.json").read_text())
+    tensors = load_file(str(out / "model.safetensors"))
+    assert index["weight_map"] == dict.fromkeys(tensors, "model.safetensors")
+    assert index["metadata"]["total_size"] == sum(t.numel() * t.element_size() for t in tensors.values())
+    loaded = Qwen2_5_VLForConditionalGeneration.from_pretrained(out)
+    ids = torch.tensor([[9707, 11, 1879, 0, 151644, 872, 198, 100]])
+    with torch.no_grad():
+        assert torch.equal(loaded(input_ids=ids).logits, model(input_ids=ids).logits)
+
+
 def test_plain_module_is_written_under_its_state_dict_names(tmp_path: Path) -> None:
     from safetensors.torch import load_file
 

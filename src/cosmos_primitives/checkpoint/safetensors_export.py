@@ -156,10 +156,26 @@ def _save_with_transformers(model: nn.Module, hf_class: type, full_sd: dict[str,
         if target in full_sd and source in full_sd and torch.equal(full_sd[target], full_sd[source]):
             full_sd[target] = full_sd[source]
     skeleton.save_pretrained(str(out), state_dict=full_sd, max_shard_size=max_shard_bytes)
+    _index_single_file(out)
     if not (out / "generation_config.json").exists() and skeleton.can_generate():
         from transformers import GenerationConfig
 
         GenerationConfig.from_model_config(model.config).save_pretrained(str(out))
+
+
+def _index_single_file(out: Path) -> None:
+    """Give a one-file export (``model.safetensors``, a model under one shard) its index too, so every
+    export folder has ``model.safetensors.index.json`` for tools that read the index."""
+    single = out / "model.safetensors"
+    if (out / INDEX_FILE).exists() or not single.exists():
+        return
+    with single.open("rb") as f:  # the safetensors header: u64 length, then JSON name -> offsets
+        header = json.loads(f.read(int.from_bytes(f.read(8), "little")))
+    header.pop("__metadata__", None)
+    names = sorted(header)
+    total = sum(entry["data_offsets"][1] - entry["data_offsets"][0] for entry in header.values())
+    index = {"metadata": {"total_size": total}, "weight_map": dict.fromkeys(names, single.name)}
+    (out / INDEX_FILE).write_text(json.dumps(index, indent=2, sort_keys=True))
 
 
 def write_safetensors_shards(state_dict: dict[str, torch.Tensor], out: Path, max_shard_bytes: int) -> list[Path]:
