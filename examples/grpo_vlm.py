@@ -31,6 +31,7 @@ weight sync.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import math
 import shlex
 import shutil
@@ -94,11 +95,13 @@ def start_run(cfg: cp.config.Config, info: cp.parallel.DistInfo) -> Path:
 
 
 def build_policies(cfg: cp.config.Config, mesh: cp.parallel.ParallelMesh, device: torch.device):
-    """The trained policy (FSDP2 over ``mesh``'s dp_shard) and, when ``[grpo] kl_beta`` is set, a frozen reference."""
+    """The trained policy (FSDP2 over ``mesh``'s dp_shard) and, when ``[grpo] kl_beta`` is set, the
+    KL reference: a frozen copy, or with ``[policy.lora]`` the policy itself run with its adapters off."""
     policy = cp.policy.build_policy(cfg.policy, mesh)
     reference = None
     if cfg.grpo.kl_beta:
-        reference = cp.policy.build_policy(cfg.policy, None, device=device).eval().requires_grad_(False)
+        reference = policy if cfg.policy.lora is not None else (
+            cp.policy.build_policy(cfg.policy, None, device=device).eval().requires_grad_(False))
     return policy, reference
 
 
@@ -194,8 +197,10 @@ def update_policy(policy, reference, optimizer, batch: RolloutBatch, advantages:
         if behaviour_logprobs or grpo.old_logprobs == "recompute":
             old = [policy_logprobs(policy, batch, r, temperature=temperature, chunk_size=chunk).logprobs
                    for r in rows] if grpo.mu_iterations > 1 else None
-        ref = [policy_logprobs(reference, batch, r, temperature=temperature, chunk_size=chunk).logprobs
-               for r in rows] if reference is not None else None
+        # a LoRA policy is its own reference, with the adapters off
+        with cp.policy.adapters_disabled(policy.hf_model) if reference is policy else contextlib.nullcontext():
+            ref = [policy_logprobs(reference, batch, r, temperature=temperature, chunk_size=chunk).logprobs
+                   for r in rows] if reference is not None else None
     times["logprobs"] = time.perf_counter() - t0
 
     t0 = time.perf_counter()

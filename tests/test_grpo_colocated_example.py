@@ -8,6 +8,7 @@ samples of 8 tokens, 3 steps) keep a run near 20 s on two cores."""
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -47,8 +48,8 @@ runpy.run_path("examples/grpo_vlm.py", run_name="__main__")
 """
 
 
-def run(overrides: list[str], out: Path) -> Path:
-    """Run the recipe through a user script in one plain process; assert exit 0; return its run directory."""
+def run(overrides: list[str], out: Path) -> tuple[str, Path]:
+    """Run the recipe through a user script in one plain process; assert exit 0; return its log and run directory."""
     script = out.parent / "my_grpo.py"
     script.write_text(USER_SCRIPT)
     cmd = [sys.executable, str(script), "--config", str(CONFIG), f"train.output_dir={out}", *overrides]
@@ -57,12 +58,21 @@ def run(overrides: list[str], out: Path) -> Path:
     assert proc.returncode == 0, f"the colocated run exited with {proc.returncode}:\n{log[-5000:]}"
     run_dir = cp.utils.latest_run_dir(out)
     assert run_dir is not None
-    return run_dir
+    return log, run_dir
 
 
-def test_kl_to_the_frozen_reference_starts_at_zero_and_is_logged_each_step(assets, tmp_path: Path) -> None:
-    run_dir = run([*assets, *SMALL, "grpo.kl_beta=0.05", "grpo.kl_estimator=k3",
-                   "grpo.reward_function={format = 1.0, single_choice = 1.0, length = 1.0}"], tmp_path / "out")
+@pytest.mark.parametrize("reference", ["copy", "lora"])
+def test_kl_to_the_frozen_reference_starts_at_zero_and_is_logged_each_step(assets, tmp_path: Path,
+                                                                          reference: str) -> None:
+    # with [policy.lora] the reference is the policy with its adapters off, not a second model
+    # (adapters start at 0 and move slowly: a larger step keeps their KL well above float noise)
+    lora = ["policy.lora={r = 4, lora_alpha = 8.0}", "train.optm_lr=2e-2"] if reference == "lora" else []
+    log, run_dir = run([*assets, *SMALL, *lora, "grpo.kl_beta=0.05", "grpo.kl_estimator=k3",
+                        "grpo.reward_function={format = 1.0, single_choice = 1.0, length = 1.0}"], tmp_path / "out")
+    builds = re.findall(r"policy Qwen2_5_VLForConditionalGeneration: trainable params: ([\d,]+)", log)
+    assert len(builds) == (1 if reference == "lora" else 2), builds
+    if reference == "lora":
+        assert int(builds[0].replace(",", "")) < 10_000  # adapters only
     rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows] == list(range(1, STEPS + 1))
     kl = [r["kl"] for r in rows]

@@ -3,6 +3,7 @@ gradients vs HF's own loss (tied embeddings included), gradient checkpointing.""
 
 from __future__ import annotations
 
+import copy
 from pathlib import Path
 
 import pytest
@@ -144,9 +145,13 @@ def test_bfloat16_policy_without_mesh(tiny_qwen2_dir: Path) -> None:
     assert out.logprobs.dtype == torch.float32 and torch.isfinite(out.logprobs).all()
 
 
-def test_build_policy_rejects_unsupported_settings(tiny_qwen2_model) -> None:
-    with pytest.raises(NotImplementedError, match=r"\[policy.lora\]"):
-        cp.policy.build_policy(PolicyConfig(lora=cp.config.LoraConfig()), hf_model=tiny_qwen2_model)
+def test_build_policy_needs_a_model_and_takes_lora_on_a_text_model(tiny_qwen2_model) -> None:
+    # (a copy: build_policy adds the adapters to the model it is given)
+    policy = cp.policy.build_policy(PolicyConfig(dtype="float32", lora=cp.config.LoraConfig(r=2)),
+                                    hf_model=copy.deepcopy(tiny_qwen2_model))
+    trainable = [n for n, p in policy.hf_model.named_parameters() if p.requires_grad]
+    assert trainable and all(".lora_A." in n or ".lora_B." in n for n in trainable)
+    assert not cp.policy.has_lora(tiny_qwen2_model) and cp.policy.has_lora(policy.hf_model)
     with pytest.raises(ValueError, match="model_name_or_path is empty"):
         cp.policy.build_policy(PolicyConfig())
 

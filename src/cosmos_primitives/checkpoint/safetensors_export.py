@@ -22,6 +22,7 @@ from torch import nn
 from cosmos_primitives.checkpoint.layout import TMP_SUFFIX, publish, remove_tree
 from cosmos_primitives.logging.console import get_logger
 from cosmos_primitives.parallel.distributed import broadcast_object, get_rank
+from cosmos_primitives.policy.lora import merge_lora_state_dict
 
 GB = 10**9
 INDEX_FILE = "model.safetensors.index.json"
@@ -108,6 +109,8 @@ def _write_folder(model: nn.Module, full_sd: dict[str, torch.Tensor], out_dir: P
     if dtype != "auto":
         target = _DTYPES[dtype]
         full_sd = {k: v.to(target) if v.is_floating_point() else v for k, v in full_sd.items()}
+    # LoRA adapters are folded into the base weights: the folder is a plain model of the base class
+    full_sd = merge_lora_state_dict(full_sd, model)
     hf_class = _transformers_class(model)
     if hf_class is not None:
         _save_with_transformers(model, hf_class, full_sd, tmp, max_shard_bytes)

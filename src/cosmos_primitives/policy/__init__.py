@@ -16,15 +16,10 @@ An SFT / GRPO step (``cfg`` from ``cp.load_config``, ``mesh = cp.parallel.Parall
 
 from cosmos_primitives.algo.logprobs import TokenLogProbs
 from cosmos_primitives.policy.build import build_policy
-from cosmos_primitives.policy.diffusion import (
-    DiffusionPolicy,
-    adapters_disabled,
-    apply_lora,
-    shard_transformer,
-    transformer_blocks,
-)
+from cosmos_primitives.policy.diffusion import DiffusionPolicy, shard_transformer, transformer_blocks
 from cosmos_primitives.policy.lm_policy import MODEL_INPUT_KEYS, CausalLMPolicy, backbone_of, token_logprobs
 from cosmos_primitives.policy.loading import is_vision_language, load_hf_model, resolve_dtype
+from cosmos_primitives.policy.lora import adapters_disabled, apply_lora, has_lora, merge_lora_state_dict
 from cosmos_primitives.policy.optim import (
     WarmupDecayLR,
     build_lr_scheduler,
@@ -48,9 +43,11 @@ __all__ = [
     "build_lr_scheduler",
     "build_optimizer",
     "build_policy",
+    "has_lora",
     "is_vision_language",
     "load_hf_model",
     "lr_factor",
+    "merge_lora_state_dict",
     "optimizer_param_groups",
     "resolve_dtype",
     "shard_transformer",

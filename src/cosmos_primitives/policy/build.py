@@ -12,9 +12,13 @@ from cosmos_primitives.parallel.mesh import ParallelMesh
 from cosmos_primitives.parallel.tensor_parallel import apply_tensor_parallel
 from cosmos_primitives.policy.lm_policy import CausalLMPolicy
 from cosmos_primitives.policy.loading import load_hf_model, resolve_dtype
+from cosmos_primitives.policy.lora import apply_lora
 from cosmos_primitives.policy.trainable import apply_trainable_patterns
 
 log = get_logger()
+
+LORA_PARAMETERS = r"\.lora_(A|B)\."
+"""Names of peft LoRA weights (``q_proj.lora_A.default.weight``): what trains with ``[policy.lora]``."""
 
 
 def build_policy(
@@ -26,8 +30,10 @@ def build_policy(
 ) -> CausalLMPolicy:
     """Build the trainable policy described by ``[policy]``.
 
-    Steps, in the order FSDP2 needs: load ``model_name_or_path`` (or take ``hf_model``), apply
-    ``trainable_patterns`` / ``freeze_patterns`` (logging the trainable count),
+    Steps, in the order FSDP2 needs: load ``model_name_or_path`` (or take ``hf_model``), add LoRA
+    adapters when ``[policy.lora]`` is set (then the adapters train and the base weights are frozen,
+    unless ``trainable_patterns`` name more), apply ``trainable_patterns`` / ``freeze_patterns``
+    (logging the trainable count),
     ``model_gradient_checkpointing``, wrap in :class:`CausalLMPolicy`, tensor-parallelise the
     Qwen2 layers over ``mesh["tp"]`` when ``tp_size > 1``, and shard with FSDP2 over
     ``mesh.fsdp_mesh`` (HSDP when ``dp_replicate_size > 1``).
@@ -44,16 +50,14 @@ def build_policy(
         device: target device without a mesh (with one, FSDP places shards on the mesh device).
 
     Raises:
-        NotImplementedError: ``cp_size`` / ``pp_size`` > 1 or ``[policy.lora]`` (not supported for
-            language policies yet).
+        NotImplementedError: ``cp_size`` / ``pp_size`` > 1.
+        MissingExtraError: ``[policy.lora]`` without peft installed (the ``lora`` extra).
     """
     if mesh is not None and (mesh.enabled("cp") or mesh.enabled("pp")):
         raise NotImplementedError(
             f"[policy.parallelism] cp_size={mesh.size('cp')}, pp_size={mesh.size('pp')}: context and pipeline "
             "parallelism are not supported by cp.policy; use dp_shard_size / dp_replicate_size / tp_size"
         )
-    if cfg.lora is not None:
-        raise NotImplementedError("[policy.lora] is not supported for language / vision-language policies yet")
     compute_dtype = resolve_dtype(cfg.dtype)
     if hf_model is None:
         if not cfg.model_name_or_path:
@@ -62,7 +66,12 @@ def build_policy(
                                  dtype=torch.float32 if mesh is not None else compute_dtype)
     else:
         hf_model = hf_model.to(torch.float32 if mesh is not None else compute_dtype)
-    summary = apply_trainable_patterns(hf_model, cfg.freeze_patterns, cfg.trainable_patterns)
+    if cfg.lora is not None:
+        # adapters on the [policy.lora] target modules; they train, plus whatever trainable_patterns add
+        apply_lora(hf_model, cfg.lora)
+        summary = apply_trainable_patterns(hf_model, cfg.freeze_patterns, [LORA_PARAMETERS, *cfg.trainable_patterns])
+    else:
+        summary = apply_trainable_patterns(hf_model, cfg.freeze_patterns, cfg.trainable_patterns)
     log.info(f"policy {type(hf_model).__name__}: {summary}")
     if cfg.model_gradient_checkpointing:
         apply_activation_checkpointing(hf_model)

@@ -17,48 +17,11 @@ from typing import Any
 import torch
 
 from cosmos_primitives.config.wfm import WFMLoraConfig
+from cosmos_primitives.policy.lora import adapters_disabled, apply_lora
 from cosmos_primitives.rollout.flow_sampler import VelocityFn, diffusers_velocity_fn
-from cosmos_primitives.utils.extras import require
 
 BLOCK_ATTRIBUTES = ("blocks", "transformer_blocks")
 """Where diffusers transformers keep their blocks (Wan, Cosmos: ``blocks``; SD3, Flux: ``transformer_blocks``)."""
-
-
-def apply_lora(transformer: Any, lora: WFMLoraConfig, adapter_name: str = "default") -> Any:
-    """Add a peft LoRA adapter to ``transformer`` in place and freeze everything else.
-
-    Only the adapter's ``lora_A`` / ``lora_B`` weights are trainable afterwards. The update is
-    ``(lora_alpha / r) * B A``; with ``init_lora_weights = true`` ``B`` starts at 0 (the base model).
-
-    Raises:
-        ValueError: none of ``lora.target_modules`` names a module of the transformer.
-    """
-    peft = require("peft", "LoRA on diffusion transformers")
-    modules = [name for name, _ in transformer.named_modules()]
-    if not any(name == t or name.endswith("." + t) for t in lora.target_modules for name in modules):
-        raise ValueError(
-            f"[wfm.lora] target_modules {lora.target_modules} match no module of {type(transformer).__name__}; "
-            f"its linear layers end in e.g. {sorted(_linear_suffixes(transformer))[:8]}"
-        )
-    config = peft.LoraConfig(r=lora.r, lora_alpha=lora.lora_alpha, lora_dropout=lora.lora_dropout,
-                             target_modules=list(lora.target_modules), init_lora_weights=lora.init_lora_weights)
-    transformer.requires_grad_(False)
-    transformer.add_adapter(config, adapter_name=adapter_name)
-    return transformer
-
-
-def _linear_suffixes(module: torch.nn.Module) -> set[str]:
-    return {".".join(name.split(".")[-2:]) for name, m in module.named_modules() if isinstance(m, torch.nn.Linear)}
-
-
-@contextmanager
-def adapters_disabled(transformer: Any) -> Iterator[Any]:
-    """Run ``transformer`` without its LoRA adapters inside the block (the KL reference)."""
-    transformer.disable_adapters()
-    try:
-        yield transformer
-    finally:
-        transformer.enable_adapters()
 
 
 def transformer_blocks(transformer: torch.nn.Module) -> list[torch.nn.Module]:
@@ -114,7 +77,7 @@ class DiffusionPolicy:
         self.uses_lora = lora is not None and lora.enabled
         self._frozen_reference: Any = None
         if self.uses_lora:
-            apply_lora(transformer, lora)
+            apply_lora(transformer, lora, config_key="[wfm.lora]")
         else:
             transformer.requires_grad_(True)
             if keep_reference:

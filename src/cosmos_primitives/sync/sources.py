@@ -18,15 +18,65 @@ def clean_name(name: str) -> str:
     return name
 
 
+class MergedLoraWeight:
+    """The effective weight of a LoRA-adapted linear layer, ``W + sum(s * B @ A)``, read on demand.
+
+    Stands in for a parameter among the sources: it has the base weight's shape, dtype and
+    device, and :func:`full_tensor` computes its value (gathering ``W``, ``A`` and ``B`` first when
+    they are FSDP2 shards: a collective, like reading any sharded source). It is never shared with
+    an engine, since no storage holds it.
+    """
+
+    def __init__(self, base: torch.Tensor, pairs: list[tuple[torch.Tensor, torch.Tensor, float]]) -> None:
+        self.base = base
+        self.pairs = pairs
+        self.shape = base.shape
+        self.dtype = base.dtype
+
+    @property
+    def device(self) -> torch.device:
+        return local_device(self.base)
+
+    def numel(self) -> int:
+        return self.base.numel()
+
+    def element_size(self) -> int:
+        return self.base.element_size()
+
+    def is_floating_point(self) -> bool:
+        return self.base.is_floating_point()
+
+    def value(self) -> torch.Tensor:
+        from cosmos_primitives.policy.lora import merged_weight
+
+        return merged_weight(full_tensor(self.base), [(full_tensor(a), full_tensor(b), s) for a, b, s in self.pairs])
+
+
 def named_sources(model: nn.Module) -> dict[str, torch.Tensor]:
     """The trainer's parameters by clean name, in ``named_parameters()`` order.
 
     Tied parameters appear once (under their first name, e.g. the input embedding). Values are
     the parameters themselves: plain tensors, or FSDP2 ``DTensor`` shards (see :func:`full_tensor`).
+    A LoRA-adapted layer (peft) appears as its base layer would, ``<layer>.weight`` (a
+    :class:`MergedLoraWeight`: the adapters folded in) and ``<layer>.bias``; its adapter
+    parameters are not listed, so engines receive plain merged weights.
     """
+    from cosmos_primitives.policy.lora import ADAPTER_PARTS, active_adapters, lora_layers
+
+    layers = lora_layers(model)
     out: dict[str, torch.Tensor] = {}
     for raw, param in model.named_parameters():
         name = clean_name(raw)
+        layer_name, _, rest = name.rpartition(".base_layer.")
+        if layer_name in layers and "." not in rest:
+            layer = layers[layer_name]
+            name = f"{layer_name}.{rest}"
+            if rest == "weight":
+                pairs = [(layer.lora_A[a].weight, layer.lora_B[a].weight, float(layer.scaling[a]))
+                         for a in active_adapters(layer)]
+                param = MergedLoraWeight(param, pairs)
+        elif any(f".{part}." in f".{name}" and name.split(f".{part}.")[0] in layers for part in ADAPTER_PARTS):
+            continue
         if name in out:
             raise ValueError(f"two parameters of {type(model).__name__} have the name '{name}' after "
                              f"removing wrapper prefixes {_WRAPPER_PARTS}")
@@ -35,13 +85,17 @@ def named_sources(model: nn.Module) -> dict[str, torch.Tensor]:
 
 
 def is_sharded(t: torch.Tensor) -> bool:
-    """True for a ``DTensor`` (FSDP2 / TP): reading its full value is a collective."""
-    return isinstance(t, DTensor)
+    """True for a ``DTensor`` (FSDP2 / TP) or a merged LoRA weight: reading its full value is
+    computed (a collective for a DTensor), and no engine tensor can alias it."""
+    return isinstance(t, (DTensor, MergedLoraWeight))
 
 
 def full_tensor(t: torch.Tensor) -> torch.Tensor:
     """The full value of ``t`` without autograd history: ``DTensor.full_tensor()`` (an all-gather
-    every rank of its mesh must join, in the same order), or ``t`` itself."""
+    every rank of its mesh must join, in the same order), a merged LoRA weight, or ``t`` itself."""
+    if isinstance(t, MergedLoraWeight):
+        with torch.no_grad():
+            return t.value()
     if isinstance(t, DTensor):
         return t.detach().full_tensor()
     return t.detach()
@@ -49,6 +103,8 @@ def full_tensor(t: torch.Tensor) -> torch.Tensor:
 
 def local_device(t: torch.Tensor) -> torch.device:
     """Where this rank's part of ``t`` lives."""
+    if isinstance(t, MergedLoraWeight):
+        return t.device
     return t.to_local().device if isinstance(t, DTensor) else t.device
 
 

@@ -10,7 +10,7 @@ EXTRA_OF_MODULE = {
     "decord": "video",
     "av": "video",
     "diffusers": "wfm",
-    "peft": "wfm",
+    "peft": "lora",
     "aiohttp": "wfm",
     "vllm": "vllm",
     "boto3": "s3",
