@@ -152,3 +152,37 @@ def test_fsdp2_lora_sync_and_export_in_two_processes(tiny_vl_dir: Path, tmp_path
     assert torch.equal(dict(loaded.named_parameters())[f"{Q0}.weight"], expected)
     with torch.no_grad():
         assert torch.equal(loaded(input_ids=IDS).logits, ranks[0]["logits"])
+
+
+def test_checkpoint_round_trip_restores_adapters_and_their_moments(base, tmp_path: Path) -> None:
+    from cosmos_primitives.checkpoint import CheckpointManager
+    from cosmos_primitives.config import CheckpointConfig
+
+    cfg = CheckpointConfig(enable_checkpoint=True, save_mode="sync", export_safetensors=False)
+    run = tmp_path / "20260101000000"
+
+    def setup(seed: int):
+        torch.manual_seed(seed)  # peft draws lora_A at random
+        policy = lora_policy(base)
+        optimizer = torch.optim.AdamW([p for p in policy.parameters() if p.requires_grad], lr=1e-2)
+        return policy, optimizer
+
+    def step(policy, optimizer) -> float:
+        loss = -cp.policy.token_logprobs(policy, {"input_ids": IDS}).logprobs.sum()
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad()
+        return float(loss.detach())
+
+    policy, optimizer = setup(0)
+    step(policy, optimizer)
+    manager = CheckpointManager(cfg, run, model=policy, optimizer=optimizer)
+    manager.save(1)
+    manager.close()
+    after = [step(policy, optimizer) for _ in range(2)]
+
+    other, other_optimizer = setup(1)
+    assert not torch.equal(dict(other.named_parameters())[f"hf_model.{Q0}.lora_A.default.weight"],
+                           dict(policy.named_parameters())[f"hf_model.{Q0}.lora_A.default.weight"])
+    assert CheckpointManager(cfg, run, model=other, optimizer=other_optimizer).resume(True).step == 1
+    assert [step(other, other_optimizer) for _ in range(2)] == after  # bitwise: adapters and AdamW moments
