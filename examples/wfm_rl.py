@@ -91,6 +91,8 @@ def train(cfg: cp.Config) -> Path:
     w, s = cfg.wfm, cfg.wfm.sampler
     run_dir = cp.utils.make_run_dir(cfg.train.output_dir) if info.is_rank0 else None
     run_dir = Path(cp.parallel.broadcast_object(str(run_dir)))  # one folder for all ranks
+    if info.is_rank0:
+        cp.config.dump_config(cfg, run_dir / "config.toml")
 
     bf16 = w.dtype == "bfloat16"
     # under FSDP2 the weights stay float32 and are gathered in bf16 (mixed-precision policy)

@@ -14,7 +14,7 @@ from cosmos_primitives.config import DatasetConfig
 from cosmos_primitives.data.bad_samples import BadSampleBudgetExceeded, BadSampleError, BadSampleTracker
 from cosmos_primitives.data.hf_conversations import HFConversationDataset
 from cosmos_primitives.data.mcq import MCQPromptDataset, answer_letter, mcq_prompt_text
-from cosmos_primitives.data.media import MediaSettings
+from cosmos_primitives.data.media import MediaSettings, default_media_dir
 from cosmos_primitives.data.mrope import MRopeSpec
 from cosmos_primitives.data.qwen_vl_encoding import IGNORE_INDEX, encode_conversation
 from cosmos_primitives.data.sampler import ResumableDistributedSampler
@@ -112,6 +112,58 @@ def test_hf_dataset_from_jsonl_with_json_conversations(tmp_path, video_clips) ->
     with pytest.raises(BadSampleError, match="no assistant message") as malformed:
         ds[2]
     assert malformed.value.path.endswith("train.jsonl[2]")
+
+
+@pytest.fixture
+def cosmos_cache(tmp_path, monkeypatch) -> Path:
+    """cosmos-rl's clip folder for nvidia/Cosmos-Reason1-SFT-Dataset, subset robovqa, clips nested."""
+    monkeypatch.setenv("COSMOS_CACHE", str(tmp_path / "cache"))
+    clips = tmp_path / "cache" / "datasets" / "nvidia" / "Cosmos-Reason1-SFT-Dataset" / "robovqa" / "video_clips"
+    cpt.write_mp4(clips / "part_0" / "clip_a.mp4", num_frames=8, fps=8.0, size=(48, 48))
+    cpt.write_mp4(clips / "part_1" / "clip_b.mp4", num_frames=8, fps=8.0, size=(48, 48))
+    return clips
+
+
+def test_cosmos_reason1_sft_rows_get_their_clip_by_name_from_the_cosmos_cache(cosmos_cache) -> None:
+    # the Hub rows: a plain-text conversation beside a "video" path from the machine that made them
+    rows = [
+        {"video": "/data/robovqa/clips/clip_a.mp4",
+         "conversations": [{"role": "user", "content": "What does the robot do?"},
+                           {"role": "assistant", "content": "It picks up a cup."}]},
+        {"video": "clips/missing.mp4",
+         "conversations": [{"role": "user", "content": "And here?"}, {"role": "assistant", "content": "?"}]},
+    ]
+    cfg = DatasetConfig(name="nvidia/Cosmos-Reason1-SFT-Dataset", subset="robovqa", split="understanding")
+    media_dir = default_media_dir(cfg)
+    assert media_dir == str(cosmos_cache)
+    ds = HFConversationDataset(rows, media_dir=media_dir, settings=MediaSettings.from_config(cfg))
+    sample = ds[0]
+    user = sample.conversation[0]["content"]
+    assert user[0]["type"] == "video" and user[0]["video"] == str(cosmos_cache / "part_0" / "clip_a.mp4")
+    assert user[1] == {"type": "text", "text": "What does the robot do?"}
+    assert len(sample.videos) == 1
+    with pytest.raises(BadSampleError, match="not found") as missing:
+        ds[1]
+    assert missing.value.path == str(cosmos_cache / "clips" / "missing.mp4")
+
+
+def test_media_dir_defaults(tmp_path, cosmos_cache) -> None:
+    assert default_media_dir(DatasetConfig(name="nvidia/Cosmos-Reason1-SFT-Dataset", subset="robovqa",
+                                           media_dir="/clips")) == "/clips"  # the config wins
+    assert default_media_dir(DatasetConfig(name="nvidia/Cosmos-Reason1-SFT-Dataset", subset="other")) is None
+    (tmp_path / "local.jsonl").write_text("")
+    assert default_media_dir(DatasetConfig(name=str(tmp_path / "local.jsonl"))) == str(tmp_path)
+
+
+def test_mcq_rows_find_their_clip_by_name_under_media_dir(cosmos_cache) -> None:
+    rows = [{"video": "/elsewhere/clip_b.mp4",
+             "qa_pairs": {"question": "Is it moving?", "index2ans": {"A": "yes", "B": "no"}, "answer": "B"}}]
+    cfg = DatasetConfig(name="nvidia/Cosmos-Reason1-SFT-Dataset", subset="robovqa",
+                        question_column="qa_pairs.question", choices_column="qa_pairs.index2ans",
+                        answer_column="qa_pairs.answer")
+    prompt = MCQPromptDataset.from_config(cfg, rows=rows)[0]
+    assert prompt.conversation[0]["content"][0]["video"] == str(cosmos_cache / "part_1" / "clip_b.mp4")
+    assert prompt.reference == "B" and len(prompt.videos) == 1
 
 
 @pytest.fixture

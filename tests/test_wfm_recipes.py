@@ -73,6 +73,8 @@ def test_recipe_runs_from_a_diffusers_folder_with_kl_guidance_and_minibatches(di
         torch.set_num_threads(threads)
     records = read_metrics(run_dir)
     assert metric_series(records, "reward_mean")[0] == [1, 2]
+    resolved = cp.load_config(run_dir / "config.toml")  # the resolved config, overrides included
+    assert (resolved.wfm.guidance_scale, resolved.wfm.num_minibatches) == (1.5, 2)
     kl = metric_series(records, "kl")[1]
     assert kl[0] >= 0.0 and kl[1] > 0.0  # the adapter moved away from the reference after the first update
     from safetensors.torch import load_file

@@ -18,7 +18,10 @@ class DatasetConfig(Section):
     ``<name>/metas/<id>.label.json``; ``"auto"`` picks ``video_folder`` when ``name`` is a folder
     holding ``videos/`` and ``metas/``, else ``hf``.
 
-    Media: relative media paths resolve under ``media_dir`` (default: the dataset's own folder).
+    Media: relative media paths resolve under ``media_dir`` (default: the dataset's own folder; for a
+    Hub dataset, cosmos-rl's clip folder ``$COSMOS_CACHE/datasets/<owner>/<name>/<subset>/video_clips``
+    when it exists); a file not found there is looked up by name below it. SFT rows whose
+    conversation has no media part get the file of their ``video_column`` (or ``image_column``).
     Videos are sampled at ``fps`` frames per second, at most ``max_frames`` frames (an even number,
     as Qwen2.5-VL's temporal patch is 2 frames), each frame resized to at most ``max_pixels`` pixels
     (a per-part ``"fps"`` / ``"max_pixels"`` in the conversation overrides these).

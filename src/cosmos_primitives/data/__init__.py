@@ -33,6 +33,8 @@ _EXPORTS = {
     "MediaSettings": "media",
     "load_image": "media",
     "resolve_media_path": "media",
+    "default_media_dir": "media",
+    "cosmos_cache_clip_dir": "media",
     "SampledVideo": "video_sampling",
     "VideoDecodeError": "video_sampling",
     "sample_video": "video_sampling",
@@ -78,7 +80,13 @@ if TYPE_CHECKING:  # pragma: no cover
     )
     from cosmos_primitives.data.hf_conversations import HFConversationDataset, load_hf_dataset  # noqa: F401
     from cosmos_primitives.data.mcq import MCQPromptDataset, answer_letter, mcq_choices, mcq_prompt_text  # noqa: F401
-    from cosmos_primitives.data.media import MediaSettings, load_image, resolve_media_path  # noqa: F401
+    from cosmos_primitives.data.media import (  # noqa: F401
+        MediaSettings,
+        cosmos_cache_clip_dir,
+        default_media_dir,
+        load_image,
+        resolve_media_path,
+    )
     from cosmos_primitives.data.mrope import MRopeSpec, mrope_position_ids  # noqa: F401
     from cosmos_primitives.data.packing import (  # noqa: F401
         collate_packed,

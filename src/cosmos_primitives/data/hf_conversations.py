@@ -1,5 +1,9 @@
 """Adapter for Hugging Face ``datasets`` whose rows hold a chat ``conversations`` column
-(Cosmos-Reason1-SFT style), with video / image paths resolved under a clip folder."""
+(Cosmos-Reason1-SFT style), with video / image paths resolved under a clip folder.
+
+Two row layouts are read: media parts inside the conversation (``{"type": "video", "video":
+path}``), or a plain-text conversation beside a ``video`` (or ``image``) column, as in
+Cosmos-Reason1-SFT-Dataset; then the clip goes first in the first user message."""
 
 from __future__ import annotations
 
@@ -8,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from cosmos_primitives.data.conversation import ConversationSample, load_conversation, normalize_conversation
-from cosmos_primitives.data.media import MediaSettings
+from cosmos_primitives.data.media import MediaSettings, default_media_dir
 from cosmos_primitives.utils.extras import require
 
 _FILE_BUILDERS = {".json": "json", ".jsonl": "json", ".parquet": "parquet", ".csv": "csv", ".arrow": "arrow"}
@@ -47,6 +51,8 @@ class HFConversationDataset:
         media_dir: folder relative media paths are taken under.
         settings: video / image reading defaults (a part's own ``fps`` / ``max_pixels`` win).
         conversation_column: the column holding the conversation (a list of messages or its JSON).
+        video_column, image_column: a row's clip / image when its conversation holds no media part
+            (Cosmos-Reason1-SFT rows); missing or empty columns are ignored.
         system_prompt: prepended as a system message when the row has none ("" keeps the template's).
         name: used in messages naming a row (``name[index]``).
 
@@ -56,11 +62,13 @@ class HFConversationDataset:
 
     def __init__(self, rows: Sequence[dict[str, Any]] | Any, media_dir: str | Path | None = None,
                  settings: MediaSettings | None = None, conversation_column: str = "conversations",
+                 video_column: str = "video", image_column: str = "image",
                  system_prompt: str = "", name: str = "dataset") -> None:
         self.rows = rows
         self.media_dir = media_dir
         self.settings = settings or MediaSettings()
         self.conversation_column = conversation_column
+        self.video_column, self.image_column = video_column, image_column
         self.system_prompt = system_prompt
         self.name = name
         columns = getattr(rows, "column_names", None)
@@ -73,12 +81,9 @@ class HFConversationDataset:
         """From a :class:`~cosmos_primitives.config.DatasetConfig`; local datasets default their
         ``media_dir`` to their own folder."""
         rows = load_hf_dataset(cfg.name, split=cfg.split, subset=cfg.subset, revision=cfg.revision)
-        media_dir = cfg.media_dir
-        if not media_dir and Path(cfg.name).expanduser().exists():
-            local = Path(cfg.name).expanduser()
-            media_dir = str(local if local.is_dir() else local.parent)
-        return cls(rows, media_dir=media_dir or None, settings=MediaSettings.from_config(cfg),
-                   conversation_column=conversation_column, system_prompt=cfg.system_prompt, name=cfg.name)
+        return cls(rows, media_dir=default_media_dir(cfg), settings=MediaSettings.from_config(cfg),
+                   conversation_column=conversation_column, video_column=cfg.video_column,
+                   image_column=cfg.image_column, system_prompt=cfg.system_prompt, name=cfg.name)
 
     def __len__(self) -> int:
         return len(self.rows)
@@ -90,6 +95,7 @@ class HFConversationDataset:
         if self.conversation_column not in row:
             raise KeyError(f"{where} has no field {self.conversation_column!r} (fields: {sorted(row)})")
         messages = normalize_conversation(row[self.conversation_column], where)
+        _add_row_media(messages, row, self.video_column, self.image_column)
         if self.system_prompt and messages[0]["role"] != "system":
             messages.insert(0, {"role": "system", "content": self.system_prompt})
         return messages
@@ -97,3 +103,19 @@ class HFConversationDataset:
     def __getitem__(self, index: int) -> ConversationSample:
         return load_conversation(self.conversation(index), self.media_dir, self.settings,
                                  sample_id=f"{self.name}[{index}]")
+
+
+def _add_row_media(messages: list[dict[str, Any]], row: Any, video_column: str, image_column: str) -> None:
+    """Put the row's clip (or image) first in the first user message, when no message has media."""
+    if any(isinstance(m["content"], list) and any(p["type"] != "text" for p in m["content"]) for m in messages):
+        return
+    kind, value = next(((k, row.get(c)) for k, c in (("video", video_column), ("image", image_column))
+                        if c in row and row.get(c)), (None, None))
+    if kind is None:
+        return
+    for message in messages:
+        if message["role"] == "user":
+            text = message["content"]
+            parts = [{"type": "text", "text": text}] if isinstance(text, str) else list(text)
+            message["content"] = [{"type": kind, kind: str(value)}, *parts]
+            return

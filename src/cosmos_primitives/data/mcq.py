@@ -12,7 +12,7 @@ from typing import Any
 
 from cosmos_primitives.data.bad_samples import BadSampleError
 from cosmos_primitives.data.conversation import load_conversation
-from cosmos_primitives.data.media import MediaSettings
+from cosmos_primitives.data.media import MediaSettings, default_media_dir
 from cosmos_primitives.rollout.base import Prompt
 
 ANSWER_INSTRUCTION = "\nAnswer with the option's letter from the given choices directly."
@@ -115,11 +115,7 @@ class MCQPromptDataset:
             from cosmos_primitives.data.hf_conversations import load_hf_dataset
 
             rows = load_hf_dataset(cfg.name, split=cfg.split, subset=cfg.subset, revision=cfg.revision)
-        media_dir = cfg.media_dir
-        local = Path(cfg.name).expanduser() if cfg.name else None
-        if not media_dir and local is not None and local.exists():
-            media_dir = str(local if local.is_dir() else local.parent)
-        return cls(rows, media_dir=media_dir or None, settings=MediaSettings.from_config(cfg),
+        return cls(rows, media_dir=default_media_dir(cfg), settings=MediaSettings.from_config(cfg),
                    question_column=cfg.question_column, choices_column=cfg.choices_column,
                    answer_column=cfg.answer_column, video_column=cfg.video_column, image_column=cfg.image_column,
                    system_prompt=cfg.system_prompt, name=cfg.name or "dataset")

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import functools
+import os
 from pathlib import Path
 from typing import Any, Literal
 
@@ -52,16 +54,74 @@ class MediaSettings:
                           min_pixels=int(part.get("min_pixels") or self.min_pixels))
 
 
+MEDIA_SUFFIXES = (".mp4", ".avi", ".mov", ".mkv", ".webm", ".jpg", ".jpeg", ".png", ".webp", ".bmp")
+"""File endings indexed by :func:`resolve_media_path`'s look-up by file name."""
+
+
 def resolve_media_path(path: str, media_dir: str | Path | None) -> Path:
-    """An absolute path for a media reference: ``file://`` prefixes are dropped, relative paths are
-    taken under ``media_dir`` (or the working directory when there is none)."""
+    """An absolute path for a media reference.
+
+    ``file://`` prefixes are dropped; relative paths are taken under ``media_dir`` (or the working
+    directory when there is none). When that file does not exist and there is a ``media_dir``, the
+    reference's file name is looked up anywhere below ``media_dir`` (datasets such as
+    Cosmos-Reason1 store paths of the machine that made them; their clips are found by name, as
+    cosmos-rl does). Returns the direct path when neither exists, so the error names it.
+    """
     text = str(path)
     if text.startswith("file://"):
         text = text[len("file://"):]
     candidate = Path(text).expanduser()
     if candidate.is_absolute() or not media_dir:
-        return candidate.resolve()
-    return (Path(media_dir).expanduser() / candidate).resolve()
+        direct = candidate.resolve()
+    else:
+        direct = (Path(media_dir).expanduser() / candidate).resolve()
+    if media_dir and not direct.exists():
+        found = _files_by_name(str(Path(media_dir).expanduser().resolve())).get(candidate.name)
+        if found is not None:
+            return Path(found)
+    return direct
+
+
+@functools.lru_cache(maxsize=16)
+def _files_by_name(media_dir: str) -> dict[str, str]:
+    """``file name -> path`` of the media files below ``media_dir`` (walked once per folder and
+    process; the first of several files with one name wins)."""
+    index: dict[str, str] = {}
+    for root, _, files in os.walk(media_dir):
+        for name in sorted(files):
+            if name.lower().endswith(MEDIA_SUFFIXES):
+                index.setdefault(name, os.path.join(root, name))
+    return index
+
+
+def cosmos_cache_clip_dir(name: str, subset: str = "") -> Path | None:
+    """Where cosmos-rl keeps the clips of the Hub dataset ``name``, if that folder exists:
+    ``$COSMOS_CACHE/datasets/<owner>/<dataset>/<subset>/video_clips`` (``COSMOS_CACHE`` defaults to
+    ``~/.cache/cosmos``)."""
+    root = Path(os.environ.get("COSMOS_CACHE") or Path.home() / ".cache" / "cosmos").expanduser()
+    parts = [p for p in name.strip().strip("/").split("/") if p][-2:]
+    if not parts:
+        return None
+    folder = root / "datasets" / Path(*parts) / subset / "video_clips"
+    return folder if folder.is_dir() else None
+
+
+def default_media_dir(cfg: Any) -> str | None:
+    """The folder relative media paths of ``cfg``'s dataset resolve under.
+
+    ``[...dataset] media_dir`` when set; else a local dataset's own folder; else, for a Hub
+    dataset, cosmos-rl's clip folder under ``COSMOS_CACHE`` when it exists
+    (:func:`cosmos_cache_clip_dir`); else None (the working directory).
+    """
+    if cfg.media_dir:
+        return cfg.media_dir
+    if not cfg.name:
+        return None
+    local = Path(cfg.name).expanduser()
+    if local.exists():
+        return str(local if local.is_dir() else local.parent)
+    cached = cosmos_cache_clip_dir(cfg.name, cfg.subset)
+    return str(cached) if cached is not None else None
 
 
 def load_image(path: str | Path, max_pixels: int | None = None, min_pixels: int = 4 * PIXEL_FACTOR**2) -> np.ndarray:
