@@ -132,6 +132,8 @@ class Scored(NamedTuple):
     advantages: torch.Tensor  # [N] float32, group-relative
     lengths: torch.Tensor  # [N] int64, generated tokens
     batch: RewardBatch  # per-reward values and batch metrics
+    keep: torch.Tensor  # [N] bool: False for groups DAPO dynamic sampling drops (equal rewards)
+    sampling_metrics: dict[str, float]  # dynamic_sampling/* counts (empty when it is off)
 
 
 def score_rollouts(groups: Sequence[RolloutGroup], rewards: cp.rewards.RewardSet, cfg: cp.config.Config) -> Scored:
@@ -142,7 +144,13 @@ def score_rollouts(groups: Sequence[RolloutGroup], rewards: cp.rewards.RewardSet
                      [g.prompt.row for g in groups for _ in g.completions])
     lengths = torch.tensor([len(c.token_ids) for c in completions])
     reward = cp.algo.apply_overlong_reward(scored.total_tensor(), lengths, cfg.grpo, cfg.rollout.max_response_length)
-    return Scored(reward, cp.algo.compute_advantages(reward, cfg=cfg.grpo), lengths, scored)
+    keep, sampling_metrics = torch.ones(len(completions), dtype=torch.bool), {}
+    if cp.algo.dynamic_sampling_enabled(cfg.grpo):
+        sizes = torch.tensor([len(g.completions) for g in groups])
+        group_ids = torch.repeat_interleave(torch.arange(len(groups)), sizes)
+        dropped = cp.algo.dynamic_sampling(reward, group_ids)
+        keep, sampling_metrics = dropped.keep, dropped.metrics()
+    return Scored(reward, cp.algo.compute_advantages(reward, cfg=cfg.grpo), lengths, scored, keep, sampling_metrics)
 
 
 def policy_logprobs(model, batch: RolloutBatch, rows: slice, *, temperature: float, chunk_size: int,
@@ -190,6 +198,8 @@ def update_policy(policy, reference, optimizer, batch: RolloutBatch, advantages:
     times: dict[str, float] = {}
     t0 = time.perf_counter()
     token_count = cp.algo.dp_mean_token_count(batch.completion_mask, dp_group)
+    if float(token_count) == 0.0:  # every group of every rank was dropped (all-reduced: all ranks agree)
+        return {}, 0.0, {"logprobs": time.perf_counter() - t0, "update": 0.0}
     # the PPO ratio's "old" policy ([grpo] old_logprobs); None: this update's first forward (the
     # weights at its start), free when there is one iteration
     old = [batch.rollout_logprobs[r] for r in rows]
@@ -226,7 +236,8 @@ def update_policy(policy, reference, optimizer, batch: RolloutBatch, advantages:
 
 def loss_metrics(metric_sums: dict[str, float]) -> dict[str, float]:
     # "kl" exists only with a reference model (kl_beta != 0): never log a KL that was not computed
-    return {k: metric_sums[k] for k in ("kl", "clip_fraction", "entropy", "loss") if k in metric_sums}
+    return {k: metric_sums[k] for k in ("kl", "clip_fraction", "entropy", "loss", "behaviour_weight_mean",
+                                        "behaviour_capped_fraction", "off_policy_masked_fraction") if k in metric_sums}
 
 
 # --------------------------------------------------------------------------------------- colocated
@@ -282,9 +293,13 @@ def run_colocated(cfg: cp.config.Config, info: cp.parallel.DistInfo) -> None:
 
         t0 = time.perf_counter()
         batch = collate_rollouts(groups, processor).to(info.device)
+        # groups dynamic sampling drops stay in the batch with no token to train (ranks keep running
+        # the same forward / backward collectives) and out of the token-mean denominator
+        batch.completion_mask = batch.completion_mask * scored.keep[:, None].to(batch.completion_mask)
         collate_s = time.perf_counter() - t0
-        metric_sums, grad_norm, update_times = update_policy(policy, reference, optimizer, batch,
-                                                             scored.advantages.to(info.device), cfg, dp_group)
+        metric_sums, grad_norm, update_times = update_policy(
+            policy, reference, optimizer, batch, scored.advantages.to(info.device), cfg, dp_group,
+            behaviour_logprobs=grpo.behav_imp_weight_cap is not None or grpo.off_policy_masking_delta is not None)
         times["logprobs"] = collate_s + update_times["logprobs"]
         times["update"] = update_times["update"]
         scheduler.step()
@@ -298,7 +313,7 @@ def run_colocated(cfg: cp.config.Config, info: cp.parallel.DistInfo) -> None:
             **{k: v for k, v in scored.batch.metrics.items() if k.startswith("reward/") and k != "reward/total"},
             **loss_metrics(metric_sums),
             "response_length": float(scored.lengths.float().mean()), "grad_norm": grad_norm,
-            "lr": scheduler.get_last_lr()[0], "bad_samples": bad.count,
+            "lr": scheduler.get_last_lr()[0], "bad_samples": bad.count, **scored.sampling_metrics,
             **{f"time/{k}": v for k, v in times.items()}, "time/step": sum(times.values()),
         }, step)
         ckpt.maybe_save(step, epoch=sampler.epoch, weight_version=step, force=step == total_steps)
@@ -571,9 +586,15 @@ def generate_into_queue(cfg, info, roles, plan: QueuePlan, sync_group, url: str)
         groups = engine.generate([next(prompts) for _ in range(plan.prompts_per_rollout)],
                                  sampling_params(cfg, cfg.train.seed * 1_000_003 + batches * 1009 + info.rank))
         scored = score_rollouts(groups, rewards, cfg)
-        queue.put_many(records_of(groups, scored, list(grpo.reward_function)))
+        # one record per group; dynamic sampling drops a group whole, so the trainer waits for more
+        group_keep = scored.keep[:: len(groups[0].completions)].tolist()
+        records = [r for r, kept in zip(records_of(groups, scored, list(grpo.reward_function)), group_keep) if kept]
+        if records:
+            queue.put_many(records)
         batches += 1
-        log.info(f"[rollout] batch {batches}: {len(groups)} records with weight version {engine.weight_version}, "
+        dropped = f", {len(groups) - len(records)} equal-reward groups dropped" if len(records) < len(groups) else ""
+        log.info(f"[rollout] batch {batches}: {len(records)} records with weight version {engine.weight_version}"
+                 f"{dropped}, "
                  f"reward {float(scored.rewards.mean()):.3f}, {time.perf_counter() - t0:.1f}s; "
                  f"waited {waited_s:.1f}s for the trainer so far")
     log.info(f"[rollout] stopping ({control.stop_requested()}) after {batches} batches at weight version "

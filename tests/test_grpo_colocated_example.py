@@ -83,3 +83,26 @@ def test_kl_to_the_frozen_reference_starts_at_zero_and_is_logged_each_step(asset
         assert {"reward/mean", "reward/format", "reward/single_choice", "reward/length", "clip_fraction", "entropy",
                 "time/rollout", "time/update", "time/sync"} <= set(r)
     assert (run_dir / "curves.png").stat().st_size > 0
+
+
+def test_dapo_drops_equal_reward_groups_and_a_step_with_none_left_trains_nothing(assets, tmp_path: Path) -> None:
+    # the random model earns 0 from format and single_choice on every sample: every group is dropped
+    _, run_dir = run([*assets, *SMALL, "grpo.variant=dapo"], tmp_path / "out")
+    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    for r in rows:
+        assert (r["dynamic_sampling/dropped_groups"], r["dynamic_sampling/kept_groups"]) == (2, 0)
+        assert r["dynamic_sampling/dropped_samples"] == 8
+        assert r["grad_norm"] == 0.0 and "loss" not in r  # no update: nothing left to train on
+
+
+def test_behaviour_weights_and_dynamic_sampling_with_a_spread_reward(assets, tmp_path: Path) -> None:
+    # the length reward differs within groups, so nothing is dropped; the decoupled loss gets the
+    # engine's log-probs (weights exp(trainer - engine) = 1 up to float noise for fresh samples)
+    _, run_dir = run([*assets, *SMALL, "grpo.dynamic_sampling=true", "grpo.behav_imp_weight_cap=5.0",
+                      "grpo.reward_function={length = 1.0}"], tmp_path / "out")
+    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    for r in rows:
+        assert r["dynamic_sampling/kept_groups"] == 2 and r["grad_norm"] > 0
+        assert r["behaviour_capped_fraction"] == 0.0
+        # colocated samples come from the current weights: the trainer and engine agree
+        assert abs(r["behaviour_weight_mean"] - 1.0) < 1e-3
