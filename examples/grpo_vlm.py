@@ -63,7 +63,6 @@ from cosmos_primitives.queue import (
 from cosmos_primitives.queue.run_control import RunControl, check_queue_capacity
 from cosmos_primitives.rewards.compose import RewardBatch
 from cosmos_primitives.rollout.base import RolloutGroup, SamplingParams
-from cosmos_primitives.rollout.hf_engine import HFRolloutEngine
 from cosmos_primitives.sync import InProcessSync, WeightBroadcaster, WeightReceiver, new_sync_group
 
 
@@ -251,9 +250,14 @@ def run_colocated(cfg: cp.config.Config, info: cp.parallel.DistInfo) -> None:
     # Policy (trained, FSDP2 over dp_shard), frozen reference, rollout engine and weight sync.
     processor = cp.eval.load_processor(cfg.policy.model_name_or_path)
     policy, reference = build_policies(cfg, mesh, info.device)
-    engine_model = cp.policy.load_hf_model(cfg.policy.model_name_or_path, dtype=cfg.policy.dtype).eval()
-    engine = HFRolloutEngine(engine_model.to(info.device), processor, max_batch_sequences=rollout.batch_size)
-    sync = InProcessSync(policy.hf_model, engine_model, engine=engine)
+    engine, engine_model = cp.rollout.build_rollout_engine(
+        rollout, cfg.policy.model_name_or_path, processor, dtype=cfg.policy.dtype, device=info.device,
+        seed=cfg.train.seed + info.rank, max_model_len=cfg.policy.model_max_length)
+    if engine_model is not None:  # HF engine: its module's parameters are written (or share storage)
+        sync = InProcessSync(policy.hf_model, engine_model, engine=engine)
+    else:  # vLLM: tensors go through engine.update_weights under the checkpoint names vLLM loads
+        sync = InProcessSync(policy.hf_model, engine, layout=cp.rollout.sync_layout(rollout),
+                             dtype=cp.policy.resolve_dtype(cfg.policy.dtype))
     sync_result = sync.sync(version=0)
 
     # Prompts, rewards, optimizer, checkpoints.
@@ -471,7 +475,8 @@ def train_from_queue(cfg, info, roles, plan: QueuePlan, mesh: RoleMesh, sync_gro
     bad = BadSampleTracker(dataset_cfg.bad_sample_budget)
     dis = cfg.disaggregated
     wire = None if dis.transfer_dtype == "auto" else getattr(torch, dis.transfer_dtype)
-    sender = WeightBroadcaster(policy.hf_model, sync_group, bucket_bytes=dis.bucket_mb << 20,
+    sender = WeightBroadcaster(policy.hf_model, sync_group, layout=cp.rollout.sync_layout(cfg.rollout),
+                               bucket_bytes=dis.bucket_mb << 20,
                                transfer_dtype=wire or cp.policy.resolve_dtype(cfg.policy.dtype))
     step = 0
     if info.is_rank0:
@@ -553,9 +558,12 @@ def generate_into_queue(cfg, info, roles, plan: QueuePlan, sync_group, url: str)
     log = cp.logging.get_logger()
     grpo, dis = cfg.grpo, cfg.disaggregated
     processor = cp.eval.load_processor(cfg.policy.model_name_or_path)
-    engine_model = cp.policy.load_hf_model(cfg.policy.model_name_or_path, dtype=cfg.policy.dtype).eval()
-    engine = HFRolloutEngine(engine_model.to(info.device), processor, max_batch_sequences=cfg.rollout.batch_size)
-    receiver = WeightReceiver(engine_model, sync_group, engine=engine)
+    engine, engine_model = cp.rollout.build_rollout_engine(
+        cfg.rollout, cfg.policy.model_name_or_path, processor, dtype=cfg.policy.dtype, device=info.device,
+        seed=cfg.train.seed + info.rank, max_model_len=cfg.policy.model_max_length)
+    # the HF engine's module is written in place; vLLM takes each bucket through update_weights
+    receiver = WeightReceiver(engine_model if engine_model is not None else engine, sync_group,
+                              engine=engine if engine_model is not None else None)
     receiver.sync()  # the trainer's weights at its start, checked bit for bit
 
     dataset = MCQPromptDataset.from_config(cfg.train.train_policy.dataset)

@@ -16,6 +16,8 @@ _EXPORTS = {
     "RolloutGroup": "base",
     "SamplingParams": "base",
     "HFRolloutEngine": "hf_engine",
+    "build_rollout_engine": "engine_factory",
+    "sync_layout": "engine_factory",
     "encode_prompts": "hf_inputs",
     "render_prompt": "hf_inputs",
     "repeat_batch": "hf_inputs",

@@ -37,7 +37,7 @@ class CosmosWorkerExtension:
 
     def cosmos_weight_checksums(self, names: list[str]) -> dict[str, float]:
         params = dict(self.model_runner.model.named_parameters())  # type: ignore[attr-defined]
-        return {n: float(params[n].double().sum()) for n in names if n in params}
+        return {n: float(params[n].detach().double().sum()) for n in names if n in params}
 
 
 class VLLMRolloutEngine:

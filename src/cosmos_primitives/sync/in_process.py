@@ -13,6 +13,7 @@ what moves the version tag that rollouts carry.
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Callable, Iterator
 from typing import Any, Literal
@@ -117,10 +118,13 @@ class InProcessSync:
                     self._staging[e.target] = torch.empty(e.shape, dtype=e.dtype, device=device)
         self._cuda = _uses_cuda(self._targets, self._sources)
         self._read_back = read_back or self._default_read_back()
-        if verify_first and self._read_back is None:
+        # an engine whose tensors live elsewhere (vLLM workers) is checked by per-tensor checksums
+        self._checksums = getattr(self._engine, "weight_checksums", None) if self._read_back is None else None
+        if verify_first and self._read_back is None and self._checksums is None:
             raise ValueError(
                 f"verify_first needs to read the engine's tensors back, but {type(target).__name__} has no "
-                "'model' nn.Module; pass read_back=lambda name: <engine tensor>, or verify_first=False"
+                "'model' nn.Module nor weight_checksums(); pass read_back=lambda name: <engine tensor>, or "
+                "verify_first=False"
             )
 
     # plan ------------------------------------------------------------------------------------
@@ -228,12 +232,15 @@ class InProcessSync:
     # first-sync check -----------------------------------------------------------------------
 
     def verify(self) -> None:
-        """Compare every engine tensor with the trainer's value cast the same way, bit for bit.
+        """Compare every engine tensor with the trainer's value cast the same way, bit for bit (or,
+        for an engine that cannot hand its tensors back, by its ``weight_checksums``).
 
         Raises:
             WeightMismatchError: naming the first engine tensor that differs.
         """
-        assert self._read_back is not None
+        if self._read_back is None:
+            self._verify_checksums()
+            return
         with torch.no_grad():
             for e in self.plan:
                 got = self._read_back(e.target)
@@ -244,6 +251,32 @@ class InProcessSync:
                         f"mode {e.mode}) differs from the trainer's value cast to {got.dtype}: "
                         f"{describe_difference(expected, got.to(expected.device))}. The engine's weight loader "
                         "or the name map is wrong for this tensor"
+                    )
+
+    def _verify_checksums(self) -> None:
+        """The first-sync check through the engine's ``weight_checksums(names)`` (float64 sums).
+
+        Only the names the engine reports are compared: an engine that fuses or shards tensors
+        (vLLM's ``qkv_proj``) does not hold the others under these names. At least one must match.
+        """
+        assert self._checksums is not None
+        got = self._checksums([e.target for e in self.plan])
+        if not got:
+            raise WeightMismatchError(
+                f"weight sync check failed: the engine reported no checksum for any of the {len(self.plan)} "
+                "tensors it was sent (names it does not hold?); pass verify_first=False to skip the check"
+            )
+        with torch.no_grad():
+            for e in self.plan:
+                if e.target not in got:
+                    continue
+                expected = float(_expected(e, [full_tensor(self._sources[s]) for s in e.sources], e.dtype)
+                                 .double().sum())
+                if not math.isclose(expected, float(got[e.target]), rel_tol=1e-7, abs_tol=1e-6):
+                    raise WeightMismatchError(
+                        f"weight sync check failed: engine tensor '{e.target}' (from trainer {list(e.sources)}) "
+                        f"sums to {got[e.target]!r}, the trainer's value cast to {e.dtype} to {expected!r}. The "
+                        "engine's weight loader or the name map is wrong for this tensor"
                     )
 
     def _default_read_back(self) -> Callable[[str], torch.Tensor] | None:

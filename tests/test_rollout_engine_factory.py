@@ -1,0 +1,58 @@
+"""``[rollout] backend`` -> engine, and in-process weight sync into a vLLM engine (a stand-in with
+vLLM's documented call shapes; the real vLLM cannot run here) checked by checksums."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import cosmos_primitives as cp
+from cosmos_primitives import testing as cpt
+from cosmos_primitives.config.rollout import RolloutConfig
+from cosmos_primitives.sync import InProcessSync, WeightMismatchError
+
+
+def test_hf_backend_builds_an_engine_over_its_own_module(tiny_qwen2_dir, qwen_tokenizer) -> None:
+    engine, model = cp.rollout.build_rollout_engine(RolloutConfig(batch_size=5), str(tiny_qwen2_dir),
+                                                    qwen_tokenizer, dtype="float32")
+    assert isinstance(engine, cp.rollout.HFRolloutEngine) and engine.model is model
+    assert next(model.parameters()).dtype == torch.float32 and not model.training
+    assert cp.rollout.sync_layout(RolloutConfig()) == "hf"
+
+
+def test_vllm_backend_takes_the_rollout_keys(standin_vllm, tiny_qwen2_dir, qwen_tokenizer) -> None:
+    cfg = cp.load_config(overrides=["rollout.backend=vllm", "rollout.gpu_memory_utilization=0.4",
+                                    "rollout.enforce_eager=false"]).rollout
+    engine, model = cp.rollout.build_rollout_engine(cfg, str(tiny_qwen2_dir), qwen_tokenizer, dtype="bfloat16",
+                                                    seed=7, max_model_len=512)
+    assert model is None and isinstance(engine, cp.rollout.VLLMRolloutEngine)
+    kwargs = standin_vllm.CALLS[0][1]
+    assert (kwargs["gpu_memory_utilization"], kwargs["enforce_eager"], kwargs["dtype"], kwargs["seed"],
+            kwargs["max_model_len"], kwargs["tensor_parallel_size"]) == (0.4, False, "bfloat16", 7, 512, 1)
+    assert cp.rollout.sync_layout(cfg) == "hf_checkpoint"
+    cfg_tp = cp.load_config(overrides=["rollout.backend=vllm", "rollout.parallelism.tp_size=2"]).rollout
+    with pytest.raises(ValueError, match=r"tp_size = 2 with backend = \"vllm\""):
+        cp.rollout.build_rollout_engine(cfg_tp, str(tiny_qwen2_dir), qwen_tokenizer)
+
+
+def test_in_process_sync_into_vllm_is_checked_by_checksums(standin_vllm, tiny_qwen2_dir, qwen_tokenizer) -> None:
+    trainer = cpt.tiny_qwen2(seed=11)  # other weights than the engine loaded from the folder
+    cfg = cp.load_config(overrides=["rollout.backend=vllm"]).rollout
+    engine, _ = cp.rollout.build_rollout_engine(cfg, str(tiny_qwen2_dir), qwen_tokenizer, dtype="float32")
+    sync = InProcessSync(trainer, engine, layout=cp.rollout.sync_layout(cfg))
+    result = sync.sync(version=3)
+    assert result.verified and engine.weight_version == 3
+    engine_params = dict(engine.llm.hf_model.named_parameters())
+    for name, p in trainer.named_parameters():
+        assert torch.equal(engine_params[name], p), name
+
+    # an engine that loaded something else is caught on the first sync, naming the tensor
+    real = engine.weight_checksums
+    engine.weight_checksums = lambda names: {**real(names), "model.norm.weight": 0.0}
+    broken = InProcessSync(trainer, engine, layout="hf_checkpoint")
+    with pytest.raises(WeightMismatchError, match=r"'model\.norm\.weight'"):
+        broken.sync(version=4)
+    # and one that holds none of the names cannot pass for checked
+    engine.weight_checksums = lambda names: {}
+    with pytest.raises(WeightMismatchError, match="no checksum"):
+        InProcessSync(trainer, engine, layout="hf_checkpoint").sync(version=5)
