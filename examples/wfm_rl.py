@@ -56,7 +56,10 @@ def build_models(cfg: cp.Config, device: torch.device, dtype: torch.dtype) -> tu
         # torch_dtype keeps the modules the model wants in float32 (norms, time embedding) there
         transformer = diffusers.AutoModel.from_pretrained(w.model, subfolder="transformer", torch_dtype=dtype)
         vae = diffusers.AutoModel.from_pretrained(w.model, subfolder="vae")
-        scheduler = diffusers.FlowMatchEulerDiscreteScheduler.from_pretrained(w.model, subfolder="scheduler")
+        # the folder names its scheduler: FlowMatchEulerDiscreteScheduler (Wan) or a flow-sigma
+        # UniPCMultistepScheduler (Cosmos-Predict2.5); only its sigma grid is used
+        scheduler_config = diffusers.FlowMatchEulerDiscreteScheduler.load_config(w.model, subfolder="scheduler")
+        scheduler = getattr(diffusers, scheduler_config["_class_name"]).from_config(scheduler_config)
     return transformer.to(device), vae.to(device).requires_grad_(False).eval(), scheduler
 
 
@@ -98,8 +101,9 @@ def train(cfg: cp.Config) -> Path:
     # under FSDP2 the weights stay float32 and are gathered in bf16 (mixed-precision policy)
     transformer, vae, scheduler = build_models(cfg, device, torch.bfloat16 if bf16 and info.world_size == 1
                                                else torch.float32)
+    num_train_timesteps = float(scheduler.config.num_train_timesteps)
     policy = DiffusionPolicy(transformer, lora=w.lora if w.lora.enabled else None, keep_reference=w.kl_beta > 0,
-                             gradient_checkpointing=w.gradient_checkpointing)
+                             gradient_checkpointing=w.gradient_checkpointing, num_train_timesteps=num_train_timesteps)
     for p in policy.trainable_parameters():
         p.data = p.data.float()  # float32 master weights for AdamW (LoRA; full fine-tuning without FSDP2)
     cp.utils.seed_everything(cfg.train.seed + info.rank)  # after the model builders, which seed torch themselves
@@ -113,7 +117,8 @@ def train(cfg: cp.Config) -> Path:
     guided = to_diffusers_guidance(w.guidance_scale, w.guidance_convention) != 1.0
     negative = negative_prompt_embedding(w.data, w.negative_prompt)[0].to(device) if guided else None
     sigmas, timesteps = flow_sigmas(scheduler, w.num_inference_steps, shift=s.shift)
-    eval_sigmas, eval_timesteps = flow_sigmas(scheduler, w.eval_num_inference_steps, shift=s.shift)
+    if w.eval_num_inference_steps > 0:  # (some schedulers refuse a grid of 0 steps)
+        eval_sigmas, eval_timesteps = flow_sigmas(scheduler, w.eval_num_inference_steps, shift=s.shift)
     sde = SDEParams(sde_type=s.sde_type, noise_level=s.noise_level, noise_min=s.noise_min, noise_max=s.noise_max)
     latent_shape = tuple(encode_video(vae, dataset[0]["video"][None].to(device)).shape[1:])
     group, per_step = w.num_samples_per_prompt, w.data.prompts_per_step
@@ -182,6 +187,7 @@ def train(cfg: cp.Config) -> Path:
                             data = ddrl_data_loss(velocity, clips[mb], sub_text,
                                                   noise=sub.initial_noise if w.ddrl_rollout_noise else None,
                                                   sigma=now.sigma if w.ddrl_rollout_sigma else None,
+                                                  num_train_timesteps=num_train_timesteps,
                                                   weighting=w.ddrl_loss_weighting)
                         loss = loss + w.data_beta * data.loss
                         metrics.setdefault("data_loss", []).append(data.loss.item())

@@ -13,6 +13,7 @@ from cosmos_primitives.config.wfm import WFMLoraConfig
 from cosmos_primitives.policy.diffusion import DiffusionPolicy
 from cosmos_primitives.rollout.flow_sampler import (
     flow_sigmas,
+    flow_velocity_fn,
     guided_velocity,
     recompute_step,
     sample_flow,
@@ -26,7 +27,12 @@ from cosmos_primitives.rollout.flow_sde import (
     ode_step,
     sde_step_stats,
 )
-from cosmos_primitives.testing import tiny_flow_scheduler, tiny_wan_transformer
+from cosmos_primitives.testing import (
+    tiny_cosmos_transformer,
+    tiny_flow_scheduler,
+    tiny_unipc_flow_scheduler,
+    tiny_wan_transformer,
+)
 
 X = torch.tensor([[[0.5, -1.0], [2.0, 0.25]]])  # [1, 2, 2]
 V = torch.tensor([[[1.5, 0.5], [-0.75, 2.0]]])
@@ -252,3 +258,34 @@ def test_flow_sigmas_copies_the_scheduler_grid():
     shifted, _ = flow_sigmas(scheduler, 8, shift=1.0)
     assert not torch.allclose(shifted, sigmas)
     assert scheduler.config.shift == 3.0
+
+
+def test_flow_sigmas_of_a_unipc_flow_scheduler_are_exact_and_shift_is_flow_shift():
+    scheduler = tiny_unipc_flow_scheduler(flow_shift=5.0)
+    sigmas, timesteps = flow_sigmas(scheduler, 6)
+    assert sigmas.shape == (7,) and sigmas[-1].item() == 0.0 and sigmas[0].item() == pytest.approx(1.0, abs=1e-5)
+    # UniPC rounds its own timesteps to integers; the sampler gets sigma * 1000 unrounded
+    torch.testing.assert_close(timesteps, sigmas[:-1] * 1000)
+    assert not torch.equal(timesteps, timesteps.round())
+    less_shifted, _ = flow_sigmas(scheduler, 6, shift=1.0)  # passed on as flow_shift
+    torch.testing.assert_close(less_shifted[:-1], torch.linspace(1, 1 / 1000, 7)[:-1], atol=2e-6, rtol=0)
+    assert scheduler.config.flow_shift == 5.0
+    with pytest.raises(ValueError, match="no shift"):
+        flow_sigmas(type("NoShift", (), {"config": {"num_train_timesteps": 1000}})(), 4, shift=2.0)
+
+
+def test_cosmos_velocity_feeds_sigma_and_the_masks_the_pipeline_uses():
+    transformer = tiny_cosmos_transformer(seed=0)
+    latents, text = torch.randn(2, 4, 3, 8, 8), torch.randn(2, 5, 32)
+    velocity = flow_velocity_fn(transformer, num_train_timesteps=1000.0)  # picks the Cosmos wrapper
+    with torch.no_grad():
+        got = velocity(latents, torch.tensor(625.0), text)
+        expected = transformer(hidden_states=latents, condition_mask=torch.zeros(2, 1, 3, 8, 8),
+                               timestep=torch.tensor([0.625, 0.625]), encoder_hidden_states=text,
+                               padding_mask=torch.zeros(1, 1, 8, 8), return_dict=False)[0]
+        other_sigma = velocity(latents, torch.tensor(250.0), text)
+    assert got.shape == latents.shape and got.dtype == torch.float32
+    torch.testing.assert_close(got, expected)
+    assert not torch.allclose(got, other_sigma)
+    # a Wan transformer keeps the plain diffusers call (timestep in [0, 1000])
+    assert flow_velocity_fn(tiny_wan_transformer(seed=0)).__qualname__.startswith("diffusers_velocity_fn")

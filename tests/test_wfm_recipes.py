@@ -12,7 +12,13 @@ import torch
 
 import cosmos_primitives as cp
 from cosmos_primitives.logging import metric_series, read_metrics
-from cosmos_primitives.testing import tiny_flow_scheduler, tiny_wan_transformer, tiny_wan_vae
+from cosmos_primitives.testing import (
+    tiny_cosmos_transformer,
+    tiny_flow_scheduler,
+    tiny_unipc_flow_scheduler,
+    tiny_wan_transformer,
+    tiny_wan_vae,
+)
 
 ROOT = Path(__file__).resolve().parents[1]
 CONFIGS = ROOT / "examples" / "configs"
@@ -81,3 +87,40 @@ def test_recipe_runs_from_a_diffusers_folder_with_kl_guidance_and_minibatches(di
 
     weights = load_file(str(run_dir / "trained_weights.safetensors"))
     assert weights and all("lora_" in name for name in weights)
+
+
+@pytest.fixture
+def cosmos_folder(tmp_path):
+    """A diffusers folder laid out like Cosmos-Predict2.5-2B's: Cosmos transformer, Wan VAE, UniPC scheduler."""
+    root = tmp_path / "tiny-cosmos-diffusers"
+    tiny_cosmos_transformer(seed=0).save_pretrained(root / "transformer")
+    tiny_wan_vae(seed=0).save_pretrained(root / "vae")
+    tiny_unipc_flow_scheduler().save_pretrained(root / "scheduler")
+    return root
+
+
+@pytest.mark.parametrize("recipe", ["wfm_flowgrpo_tiny.toml", "wfm_ddrl_tiny.toml"])
+def test_recipe_runs_a_cosmos_predict2_5_folder(cosmos_folder, tmp_path, recipe):
+    spec = importlib.util.spec_from_file_location("wfm_rl_example", ROOT / "examples" / "wfm_rl.py")
+    example = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(example)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        run_dir = example.main([
+            "--config", str(CONFIGS / recipe), f"wfm.model={cosmos_folder}",
+            f"train.output_dir={tmp_path / 'out'}", "logging.logger=[]", "train.max_steps=2",
+            "wfm.num_samples_per_prompt=4", "wfm.num_inference_steps=4", "wfm.eval_num_inference_steps=0",
+            "wfm.sampler.sde_window_size=0", "wfm.kl_beta=0.04", "train.ckpt.enable_checkpoint=true",
+        ])
+    finally:
+        torch.set_num_threads(threads)
+    records = read_metrics(run_dir)
+    assert metric_series(records, "reward_mean")[0] == [1, 2]
+    kl = metric_series(records, "kl")[1]
+    assert kl[1] > 0.0  # the LoRA adapters on the Cosmos attention moved away from the reference
+    from safetensors.torch import load_file
+
+    weights = load_file(str(run_dir / "trained_weights.safetensors"))
+    assert weights and all("lora_" in name for name in weights)
+    assert any(name.startswith("transformer_blocks.0.attn1.to_q") for name in weights)

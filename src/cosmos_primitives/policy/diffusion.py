@@ -18,7 +18,7 @@ import torch
 
 from cosmos_primitives.config.wfm import WFMLoraConfig
 from cosmos_primitives.policy.lora import adapters_disabled, apply_lora
-from cosmos_primitives.rollout.flow_sampler import VelocityFn, diffusers_velocity_fn
+from cosmos_primitives.rollout.flow_sampler import VelocityFn, flow_velocity_fn
 
 BLOCK_ATTRIBUTES = ("blocks", "transformer_blocks")
 """Where diffusers transformers keep their blocks (Wan, Cosmos: ``blocks``; SD3, Flux: ``transformer_blocks``)."""
@@ -66,14 +66,17 @@ class DiffusionPolicy:
         keep_reference: with full fine-tuning, keep a frozen copy of the initial weights as the
             reference (needed for a KL term). Ignored with LoRA.
         gradient_checkpointing: recompute block activations in backward (diffusers' own switch).
+        num_train_timesteps: the scheduler's; a Cosmos-Predict2.5 transformer is fed
+            ``timestep / num_train_timesteps`` (its sigma); see ``cp.rollout.flow_velocity_fn``.
 
     Use :meth:`velocity_fn` for rollouts and training, ``with policy.reference() as ref:`` for the
     reference velocity, :meth:`shard` for FSDP2.
     """
 
     def __init__(self, transformer: Any, *, lora: WFMLoraConfig | None = None, keep_reference: bool = False,
-                 gradient_checkpointing: bool = False) -> None:
+                 gradient_checkpointing: bool = False, num_train_timesteps: float = 1000.0) -> None:
         self.transformer = transformer
+        self.num_train_timesteps = float(num_train_timesteps)
         self.uses_lora = lora is not None and lora.enabled
         self._frozen_reference: Any = None
         if self.uses_lora:
@@ -94,8 +97,8 @@ class DiffusionPolicy:
         return sum(p.numel() for p in self.trainable_parameters())
 
     def velocity_fn(self, **forward_kwargs: Any) -> VelocityFn:
-        """The policy's velocity, see :func:`cosmos_primitives.rollout.flow_sampler.diffusers_velocity_fn`."""
-        return diffusers_velocity_fn(self.transformer, **forward_kwargs)
+        """The policy's velocity, see :func:`cosmos_primitives.rollout.flow_sampler.flow_velocity_fn`."""
+        return flow_velocity_fn(self.transformer, num_train_timesteps=self.num_train_timesteps, **forward_kwargs)
 
     @property
     def has_reference(self) -> bool:
@@ -110,13 +113,14 @@ class DiffusionPolicy:
         """
         if self.uses_lora:
             with adapters_disabled(self.transformer), torch.no_grad():
-                yield diffusers_velocity_fn(self.transformer, **forward_kwargs)
+                yield flow_velocity_fn(self.transformer, num_train_timesteps=self.num_train_timesteps, **forward_kwargs)
             return
         if self._frozen_reference is None:
             raise RuntimeError("this DiffusionPolicy does full fine-tuning without a reference copy; build it with "
                                "keep_reference=True (needed when [wfm] kl_beta > 0)")
         with torch.no_grad():
-            yield diffusers_velocity_fn(self._frozen_reference, **forward_kwargs)
+            yield flow_velocity_fn(self._frozen_reference, num_train_timesteps=self.num_train_timesteps,
+                                   **forward_kwargs)
 
     def shard(self, mesh: Any = None, *, param_dtype: torch.dtype | None = None) -> DiffusionPolicy:
         """FSDP2-shard the transformer (and the frozen reference, if any) over ``mesh`` (:func:`shard_transformer`)."""

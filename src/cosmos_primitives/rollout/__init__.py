@@ -34,6 +34,8 @@ _EXPORTS = {
     "StepRecompute": "flow_sampler",
     "VelocityFn": "flow_sampler",
     "diffusers_velocity_fn": "flow_sampler",
+    "cosmos_velocity_fn": "flow_sampler",
+    "flow_velocity_fn": "flow_sampler",
     "flow_sigmas": "flow_sampler",
     "guided_velocity": "flow_sampler",
     "recompute_step": "flow_sampler",

@@ -45,6 +45,36 @@ def diffusers_velocity_fn(transformer: Any, **forward_kwargs: Any) -> VelocityFn
     return velocity
 
 
+def cosmos_velocity_fn(transformer: Any, *, num_train_timesteps: float = 1000.0, **forward_kwargs: Any) -> VelocityFn:
+    """Wrap a Cosmos-Predict2.5 ``CosmosTransformer3DModel`` (text-to-world) as a :data:`VelocityFn`.
+
+    The model takes what diffusers' Cosmos-Predict2.5 pipeline gives it: the latents with a
+    condition-mask channel appended (all zeros: no conditioning frames), a ``[1, 1, H, W]`` zero
+    padding mask, and the noise level itself as ``timestep`` (sigma in ``[0, 1]``, i.e. the
+    sampler's ``timestep / num_train_timesteps``). Inputs are cast to the transformer's dtype, the
+    velocity comes back as float32.
+    """
+
+    def velocity(latents: torch.Tensor, timestep: torch.Tensor, text: torch.Tensor) -> torch.Tensor:
+        dtype = next(transformer.parameters()).dtype
+        b, _, t, h, w = latents.shape
+        condition_mask = latents.new_zeros(b, 1, t, h, w, dtype=dtype)
+        sigma = (timestep.float() / num_train_timesteps).expand(b)
+        out = transformer(hidden_states=latents.to(dtype), condition_mask=condition_mask, timestep=sigma,
+                          encoder_hidden_states=text.to(dtype), padding_mask=latents.new_zeros(1, 1, h, w, dtype=dtype),
+                          return_dict=False, **forward_kwargs)[0]
+        return out.float()
+
+    return velocity
+
+
+def flow_velocity_fn(transformer: Any, *, num_train_timesteps: float = 1000.0, **forward_kwargs: Any) -> VelocityFn:
+    """:func:`cosmos_velocity_fn` for a ``CosmosTransformer3DModel``, :func:`diffusers_velocity_fn` otherwise."""
+    if any(c.__name__ == "CosmosTransformer3DModel" for c in type(transformer).__mro__):  # FSDP2 subclasses too
+        return cosmos_velocity_fn(transformer, num_train_timesteps=num_train_timesteps, **forward_kwargs)
+    return diffusers_velocity_fn(transformer, **forward_kwargs)
+
+
 def to_diffusers_guidance(scale: float, convention: Literal["diffusers", "cosmos"]) -> float:
     """A guidance scale in the diffusers convention (``v = v_u + g (v_c - v_u)``, 1 = off).
 
@@ -129,19 +159,30 @@ def flow_sigmas(scheduler: Any, num_inference_steps: int, *, shift: float | None
     """The sigma grid and model timesteps of a diffusers flow-matching scheduler.
 
     Args:
-        scheduler: e.g. ``FlowMatchEulerDiscreteScheduler``; it is not modified (a copy with
-            ``shift`` applied is configured).
-        shift: overrides the scheduler's ``shift``.
+        scheduler: ``FlowMatchEulerDiscreteScheduler`` (Wan) or ``UniPCMultistepScheduler`` with
+            ``use_flow_sigmas`` (Cosmos-Predict2.5); it is not modified (a copy with ``shift``
+            applied is configured).
+        shift: overrides the scheduler's ``shift`` (``flow_shift`` for UniPC).
         set_timesteps_kwargs: passed to ``set_timesteps`` (e.g. ``mu`` for dynamic shifting).
 
     Returns:
-        ``(sigmas [S + 1] float32, descending from 1 to 0, timesteps [S] float32 in [0, 1000])``.
+        ``(sigmas [S + 1] float32, descending from 1 to 0, timesteps [S] float32 in [0, 1000])``;
+        a scheduler that rounds its timesteps to integers (UniPC) gives ``sigma * num_train_timesteps``
+        unrounded instead, so a model fed ``timestep / num_train_timesteps`` sees the exact sigma.
     """
-    overrides = {} if shift is None else {"shift": shift}
+    overrides = {}
+    if shift is not None:
+        key = next((k for k in ("shift", "flow_shift") if k in scheduler.config), None)
+        if key is None:
+            raise ValueError(f"{type(scheduler).__name__} has no shift / flow_shift setting; leave [wfm.sampler] "
+                             "shift unset")
+        overrides[key] = shift
     sched = type(scheduler).from_config(scheduler.config, **overrides)
     sched.set_timesteps(num_inference_steps, device="cpu", **set_timesteps_kwargs)
     sigmas = sched.sigmas.detach().float().clone()
     timesteps = sched.timesteps.detach().float().clone()
+    if not sched.timesteps.is_floating_point():
+        timesteps = sigmas[:-1] * float(sched.config.num_train_timesteps)
     if sigmas.shape != (num_inference_steps + 1,) or timesteps.shape != (num_inference_steps,):
         raise ValueError(
             f"{type(scheduler).__name__} gave {tuple(sigmas.shape)} sigmas and {tuple(timesteps.shape)} timesteps "

@@ -170,6 +170,37 @@ def tiny_wan_transformer(seed: int = 0, in_channels: int = 4, text_dim: int = 32
     )
 
 
+def tiny_cosmos_transformer(seed: int = 0, latent_channels: int = 4, text_dim: int = 32, num_layers: int = 2) -> Any:
+    """A tiny diffusers ``CosmosTransformer3DModel`` shaped like Cosmos-Predict2.5's (text-to-world).
+
+    ``in_channels = latent_channels + 1`` (the condition-mask channel), a padding-mask channel added
+    inside; ``timestep``: ``[B]`` sigma in ``[0, 1]``. Feed it through
+    :func:`cosmos_primitives.rollout.flow_sampler.cosmos_velocity_fn`. Needs torchvision.
+    """
+    diffusers = require("diffusers", "the tiny Cosmos transformer")
+    torch.manual_seed(seed)
+    return diffusers.CosmosTransformer3DModel(
+        in_channels=latent_channels + 1,
+        out_channels=latent_channels,
+        num_attention_heads=2,
+        attention_head_dim=16,
+        num_layers=num_layers,
+        text_embed_dim=text_dim,
+        adaln_lora_dim=8,
+        max_size=(16, 32, 32),
+        patch_size=(1, 2, 2),
+        concat_padding_mask=True,
+        extra_pos_embed_type=None,
+    )
+
+
+def tiny_unipc_flow_scheduler(flow_shift: float = 5.0) -> Any:
+    """A flow-sigma ``UniPCMultistepScheduler``, the scheduler kind of Cosmos-Predict2.5 in diffusers."""
+    diffusers = require("diffusers", "the flow-matching scheduler")
+    return diffusers.UniPCMultistepScheduler(use_flow_sigmas=True, flow_shift=flow_shift,
+                                             prediction_type="flow_prediction")
+
+
 def tiny_wan_vae(seed: int = 0, z_dim: int = 4) -> Any:
     """A tiny diffusers ``AutoencoderKLWan``: video ``[B, 3, T, H, W]`` in [-1, 1] <-> latents
     ``[B, z_dim, T, H/2, W/2]`` (no temporal downsampling; Wan's causal chunking wants
