@@ -59,7 +59,10 @@ class TrainPolicyConfig(Section):
     """``[train.train_policy]``: what is trained (``type``) and on which data.
 
     ``sequence_packing``: several samples share one row of at most ``packing_budget`` tokens
-    (``None``: ``policy.model_max_length``); ``packing_buffer`` samples are held to choose rows from.
+    (``None``: ``policy.model_max_length``). ``packing_buffer``: samples held to choose rows from when
+    batches are drawn one at a time (``SFTBatchLoader.next_batch`` / iteration); ``examples/sft.py``
+    draws per optimizer step (``next_step``), which packs that step's ``train_batch_per_replica``
+    samples together, so there the step's samples are the buffer and this key has no effect.
     The GRPO knobs that older configs spell here (``epsilon_low``, ``kl_beta``, ``loss_type``,
     ``variant``, ...) are aliases of the fields of ``[grpo]``.
     """
