@@ -239,6 +239,40 @@ def loss_metrics(metric_sums: dict[str, float]) -> dict[str, float]:
                                         "behaviour_capped_fraction", "off_policy_masked_fraction") if k in metric_sums}
 
 
+def validate(engine, dataset: MCQPromptDataset, cfg: cp.config.Config, mesh: cp.parallel.ParallelMesh,
+             bad: BadSampleTracker) -> dict[str, float]:
+    """``[validation]``: one completion per held-out item (this rank's share), scored with
+    ``[validation] reward_function``; means over every rank's items, as ``validation/*`` metrics."""
+    val = cfg.validation
+    rewards = cp.rewards.RewardSet(val.reward_function)
+    names = list(val.reward_function)
+    count = len(dataset) if val.max_items is None else min(val.max_items, len(dataset))
+    mine = list(range(mesh.dp_rank, count, mesh.dp_size))
+    sums = torch.zeros(len(names) + 2, dtype=torch.float64)  # per reward, total, items
+    for start in range(0, len(mine), cfg.rollout.batch_size):
+        prompts = []
+        for index in mine[start:start + cfg.rollout.batch_size]:
+            try:
+                prompts.append(dataset[index])
+            except BadSampleError as error:
+                bad.record(error, sample=f"validation {index}")
+        if not prompts:
+            continue
+        params = SamplingParams(n=1, temperature=val.temperature, max_new_tokens=cfg.rollout.max_response_length,
+                                seed=cfg.train.seed)
+        groups = engine.generate(prompts, params)
+        scored = rewards([g.completions[0].text for g in groups], [g.prompt.reference for g in groups],
+                         [g.prompt.row for g in groups])
+        for i, name in enumerate(names):
+            sums[i] += sum(scored.values(name))
+        sums[-2] += float(scored.total_tensor().sum())
+        sums[-1] += len(groups)
+    cp.parallel.all_reduce_sum(sums, mesh.group("dp"))
+    items = max(float(sums[-1]), 1.0)
+    return {**{f"validation/{name}": float(sums[i]) / items for i, name in enumerate(names)},
+            "validation/reward_mean": float(sums[-2]) / items, "validation/items": float(sums[-1])}
+
+
 # --------------------------------------------------------------------------------------- colocated
 
 def run_colocated(cfg: cp.config.Config, info: cp.parallel.DistInfo) -> None:
@@ -282,6 +316,9 @@ def run_colocated(cfg: cp.config.Config, info: cp.parallel.DistInfo) -> None:
     dp_group = mesh.group("dp")
     log.info(f"run dir {run_dir}; {total_steps} steps x {grpo.rollout_batch_size} prompts x "
              f"{grpo.num_samples_per_prompt} samples per rank; {mesh}")
+    val_dataset = MCQPromptDataset.from_config(cfg.validation.dataset) if cfg.validation.enable else None
+    if val_dataset is not None and step == 0:
+        tracker.log_metrics(validate(engine, val_dataset, cfg, mesh, bad), 0)
 
     while step < total_steps:
         times: dict[str, float] = {}
@@ -320,6 +357,8 @@ def run_colocated(cfg: cp.config.Config, info: cp.parallel.DistInfo) -> None:
             "lr": scheduler.get_last_lr()[0], "bad_samples": bad.count, **scored.sampling_metrics,
             **{f"time/{k}": v for k, v in times.items()}, "time/step": sum(times.values()),
         }, step)
+        if val_dataset is not None and (step % max(cfg.validation.freq, 1) == 0 or step == total_steps):
+            tracker.log_metrics(validate(engine, val_dataset, cfg, mesh, bad), step)
         ckpt.maybe_save(step, epoch=sampler.epoch, weight_version=step, force=step == total_steps)
 
     log.info(f"[GRPO] Training finished at step {step}/{total_steps}, saving final checkpoint in huggingface "
@@ -399,6 +438,9 @@ def start_local_redis() -> tuple[subprocess.Popen, str]:
 
 def run_disaggregated(cfg: cp.config.Config, info: cp.parallel.DistInfo) -> None:
     log = cp.logging.get_logger()
+    if cfg.validation.enable:
+        raise ValueError("[validation] enable = true runs in colocated mode only (the trainer ranks of "
+                         "--mode disaggregated hold no engine); evaluate exports with examples/evaluate.py")
     roles = split_roles(info.world_size, cfg.disaggregated.num_rollout_ranks)
     plan = plan_disaggregated(cfg, roles)
     # Every rank takes part in creating the trainers' mesh and the weight-broadcast group (collective).

@@ -106,3 +106,17 @@ def test_behaviour_weights_and_dynamic_sampling_with_a_spread_reward(assets, tmp
         assert r["behaviour_capped_fraction"] == 0.0
         # colocated samples come from the current weights: the trainer and engine agree
         assert abs(r["behaviour_weight_mean"] - 1.0) < 1e-3
+
+
+def test_validation_before_every_freq_steps_and_after_the_last(assets, tmp_path: Path) -> None:
+    train_file = next(a.split("=", 1)[1] for a in assets if a.startswith("train.train_policy.dataset.name="))
+    _, run_dir = run([*assets, *SMALL, "validation.enable=true", "validation.freq=2", "validation.max_items=6",
+                      f"validation.dataset.name={train_file}",
+                      "validation.reward_function={single_choice = 1.0, format = 1.0}"], tmp_path / "out")
+    records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    validations = [r for r in records if "validation/items" in r]
+    assert [r["step"] for r in validations] == [0, 2, 3]
+    for r in validations:
+        assert r["validation/items"] == 6
+        assert 0.0 <= r["validation/single_choice"] <= 1.0 and 0.0 <= r["validation/format"] <= 1.0
+        assert r["validation/reward_mean"] == pytest.approx(r["validation/single_choice"] + r["validation/format"])
