@@ -275,6 +275,31 @@ def test_queue_full_is_503_then_served_after_retries(gate):
         assert srv.stats["enqueued"] == 2
 
 
+def test_a_body_still_arriving_holds_a_pending_slot():
+    # bounds memory: with max_pending = 1, one slow upload is all the server holds
+    video = video_batch([60])
+    with RewardServer(token=TOKEN, max_pending=1) as srv:
+        host, port = srv.url.split("//")[1].split(":")[0], srv.port
+        slow = socket.create_connection((host, port), timeout=10)
+        path = "/" + srv.enqueue_url.split("/", 3)[3]
+        slow.sendall((f"POST {path} HTTP/1.1\r\nHost: {host}\r\nAuthorization: Bearer {TOKEN}\r\n"
+                      "Content-Type: application/octet-stream\r\nContent-Length: 100000\r\n\r\n").encode()
+                     + b"x" * 1000)
+        impatient = client_for(srv, {"brightness": 1.0}, retry_on_queue_full=False)
+        wait_until(lambda: _refused(impatient, video), "an enqueue beside the slow upload to be refused with 503")
+        slow.close()  # the upload is abandoned: its slot frees
+        patient = client_for(srv, {"brightness": 1.0}, max_retries=200, retry_backoff_s=0.01, retry_max_backoff_s=0.05)
+        np.testing.assert_allclose(patient.score_sync(["a"], video, "video").total, mean_level(video), rtol=1e-5)
+
+
+def _refused(client, video) -> bool:
+    try:
+        client.score_sync(["b"], video, "video")
+    except RemoteRewardBusy:
+        return True
+    return False
+
+
 def test_server_down_gives_a_clear_error():
     url = f"http://127.0.0.1:{free_port()}/api/reward/enqueue"
     client = RemoteRewardClient(RemoteRewardConfig(max_retries=2, retry_backoff_s=0.01), enqueue_url=url,

@@ -12,8 +12,9 @@ Behaviour:
 - enqueue bodies are parsed without unpickling; a bad body is answered 400 (unparsable), 413 (over
   ``max_body_bytes``) or 422 (wrong media / prompts / rewards) with a message, and the server keeps
   serving;
-- at most ``max_pending`` batches wait or run at once; beyond that enqueue answers 503 (nothing is
-  dropped silently);
+- at most ``max_pending`` batches wait, run or arrive (body being read) at once, which bounds
+  memory to ``max_pending x max_body_bytes``; beyond that enqueue answers 503 (nothing is dropped
+  silently);
 - ``workers`` threads compute rewards; a batch's rewards run one after the other, and each reward's
   reply can be fetched as soon as it is ready (HTTP 400 before that);
 - a fetch of an unknown uuid, or of a reward the batch did not request, is answered 404; a fetch
@@ -165,6 +166,7 @@ class RewardServer:
             self.register(name, fn)
         # every key exists from the start: `stats` copies this from another thread, which must not see it grow
         self._counts: Counter[str] = Counter(dict.fromkeys(_COUNTERS, 0))
+        self._arriving = 0  # enqueue bodies being read or parsed (event-loop thread only)
         self._thread: threading.Thread | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._ready = threading.Event()
@@ -329,23 +331,27 @@ class RewardServer:
 
     async def _enqueue(self, request: Any) -> Any:
         web = self._web
-        if self.jobs.full():
+        # bodies being read or parsed hold a pending slot too: at most max_pending batches (queued,
+        # running or arriving) are in memory at once, however many clients upload together
+        if self.jobs.pending + self._arriving >= self.jobs.max_pending:
             return self._busy()
         too_large = f"enqueue body over max_body_bytes={self.max_body_bytes}; send smaller batches"
         if request.content_length is not None and request.content_length > self.max_body_bytes:
             return self._error(413, too_large, "rejected_bad")
+        self._arriving += 1
         try:
-            body = await request.read()
-        except web.HTTPRequestEntityTooLarge:
-            return self._error(413, too_large, "rejected_bad")
-        loop = asyncio.get_running_loop()
-        try:
-            parsed = await loop.run_in_executor(self._parse_pool, _parse_enqueue, body, dict(self.rewards))
-        except ProtocolError as exc:
-            return self._error(exc.status, exc.message, "rejected_bad")
-        # checked again: other batches may have arrived while this body was parsed
-        if self.jobs.full():
-            return self._busy()
+            try:
+                body = await request.read()
+            except web.HTTPRequestEntityTooLarge:
+                return self._error(413, too_large, "rejected_bad")
+            loop = asyncio.get_running_loop()
+            try:
+                parsed = await loop.run_in_executor(self._parse_pool, _parse_enqueue, body, dict(self.rewards))
+            except ProtocolError as exc:
+                return self._error(exc.status, exc.message, "rejected_bad")
+            del body
+        finally:
+            self._arriving -= 1
         job = self.jobs.add(**parsed)
         self._queue.put_nowait(job)
         self._counts["enqueued"] += 1
