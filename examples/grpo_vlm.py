@@ -21,7 +21,8 @@ A rollout rank joins a broadcast as soon as it sees a newer published version, a
 while the queue holds less than the staleness bound's worth of records (``cp.queue.RolloutThrottle``),
 so it never blocks on a full queue while the trainer waits for it in a broadcast. At the end the
 trainer sets the queue's stop flag and closes the broadcast; the rollout ranks return and every
-rank joins the safetensors export. Resume checkpoints are not supported in this mode yet.
+rank joins the safetensors export. With [train.ckpt] enable_checkpoint the trainers save their state
+among themselves; [train] resume restarts them from it, with the queued records kept.
 
 One step: prompts -> ``n`` completions each (tagged with the weight version) -> rewards -> group
 advantages -> [queue] -> log-probs (old / reference / current) -> GRPO loss -> optimizer step ->
@@ -41,7 +42,9 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import NamedTuple
 
+import msgspec
 import torch
+import torch.distributed as dist
 
 import cosmos_primitives as cp
 from cosmos_primitives.checkpoint import CheckpointManager
@@ -396,9 +399,6 @@ def plan_disaggregated(cfg: cp.config.Config, roles: RoleSplit) -> QueuePlan:
     check_queue_capacity(cfg.redis.max_pending, grpo.allowed_outdated_steps, per_step, roles.num_rollouts, per_put,
                          on_policy=grpo.on_policy)
     ckpt = cfg.train.ckpt
-    if ckpt.enable_checkpoint or cfg.train.resume:
-        raise ValueError("--mode disaggregated does not save or resume checkpoints yet: set [train.ckpt] "
-                         "enable_checkpoint = false and [train] resume = false (the final safetensors export works)")
     if ckpt.upload_s3 or ckpt.upload_hf:
         raise ValueError("--mode disaggregated does not upload exports yet: set [train.ckpt] upload_s3 = false and "
                          "upload_hf = false, and upload <run_dir>/safetensors/final yourself")
@@ -446,6 +446,10 @@ def run_disaggregated(cfg: cp.config.Config, info: cp.parallel.DistInfo) -> None
     # Every rank takes part in creating the trainers' mesh and the weight-broadcast group (collective).
     mesh = RoleMesh(cfg.policy.parallelism, roles.trainer_ranks, device_type=info.device.type)
     sync_group = new_sync_group(src=roles.trainer_ranks[0], receivers=roles.rollout_ranks)
+    # the trainers checkpoint among themselves (groups are made by every rank of the job)
+    saves = cfg.train.ckpt.enable_checkpoint or bool(cfg.train.resume)
+    trainer_groups = (dist.new_group(list(roles.trainer_ranks)),
+                      dist.new_group(list(roles.trainer_ranks), backend="gloo")) if saves else None
     run_dir = start_run(cfg, info)
 
     redis_process, url = None, None
@@ -455,13 +459,13 @@ def run_disaggregated(cfg: cp.config.Config, info: cp.parallel.DistInfo) -> None
     url = cp.parallel.broadcast_object(url)
     if info.is_rank0:  # a clean stream before any rollout rank puts
         with RedisRolloutQueue(cfg.redis, url=url) as queue, RunControl(queue) as control:
-            if cfg.disaggregated.clear_stream_at_start:
+            if cfg.disaggregated.clear_stream_at_start and not cfg.train.resume:  # a resume keeps what is queued
                 control.clear_stream()
             control.clear_stop()
     cp.parallel.barrier()
 
     if roles.is_trainer:
-        model, processor = train_from_queue(cfg, info, roles, plan, mesh, sync_group, url, run_dir)
+        model, processor = train_from_queue(cfg, info, roles, plan, mesh, sync_group, url, run_dir, trainer_groups)
     else:
         model, processor = generate_into_queue(cfg, info, roles, plan, sync_group, url)
     if cfg.train.ckpt.export_safetensors:  # collective over the job; rank 0 (a trainer) writes
@@ -497,8 +501,14 @@ def fetch_records(queue: RedisRolloutQueue, stale: StalenessFilter, want: int, s
     return records, groups
 
 
-def train_from_queue(cfg, info, roles, plan: QueuePlan, mesh: RoleMesh, sync_group, url: str, run_dir: Path):
-    """Trainer ranks: records -> batch -> GRPO update -> publish version -> broadcast weights -> ack."""
+def train_from_queue(cfg, info, roles, plan: QueuePlan, mesh: RoleMesh, sync_group, url: str, run_dir: Path,
+                     trainer_groups=None):
+    """Trainer ranks: records -> batch -> GRPO update -> publish version -> broadcast weights -> ack.
+
+    With ``[train.ckpt] enable_checkpoint`` the trainers save their policy, optimizer and scheduler
+    among themselves (``trainer_groups``: that group and a gloo twin for async saves); ``[train]
+    resume`` restarts from the latest one, the rollout ranks receive its weights first, and the
+    records still queued (unacknowledged ones are redelivered, none trained twice) are used."""
     log = cp.logging.get_logger()
     grpo = cfg.grpo
     processor = cp.eval.load_processor(cfg.policy.model_name_or_path)
@@ -520,7 +530,13 @@ def train_from_queue(cfg, info, roles, plan: QueuePlan, mesh: RoleMesh, sync_gro
     sender = WeightBroadcaster(policy.hf_model, sync_group, layout=cp.rollout.sync_layout(cfg.rollout),
                                bucket_bytes=dis.bucket_mb << 20,
                                transfer_dtype=wire or cp.policy.resolve_dtype(cfg.policy.dtype))
-    step = 0
+    # the final export is made by the whole job below, so the trainers' checkpoints export nothing
+    ckpt = CheckpointManager(msgspec.structs.replace(cfg.train.ckpt, export_safetensors=False), run_dir,
+                             model=policy, optimizer=optimizer, scheduler=scheduler,
+                             process_group=trainer_groups[0] if trainer_groups else None,
+                             async_group=trainer_groups[1] if trainer_groups else None) if trainer_groups else None
+    state = ckpt.resume(cfg.train.resume, output_dir=cfg.train.output_dir) if ckpt is not None else None
+    step = state.step if state else 0
     if info.is_rank0:
         queue.publish_weight_version(step)
     first = sender.sync(version=step)  # the rollout ranks' first receive, checked bit for bit
@@ -570,9 +586,13 @@ def train_from_queue(cfg, info, roles, plan: QueuePlan, mesh: RoleMesh, sync_gro
             **{k: v for k, v in queue.metrics().items() if k in ("queue/malformed", "queue/redelivered")},
             **{f"time/{k}": v for k, v in times.items()}, "time/step": sum(times.values()),
         }, step)
+        if ckpt is not None:
+            ckpt.maybe_save(step, weight_version=step, force=step == total_steps)
 
     log.info(f"[GRPO] Training finished at step {step}/{total_steps}, saving final checkpoint in huggingface "
              "safetensors...")
+    if ckpt is not None:
+        ckpt.close()
     if info.is_rank0:
         control.request_stop(f"trainer finished at step {step}")
     sender.close()  # the rollout ranks' receive returns None

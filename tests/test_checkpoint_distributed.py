@@ -156,3 +156,52 @@ def test_export_from_fsdp2_in_two_processes(sharded: dict) -> None:
     torch.testing.assert_close(logits, torch.from_numpy(results[0]["logits"]), rtol=1e-5, atol=1e-5)
     assert AutoProcessor.from_pretrained(out).tokenizer.encode("hello") == tiny_qwen2_5_vl_processor().tokenizer.encode(
         "hello")
+
+
+def _save_among_two_of_three(run_dir: str) -> dict:
+    """Ranks 1 and 2 (a FSDP2 mesh of their own) checkpoint among themselves; rank 0 idles, as the
+    rollout ranks of a disaggregated job do while its trainers save."""
+    from cosmos_primitives.config.policy import ParallelismConfig
+    from cosmos_primitives.parallel.roles import RoleMesh
+
+    rank = dist.get_rank()
+    members = [1, 2]
+    mesh = RoleMesh(ParallelismConfig(dp_shard_size=2), members, device_type="cpu")  # collective: every rank
+    group, gloo = dist.new_group(members), dist.new_group(members, backend="gloo")  # likewise
+    result: dict = {"rank": rank}
+    if rank in members:
+        def setup(seed: int):
+            model = _mlp(seed)
+            for layer in (model[0], model[3], model[5]):
+                fully_shard(layer, mesh=mesh.fsdp_mesh)
+            fully_shard(model, mesh=mesh.fsdp_mesh)
+            return model, torch.optim.AdamW(model.parameters(), lr=1e-2)
+
+        cfg = CheckpointConfig(enable_checkpoint=True, save_mode="async", export_safetensors=False)
+        model, optimizer = setup(0)
+        torch.manual_seed(rank)
+        ckpt = CheckpointManager(cfg, run_dir, model=model, optimizer=optimizer, process_group=group,
+                                 async_group=gloo)
+        _train_step(model, optimizer, torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: 1.0))
+        ckpt.save(1)
+        ckpt.close()
+        saved = {k: _full(v).detach().clone() for k, v in model.state_dict().items()}
+        other, other_optimizer = setup(5)
+        resumed = CheckpointManager(cfg, run_dir, model=other, optimizer=other_optimizer, process_group=group,
+                                    async_group=gloo)
+        state = resumed.resume(True)
+        result.update(step=state.step, world=state.world_size, same=all(
+            torch.equal(_full(v), saved[k]) for k, v in other.state_dict().items()))
+        resumed.close()
+    dist.barrier()
+    return result
+
+
+def test_a_subset_of_ranks_saves_and_resumes_while_the_others_idle(tmp_path) -> None:
+    run_dir = tmp_path / "20260101000000"
+    results = run_distributed(_save_among_two_of_three, 3, args=(str(run_dir),))
+    assert results[0] == {"rank": 0}
+    for r in results[1:]:
+        assert (r["step"], r["world"], r["same"]) == (1, 2, True)
+    step1 = run_dir / "checkpoints" / "step_1"
+    assert sorted(p.name for p in step1.glob("*.distcp")) == ["__0_0.distcp", "__1_0.distcp"]

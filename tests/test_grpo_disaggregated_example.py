@@ -110,3 +110,24 @@ def test_lora_policy_broadcasts_merged_weights(assets, tmp_path: Path) -> None:
     assert all(r["sync/bytes"] > 0 for r in rows)
     versions = [int(v) for v in re.findall(r"\[rollout\] batch \d+: \d+ records with weight version (\d+)", log)]
     assert versions and versions[-1] >= 1, log[-3000:]
+
+
+def test_trainer_checkpoints_among_its_ranks_and_resumes_with_the_queue_kept(assets, redis_url: str,
+                                                                            tmp_path: Path) -> None:
+    stream, out = "cp:test:grpo_dis_resume", tmp_path / "out"
+    shared = [*assets, *SMALL, "disaggregated.start_local_redis=false", f"redis.stream={stream}",
+              "train.ckpt.enable_checkpoint=true", "train.ckpt.save_freq=1", "train.ckpt.save_mode=async",
+              "train.ckpt.export_safetensors=false"]
+    _, run_dir = run([*shared, "train.max_steps=2"], out, env={"COSMOS_REDIS_URL": redis_url})
+    assert sorted(p.name for p in (run_dir / "checkpoints").iterdir()) == ["step_1", "step_2"]
+
+    log, resumed_dir = run([*shared, "train.max_steps=3", "train.resume=true"], out,
+                           env={"COSMOS_REDIS_URL": redis_url})
+    assert resumed_dir == run_dir  # the same run goes on
+    assert re.search(r"Resumed from .*step_2 \(step 2", log), log[-3000:]
+    rows = metrics(run_dir)
+    assert [r["step"] for r in rows] == [1, 2, 3] and rows[-1]["weight_version"] == 3
+    # the rollout rank started from the resumed weights (version 2), not from the SFT model (0)
+    versions = [int(v) for v in re.findall(r"\[rollout\] batch \d+: \d+ records with weight version (\d+)", log)]
+    assert versions and min(versions) >= 2, log[-3000:]
+    assert (run_dir / "checkpoints" / "step_3").is_dir()

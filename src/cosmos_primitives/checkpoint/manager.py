@@ -47,7 +47,7 @@ from cosmos_primitives.checkpoint.train_state import TrainState, decode, encode
 from cosmos_primitives.checkpoint.uploader import Uploader, UploadFailure, UploadTarget
 from cosmos_primitives.config.checkpoint import CheckpointConfig
 from cosmos_primitives.logging.console import get_logger
-from cosmos_primitives.parallel.distributed import barrier, broadcast_object
+from cosmos_primitives.parallel.distributed import broadcast_object
 from cosmos_primitives.utils.seeding import capture_rng_state, restore_rng_state
 
 PAUSE_ENV = "COSMOS_TEST_CKPT_PAUSE_STEP"
@@ -77,6 +77,12 @@ class CheckpointManager:
         processor, tokenizer: written into safetensors exports.
         s3_client_factory: makes the boto3 S3 client (default: from the ``AWS_*`` variables).
         hf_api_factory: makes the ``HfApi``-like object for Hub uploads (default: ``HfApi`` with ``HF_TOKEN``).
+        process_group: the ranks that save together (default: the whole job), e.g. the trainer ranks
+            of a disaggregated job; its first rank writes the metadata. Construct the manager on
+            those ranks only.
+        async_group: with ``process_group`` and ``save_mode = "async"``: a gloo group over the same
+            ranks for the background saves, made by every rank of the job beforehand
+            (``dist.new_group(ranks, backend="gloo")`` is collective over the job).
     """
 
     def __init__(
@@ -92,6 +98,8 @@ class CheckpointManager:
         tokenizer: Any = None,
         s3_client_factory: Any = None,
         hf_api_factory: Any = None,
+        process_group: dist.ProcessGroup | None = None,
+        async_group: dist.ProcessGroup | None = None,
     ) -> None:
         if config.max_keep == 0 or config.max_keep < -1:
             raise ValueError(f"[train.ckpt] max_keep must be -1 (keep all) or >= 1, got {config.max_keep}")
@@ -109,12 +117,19 @@ class CheckpointManager:
         if not self._dist:
             # DCP warns on every call that it assumes one process; that is what we asked for
             warnings.filterwarnings("ignore", message="torch.distributed is disabled, unavailable or uninitialized")
-        self.rank = dist.get_rank() if self._dist else 0
-        self.world_size = dist.get_world_size() if self._dist else 1
+        self._group = process_group
+        self.rank = dist.get_rank(process_group) if self._dist else 0
+        self.world_size = dist.get_world_size(process_group) if self._dist else 1
+        # the global rank of the group's first member: the source of what it decides for all
+        self._src = dist.get_global_rank(process_group, 0) if self._dist and process_group is not None else 0
         self._log = get_logger("cosmos.checkpoint")
         self._async = config.save_mode == "async"
+        if self._async and self._dist and process_group is not None and async_group is None:
+            raise ValueError("save_mode = \"async\" with a process_group needs async_group: a gloo group over the "
+                             "same ranks, made by every rank of the job (dist.new_group(ranks, backend=\"gloo\"))")
         # Background saves run collectives from another thread: they need a group of their own.
-        self._async_group = dist.new_group(backend="gloo") if self._async and self._dist else None
+        self._async_group = async_group if async_group is not None else (
+            dist.new_group(backend="gloo") if self._async and self._dist else None)
         self._committer = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="cosmos-ckpt")
         self._inflight: concurrent.futures.Future[None] | None = None
         self._closed = False
@@ -125,6 +140,10 @@ class CheckpointManager:
         if self._upload_s3 or config.upload_hf:
             self._make_upload_targets(s3_client_factory, hf_api_factory)
         atexit.register(_wait_at_exit, weakref.ref(self))
+
+    def _barrier(self) -> None:
+        if self._dist and self.world_size > 1:
+            dist.barrier(group=self._group)
 
     # ----------------------------------------------------------------------------------- saving
     def should_save(self, step: int) -> bool:
@@ -178,7 +197,7 @@ class CheckpointManager:
         if self.rank == 0:
             layout.remove_tree(tmp)  # a leftover from a crashed attempt at the same step
             tmp.mkdir(parents=True)
-        barrier()
+        self._barrier()
         started = time.monotonic()
         if self._async:
             future = dcp.async_save(state, checkpoint_id=str(tmp), process_group=self._async_group,
@@ -186,14 +205,14 @@ class CheckpointManager:
             self._inflight = self._committer.submit(self._finish_async, future, step, tmp, final, started)
             self._log.info("Saving checkpoint step %d in the background to %s", step, final)
             return final
-        dcp.save(state, checkpoint_id=str(tmp), no_dist=not self._dist)
+        dcp.save(state, checkpoint_id=str(tmp), process_group=self._group, no_dist=not self._dist)
         error = None
         if self.rank == 0:
             try:
                 self._commit(step, tmp, final, started)
             except Exception as exc:
                 error = f"{type(exc).__name__}: {exc}"
-        error = broadcast_object(error)
+        error = broadcast_object(error, src=self._src, group=self._group)
         if error is not None:
             raise RuntimeError(f"committing checkpoint {final} failed on rank 0: {error}")
         return final
@@ -273,7 +292,7 @@ class CheckpointManager:
             else:
                 hit = layout.find_latest_checkpoint(resume)
             found = None if hit is None else str(hit)
-        found = broadcast_object(found)
+        found = broadcast_object(found, src=self._src, group=self._group)
         if found is None:
             if resume is True:
                 self._log.info("resume = true but no complete checkpoint under %s: starting from step 0",
@@ -310,7 +329,7 @@ class CheckpointManager:
         rank_key = own_key if f"rank_state.{own_key}" in keys else "rank0"
         state["rank_state"] = {rank_key: None}
         try:
-            dcp.load(state, checkpoint_id=str(path), no_dist=not self._dist)
+            dcp.load(state, checkpoint_id=str(path), process_group=self._group, no_dist=not self._dist)
         except Exception as exc:
             raise RuntimeError(f"loading checkpoint {path} failed (was it written for this model?): {exc}") from exc
         if "optimizer" in state:
