@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 import torch
 
+import cosmos_primitives as cp
 from cosmos_primitives import testing as cpt
 from cosmos_primitives.testing.redis_server import live_servers
 
@@ -145,3 +146,23 @@ def grpo_recipe():
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
+
+
+@pytest.fixture(scope="session")
+def grpo_assets(tmp_path_factory: pytest.TempPathFactory):
+    """``config path -> overrides`` pointing a GRPO recipe config at a tiny random Qwen2.5-VL and 16
+    colour-MCQ items (written once per config and session)."""
+    from cosmos_primitives.testing.demo_assets import ensure_demo_assets
+
+    made: dict[Path, list[str]] = {}
+
+    def overrides_for(config: Path) -> list[str]:
+        if config not in made:
+            root = tmp_path_factory.mktemp("grpo_assets")
+            paths = [f"policy.model_name_or_path={root / 'model'}",
+                     f"train.train_policy.dataset.name={root / 'colour_mcq' / 'train.jsonl'}"]
+            ensure_demo_assets(cp.load_config(config, [*paths, "custom.demo_items=16"]))
+            made[config] = [*paths, "custom={}"]
+        return made[config]
+
+    return overrides_for

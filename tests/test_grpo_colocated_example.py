@@ -16,7 +16,6 @@ from pathlib import Path
 import pytest
 
 import cosmos_primitives as cp
-from cosmos_primitives.testing.demo_assets import ensure_demo_assets
 
 REPO = Path(__file__).resolve().parents[1]
 CONFIG = REPO / "examples" / "configs" / "grpo_tiny.toml"
@@ -26,13 +25,9 @@ SMALL = ["grpo.rollout_batch_size=2", "grpo.num_samples_per_prompt=4", "rollout.
 
 
 @pytest.fixture(scope="module")
-def assets(tmp_path_factory: pytest.TempPathFactory) -> list[str]:
-    """Overrides pointing the tiny config at a tiny random Qwen2.5-VL and 16 colour-MCQ items written once."""
-    root = tmp_path_factory.mktemp("grpo_colocated_assets")
-    overrides = [f"policy.model_name_or_path={root / 'model'}",
-                 f"train.train_policy.dataset.name={root / 'colour_mcq' / 'train.jsonl'}"]
-    ensure_demo_assets(cp.load_config(CONFIG, [*overrides, "custom.demo_items=16"]))
-    return [*overrides, "custom={}"]
+def assets(grpo_assets) -> list[str]:
+    """Overrides pointing the tiny config at a tiny random Qwen2.5-VL and 16 colour-MCQ items."""
+    return grpo_assets(CONFIG)
 
 
 USER_SCRIPT = """

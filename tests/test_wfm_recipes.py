@@ -51,32 +51,41 @@ def test_unknown_wfm_key_names_the_closest_one():
         cp.load_config(CONFIGS / "wfm_flowgrpo_tiny.toml", overrides=["wfm.sampler.noise_levl=0.5"])
 
 
-@pytest.fixture
-def diffusers_folder(tmp_path):
-    root = tmp_path / "tiny-wan-diffusers"
-    tiny_wan_transformer(seed=0).save_pretrained(root / "transformer")
+def write_folder(root, transformer, scheduler):
+    """A diffusers model folder: ``transformer/``, the tiny Wan ``vae/``, ``scheduler/``."""
+    transformer.save_pretrained(root / "transformer")
     tiny_wan_vae(seed=0).save_pretrained(root / "vae")
-    tiny_flow_scheduler().save_pretrained(root / "scheduler")
+    scheduler.save_pretrained(root / "scheduler")
     return root
 
 
-def test_recipe_runs_from_a_diffusers_folder_with_kl_guidance_and_minibatches(diffusers_folder, tmp_path):
+def run_recipe(args):
+    """``examples/wfm_rl.py``'s ``main(args)`` in this process with one torch thread; its run directory."""
     spec = importlib.util.spec_from_file_location("wfm_rl_example", ROOT / "examples" / "wfm_rl.py")
     example = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(example)
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
-        run_dir = example.main([
-            "--config", str(CONFIGS / "wfm_flowgrpo_tiny.toml"),
-            f"wfm.model={diffusers_folder}", f"train.output_dir={tmp_path / 'out'}", "logging.logger=[]",
-            "train.max_steps=2", "wfm.num_samples_per_prompt=4", "wfm.num_inference_steps=4",
-            "wfm.eval_num_inference_steps=0", "wfm.sampler.sde_window_size=0", "wfm.train_step_fraction=0.5",
-            "wfm.guidance_convention=cosmos", "wfm.guidance_scale=1.5", "wfm.kl_beta=0.04", "wfm.num_minibatches=2",
-            "train.ckpt.enable_checkpoint=true",
-        ])
+        return example.main(args)
     finally:
         torch.set_num_threads(threads)
+
+
+@pytest.fixture
+def diffusers_folder(tmp_path):
+    return write_folder(tmp_path / "tiny-wan-diffusers", tiny_wan_transformer(seed=0), tiny_flow_scheduler())
+
+
+def test_recipe_runs_from_a_diffusers_folder_with_kl_guidance_and_minibatches(diffusers_folder, tmp_path):
+    run_dir = run_recipe([
+        "--config", str(CONFIGS / "wfm_flowgrpo_tiny.toml"),
+        f"wfm.model={diffusers_folder}", f"train.output_dir={tmp_path / 'out'}", "logging.logger=[]",
+        "train.max_steps=2", "wfm.num_samples_per_prompt=4", "wfm.num_inference_steps=4",
+        "wfm.eval_num_inference_steps=0", "wfm.sampler.sde_window_size=0", "wfm.train_step_fraction=0.5",
+        "wfm.guidance_convention=cosmos", "wfm.guidance_scale=1.5", "wfm.kl_beta=0.04", "wfm.num_minibatches=2",
+        "train.ckpt.enable_checkpoint=true",
+    ])
     records = read_metrics(run_dir)
     assert metric_series(records, "reward_mean")[0] == [1, 2]
     resolved = cp.load_config(run_dir / "config.toml")  # the resolved config, overrides included
@@ -92,29 +101,18 @@ def test_recipe_runs_from_a_diffusers_folder_with_kl_guidance_and_minibatches(di
 @pytest.fixture
 def cosmos_folder(tmp_path):
     """A diffusers folder laid out like Cosmos-Predict2.5-2B's: Cosmos transformer, Wan VAE, UniPC scheduler."""
-    root = tmp_path / "tiny-cosmos-diffusers"
-    tiny_cosmos_transformer(seed=0).save_pretrained(root / "transformer")
-    tiny_wan_vae(seed=0).save_pretrained(root / "vae")
-    tiny_unipc_flow_scheduler().save_pretrained(root / "scheduler")
-    return root
+    return write_folder(tmp_path / "tiny-cosmos-diffusers", tiny_cosmos_transformer(seed=0),
+                        tiny_unipc_flow_scheduler())
 
 
 @pytest.mark.parametrize("recipe", ["wfm_flowgrpo_tiny.toml", "wfm_ddrl_tiny.toml"])
 def test_recipe_runs_a_cosmos_predict2_5_folder(cosmos_folder, tmp_path, recipe):
-    spec = importlib.util.spec_from_file_location("wfm_rl_example", ROOT / "examples" / "wfm_rl.py")
-    example = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(example)
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        run_dir = example.main([
-            "--config", str(CONFIGS / recipe), f"wfm.model={cosmos_folder}",
-            f"train.output_dir={tmp_path / 'out'}", "logging.logger=[]", "train.max_steps=2",
-            "wfm.num_samples_per_prompt=4", "wfm.num_inference_steps=4", "wfm.eval_num_inference_steps=0",
-            "wfm.sampler.sde_window_size=0", "wfm.kl_beta=0.04", "train.ckpt.enable_checkpoint=true",
-        ])
-    finally:
-        torch.set_num_threads(threads)
+    run_dir = run_recipe([
+        "--config", str(CONFIGS / recipe), f"wfm.model={cosmos_folder}",
+        f"train.output_dir={tmp_path / 'out'}", "logging.logger=[]", "train.max_steps=2",
+        "wfm.num_samples_per_prompt=4", "wfm.num_inference_steps=4", "wfm.eval_num_inference_steps=0",
+        "wfm.sampler.sde_window_size=0", "wfm.kl_beta=0.04", "train.ckpt.enable_checkpoint=true",
+    ])
     records = read_metrics(run_dir)
     assert metric_series(records, "reward_mean")[0] == [1, 2]
     kl = metric_series(records, "kl")[1]
