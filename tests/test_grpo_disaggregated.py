@@ -273,9 +273,11 @@ def test_recipe_plans_both_roles_from_the_config(grpo_recipe) -> None:
     refusals = {
         "disaggregated.records_per_step=7": "records_per_step = 7 must be a multiple of the 3 trainer ranks",
         "redis.max_pending=30": r"max_pending = 30 is too small",  # (1 + 1) * 24 - 1 + 2 * 8 = 63 needed
-        "train.ckpt.enable_checkpoint=true": "does not save or resume checkpoints yet",
         "train.ckpt.upload_s3=final": "does not upload exports yet",
     }
     for override, message in refusals.items():
         with pytest.raises(ValueError, match=message):
             recipe.plan_disaggregated(cp.load_config(config, [override]), roles)
+    # trainer checkpoints and resumes are planned like any run (tests/test_grpo_disaggregated_example.py runs one)
+    saving = cp.load_config(config, ["train.ckpt.enable_checkpoint=true", "train.resume=true"])
+    assert recipe.plan_disaggregated(saving, roles) == recipe.plan_disaggregated(cp.load_config(config), roles)
