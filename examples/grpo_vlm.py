@@ -180,20 +180,22 @@ def slice_inputs(batch: RolloutBatch, rows: slice) -> dict[str, torch.Tensor]:
 
 
 def update_policy(policy, reference, optimizer, batch: RolloutBatch, advantages: torch.Tensor,
-                  cfg: cp.config.Config, dp_group, *, behaviour_logprobs: bool = False):
+                  cfg: cp.config.Config, dp_group):
     """One GRPO update on ``batch`` (``[grpo] mu_iterations`` optimizer steps over its micro-batches).
+
+    With ``[grpo] behav_imp_weight_cap`` or ``off_policy_masking_delta`` set, the engine's log-probs
+    go to the loss as the behaviour policy (AReaL behaviour weights / off-policy masking) and the
+    ratio's old policy is the trainer's weights at the start of the update.
 
     Args:
         advantages: [N] per row, on the batch's device.
-        behaviour_logprobs: pass the engine's log-probs to the loss (AReaL behaviour weights /
-            off-policy masking of ``[grpo] behav_imp_weight_cap`` / ``off_policy_masking_delta``);
-            the ratio's old policy is then the trainer's weights at the start of the update.
 
     Returns:
         ``(metrics, grad_norm, times)``: token-weighted means of the loss metrics, the last
         gradient norm, and seconds spent in ``"logprobs"`` (old / reference) and ``"update"``.
     """
     grpo = cfg.grpo
+    behaviour_logprobs = grpo.behav_imp_weight_cap is not None or grpo.off_policy_masking_delta is not None
     temperature, chunk = cfg.rollout.sampling_config.temperature, cfg.policy.logprob_chunk_size
     micro = max(1, cfg.train.train_policy.mini_batch)
     rows = [slice(i, min(i + micro, len(batch))) for i in range(0, len(batch), micro)]
@@ -252,6 +254,8 @@ def validate(engine, dataset: MCQPromptDataset, cfg: cp.config.Config, mesh: cp.
     count = len(dataset) if val.max_items is None else min(val.max_items, len(dataset))
     mine = list(range(mesh.dp_rank, count, mesh.dp_size))
     sums = torch.zeros(len(names) + 2, dtype=torch.float64)  # per reward, total, items
+    params = SamplingParams(n=1, temperature=val.temperature, max_new_tokens=cfg.rollout.max_response_length,
+                            seed=cfg.train.seed)
     for start in range(0, len(mine), cfg.rollout.batch_size):
         prompts = []
         for index in mine[start:start + cfg.rollout.batch_size]:
@@ -261,8 +265,6 @@ def validate(engine, dataset: MCQPromptDataset, cfg: cp.config.Config, mesh: cp.
                 bad.record(error, sample=f"validation {index}")
         if not prompts:
             continue
-        params = SamplingParams(n=1, temperature=val.temperature, max_new_tokens=cfg.rollout.max_response_length,
-                                seed=cfg.train.seed)
         groups = engine.generate(prompts, params)
         scored = rewards([g.completions[0].text for g in groups], [g.prompt.reference for g in groups],
                          [g.prompt.row for g in groups])
@@ -341,9 +343,8 @@ def run_colocated(cfg: cp.config.Config, info: cp.parallel.DistInfo) -> None:
         # the same forward / backward collectives) and out of the token-mean denominator
         batch.completion_mask = batch.completion_mask * scored.keep[:, None].to(batch.completion_mask)
         collate_s = time.perf_counter() - t0
-        metric_sums, grad_norm, update_times = update_policy(
-            policy, reference, optimizer, batch, scored.advantages.to(info.device), cfg, dp_group,
-            behaviour_logprobs=grpo.behav_imp_weight_cap is not None or grpo.off_policy_masking_delta is not None)
+        metric_sums, grad_norm, update_times = update_policy(policy, reference, optimizer, batch,
+                                                             scored.advantages.to(info.device), cfg, dp_group)
         times["logprobs"] = collate_s + update_times["logprobs"]
         times["update"] = update_times["update"]
         scheduler.step()
@@ -533,8 +534,7 @@ def train_from_queue(cfg, info, roles, plan: QueuePlan, mesh: RoleMesh, sync_gro
     # the final export is made by the whole job below, so the trainers' checkpoints export nothing
     ckpt = CheckpointManager(msgspec.structs.replace(cfg.train.ckpt, export_safetensors=False), run_dir,
                              model=policy, optimizer=optimizer, scheduler=scheduler,
-                             process_group=trainer_groups[0] if trainer_groups else None,
-                             async_group=trainer_groups[1] if trainer_groups else None) if trainer_groups else None
+                             process_group=trainer_groups[0], async_group=trainer_groups[1]) if trainer_groups else None
     state = ckpt.resume(cfg.train.resume, output_dir=cfg.train.output_dir) if ckpt is not None else None
     step = state.step if state else 0
     if info.is_rank0:
@@ -559,8 +559,7 @@ def train_from_queue(cfg, info, roles, plan: QueuePlan, mesh: RoleMesh, sync_gro
         batch = collate_rollouts(groups, processor).to(info.device)
         times["collate"] = time.perf_counter() - t0
         metric_sums, grad_norm, update_times = update_policy(
-            policy, reference, optimizer, batch, record_advantages(records, info.device), cfg, dp_group,
-            behaviour_logprobs=grpo.behav_imp_weight_cap is not None or grpo.off_policy_masking_delta is not None)
+            policy, reference, optimizer, batch, record_advantages(records, info.device), cfg, dp_group)
         times.update(update_times)
         scheduler.step()
         step += 1

@@ -109,8 +109,8 @@ def _add_row_media(messages: list[dict[str, Any]], row: Any, video_column: str, 
     """Put the row's clip (or image) first in the first user message, when no message has media."""
     if any(isinstance(m["content"], list) and any(p["type"] != "text" for p in m["content"]) for m in messages):
         return
-    kind, value = next(((k, row.get(c)) for k, c in (("video", video_column), ("image", image_column))
-                        if c in row and row.get(c)), (None, None))
+    kind, value = next(((k, row[c]) for k, c in (("video", video_column), ("image", image_column)) if row.get(c)),
+                       (None, None))
     if kind is None:
         return
     for message in messages:

@@ -64,8 +64,12 @@ def named_sources(model: nn.Module) -> dict[str, torch.Tensor]:
     from cosmos_primitives.policy.lora import ADAPTER_PARTS, active_adapters, lora_layers
 
     layers = lora_layers(model)
+    adapter_params = {id(p) for layer in layers.values() for part in ADAPTER_PARTS
+                      if isinstance(getattr(layer, part, None), nn.Module) for p in getattr(layer, part).parameters()}
     out: dict[str, torch.Tensor] = {}
     for raw, param in model.named_parameters():
+        if id(param) in adapter_params:
+            continue
         name = clean_name(raw)
         layer_name, _, rest = name.rpartition(".base_layer.")
         if layer_name in layers and "." not in rest:
@@ -75,8 +79,6 @@ def named_sources(model: nn.Module) -> dict[str, torch.Tensor]:
                 pairs = [(layer.lora_A[a].weight, layer.lora_B[a].weight, float(layer.scaling[a]))
                          for a in active_adapters(layer)]
                 param = MergedLoraWeight(param, pairs)
-        elif any(f".{part}." in f".{name}" and name.split(f".{part}.")[0] in layers for part in ADAPTER_PARTS):
-            continue
         if name in out:
             raise ValueError(f"two parameters of {type(model).__name__} have the name '{name}' after "
                              f"removing wrapper prefixes {_WRAPPER_PARTS}")

@@ -60,9 +60,10 @@ def write_colour_mcq(root: str | Path, n: int, seed: int = 0, split: str = "trai
 def reasoning_answer(row: dict[str, Any], colour: str | None = None) -> str:
     """The target completion an SFT run teaches: a short reasoning naming the colour (``row``'s own
     unless ``colour`` is given), then the letter of that colour among the row's choices."""
+    from cosmos_primitives.data.mcq import answer_letter
+
     colour = colour or row["colour"]
-    letter = "ABCDEFGHIJKLMNOPQRSTUVWXYZ"[list(row["choices"]).index(colour)]
-    return f"<think>The image is {colour}.</think>\n\n<answer>{letter}</answer>"
+    return f"<think>The image is {colour}.</think>\n\n<answer>{answer_letter(colour, row['choices'])}</answer>"
 
 
 def colour_mcq_sft_rows(rows: Sequence[dict[str, Any]], mistakes: Mapping[str, str] | None = None,
