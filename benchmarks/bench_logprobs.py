@@ -1,13 +1,21 @@
-"""Benchmark 1: chunked selective log-softmax vs naive ``log_softmax`` of full float32 logits.
+"""Benchmark 1: chunked log-prob heads vs naive ``log_softmax`` of full float32 logits.
 
 Forward + backward of ``sum(logprobs * g)`` w.r.t. hidden states and the LM-head weight, at Qwen's
-151,936-token vocabulary. Each variant runs in a fresh subprocess so that its peak resident memory
-(``ru_maxrss``) minus the resident memory after building the inputs is its own working memory.
+151,936-token vocabulary. Variants:
+
+- ``naive``: ``log_softmax`` of the full float32 ``[tokens, vocab]`` logits, then ``gather``;
+- ``chunked``: ``token_logprobs_from_hidden`` (any upstream gradient; the backward recomputes each
+  chunk's logits: 4 LM-head GEMMs), what GRPO uses;
+- ``fused``: ``weighted_logprobs_from_hidden`` with ``g`` as the loss weights (the gradient is
+  computed in the forward: 3 GEMMs), what SFT uses (``g = sft_token_weights(labels)``).
+
+Each variant runs in a fresh subprocess so that its peak resident memory (``ru_maxrss``) minus the
+resident memory after building the inputs is its own working memory.
 
     .venv/bin/python benchmarks/bench_logprobs.py                      # 8,192 tokens, hidden 896
     .venv/bin/python benchmarks/bench_logprobs.py --tokens 2048 --rounds 1
 
-Prints one line per variant and the ratios chunked / naive (targets: memory <= 1/8, time <= 1.1x).
+Prints one line per variant and the ratios variant / naive (targets: memory <= 1/8, time <= 1.1x).
 """
 
 from __future__ import annotations
@@ -42,6 +50,7 @@ def run_variant(variant: str, tokens: int, vocab: int, hidden_size: int, chunk_s
     jobs on a shared machine."""
     import torch
 
+    from cosmos_primitives.algo.fused_logprob_loss import weighted_logprobs_from_hidden
     from cosmos_primitives.algo.logprobs import naive_token_logprobs, token_logprobs_from_hidden
 
     dtype = getattr(torch, dtype_name)
@@ -55,14 +64,18 @@ def run_variant(variant: str, tokens: int, vocab: int, hidden_size: int, chunk_s
     for _ in range(repeats):
         start, start_cpu = time.perf_counter(), _cpu_seconds()
         if variant == "naive":
-            logprobs = naive_token_logprobs(hidden, weight, input_ids)
+            loss = (naive_token_logprobs(hidden, weight, input_ids) * grad_out).sum()
+        elif variant == "chunked":
+            loss = (token_logprobs_from_hidden(hidden, weight, input_ids, chunk_size=chunk_size).logprobs
+                    * grad_out).sum()
         else:
-            logprobs = token_logprobs_from_hidden(hidden, weight, input_ids, chunk_size=chunk_size).logprobs
-        (logprobs * grad_out).sum().backward()
+            out = weighted_logprobs_from_hidden(hidden, weight, input_ids, grad_out, chunk_size=chunk_size)
+            loss = out.weighted_sum
+        loss.backward()
         hidden.grad = weight.grad = None
         best = min(best, time.perf_counter() - start)
         best_cpu = min(best_cpu, _cpu_seconds() - start_cpu)
-        del logprobs
+        del loss
     return {"peak_mb": (_maxrss_bytes() - baseline) / 2**20, "seconds": best, "cpu_seconds": best_cpu}
 
 
@@ -76,6 +89,8 @@ def main() -> None:
                         help="hidden / weight dtype (float32 on CPU: bf16 GEMMs are slow there)")
     parser.add_argument("--rounds", type=int, default=2,
                         help="naive / chunked subprocess pairs, interleaved so that load changes hit both alike")
+    parser.add_argument("--variants", default="naive,chunked,fused",
+                        help="comma-separated subset of naive, chunked, fused (naive is the baseline)")
     parser.add_argument("--variant", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.variant:
@@ -85,8 +100,12 @@ def main() -> None:
     print(f"tokens={args.tokens} vocab={args.vocab} hidden={args.hidden_size} chunk={args.chunk_size} "
           f"dtype={args.dtype} rounds={args.rounds} (fresh process per run; time = min, memory = max over rounds)")
     results: dict[str, dict[str, float]] = {}
+    variants = ["naive"] + [v for v in args.variants.split(",") if v != "naive"]
+    unknown = set(variants) - {"naive", "chunked", "fused"}
+    if unknown:
+        parser.error(f"unknown --variants {sorted(unknown)}; choose from naive, chunked, fused")
     for round_ in range(args.rounds):
-        for variant in ("naive", "chunked"):
+        for variant in variants:
             cmd = [sys.executable, __file__, "--variant", variant, "--tokens", str(args.tokens), "--vocab",
                    str(args.vocab), "--hidden-size", str(args.hidden_size), "--chunk-size", str(args.chunk_size),
                    "--dtype", args.dtype]
@@ -98,14 +117,16 @@ def main() -> None:
             best["peak_mb"] = max(best["peak_mb"], r["peak_mb"])
             best["seconds"] = min(best["seconds"], r["seconds"])
             best["cpu_seconds"] = min(best["cpu_seconds"], r["cpu_seconds"])
-    mem_ratio = results["chunked"]["peak_mb"] / results["naive"]["peak_mb"]
-    time_ratio = results["chunked"]["seconds"] / results["naive"]["seconds"]
-    cpu_ratio = results["chunked"]["cpu_seconds"] / results["naive"]["cpu_seconds"]
     for variant, r in results.items():
         print(f"{variant:8s} peak working memory {r['peak_mb']:9.1f} MB   fwd+bwd {r['seconds']:8.2f} s wall, "
               f"{r['cpu_seconds']:8.2f} s CPU")
-    print(f"chunked / naive: memory {mem_ratio:.3f} (1/{1 / mem_ratio:.1f}; target <= 1/8), "
-          f"wall time {time_ratio:.2f}x, CPU time {cpu_ratio:.2f}x (target <= 1.1x)")
+    naive = results["naive"]
+    for variant in variants[1:]:
+        r = results[variant]
+        mem_ratio = r["peak_mb"] / naive["peak_mb"]
+        print(f"{variant} / naive: memory {mem_ratio:.3f} (1/{1 / mem_ratio:.1f}; target <= 1/8), "
+              f"wall time {r['seconds'] / naive['seconds']:.2f}x, CPU time "
+              f"{r['cpu_seconds'] / naive['cpu_seconds']:.2f}x (target <= 1.1x)")
 
 
 if __name__ == "__main__":

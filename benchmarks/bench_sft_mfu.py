@@ -2,15 +2,16 @@
 
 bf16 compute with float32 master weights (FSDP2 mixed precision), packed rows of 4,096 tokens
 (several samples per row, position ids restarting per sample, no attention across samples), the
-chunked log-prob head, ``sft_loss``, AdamW, clipping: the step ``examples/sft.py`` runs.
+chunked log-prob head with the fused SFT loss (gradient computed in its forward), ``sft_loss``,
+AdamW, clipping: the step ``examples/sft.py`` runs.
 
     python benchmarks/bench_sft_mfu.py                       # one GPU
     torchrun --nproc_per_node 8 benchmarks/bench_sft_mfu.py   # FSDP2 over 8 GPUs
 
 MFU = (6 x params x tokens + attention FLOPs) / (seconds x GPUs x dense bf16 peak), with attention
 FLOPs = 6 x layers x heads x head_dim x sum over samples of len^2 (causal: QK^T and PV, forward
-and backward, half of the full square). Activation-checkpoint and log-prob-head recomputation are
-not counted (they are overhead). The in-run baseline is a large bf16 matmul on the same GPU:
+and backward, half of the full square). Activation-checkpoint recomputation is not counted (it is
+overhead). The in-run baseline is a large bf16 matmul on the same GPU:
 the ratio achieved / matmul throughput is printed beside the MFU against the spec sheet
 (989 TFLOP/s for H100 / H200 SXM). Needs a CUDA GPU; on a CPU-only machine it exits with code 2.
 """
@@ -83,7 +84,7 @@ def main() -> int:
     from transformers import Qwen2ForCausalLM
 
     import cosmos_primitives as cp
-    from cosmos_primitives.algo.sft_loss import sft_loss
+    from cosmos_primitives.algo.sft_loss import sft_loss, sft_token_weights
     from cosmos_primitives.config.policy import ParallelismConfig, PolicyConfig
     from cosmos_primitives.config.train import TrainConfig
 
@@ -122,8 +123,9 @@ def main() -> int:
         batch = {"input_ids": ids, "labels": labels, "position_ids": positions}
         torch.cuda.synchronize(info.device)
         start = time.perf_counter()
-        out = cp.policy.token_logprobs(policy, batch)
-        loss, stats = sft_loss(out.logprobs, labels, group=mesh.group("dp"))
+        weights = sft_token_weights(labels, group=mesh.group("dp"))
+        out = cp.policy.token_logprobs(policy, batch, loss_weights=weights)
+        loss, stats = sft_loss(out.logprobs, labels, group=mesh.group("dp"), weighted_sum=out.weighted_sum)
         loss.backward()
         cp.parallel.clip_grad_norm_(policy.parameters(), 1.0)
         optimizer.step()

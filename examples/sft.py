@@ -19,7 +19,7 @@ import time
 import torch
 
 import cosmos_primitives as cp
-from cosmos_primitives.algo.sft_loss import sft_loss, trained_mask
+from cosmos_primitives.algo.sft_loss import sft_loss, sft_token_weights, trained_mask
 from cosmos_primitives.checkpoint import CheckpointManager
 from cosmos_primitives.data import all_ranks_have_batch, build_sft_loader
 
@@ -92,8 +92,12 @@ def main() -> None:
         nll_sum = 0.0
         for batch in micro_batches:
             batch = {k: v.to(info.device) if torch.is_tensor(v) else v for k, v in batch.items()}
-            out = cp.policy.token_logprobs(policy, batch, chunk_size=cfg.policy.logprob_chunk_size)
-            loss, stats = sft_loss(out.logprobs, batch["labels"], group=dp_group, token_count=global_tokens)
+            # the LM head computes this loss's gradient in its forward: one GEMM less than autograd
+            weights = sft_token_weights(batch["labels"], group=dp_group, token_count=global_tokens)
+            out = cp.policy.token_logprobs(policy, batch, chunk_size=cfg.policy.logprob_chunk_size,
+                                           loss_weights=weights)
+            loss, stats = sft_loss(out.logprobs, batch["labels"], group=dp_group, token_count=global_tokens,
+                                   weighted_sum=out.weighted_sum)
             loss.backward()
             nll_sum += float(stats["loss"] * stats["tokens"])
         grad_norm = cp.parallel.clip_grad_norm_(policy.parameters(), cfg.train.optm_grad_norm_clip)

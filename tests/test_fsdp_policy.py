@@ -5,7 +5,8 @@ each check one part of its result.
 
 - FSDP (dp_shard=2) and HSDP (dp_replicate=2): two SFT steps (AdamW, warmup + cosine, clipping
   active) on unequal token counts per rank give the losses, gradient norms and parameters of one
-  process training on both ranks' batches with a global token mean.
+  process training on both ranks' batches with a global token mean (FSDP with the fused SFT loss
+  of examples/sft.py, HSDP and the reference with the general log-prob head).
 - TP (tp=2): logits of the tensor-parallel Qwen2 equal the unsharded model's; a TP(+FSDP) policy
   gives the same log-probs and the same total gradient norm.
 - Qwen2.5-VL with a frozen vision tower: FSDP units cover every decoder layer and vision block,
@@ -21,7 +22,7 @@ import pytest
 import torch
 
 import cosmos_primitives as cp
-from cosmos_primitives.algo.sft_loss import sft_loss
+from cosmos_primitives.algo.sft_loss import sft_loss, sft_token_weights
 from cosmos_primitives.config.policy import ParallelismConfig, PolicyConfig
 from cosmos_primitives.config.train import TrainConfig
 
@@ -46,15 +47,18 @@ def rank_batches() -> list[dict[str, torch.Tensor]]:
     return batches
 
 
-def _train(policy, batches_per_step, group=None, token_count=None):
+def _train(policy, batches_per_step, group=None, token_count=None, fused=False):
+    """``fused``: the loss's gradient computed in the LM head's forward (what examples/sft.py runs)."""
     optimizer = cp.policy.build_optimizer(policy, TRAIN)
     scheduler = cp.policy.build_lr_scheduler(optimizer, TRAIN)
     losses, norms = [], []
     for _ in range(STEPS):
         step_loss = 0.0
         for batch in batches_per_step:
-            out = cp.policy.token_logprobs(policy, batch)
-            loss, stats = sft_loss(out.logprobs, batch["labels"], group=group, token_count=token_count)
+            weights = sft_token_weights(batch["labels"], group=group, token_count=token_count) if fused else None
+            out = cp.policy.token_logprobs(policy, batch, loss_weights=weights)
+            loss, stats = sft_loss(out.logprobs, batch["labels"], group=group, token_count=token_count,
+                                   weighted_sum=out.weighted_sum)
             loss.backward()
             step_loss += float(stats["loss"]) if token_count is None else float(loss.detach())
         norms.append(float(cp.parallel.clip_grad_norm_(policy.parameters(), CLIP)))
@@ -94,7 +98,7 @@ def _worker(text_dir: str, vl_dir: str) -> dict:
         hf = policy.hf_model
         result[f"{name}_tied"] = hf.lm_head.weight is hf.model.embed_tokens.weight
         result[f"{name}_placements"] = str(hf.model.layers[0].mlp.up_proj.weight.placements)
-        losses, norms = _train(policy, [batch], group=mesh.group("dp"))
+        losses, norms = _train(policy, [batch], group=mesh.group("dp"), fused=(name == "fsdp"))
         params = dict(hf.named_parameters())
         result[name] = {"losses": losses, "norms": norms, "params": {n: _full(params[n]) for n in WATCHED}}
 

@@ -36,6 +36,7 @@ from cosmos_primitives.algo.dapo import (
 from cosmos_primitives.algo.ddrl import DataLoss, ddrl_data_loss, neg_exp_advantages, noisy_latents
 from cosmos_primitives.algo.entropy import entropy_bonus
 from cosmos_primitives.algo.flow_grpo import FlowGRPOLoss, flow_grpo_advantages, flow_grpo_loss, select_train_steps
+from cosmos_primitives.algo.fused_logprob_loss import fused_weighted_logprob_sum, weighted_logprobs_from_hidden
 from cosmos_primitives.algo.grpo_loss import check_grpo_config, grpo_loss, resolve_loss_type, resolve_policy_loss
 from cosmos_primitives.algo.kl import kl_k1, kl_k2, kl_k3
 from cosmos_primitives.algo.logprobs import (
@@ -70,7 +71,7 @@ from cosmos_primitives.algo.registry import (
     register_kl_estimator,
     register_policy_loss,
 )
-from cosmos_primitives.algo.sft_loss import sft_loss, trained_mask
+from cosmos_primitives.algo.sft_loss import sft_loss, sft_token_weights, trained_mask
 
 __all__ = [
     "DataLoss",
@@ -95,6 +96,7 @@ __all__ = [
     "entropy_bonus",
     "flow_grpo_advantages",
     "flow_grpo_loss",
+    "fused_weighted_logprob_sum",
     "get_advantage",
     "get_aggregation",
     "get_kl_estimator",
@@ -128,8 +130,10 @@ __all__ = [
     "seq_mean_token_sum_norm",
     "sequence_mean",
     "sft_loss",
+    "sft_token_weights",
     "token_advantages",
     "token_logprobs_from_hidden",
     "token_mean",
     "trained_mask",
+    "weighted_logprobs_from_hidden",
 ]

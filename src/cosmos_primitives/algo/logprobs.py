@@ -32,18 +32,22 @@ class TokenLogProbs(NamedTuple):
     logprobs: ``[B, T]`` float32, log p(token t | tokens < t) in nats; 0 at t = 0 and off the mask.
     entropy: ``[B, T]`` float32 entropy of the predictive distribution at t in nats (same
         alignment), or None when not requested.
+    weighted_sum: 0-d ``sum(loss_weights * logprobs)`` when the log-probs were computed with
+        ``loss_weights`` (:mod:`~cosmos_primitives.algo.fused_logprob_loss`; ``logprobs`` are then
+        detached and this is the tensor to back-propagate), else None.
     """
 
     logprobs: torch.Tensor
     entropy: torch.Tensor | None = None
+    weighted_sum: torch.Tensor | None = None
 
 
-def _softmax_dtype(weight: torch.Tensor) -> torch.dtype:
+def softmax_dtype(weight: torch.Tensor) -> torch.dtype:
     """float32 for the softmax, float64 kept (for gradcheck-grade references)."""
     return torch.float64 if weight.dtype == torch.float64 else torch.float32
 
 
-def _chunk_logits(hidden: torch.Tensor, weight: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+def chunk_logits(hidden: torch.Tensor, weight: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
     """``out[:n] = hidden @ weight.T`` in ``out``'s dtype (``hidden`` [n, H], ``weight`` [V, H])."""
     n = hidden.shape[0]
     buf = out[:n]
@@ -63,7 +67,7 @@ class _ChunkedSelectiveLogSoftmax(torch.autograd.Function):
     def forward(ctx, hidden, weight, targets, chunk_size, with_entropy):  # type: ignore[override]
         n_tokens = hidden.shape[0]
         vocab = weight.shape[0]
-        dtype = _softmax_dtype(weight)
+        dtype = softmax_dtype(weight)
         logprobs = hidden.new_empty(n_tokens, dtype=dtype)
         lse = hidden.new_empty(n_tokens, dtype=dtype)
         entropy = hidden.new_empty(n_tokens if with_entropy else 0, dtype=dtype)
@@ -72,7 +76,7 @@ class _ChunkedSelectiveLogSoftmax(torch.autograd.Function):
         probs = hidden.new_empty(rows, vocab, dtype=dtype) if with_entropy else None
         for start in range(0, n_tokens, chunk_size):
             sl = slice(start, min(start + chunk_size, n_tokens))
-            logits = _chunk_logits(hidden[sl], weight, buf)
+            logits = chunk_logits(hidden[sl], weight, buf)
             target_logit = logits.gather(1, targets[sl, None]).squeeze(1)
             row_max = logits.amax(dim=1, keepdim=True)
             if with_entropy:
@@ -104,7 +108,7 @@ class _ChunkedSelectiveLogSoftmax(torch.autograd.Function):
             grad_logprobs = torch.zeros_like(lse)
         use_entropy = with_entropy and grad_entropy is not None
         grad_hidden = torch.empty_like(hidden) if need_hidden else None
-        dtype = _softmax_dtype(weight)
+        dtype = softmax_dtype(weight)
         grad_weight = torch.zeros(weight.shape, dtype=dtype, device=weight.device) if need_weight else None
         rows = min(chunk_size, n_tokens)
         buf = hidden.new_empty(rows, vocab, dtype=dtype)
@@ -114,7 +118,7 @@ class _ChunkedSelectiveLogSoftmax(torch.autograd.Function):
             h = hidden[sl]
             g_lp = grad_logprobs[sl, None]
             # d logp_t / dz = onehot(t) - p ;  d H / dz = -p * (log p + H)
-            logp = _chunk_logits(h, weight, buf).sub_(lse[sl, None])
+            logp = chunk_logits(h, weight, buf).sub_(lse[sl, None])
             if use_entropy:
                 p = torch.exp(logp, out=probs[: logp.shape[0]])
                 grad_logits = logp.add_(entropy[sl, None]).mul_(-grad_entropy[sl, None]).sub_(g_lp).mul_(p)
@@ -133,6 +137,24 @@ class _ChunkedSelectiveLogSoftmax(torch.autograd.Function):
         if grad_weight is not None:
             grad_weight = grad_weight.to(weight.dtype)
         return grad_hidden, grad_weight, None, None, None
+
+
+def check_head_inputs(hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor,
+                      chunk_size: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Validate rows for a chunked LM head; returns ``hidden`` in the weight's dtype, int64 targets."""
+    if hidden.ndim != 2 or weight.ndim != 2 or hidden.shape[1] != weight.shape[1]:
+        raise ValueError(f"hidden {tuple(hidden.shape)} must be [N, H] and weight {tuple(weight.shape)} [V, H]")
+    if targets.shape != hidden.shape[:1]:
+        raise ValueError(f"targets {tuple(targets.shape)} must be [N] with N = {hidden.shape[0]} rows of hidden")
+    if chunk_size < 1:
+        raise ValueError(f"chunk_size must be >= 1 ([policy] logprob_chunk_size), got {chunk_size}")
+    targets = targets.to(torch.int64)
+    if targets.numel() and (int(targets.min()) < 0 or int(targets.max()) >= weight.shape[0]):
+        raise ValueError(
+            f"target ids must lie in [0, {weight.shape[0]}); got min {int(targets.min())}, max {int(targets.max())} "
+            f"(mask out ignored positions such as -100 labels before calling)"
+        )
+    return hidden.to(weight.dtype), targets
 
 
 def chunked_selective_log_softmax(
@@ -157,23 +179,10 @@ def chunked_selective_log_softmax(
         ``(logprobs [N] float32, entropy [N] float32 or None)``, in nats (float64 for float64
         inputs); differentiable w.r.t. ``hidden`` and ``weight``.
     """
-    if hidden.ndim != 2 or weight.ndim != 2 or hidden.shape[1] != weight.shape[1]:
-        raise ValueError(f"hidden {tuple(hidden.shape)} must be [N, H] and weight {tuple(weight.shape)} [V, H]")
-    if targets.shape != hidden.shape[:1]:
-        raise ValueError(f"targets {tuple(targets.shape)} must be [N] with N = {hidden.shape[0]} rows of hidden")
-    if chunk_size < 1:
-        raise ValueError(f"chunk_size must be >= 1 ([policy] logprob_chunk_size), got {chunk_size}")
-    if hidden.dtype != weight.dtype:
-        hidden = hidden.to(weight.dtype)
-    targets = targets.to(torch.int64)
+    hidden, targets = check_head_inputs(hidden, weight, targets, chunk_size)
     if hidden.shape[0] == 0:
-        empty = hidden.sum(dim=1).to(_softmax_dtype(weight)) + 0.0 * weight.sum()
+        empty = hidden.sum(dim=1).to(softmax_dtype(weight)) + 0.0 * weight.sum()
         return empty, (empty if with_entropy else None)
-    if targets.numel() and (int(targets.min()) < 0 or int(targets.max()) >= weight.shape[0]):
-        raise ValueError(
-            f"target ids must lie in [0, {weight.shape[0]}); got min {int(targets.min())}, max {int(targets.max())} "
-            f"(mask out ignored positions such as -100 labels before calling)"
-        )
     logprobs, entropy = _ChunkedSelectiveLogSoftmax.apply(
         hidden.contiguous(), weight, targets.contiguous(), int(chunk_size), bool(with_entropy)
     )
@@ -227,19 +236,27 @@ def token_logprobs_from_hidden(
     Returns:
         :class:`TokenLogProbs` of ``[B, T]`` float32 tensors, 0 at t = 0 and on unscored positions.
     """
+    selected, rows, targets = scored_rows(hidden, input_ids, labels, mask)
+    flat_lp, flat_ent = chunked_selective_log_softmax(rows, weight, targets, chunk_size=chunk_size,
+                                                      with_entropy=with_entropy)
+    entropy = scatter_scored(selected, flat_ent) if flat_ent is not None else None
+    return TokenLogProbs(scatter_scored(selected, flat_lp), entropy)
+
+
+def scored_rows(hidden: torch.Tensor, input_ids: torch.Tensor, labels: torch.Tensor | None,
+                mask: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``(selected [B, T] bool, rows [N, H], targets [N])``: the hidden state predicting each scored
+    position (``hidden[:, t - 1]`` predicts token t) and its target, N = ``selected.sum()``."""
     if hidden.ndim != 3 or hidden.shape[:2] != input_ids.shape:
         raise ValueError(f"hidden {tuple(hidden.shape)} must be [B, T, H] with [B, T] = {tuple(input_ids.shape)}")
     selected = prediction_mask(input_ids, labels, mask)
     targets = input_ids if labels is None else torch.where(selected, labels, input_ids)
-    # hidden[:, t-1] predicts token t
-    rows = hidden[:, :-1][selected[:, 1:]]
-    flat_lp, flat_ent = chunked_selective_log_softmax(
-        rows, weight, targets[:, 1:][selected[:, 1:]], chunk_size=chunk_size, with_entropy=with_entropy
-    )
-    zeros = torch.zeros(input_ids.shape, dtype=flat_lp.dtype, device=hidden.device)
-    logprobs = zeros.masked_scatter(selected, flat_lp)
-    entropy = zeros.masked_scatter(selected, flat_ent) if flat_ent is not None else None
-    return TokenLogProbs(logprobs, entropy)
+    return selected, hidden[:, :-1][selected[:, 1:]], targets[:, 1:][selected[:, 1:]]
+
+
+def scatter_scored(selected: torch.Tensor, flat: torch.Tensor) -> torch.Tensor:
+    """``[B, T]``: ``flat`` [N] at the scored positions of ``selected`` [B, T], 0 elsewhere."""
+    return torch.zeros(selected.shape, dtype=flat.dtype, device=flat.device).masked_scatter(selected, flat)
 
 
 def naive_token_logprobs(hidden: torch.Tensor, weight: torch.Tensor, input_ids: torch.Tensor) -> torch.Tensor:

@@ -33,12 +33,38 @@ def _group_size(group: dist.ProcessGroup | None) -> int:
     return dist.get_world_size(group) if dist.is_initialized() else 1
 
 
+def sft_token_weights(
+    labels_or_mask: torch.Tensor,
+    *,
+    group: dist.ProcessGroup | None = None,
+    token_count: float | torch.Tensor | None = None,
+) -> torch.Tensor:
+    """``[B, T]`` float32 weights with ``sum(weights * logprobs)`` = the loss :func:`sft_loss` returns.
+
+    Pass them as ``loss_weights`` to ``cp.policy.token_logprobs`` to have the LM head compute the
+    loss and its gradient in one pass (three LM-head GEMMs instead of four), then hand the result's
+    ``weighted_sum`` to :func:`sft_loss`. ``group`` and ``token_count`` as for :func:`sft_loss`;
+    without ``token_count`` this all-reduces the batch's token count over ``group``.
+    """
+    mask = trained_mask(labels_or_mask)
+    world = _group_size(group)
+    if token_count is None:
+        tokens = mask.sum().to(torch.float64)
+        if world > 1:
+            dist.all_reduce(tokens, op=dist.ReduceOp.SUM, group=group)
+    else:
+        tokens = torch.as_tensor(token_count, dtype=torch.float64)
+    scale = (world / tokens.clamp(min=1e-12)).to(torch.float32).to(mask.device)
+    return torch.where(mask, -scale, torch.zeros((), device=mask.device))
+
+
 def sft_loss(
     logprobs: torch.Tensor,
     labels_or_mask: torch.Tensor,
     *,
     group: dist.ProcessGroup | None = None,
     token_count: float | torch.Tensor | None = None,
+    weighted_sum: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """Token-mean NLL of the trained positions across the data-parallel ``group``.
 
@@ -52,6 +78,10 @@ def sft_loss(
         token_count: global number of trained tokens to divide by, e.g. summed over the
             micro-batches of one optimizer step with gradient accumulation; default: this
             batch's count all-reduced over ``group``.
+        weighted_sum: the ``weighted_sum`` of ``cp.policy.token_logprobs(..., loss_weights=w)``
+            with ``w = sft_token_weights(labels_or_mask, group=group, token_count=token_count)``:
+            the loss with its gradient computed in the forward pass. It is returned as ``loss``;
+            ``logprobs`` (then detached) only feed ``stats``.
 
     Returns:
         ``(loss, stats)``: ``loss`` 0-d, to call ``backward()`` on (its *value* is this rank's
@@ -69,7 +99,7 @@ def sft_loss(
         dist.all_reduce(totals, op=dist.ReduceOp.SUM, group=group)
     tokens = totals[0] if token_count is None else torch.as_tensor(token_count, dtype=torch.float64)
     denominator = (tokens / world).clamp(min=1e-12).to(logprobs.dtype).to(logprobs.device)
-    loss = nll_sum / denominator
+    loss = nll_sum / denominator if weighted_sum is None else weighted_sum
     stats = {
         "loss": (totals[1] / totals[0].clamp(min=1.0)).to(torch.float32),
         "tokens": totals[0].to(torch.float32),

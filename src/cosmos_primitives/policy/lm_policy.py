@@ -15,6 +15,7 @@ from typing import Any
 import torch
 from torch.distributed.tensor import DTensor, Replicate
 
+from cosmos_primitives.algo.fused_logprob_loss import weighted_logprobs_from_hidden
 from cosmos_primitives.algo.logprobs import TokenLogProbs, token_logprobs_from_hidden
 
 # Batch keys forwarded to the backbone; anything else in a batch (labels, sample ids, ...) is not.
@@ -72,14 +73,20 @@ def hf_token_logprobs(
     chunk_size: int = 1024,
     with_entropy: bool = False,
     temperature: float = 1.0,
+    loss_weights: torch.Tensor | None = None,
     **model_inputs: Any,
 ) -> TokenLogProbs:
     """Backbone forward, then the chunked log-prob head (see :class:`CausalLMPolicy.forward`)."""
+    if loss_weights is not None and with_entropy:
+        raise ValueError("loss_weights (the fused log-prob loss) cannot be combined with with_entropy=True")
     model_inputs.pop("use_cache", None)
     out = backbone_of(hf_model)(input_ids=input_ids, use_cache=False, **model_inputs)
     hidden = out.last_hidden_state if hasattr(out, "last_hidden_state") else out[0]
     if temperature != 1.0:
         hidden = hidden / temperature  # logits / T = (hidden / T) @ W^T
+    if loss_weights is not None:
+        return weighted_logprobs_from_hidden(hidden, _head_weight(hf_model), input_ids, loss_weights, labels=labels,
+                                             mask=mask, chunk_size=chunk_size)
     return token_logprobs_from_hidden(
         hidden, _head_weight(hf_model), input_ids, labels=labels, mask=mask,
         chunk_size=chunk_size, with_entropy=with_entropy,
@@ -113,6 +120,7 @@ class CausalLMPolicy(torch.nn.Module):
         with_entropy: bool = False,
         chunk_size: int | None = None,
         temperature: float = 1.0,
+        loss_weights: torch.Tensor | None = None,
         **model_inputs: Any,
     ) -> TokenLogProbs:
         """Per-token log-probs of ``input_ids`` under the model.
@@ -126,6 +134,10 @@ class CausalLMPolicy(torch.nn.Module):
             chunk_size: tokens per LM-head chunk (default: the constructor's).
             temperature: score the distribution of ``logits / temperature`` (as sampled by a
                 rollout engine at that temperature).
+            loss_weights: ``[B, T]`` constant weights ``w``: also compute the loss
+                ``sum(w * logprobs)`` and its gradient in this forward pass (fewer LM-head GEMMs;
+                e.g. ``cp.algo.sft_token_weights``); returned as ``weighted_sum``, with
+                ``logprobs`` detached. Not with ``with_entropy``.
             **model_inputs: passed to the backbone: ``attention_mask`` ``[B, T]`` (omit for packed
                 rows), ``position_ids`` ``[B, T]`` or ``[3 or 4, B, T]`` (mRoPE), ``pixel_values``,
                 ``image_grid_thw``, ``pixel_values_videos``, ``video_grid_thw``, ``second_per_grid_ts``.
@@ -133,12 +145,12 @@ class CausalLMPolicy(torch.nn.Module):
         Returns:
             :class:`~cosmos_primitives.algo.logprobs.TokenLogProbs`: ``logprobs`` ``[B, T]``
             float32 with ``logprobs[:, t] = log p(input_ids[:, t] | < t)``, 0 at t = 0 and on
-            unscored positions; ``entropy`` likewise or None.
+            unscored positions; ``entropy`` likewise or None; ``weighted_sum`` with ``loss_weights``.
         """
         return hf_token_logprobs(
             self.hf_model, input_ids, labels=labels, mask=mask, with_entropy=with_entropy,
             chunk_size=self.chunk_size if chunk_size is None else chunk_size, temperature=temperature,
-            **model_inputs,
+            loss_weights=loss_weights, **model_inputs,
         )
 
 
@@ -150,6 +162,7 @@ def token_logprobs(
     with_entropy: bool = False,
     mask: torch.Tensor | None = None,
     temperature: float = 1.0,
+    loss_weights: torch.Tensor | None = None,
 ) -> TokenLogProbs:
     """Per-token log-probs of a collated batch (``cp.data`` packed or padded).
 
@@ -163,6 +176,9 @@ def token_logprobs(
         with_entropy: also return the per-token entropy.
         mask: ``[B, T]`` positions to score when the batch has no labels.
         temperature: score ``logits / temperature`` (GRPO: the rollout's sampling temperature).
+        loss_weights: ``[B, T]`` constants: also return ``weighted_sum = sum(loss_weights *
+            logprobs)`` with its gradient computed in the forward pass (see
+            :meth:`CausalLMPolicy.forward`); SFT passes ``cp.algo.sft_token_weights(labels)``.
     """
     device = next(model.parameters()).device
 
@@ -171,8 +187,10 @@ def token_logprobs(
 
     inputs = {k: to_device(batch[k]) for k in MODEL_INPUT_KEYS if batch.get(k) is not None}
     input_ids, labels, mask = to_device(batch["input_ids"]), to_device(batch.get("labels")), to_device(mask)
+    loss_weights = to_device(loss_weights)
     if isinstance(model, CausalLMPolicy):
         return model(input_ids, labels=labels, mask=mask, with_entropy=with_entropy, chunk_size=chunk_size,
-                     temperature=temperature, **inputs)
+                     temperature=temperature, loss_weights=loss_weights, **inputs)
     return hf_token_logprobs(model, input_ids, labels=labels, mask=mask, with_entropy=with_entropy,
-                             chunk_size=chunk_size or 1024, temperature=temperature, **inputs)
+                             chunk_size=chunk_size or 1024, temperature=temperature, loss_weights=loss_weights,
+                             **inputs)
