@@ -22,7 +22,8 @@ while the queue holds less than the staleness bound's worth of records (``cp.que
 so it never blocks on a full queue while the trainer waits for it in a broadcast. At the end the
 trainer sets the queue's stop flag and closes the broadcast; the rollout ranks return and every
 rank joins the safetensors export. With [train.ckpt] enable_checkpoint the trainers save their state
-among themselves; [train] resume restarts them from it, with the queued records kept.
+among themselves; [train] resume restarts them from it, with the queued records kept, and the
+rollout ranks go on with the prompts after the ones they had queued.
 
 One step: prompts -> ``n`` completions each (tagged with the weight version) -> rewards -> group
 advantages -> [queue] -> log-probs (old / reference / current) -> GRPO loss -> optimizer step ->
@@ -637,6 +638,13 @@ def generate_into_queue(cfg, info, roles, plan: QueuePlan, sync_group, url: str)
     control = RunControl(queue)
     throttle = RolloutThrottle.from_config(queue, grpo, plan.records_per_step)
     batches, waited_s = 0, 0.0
+    producer = f"rollout{roles.index}"
+    saved = queue.producer_state(producer) if cfg.train.resume else None
+    if saved is not None:  # the queue was kept: go on with the prompts after the ones it holds
+        sampler.load_state_dict(saved["sampler"])
+        batches = int(saved["batches"])
+        log.info(f"[rollout] resuming prompt order at epoch {sampler.epoch}, position {sampler.position} "
+                 f"after {batches} batches")
     while True:
         if control.stop_requested() is not None:
             while receiver.sync() is not None:  # any broadcast still owed, then the trainer's close()
@@ -661,6 +669,7 @@ def generate_into_queue(cfg, info, roles, plan: QueuePlan, sync_group, url: str)
         if records:
             queue.put_many(records)
         batches += 1
+        queue.save_producer_state(producer, {"sampler": sampler.state_dict(), "batches": batches})
         dropped = f", {len(groups) - len(records)} equal-reward groups dropped" if len(records) < len(groups) else ""
         log.info(f"[rollout] batch {batches}: {len(records)} records with weight version {engine.weight_version}"
                  f"{dropped}, "

@@ -113,8 +113,9 @@ def test_trainer_checkpoints_among_its_ranks_and_resumes_with_the_queue_kept(ass
     shared = [*assets, *SMALL, "disaggregated.start_local_redis=false", f"redis.stream={stream}",
               "train.ckpt.enable_checkpoint=true", "train.ckpt.save_freq=1", "train.ckpt.save_mode=async",
               "train.ckpt.export_safetensors=false"]
-    _, run_dir = run([*shared, "train.max_steps=2"], out, env={"COSMOS_REDIS_URL": redis_url})
+    first_log, run_dir = run([*shared, "train.max_steps=2"], out, env={"COSMOS_REDIS_URL": redis_url})
     assert sorted(p.name for p in (run_dir / "checkpoints").iterdir()) == ["step_1", "step_2"]
+    first_batches = len(re.findall(r"\[rollout\] batch \d+:", first_log))
 
     log, resumed_dir = run([*shared, "train.max_steps=3", "train.resume=true"], out,
                            env={"COSMOS_REDIS_URL": redis_url})
@@ -126,3 +127,8 @@ def test_trainer_checkpoints_among_its_ranks_and_resumes_with_the_queue_kept(ass
     versions = [int(v) for v in re.findall(r"\[rollout\] batch \d+: \d+ records with weight version (\d+)", log)]
     assert versions and min(versions) >= 2, log[-3000:]
     assert (run_dir / "checkpoints" / "step_3").is_dir()
+    # the rollout rank went on after the prompts it had queued instead of starting the order again
+    resumed = re.search(r"\[rollout\] resuming prompt order at epoch \d+, position (\d+) after (\d+) batches", log)
+    assert resumed, log[-3000:]
+    assert int(resumed.group(2)) == first_batches > 0 and int(resumed.group(1)) > 0
+    assert re.search(rf"\[rollout\] batch {first_batches + 1}: ", log), log[-3000:]

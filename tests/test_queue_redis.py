@@ -158,6 +158,25 @@ def test_weight_version_is_published_and_awaited(make_queues) -> None:
 
 # -- Redis only --------------------------------------------------------------------------------
 
+
+def test_producer_state_round_trips_and_a_fresh_stream_clears_it(redis_url: str) -> None:
+    from cosmos_primitives.queue.run_control import RunControl
+
+    cfg = fast_config(redis_url, stream="cp:test:producers")
+    with RedisRolloutQueue(cfg) as writer, RedisRolloutQueue(cfg) as reader, RunControl(writer) as control:
+        control.clear_stream()
+        assert reader.producer_state("rollout0") is None
+        writer.save_producer_state("rollout0", {"sampler": {"epoch": 1, "position": 6}, "batches": 4})
+        writer.save_producer_state("rollout1", {"batches": 2})
+        assert reader.producer_state("rollout0") == {"sampler": {"epoch": 1, "position": 6}, "batches": 4}
+        writer.save_producer_state("rollout0", {"batches": 5})  # the latest save wins
+        assert reader.producer_state("rollout0") == {"batches": 5}
+        redis.Redis.from_url(redis_url).hset("cp:test:producers:producers", "rollout1", b"\x00not json")
+        with pytest.raises(ValueError, match=r"field 'rollout1' .* not JSON"):
+            reader.producer_state("rollout1")
+        assert control.clear_stream() >= 1
+        assert reader.producer_state("rollout0") is None
+
 DOOMED_CONSUMER = r"""
 import sys, time
 from cosmos_primitives.config import RedisConfig

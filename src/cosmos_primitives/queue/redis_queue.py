@@ -2,7 +2,7 @@
 
 Keys (``S`` = ``[redis] stream``): ``S`` holds one entry per record (field ``record``: msgpack);
 ``S:done`` the ids of trained records; ``S:dead`` rejected entries; ``S:weight_version`` the
-trainer's current weight version.
+trainer's current weight version; ``S:producers`` a hash of each rollout worker's resume state.
 
 Life of a record: ``put`` appends it (a Lua script refuses while ``S`` holds ``max_pending``
 entries, so producers wait instead of trimming); ``get`` reads it with XREADGROUP (or takes it
@@ -19,6 +19,7 @@ restart; records that were in the stream are gone. Run redis-server with ``--app
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import socket
@@ -26,7 +27,7 @@ import threading
 import time
 import uuid
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, TypeVar
 from urllib.parse import urlsplit, urlunsplit
 
@@ -130,6 +131,7 @@ class RedisRolloutQueue:
         self.done_key = f"{self.stream}:done"
         self.dead_key = f"{self.stream}:dead"
         self.version_key = f"{self.stream}:weight_version"
+        self.producers_key = f"{self.stream}:producers"
         self.consumer = consumer or f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
         self._redis = redis.Redis.from_url(
             self.url,
@@ -474,6 +476,28 @@ class RedisRolloutQueue:
     def wait_for_weight_version(self, min_version: int, timeout: float | None = None) -> int:
         """Block until the published version is ``>= min_version``; see :func:`wait_for_weight_version`."""
         return wait_for_weight_version(self, min_version, timeout)
+
+    # -- producer resume state ------------------------------------------------------------------
+
+    def save_producer_state(self, producer: str, state: Mapping[str, Any]) -> None:
+        """Store ``state`` (JSON-serialisable) for ``producer`` in the hash ``<stream>:producers``.
+
+        A rollout worker saves where it is (e.g. its prompt sampler's position) after each put, so
+        that a resumed run, which keeps the queued records, goes on from the prompts after them.
+        """
+        payload = json.dumps(dict(state), sort_keys=True)
+        self._call("save producer state", lambda: self._redis.hset(self.producers_key, producer, payload))
+
+    def producer_state(self, producer: str) -> dict[str, Any] | None:
+        """What :meth:`save_producer_state` last stored for ``producer``, None if nothing (fresh stream)."""
+        raw = self._call("read producer state", lambda: self._redis.hget(self.producers_key, producer))
+        if raw is None:
+            return None
+        try:
+            return json.loads(raw)
+        except ValueError as exc:
+            raise ValueError(f"Redis hash {self.producers_key!r} field {producer!r} at {self.safe_url} holds "
+                             f"{raw[:80]!r}, not JSON; only save_producer_state() should write it") from exc
 
     # -- inspection ----------------------------------------------------------------------------
 
