@@ -11,7 +11,10 @@ An SFT / GRPO step (``cfg`` from ``cp.load_config``, ``mesh = cp.parallel.Parall
     grad_norm = cp.parallel.clip_grad_norm_(policy.parameters(), cfg.train.optm_grad_norm_clip)
     optimizer.step(); scheduler.step(); optimizer.zero_grad()
 
-(``sft_loss`` is ``cosmos_primitives.algo.sft_loss.sft_loss``.)
+(``sft_loss`` is ``cosmos_primitives.algo.sft_loss.sft_loss``.) ``examples/sft.py`` also passes
+``loss_weights=cp.algo.sft_token_weights(batch["labels"], group=...)`` to ``token_logprobs`` and
+``weighted_sum=out.weighted_sum`` to ``sft_loss``: the same loss, with its gradient computed in the
+LM head's forward (one GEMM less per chunk).
 """
 
 from cosmos_primitives.algo.logprobs import TokenLogProbs
