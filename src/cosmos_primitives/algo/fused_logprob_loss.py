@@ -16,6 +16,7 @@ import torch
 
 from cosmos_primitives.algo.logprobs import (
     TokenLogProbs,
+    accumulate_head_grads,
     check_head_inputs,
     chunk_logits,
     scatter_scored,
@@ -49,15 +50,7 @@ class _FusedWeightedLogProbSum(torch.autograd.Function):
                 continue
             # d(w_t logp_t)/dz = w_t (onehot(t) - p),  p = exp / total
             grad_logits = exp.mul_(-w_c / total).scatter_add_(1, t, w_c)
-            grad_low = grad_logits.to(weight.dtype)
-            if grad_hidden is not None:
-                grad_hidden[sl] = grad_low @ weight
-            if grad_weight is not None:
-                if weight.dtype == dtype:
-                    grad_weight.addmm_(grad_low.t(), h)
-                else:
-                    # per-chunk GEMM in the weight's dtype, accumulated over chunks in float32
-                    grad_weight.add_(grad_low.t() @ h)
+            accumulate_head_grads(grad_logits, h, weight, sl, grad_hidden, grad_weight)
         ctx.grads = (grad_hidden, grad_weight, weight.dtype)
         ctx.mark_non_differentiable(logprobs)
         return (w * logprobs).sum(), logprobs

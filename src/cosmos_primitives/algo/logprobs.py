@@ -60,6 +60,25 @@ def chunk_logits(hidden: torch.Tensor, weight: torch.Tensor, out: torch.Tensor) 
     return buf
 
 
+def accumulate_head_grads(grad_logits: torch.Tensor, hidden: torch.Tensor, weight: torch.Tensor, rows: slice,
+                          grad_hidden: torch.Tensor | None, grad_weight: torch.Tensor | None) -> None:
+    """One chunk's share of the LM-head gradients, from ``grad_logits`` [n, V] (softmax dtype).
+
+    Writes ``grad_hidden[rows] = grad_logits @ weight`` ([N, H], the weight's dtype) and adds
+    ``grad_logits.T @ hidden`` ([V, H]) to ``grad_weight`` (float32 / float64, summed over chunks);
+    either may be None (not needed). ``hidden`` [n, H] holds the chunk's rows.
+    """
+    grad_low = grad_logits.to(weight.dtype)
+    if grad_hidden is not None:
+        grad_hidden[rows] = grad_low @ weight
+    if grad_weight is not None:
+        if weight.dtype == grad_weight.dtype:
+            grad_weight.addmm_(grad_low.t(), hidden)
+        else:
+            # per-chunk GEMM in the weight's dtype, accumulated over chunks in float32
+            grad_weight.add_(grad_low.t() @ hidden)
+
+
 class _ChunkedSelectiveLogSoftmax(torch.autograd.Function):
     """``(log p(target), entropy)`` per row of ``hidden`` [N, H] against ``weight`` [V, H]."""
 
@@ -125,15 +144,7 @@ class _ChunkedSelectiveLogSoftmax(torch.autograd.Function):
             else:
                 grad_logits = logp.exp_().mul_(-g_lp)
             grad_logits.scatter_add_(1, targets[sl, None], g_lp)
-            grad_low = grad_logits.to(weight.dtype)
-            if need_hidden:
-                grad_hidden[sl] = grad_low @ weight
-            if need_weight:
-                if weight.dtype == dtype:
-                    grad_weight.addmm_(grad_low.t(), h)
-                else:
-                    # per-chunk GEMM in the weight's dtype, accumulated over chunks in float32
-                    grad_weight.add_(grad_low.t() @ h)
+            accumulate_head_grads(grad_logits, h, weight, sl, grad_hidden, grad_weight)
         if grad_weight is not None:
             grad_weight = grad_weight.to(weight.dtype)
         return grad_hidden, grad_weight, None, None, None

@@ -84,13 +84,12 @@ def hf_token_logprobs(
     hidden = out.last_hidden_state if hasattr(out, "last_hidden_state") else out[0]
     if temperature != 1.0:
         hidden = hidden / temperature  # logits / T = (hidden / T) @ W^T
+    weight = _head_weight(hf_model)
     if loss_weights is not None:
-        return weighted_logprobs_from_hidden(hidden, _head_weight(hf_model), input_ids, loss_weights, labels=labels,
-                                             mask=mask, chunk_size=chunk_size)
-    return token_logprobs_from_hidden(
-        hidden, _head_weight(hf_model), input_ids, labels=labels, mask=mask,
-        chunk_size=chunk_size, with_entropy=with_entropy,
-    )
+        return weighted_logprobs_from_hidden(hidden, weight, input_ids, loss_weights, labels=labels, mask=mask,
+                                             chunk_size=chunk_size)
+    return token_logprobs_from_hidden(hidden, weight, input_ids, labels=labels, mask=mask, chunk_size=chunk_size,
+                                      with_entropy=with_entropy)
 
 
 class CausalLMPolicy(torch.nn.Module):
