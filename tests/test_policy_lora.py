@@ -118,6 +118,35 @@ def test_a_target_that_matches_nothing_names_the_key(base) -> None:
                                hf_model=copy.deepcopy(base))
 
 
+def test_adapters_come_from_peft_alone_not_the_model_classes_peft_gate(base, monkeypatch) -> None:
+    """transformers / diffusers gate their ``add_adapter`` on a peft version of their choosing
+    (transformers 5.24 refused peft 0.21.2); apply_lora and the reference must not go through it."""
+    def refuse(*_args, **_kwargs):
+        raise AssertionError("the model class's peft integration was used")
+    for name in ("add_adapter", "disable_adapters", "enable_adapters", "set_adapter"):
+        monkeypatch.setattr(type(base), name, refuse, raising=False)
+    policy = lora_policy(base)
+    train(policy, steps=1)
+    with cp.policy.adapters_disabled(policy.hf_model):
+        reference = cp.policy.token_logprobs(policy, {"input_ids": IDS}).logprobs
+    torch.testing.assert_close(reference, cp.policy.token_logprobs(lora_policy(base), {"input_ids": IDS}).logprobs)
+
+    plain = torch.nn.Sequential(torch.nn.Linear(6, 5), torch.nn.Tanh(), torch.nn.Linear(5, 3))
+    cp.policy.apply_lora(plain, LoraConfig(r=2, lora_alpha=4.0, target_modules=["0", "2"]))
+    assert sorted(n for n, p in plain.named_parameters() if p.requires_grad) == [
+        "0.lora_A.default.weight", "0.lora_B.default.weight", "2.lora_A.default.weight", "2.lora_B.default.weight"]
+    x = torch.randn(4, 6)
+    with torch.no_grad():
+        plain[2].lora_B["default"].weight.fill_(0.5)
+        adapted = plain(x)
+        with cp.policy.adapters_disabled(plain):
+            off = plain(x)
+        expected = plain[2].base_layer(plain[1](plain[0].base_layer(x)))
+    torch.testing.assert_close(off, expected)
+    assert not torch.allclose(adapted, off)
+    torch.testing.assert_close(plain(x), adapted)  # adapters back on after the block
+
+
 def _fsdp_worker(vl_dir: str, export_dir: str) -> dict:
     """Both ranks train the same LoRA policy, sharded over dp_shard = 2, on the same tokens."""
     mesh = cp.parallel.ParallelMesh(ParallelismConfig(dp_shard_size=2), device_type="cpu")
