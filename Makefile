@@ -1,7 +1,7 @@
 # The two commands of the README. Both run the (idempotent) setup first.
 PY := .venv/bin/python
 
-.PHONY: setup demo test lint
+.PHONY: setup demo test lint lock check-latest
 setup:
 	@bash scripts/setup.sh
 
@@ -14,3 +14,11 @@ test: setup
 
 lint: setup
 	.venv/bin/ruff check .
+
+# Not CI: try the newest allowed versions on the fast tests (check-latest), or do that and rewrite
+# requirements/lock.txt when they pass (lock). docs/install.md says when.
+check-latest:
+	bash scripts/check_latest.sh
+
+lock:
+	bash scripts/check_latest.sh --write-lock

@@ -1,15 +1,37 @@
 #!/usr/bin/env bash
 # Idempotent setup: .venv with torch, cosmos_primitives (editable) and its test extras, plus the
-# system programs the tests use (redis-server, ffmpeg). Re-running is a no-op unless
-# pyproject.toml or this script changed.
+# system programs the tests use (redis-server, ffmpeg). Python packages come from the lock
+# (requirements/lock.txt: the versions the suite last passed with), so a new machine gets what CI
+# tested. Re-running is a no-op unless pyproject.toml, the lock or this script changed.
 #
+#   COSMOS_LOCK         constraints file to install with (default requirements/lock.txt, used on
+#                       x86_64 Python 3.11, which it was written for); "none": the newest versions
+#                       pyproject.toml allows (what scripts/check_latest.sh tries)
+#   COSMOS_VENV         the virtual environment to create or update (default .venv)
 #   COSMOS_TORCH_SPEC   override the torch / torchvision requirement (e.g. for a CUDA index)
-#   PYTHON              interpreter used to create .venv (default: python3)
+#   PYTHON              interpreter used to create the venv (default: python3)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-venv=.venv
+venv="${COSMOS_VENV:-.venv}"
 stamp="$venv/.cosmos-setup-stamp"
+python="${PYTHON:-python3}"
+[ -x "$venv/bin/python" ] && python="$venv/bin/python"
+
+lock="${COSMOS_LOCK-}"
+if [ -z "$lock" ]; then
+  lock=requirements/lock.txt
+  where="$(uname -m) Python $("$python" -c 'import sys; print("%d.%d" % sys.version_info[:2])')"
+  if [ "$where" != "x86_64 Python 3.11" ]; then
+    echo "setup: requirements/lock.txt is for x86_64 Python 3.11, this is $where: installing the newest" \
+         "versions pyproject.toml allows (COSMOS_LOCK=requirements/lock.txt to use the lock anyway)"
+    lock=none
+  fi
+fi
+if [ "$lock" != none ] && [ ! -f "$lock" ]; then
+  echo "setup: COSMOS_LOCK=$lock does not exist (a constraints file, or 'none' for the newest versions)" >&2
+  exit 2
+fi
 
 missing=()
 command -v redis-server >/dev/null 2>&1 || missing+=(redis-server)
@@ -26,12 +48,13 @@ if [ ${#missing[@]} -gt 0 ]; then
   fi
 fi
 
-want="$(cat pyproject.toml scripts/setup.sh | sha256sum | cut -c1-16)"
+want="$( (cat pyproject.toml scripts/setup.sh; echo "lock=$lock torch=${COSMOS_TORCH_SPEC-}";
+          [ "$lock" = none ] || cat "$lock") | sha256sum | cut -c1-16)"
 if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ] && [ -x "$venv/bin/python" ]; then
   exit 0
 fi
 
-[ -x "$venv/bin/python" ] || "${PYTHON:-python3}" -m venv "$venv"
+[ -x "$venv/bin/python" ] || "$python" -m venv "$venv"
 "$venv/bin/python" -m pip install -q --disable-pip-version-check --upgrade pip
 case "$(uname -m)" in
   # The Qwen2.5-VL video processor needs torchvision; these two are built for each other.
@@ -42,7 +65,14 @@ torch_spec="${COSMOS_TORCH_SPEC:-$torch_spec}"
 echo "setup: installing $torch_spec"
 # shellcheck disable=SC2086
 "$venv/bin/python" -m pip install -q --disable-pip-version-check $torch_spec
-echo "setup: installing cosmos_primitives[dev]"
-"$venv/bin/python" -m pip install -q --disable-pip-version-check -e ".[dev]"
+if [ "$lock" = none ]; then
+  # pip keeps what the venv already holds: in a new venv (check_latest.sh) this is the newest allowed
+  echo "setup: installing cosmos_primitives[dev] without a lock (newest allowed versions)"
+  "$venv/bin/python" -m pip install -q --disable-pip-version-check -e ".[dev]"
+else
+  echo "setup: installing cosmos_primitives[dev] with the versions in $lock"
+  "$venv/bin/python" -m pip install -q --disable-pip-version-check -c "$lock" -e ".[dev]"
+  "$venv/bin/python" scripts/lock_versions.py verify "$lock" "$venv/bin/python"
+fi
 echo "$want" > "$stamp"
-echo "setup: done ($("$venv/bin/python" -c 'import torch; print("torch", torch.__version__)'))"
+echo "setup: done ($("$venv/bin/python" -c 'import torch, transformers; print("torch", torch.__version__, "transformers", transformers.__version__)'))"
