@@ -50,18 +50,99 @@ def packed_row(seq_len: int, vocab: int, generator: torch.Generator) -> tuple[to
     return ids, positions, lengths
 
 
-def matmul_tflops(device: torch.device, n: int = 8192, iters: int = 20) -> float:
-    """Measured dense bf16 matmul throughput (the in-run baseline)."""
-    a = torch.randn(n, n, device=device, dtype=torch.bfloat16)
-    b = torch.randn(n, n, device=device, dtype=torch.bfloat16)
+def matmul_tflops(device: torch.device, n: int = 8192, iters: int = 20, dtype: torch.dtype = torch.bfloat16) -> float:
+    """Measured dense matmul throughput in TFLOP/s (the in-run baseline); any device."""
+    a = torch.randn(n, n, device=device, dtype=dtype)
+    b = torch.randn(n, n, device=device, dtype=dtype)
     for _ in range(3):
         a @ b
-    torch.cuda.synchronize(device)
+    _synchronize(device)
     start = time.perf_counter()
     for _ in range(iters):
         a @ b
-    torch.cuda.synchronize(device)
+    _synchronize(device)
     return 2 * n**3 * iters / (time.perf_counter() - start) / 1e12
+
+
+def _synchronize(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def measure_sft(config, *, seq_len: int, rows: int, steps: int, warmup_steps: int, chunk_size: int,
+                activation_checkpointing: bool = False, dtype: str = "bfloat16",
+                log: bool = True) -> dict[str, float]:
+    """Run ``steps`` SFT steps of a random ``Qwen2ForCausalLM(config)`` under FSDP2 over every rank
+    of the (already initialised) default group, on packed rows of ``seq_len`` tokens.
+
+    Returns (summed over ranks, timed steps only): ``params``, ``tokens``, ``attn_flops``,
+    ``seconds`` (the mean rank's), ``tokens_per_s_per_device``, ``achieved_tflops_per_device``,
+    ``peak_memory_gib`` (CUDA only, else NaN) and ``first_loss``.
+    """
+    from transformers import Qwen2ForCausalLM
+
+    import cosmos_primitives as cp
+    from cosmos_primitives.algo.sft_loss import sft_loss, sft_token_weights
+    from cosmos_primitives.config.policy import ParallelismConfig, PolicyConfig
+    from cosmos_primitives.config.train import TrainConfig
+
+    info = cp.parallel.init_distributed()
+    mesh = cp.parallel.ParallelMesh(ParallelismConfig(dp_shard_size=-1), device_type=info.device.type)
+    torch.manual_seed(0)
+    with torch.device(info.device):
+        hf_model = Qwen2ForCausalLM(config)
+    n_params = sum(p.numel() for p in hf_model.parameters())
+    cfg = PolicyConfig(dtype=dtype, logprob_chunk_size=chunk_size,
+                       model_gradient_checkpointing=activation_checkpointing)
+    policy = cp.policy.build_policy(cfg, mesh, hf_model=hf_model)
+    train = TrainConfig(optm_lr=1e-5, optm_warmup_steps=2, optm_decay_type="constant")
+    optimizer = cp.policy.build_optimizer(policy, train)
+    scheduler = cp.policy.build_lr_scheduler(optimizer, train)
+
+    gen = torch.Generator().manual_seed(1000 + info.rank)
+    heads, head_dim = config.num_attention_heads, config.hidden_size // config.num_attention_heads
+    if info.device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(info.device)
+    timed_tokens, timed_attn_flops, timed_seconds, first_loss = 0, 0.0, 0.0, float("nan")
+    for step in range(steps):
+        batch_rows = [packed_row(seq_len, config.vocab_size, gen) for _ in range(rows)]
+        ids = torch.stack([r[0] for r in batch_rows]).to(info.device)
+        positions = torch.stack([r[1] for r in batch_rows]).to(info.device)
+        labels = ids.clone()
+        labels[positions == 0] = -100  # the first token of a sample has no prediction in its sample
+        batch = {"input_ids": ids, "labels": labels, "position_ids": positions}
+        _synchronize(info.device)
+        start = time.perf_counter()
+        weights = sft_token_weights(labels, group=mesh.group("dp"))
+        out = cp.policy.token_logprobs(policy, batch, loss_weights=weights)
+        loss, stats = sft_loss(out.logprobs, labels, group=mesh.group("dp"), weighted_sum=out.weighted_sum)
+        loss.backward()
+        cp.parallel.clip_grad_norm_(policy.parameters(), 1.0)
+        optimizer.step()
+        scheduler.step()
+        optimizer.zero_grad(set_to_none=True)
+        _synchronize(info.device)
+        seconds = time.perf_counter() - start
+        if step == 0:
+            first_loss = float(stats["loss"])
+        if step >= warmup_steps:
+            timed_seconds += seconds
+            timed_tokens += ids.numel()
+            timed_attn_flops += 6.0 * config.num_hidden_layers * heads * head_dim * sum(
+                n * n for r in batch_rows for n in r[2])
+        if log and info.is_rank0:
+            print(f"step {step}: loss {float(stats['loss']):.3f}  {ids.numel() / seconds:,.0f} tokens/s/device")
+
+    totals = torch.tensor([timed_tokens, timed_attn_flops, timed_seconds], dtype=torch.float64, device=info.device)
+    cp.parallel.all_reduce_sum(totals)
+    world = info.world_size
+    tokens, attn_flops, seconds = float(totals[0]), float(totals[1]), float(totals[2]) / world
+    flops = 6.0 * n_params * tokens + attn_flops
+    peak = torch.cuda.max_memory_allocated(info.device) / 2**30 if info.device.type == "cuda" else float("nan")
+    return {"params": float(n_params), "tokens": tokens, "attn_flops": attn_flops, "seconds": seconds,
+            "tokens_per_s_per_device": tokens / seconds / world,
+            "achieved_tflops_per_device": flops / seconds / world / 1e12,
+            "peak_memory_gib": peak, "first_loss": first_loss}
 
 
 def main() -> int:
@@ -81,82 +162,36 @@ def main() -> int:
               "(no figures produced; record 'no GPU available' in benchmarks/RESULTS.md).", file=sys.stderr)
         return 2
 
-    from transformers import Qwen2ForCausalLM
-
     import cosmos_primitives as cp
-    from cosmos_primitives.algo.sft_loss import sft_loss, sft_token_weights
-    from cosmos_primitives.config.policy import ParallelismConfig, PolicyConfig
-    from cosmos_primitives.config.train import TrainConfig
 
     info = cp.parallel.init_distributed()
     name = torch.cuda.get_device_name(info.device)
-    peak = args.peak_tflops or next((v for k, v in PEAK_TFLOPS.items() if k in name), None)
+    peak = args.peak_tflops or spec_peak_tflops(name)
     if peak is None:
         print(f"unknown GPU {name!r}: pass --peak-tflops (dense bf16)", file=sys.stderr)
         return 2
-    mesh = cp.parallel.ParallelMesh(ParallelismConfig(dp_shard_size=-1), device_type="cuda")
-
     config = qwen2_1_5b_config()
     config._attn_implementation = args.attn
-    torch.manual_seed(0)
-    with torch.device(info.device):
-        hf_model = Qwen2ForCausalLM(config)
-    n_params = sum(p.numel() for p in hf_model.parameters())
-    cfg = PolicyConfig(dtype="bfloat16", logprob_chunk_size=args.chunk_size,
-                       model_gradient_checkpointing=args.activation_checkpointing)
-    policy = cp.policy.build_policy(cfg, mesh, hf_model=hf_model)
-    train = TrainConfig(optm_lr=1e-5, optm_warmup_steps=2, optm_decay_type="constant")
-    optimizer = cp.policy.build_optimizer(policy, train)
-    scheduler = cp.policy.build_lr_scheduler(optimizer, train)
-
-    gen = torch.Generator().manual_seed(1000 + info.rank)
-    heads, head_dim = config.num_attention_heads, config.hidden_size // config.num_attention_heads
     matmul = matmul_tflops(info.device)
-    torch.cuda.reset_peak_memory_stats(info.device)
-    timed_tokens, timed_attn_flops, timed_seconds = 0, 0.0, 0.0
-    for step in range(args.steps):
-        rows = [packed_row(args.seq_len, config.vocab_size, gen) for _ in range(args.rows)]
-        ids = torch.stack([r[0] for r in rows]).to(info.device)
-        positions = torch.stack([r[1] for r in rows]).to(info.device)
-        labels = ids.clone()
-        labels[positions == 0] = -100  # the first token of a sample has no prediction in its sample
-        batch = {"input_ids": ids, "labels": labels, "position_ids": positions}
-        torch.cuda.synchronize(info.device)
-        start = time.perf_counter()
-        weights = sft_token_weights(labels, group=mesh.group("dp"))
-        out = cp.policy.token_logprobs(policy, batch, loss_weights=weights)
-        loss, stats = sft_loss(out.logprobs, labels, group=mesh.group("dp"), weighted_sum=out.weighted_sum)
-        loss.backward()
-        cp.parallel.clip_grad_norm_(policy.parameters(), 1.0)
-        optimizer.step()
-        scheduler.step()
-        optimizer.zero_grad(set_to_none=True)
-        torch.cuda.synchronize(info.device)
-        seconds = time.perf_counter() - start
-        if step >= args.warmup_steps:
-            timed_seconds += seconds
-            timed_tokens += ids.numel()
-            timed_attn_flops += 6.0 * config.num_hidden_layers * heads * head_dim * sum(
-                n * n for r in rows for n in r[2])
-        if info.is_rank0:
-            print(f"step {step}: loss {float(stats['loss']):.3f}  {ids.numel() / seconds:,.0f} tokens/s/GPU")
-
-    totals = torch.tensor([timed_tokens, timed_attn_flops, timed_seconds], dtype=torch.float64, device=info.device)
-    cp.parallel.all_reduce_sum(totals)
-    world = info.world_size
-    tokens, attn_flops, seconds = float(totals[0]), float(totals[1]), float(totals[2]) / world
-    flops = 6.0 * n_params * tokens + attn_flops
-    achieved = flops / seconds / world / 1e12
+    r = measure_sft(config, seq_len=args.seq_len, rows=args.rows, steps=args.steps,
+                    warmup_steps=args.warmup_steps, chunk_size=args.chunk_size,
+                    activation_checkpointing=args.activation_checkpointing)
+    achieved = r["achieved_tflops_per_device"]
     if info.is_rank0:
-        print(f"model: Qwen2 {n_params / 1e9:.2f}B params, {config.num_hidden_layers} layers, seq {args.seq_len}, "
-              f"{args.rows} packed rows/GPU, {world} x {name}, attn={args.attn}, "
+        print(f"model: Qwen2 {r['params'] / 1e9:.2f}B params, {config.num_hidden_layers} layers, seq {args.seq_len}, "
+              f"{args.rows} packed rows/GPU, {info.world_size} x {name}, attn={args.attn}, "
               f"activation checkpointing={args.activation_checkpointing}")
-        print(f"throughput: {tokens / seconds / world:,.0f} tokens/s/GPU ({tokens / seconds:,.0f} total)")
+        print(f"throughput: {r['tokens_per_s_per_device']:,.0f} tokens/s/GPU")
         print(f"achieved {achieved:.1f} TFLOP/s/GPU; MFU vs {peak:.0f} TFLOP/s spec peak: {achieved / peak:.1%} "
               f"(target >= 40%); vs measured bf16 matmul {matmul:.0f} TFLOP/s: {achieved / matmul:.1%}")
-        print(f"peak GPU memory: {torch.cuda.max_memory_allocated(info.device) / 2**30:.1f} GiB")
+        print(f"peak GPU memory: {r['peak_memory_gib']:.1f} GiB")
     cp.parallel.destroy_distributed()
     return 0
+
+
+def spec_peak_tflops(device_name: str) -> float | None:
+    """Dense bf16 spec-sheet peak of a GPU known by ``PEAK_TFLOPS``, else None."""
+    return next((v for k, v in PEAK_TFLOPS.items() if k in device_name), None)
 
 
 if __name__ == "__main__":

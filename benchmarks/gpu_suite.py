@@ -1,0 +1,176 @@
+"""The GPU validation pack: every GPU check in one command, time-boxed, one JSON and one table.
+
+    python3 benchmarks/gpu_suite.py --out "$OUT"                  # on a GPU machine, about 9 minutes
+    python3 benchmarks/gpu_suite.py --out /tmp/pack --dry-run     # tiny shapes on the CPU (CI runs this)
+    python3 benchmarks/gpu_suite.py --out "$OUT" --wheels .whl    # first install carried wheels
+
+Parts (``benchmarks/gpu_suite_parts.py``): SFT throughput and MFU of a Qwen2.5-1.5B-shaped model,
+chunked / fused vs naive log-prob heads, in-process sync of a 7B state dict, a colocated GRPO step
+of a Qwen2.5-VL-3B-shaped model, a FlowGRPO step of a Cosmos-Predict2-2B-shaped transformer, and
+each recipe's tiny config in bf16 against float32. Each runs in its own process under its own time
+box, so one that fails, hangs or runs out of memory is recorded as such and the others still run.
+
+Writes ``gpu_suite.json`` (machine, versions, every figure, each part's status and log tail) and
+``gpu_suite.md`` (the same as a table) to ``--out``, and prints the table. Exit status 0 when every
+part passed, 1 otherwise.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import math
+import os
+import platform
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[1]
+DRY_RUN_BOX_S = 90
+"""Each part's time box in a dry run (tiny shapes; the whole dry run stays under 2 minutes on 2 cores
+when nothing fails)."""
+
+
+def install_wheels(folder: Path) -> None:
+    """``pip install --no-index --no-deps`` every wheel in ``folder`` (what a machine without an
+    index needs carried: see benchmarks/RESULTS.md)."""
+    wheels = sorted(folder.glob("*.whl"))
+    if not wheels:
+        sys.exit(f"--wheels {folder}: no .whl files there (see benchmarks/RESULTS.md for the list to carry)")
+    subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-index", "--no-deps", *map(str, wheels)],
+                   check=True)
+
+
+def machine() -> dict[str, Any]:
+    import torch
+    import transformers
+
+    info: dict[str, Any] = {
+        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "host": platform.node(), "python": platform.python_version(), "torch": torch.__version__,
+        "transformers": transformers.__version__, "cuda": torch.version.cuda,
+        "gpu": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None,
+        "gpu_memory_gib": (torch.cuda.get_device_properties(0).total_memory / 2**30
+                           if torch.cuda.is_available() else None),
+        "cpu_count": os.cpu_count(),
+    }
+    for name in ("diffusers", "peft"):
+        try:
+            info[name] = __import__(name).__version__
+        except ImportError:
+            info[name] = None
+    return info
+
+
+def run_part(name: str, box_s: float, dry: bool, out: Path, work: Path) -> dict[str, Any]:
+    """Run one part in a child process (``--part``) within ``box_s`` seconds; its record."""
+    result_path, log_path = work / f"{name}.json", out / f"{name}.log"
+    cmd = [sys.executable, __file__, "--part", name, "--result", str(result_path), "--work", str(work / name)]
+    if dry:
+        cmd.append("--dry-run")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO / "src"), os.environ.get("PYTHONPATH", "")])}
+    start = time.perf_counter()
+    with log_path.open("wb") as log:
+        try:
+            proc = subprocess.run(cmd, cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT, timeout=box_s)
+            status = "ok" if proc.returncode == 0 and result_path.exists() else f"failed (exit {proc.returncode})"
+        except subprocess.TimeoutExpired:
+            status = f"timed out after {box_s:.0f} s"
+    record: dict[str, Any] = {"status": status, "seconds": round(time.perf_counter() - start, 1), "box_s": box_s}
+    if result_path.exists():
+        record.update(json.loads(result_path.read_text()))
+    if status != "ok":
+        record["log_tail"] = log_path.read_text(errors="replace")[-2500:]
+    return record
+
+
+def fmt(value: Any) -> str:
+    if isinstance(value, bool) or value is None:
+        return str(value)
+    if isinstance(value, float):
+        if not math.isfinite(value):
+            return str(value)
+        return f"{value:.3g}" if abs(value) < 1000 else f"{value:,.0f}"
+    return str(value)
+
+
+def markdown(report: dict[str, Any]) -> str:
+    m = report["machine"]
+    lines = [f"# GPU validation pack ({'dry run, CPU' if report['dry_run'] else m['gpu']})", "",
+             f"{m['date']}, host {m['host']}, Python {m['python']}, torch {m['torch']} (CUDA {m['cuda']}), "
+             f"transformers {m['transformers']}, diffusers {m['diffusers']}, peft {m['peft']}", "",
+             "| part | status | seconds | figures |", "|---|---|---|---|"]
+    for name, part in report["parts"].items():
+        figures = ", ".join(f"{k} {fmt(v)}" for k, v in part.get("figures", {}).items())
+        lines.append(f"| {name} | {part['status']} | {part['seconds']} / {part['box_s']:.0f} | {figures} |")
+    for name, part in report["parts"].items():
+        for note in part.get("notes", []):
+            lines.append(f"- {name}: {note}")
+    return "\n".join(lines) + "\n"
+
+
+def child(args: argparse.Namespace) -> None:
+    """Run one part in this process and write its result JSON."""
+    sys.path.insert(0, str(REPO / "src"))
+    sys.path.insert(0, str(REPO / "benchmarks"))
+    from gpu_suite_parts import PARTS
+
+    work = Path(args.work)
+    work.mkdir(parents=True, exist_ok=True)
+    result = PARTS[args.part][0](args.dry_run, work)
+    Path(args.result).write_text(json.dumps(result, indent=1, default=str))
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--out", type=Path, default=REPO / "outputs" / "gpu_suite",
+                        help="where the JSON, table and logs go")
+    parser.add_argument("--dry-run", action="store_true", help="tiny shapes on the CPU (CI)")
+    parser.add_argument("--parts", default="", help="comma-separated subset of the parts (default: all)")
+    parser.add_argument("--wheels", type=Path, help="install the wheels in this folder first (no index needed)")
+    parser.add_argument("--part", help=argparse.SUPPRESS)
+    parser.add_argument("--result", help=argparse.SUPPRESS)
+    parser.add_argument("--work", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.part:
+        child(args)
+        return 0
+    if args.wheels:
+        install_wheels(args.wheels)
+
+    sys.path.insert(0, str(REPO / "src"))
+    sys.path.insert(0, str(REPO / "benchmarks"))
+    from gpu_suite_parts import PARTS
+
+    chosen = [p for p in args.parts.split(",") if p] or list(PARTS)
+    unknown = sorted(set(chosen) - set(PARTS))
+    if unknown:
+        parser.error(f"unknown --parts {unknown}; the parts are {', '.join(PARTS)}")
+    if args.dry_run:
+        os.environ["COSMOS_DEVICE"] = "cpu"
+        os.environ["CUDA_VISIBLE_DEVICES"] = ""
+    args.out.mkdir(parents=True, exist_ok=True)
+    report: dict[str, Any] = {"dry_run": args.dry_run, "machine": machine(), "parts": {}}
+    if not args.dry_run and report["machine"]["gpu"] is None:
+        print("gpu_suite: no CUDA GPU visible; use --dry-run for the CPU smoke run", file=sys.stderr)
+        return 2
+    with tempfile.TemporaryDirectory(prefix="gpu_suite_") as tmp:
+        for name in chosen:
+            box = DRY_RUN_BOX_S if args.dry_run else PARTS[name][1]
+            print(f"gpu_suite: {name} (time box {box} s) ...", flush=True)
+            report["parts"][name] = part = run_part(name, box, args.dry_run, args.out, Path(tmp))
+            print(f"gpu_suite: {name}: {part['status']} in {part['seconds']} s", flush=True)
+    (args.out / "gpu_suite.json").write_text(json.dumps(report, indent=1, default=str))
+    table = markdown(report)
+    (args.out / "gpu_suite.md").write_text(table)
+    print(table)
+    return 0 if all(p["status"] == "ok" for p in report["parts"].values()) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
