@@ -205,3 +205,23 @@ def test_a_subset_of_ranks_saves_and_resumes_while_the_others_idle(tmp_path) -> 
         assert (r["step"], r["world"], r["same"]) == (1, 2, True)
     step1 = run_dir / "checkpoints" / "step_1"
     assert sorted(p.name for p in step1.glob("*.distcp")) == ["__0_0.distcp", "__1_0.distcp"]
+
+
+def test_each_rank_writes_a_checksum_manifest_for_its_own_shards(sharded: dict, tmp_path) -> None:
+    import shutil
+
+    from cosmos_primitives.checkpoint import verify_checkpoint
+
+    step2 = sharded["run_dir"] / "checkpoints" / "step_2"
+    covered = {r: set(json.loads((step2 / f"MANIFEST_rank{r}.json").read_text())["files"]) for r in (0, 1)}
+    assert covered == {0: {"__0_0.distcp", ".metadata"}, 1: {"__1_0.distcp"}}  # async save, two ranks
+    assert verify_checkpoint(step2).ok
+
+    copy = tmp_path / "step_2"
+    shutil.copytree(step2, copy)
+    with open(copy / "__1_0.distcp", "r+b") as f:  # rank 1's shard: same size, other bytes
+        f.seek(100)
+        f.write(b"\x00\xff" * 8)
+    check = verify_checkpoint(copy)
+    assert not check.ok and check.problems == ["__1_0.distcp: SHA-256 differs from the manifest (bytes changed "
+                                               "after the save)"]

@@ -1,5 +1,6 @@
-"""Resume checkpoints (DCP, sharded, atomic, rotated, sync or async), Hugging Face safetensors
-export, and background uploads to S3 and the Hugging Face Hub.
+"""Resume checkpoints (DCP, sharded, atomic, checksummed, rotated in save order, sync or async),
+Hugging Face safetensors export, background uploads to S3 and the Hugging Face Hub, and the guard
+that stops (or skips) a step with a non-finite loss or gradient before it can be saved.
 
 Names load on first use, so ``import cosmos_primitives.checkpoint`` stays cheap; boto3 and
 huggingface_hub (extras ``s3`` and ``hub``) are imported only when an upload is configured.
@@ -20,6 +21,10 @@ _EXPORTS = {
     "find_latest_checkpoint": "cosmos_primitives.checkpoint.layout",
     "list_checkpoints": "cosmos_primitives.checkpoint.layout",
     "is_complete": "cosmos_primitives.checkpoint.layout",
+    "verify_checkpoint": "cosmos_primitives.checkpoint.manifest",
+    "Verification": "cosmos_primitives.checkpoint.manifest",
+    "check_finite": "cosmos_primitives.checkpoint.nonfinite",
+    "NonFiniteError": "cosmos_primitives.checkpoint.nonfinite",
     "Uploader": "cosmos_primitives.checkpoint.uploader",
     "UploadFailure": "cosmos_primitives.checkpoint.uploader",
     "UploadTarget": "cosmos_primitives.checkpoint.uploader",
@@ -31,16 +36,20 @@ __all__ = [
     "PAUSE_ENV",
     "CheckpointManager",
     "HubTarget",
+    "NonFiniteError",
     "S3Target",
     "TrainState",
     "UploadFailure",
     "UploadTarget",
     "Uploader",
+    "Verification",
+    "check_finite",
     "export_safetensors",
     "find_latest_checkpoint",
     "gather_full_state_dict",
     "is_complete",
     "list_checkpoints",
+    "verify_checkpoint",
     "write_safetensors_shards",
 ]
 

@@ -4,16 +4,23 @@ Layout of a run directory::
 
     <run_dir>/checkpoints/step_N/       complete DCP checkpoint (holds the COMPLETE marker)
     <run_dir>/checkpoints/step_N.tmp/   being written, or left by a crash: ignored, cleaned up
+    <run_dir>/checkpoints/abandoned/    set aside on resume: newer than the resumed checkpoint
+                                        (a rollback's abandoned future, or damaged); never resumed
     <run_dir>/safetensors/step_N/       intermediate Hugging Face export
     <run_dir>/safetensors/final/        final Hugging Face export
 
 A folder becomes visible under its final name only by one ``os.rename`` of a fully written
 ``.tmp`` folder, so a crash at any moment leaves either the old state or the new one.
+
+Order is the run's save history, not the step number: each marker records ``seq`` (1 + the largest
+``seq`` in the folder when it was committed) and ``parent`` (the checkpoint its state descends
+from). After a rollback to an older step the new saves are the newest ones.
 """
 
 from __future__ import annotations
 
 import json
+import math
 import os
 import re
 import shutil
@@ -24,6 +31,7 @@ from typing import Any
 CHECKPOINTS_DIR = "checkpoints"
 SAFETENSORS_DIR = "safetensors"
 MARKER = "COMPLETE"
+ABANDONED_DIR = "abandoned"
 TMP_SUFFIX = ".tmp"
 _OLD_SUFFIX = ".old"
 _STEP_DIR = re.compile(r"^step_(\d+)$")
@@ -47,7 +55,8 @@ def is_complete(path: str | Path) -> bool:
 
 
 def read_marker(path: str | Path) -> dict[str, Any]:
-    """The JSON the saver wrote into the marker: ``step``, ``world_size``, ``saved_at``, ``format``."""
+    """The JSON the saver wrote into the marker: ``step``, ``world_size``, ``saved_at``, ``format``
+    and (format 2) ``seq`` and ``parent``."""
     return json.loads((Path(path) / MARKER).read_text())
 
 
@@ -60,13 +69,32 @@ def write_marker(path: str | Path, info: dict[str, Any]) -> None:
         os.fsync(f.fileno())
 
 
+def save_order(path: Path) -> tuple[float, int]:
+    """Sort key of a complete checkpoint in its run's save history: ``(seq, step)``.
+
+    Markers written before ``seq`` existed count as older than every newer one (seq 0); an unreadable
+    (torn) marker counts as the newest, so that resume looks at it first and reports it.
+    """
+    try:
+        seq: float = float(read_marker(path).get("seq", 0))
+    except (OSError, ValueError, AttributeError):
+        seq = math.inf
+    return seq, step_of(path) or 0
+
+
 def list_checkpoints(checkpoints_dir: str | Path) -> list[Path]:
-    """Complete ``step_N`` checkpoints in ``checkpoints_dir``, oldest step first."""
+    """Complete ``step_N`` checkpoints in ``checkpoints_dir``, oldest first in save order."""
     root = Path(checkpoints_dir)
     if not root.is_dir():
         return []
     found = [p for p in root.iterdir() if p.is_dir() and is_complete(p)]
-    return sorted(found, key=lambda p: step_of(p) or 0)
+    return sorted(found, key=save_order)
+
+
+def next_seq(checkpoints_dir: str | Path) -> int:
+    """The ``seq`` of the next checkpoint committed into ``checkpoints_dir``."""
+    finite = [s for s, _ in map(save_order, list_checkpoints(checkpoints_dir)) if s != math.inf]
+    return int(max(finite, default=0)) + 1
 
 
 def list_incomplete(checkpoints_dir: str | Path) -> list[Path]:
@@ -88,26 +116,47 @@ def _run_dirs_newest_first(output_dir: Path) -> list[Path]:
     return sorted((p for p in output_dir.iterdir() if p.is_dir() and _RUN_DIR.match(p.name)), reverse=True)
 
 
-def find_latest_checkpoint(path: str | Path) -> Path | None:
-    """The checkpoint to resume from, looking inside ``path``.
+def find_checkpoints(path: str | Path) -> list[Path]:
+    """The checkpoints resume may use, looking inside ``path``, oldest first in save order.
 
-    ``path`` may be a complete ``step_N`` folder (returned as is), a ``checkpoints`` folder, a run
+    ``path`` may be a complete ``step_N`` folder (just that one), a ``checkpoints`` folder, a run
     directory (``<output_dir>/<timestamp>``) or an output directory holding several runs; in the
-    last case the newest run that has a complete checkpoint wins, and within a run the highest step.
-    Incomplete folders are never returned.
+    last case those of the newest run that has a complete checkpoint. Incomplete folders never count.
     """
     path = Path(path)
     if is_complete(path):
-        return path
+        return [path]
     for candidate in (path, path / CHECKPOINTS_DIR):
         found = list_checkpoints(candidate)
         if found:
-            return found[-1]
+            return found
     for run in _run_dirs_newest_first(path):
         found = list_checkpoints(run / CHECKPOINTS_DIR)
         if found:
-            return found[-1]
-    return None
+            return found
+    return []
+
+
+def find_latest_checkpoint(path: str | Path) -> Path | None:
+    """The newest (in save order) of :func:`find_checkpoints`, or None."""
+    found = find_checkpoints(path)
+    return found[-1] if found else None
+
+
+def set_aside(path: Path) -> Path:
+    """Move a folder into ``abandoned/`` beside it (one rename), where resume and rotation never look.
+
+    Returns its new path: ``abandoned/<name>``, or ``abandoned/<name>-<k>`` when that name is taken.
+    """
+    aside = path.parent / ABANDONED_DIR
+    aside.mkdir(exist_ok=True)
+    target, k = aside / path.name, 1
+    while target.exists():
+        k += 1
+        target = aside / f"{path.name}-{k}"
+    os.rename(path, target)
+    _fsync_dir(path.parent)
+    return target
 
 
 def remove_tree(path: Path) -> None:
@@ -158,8 +207,10 @@ def _fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
-def marker_info(step: int, world_size: int) -> dict[str, Any]:
-    return {"step": step, "world_size": world_size, "saved_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "format": 1}
+def marker_info(step: int, world_size: int, *, seq: int, parent: str | None) -> dict[str, Any]:
+    """Marker contents: format 2 means one ``MANIFEST_rank<r>.json`` per rank of ``world_size``."""
+    return {"step": step, "world_size": world_size, "saved_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "format": 2,
+            "seq": seq, "parent": parent}
 
 
 def rotate(folders: list[Path], max_keep: int, protected: set[Path] | frozenset[Path] = frozenset()) -> list[Path]:

@@ -18,6 +18,11 @@ filesystem outside DCP and uploads)::
 What is saved lets a resumed run continue bitwise as if never stopped (same world size): weights,
 optimizer moments, scheduler, step / epoch / weight version, each rank's python / numpy / torch
 (and CUDA) RNG states and its sampler position, captured at the moment ``save`` is called.
+
+Every rank records the size and SHA-256 of the files it wrote (``MANIFEST_rank<r>.json``) before the
+completion marker exists; resume verifies them and falls back to the newest checkpoint that
+verifies. "Newest" and rotation follow the run's save history, so after a rollback the new saves
+are kept and the abandoned newer checkpoints are moved to ``checkpoints/abandoned/``.
 """
 
 from __future__ import annotations
@@ -34,6 +39,7 @@ from typing import Any, Protocol
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch import nn
+from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.state_dict import (
     get_model_state_dict,
     get_state_dict,
@@ -42,6 +48,7 @@ from torch.distributed.checkpoint.state_dict import (
 )
 
 from cosmos_primitives.checkpoint import layout
+from cosmos_primitives.checkpoint.manifest import missing_manifests, verify_checkpoint, write_rank_manifest
 from cosmos_primitives.checkpoint.safetensors_export import export_safetensors
 from cosmos_primitives.checkpoint.train_state import TrainState, decode, encode
 from cosmos_primitives.checkpoint.uploader import Uploader, UploadFailure, UploadTarget
@@ -132,6 +139,7 @@ class CheckpointManager:
             dist.new_group(backend="gloo") if self._async and self._dist else None)
         self._committer = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="cosmos-ckpt")
         self._inflight: concurrent.futures.Future[None] | None = None
+        self._parent: str | None = None  # the checkpoint the live state descends from (lineage record)
         self._closed = False
         self.uploader: Uploader | None = None
         self._s3: UploadTarget | None = None
@@ -199,17 +207,20 @@ class CheckpointManager:
             tmp.mkdir(parents=True)
         self._barrier()
         started = time.monotonic()
+        parent, self._parent = self._parent, str(final)
         if self._async:
             future = dcp.async_save(state, checkpoint_id=str(tmp), process_group=self._async_group,
                                     no_dist=not self._dist)
-            self._inflight = self._committer.submit(self._finish_async, future, step, tmp, final, started)
+            self._inflight = self._committer.submit(self._finish_async, future, step, tmp, final, started, parent)
             self._log.info("Saving checkpoint step %d in the background to %s", step, final)
             return final
         dcp.save(state, checkpoint_id=str(tmp), process_group=self._group, no_dist=not self._dist)
+        self._write_manifest(tmp)
+        self._barrier()  # every rank's manifest is on disk before rank 0 marks the folder complete
         error = None
         if self.rank == 0:
             try:
-                self._commit(step, tmp, final, started)
+                self._commit(step, tmp, final, started, parent)
             except Exception as exc:
                 error = f"{type(exc).__name__}: {exc}"
         error = broadcast_object(error, src=self._src, group=self._group)
@@ -237,21 +248,41 @@ class CheckpointManager:
         state["rank_state"] = {f"rank{self.rank}": encode(private)}
         return state
 
-    def _finish_async(self, future: concurrent.futures.Future[Any], step: int, tmp: Path, final: Path,
-                      started: float) -> None:
+    def _write_manifest(self, tmp: Path) -> None:
+        # a failure here must not skip the barrier that follows: rank 0 finds the manifest missing
         try:
-            future.result()
+            write_rank_manifest(tmp, self.rank)
         except Exception as exc:
-            raise RuntimeError(f"background save of checkpoint {final} failed: {exc}") from exc
-        if self.rank == 0:
-            self._commit(step, tmp, final, started)
+            self._log.error("rank %d could not write its checksum manifest into %s: %s", self.rank, tmp, exc)
 
-    def _commit(self, step: int, tmp: Path, final: Path, started: float) -> None:
-        """Rank 0, after every rank's data and DCP's metadata are on disk: mark complete, publish, rotate."""
+    def _finish_async(self, future: concurrent.futures.Future[Any], step: int, tmp: Path, final: Path,
+                      started: float, parent: str | None) -> None:
+        failure: BaseException | None = None
+        try:
+            future.result()  # DCP wrote and fsynced this rank's files (and the metadata)
+        except (Exception, CheckpointException) as exc:
+            failure = exc
+        else:
+            self._write_manifest(tmp)
+        if self._dist and self.world_size > 1:
+            # this thread owns the async group until the next save waits for it
+            dist.barrier(group=self._async_group)
+        if failure is not None:
+            raise RuntimeError(f"background save of checkpoint {final} failed: {failure}") from failure
+        if self.rank == 0:
+            self._commit(step, tmp, final, started, parent)
+
+    def _commit(self, step: int, tmp: Path, final: Path, started: float, parent: str | None) -> None:
+        """Rank 0, after every rank's data, manifest and DCP's metadata are on disk: mark complete, publish, rotate."""
         if os.environ.get(PAUSE_ENV) == str(step):
             self._log.warning("test hook %s=%d: pausing before committing %s", PAUSE_ENV, step, tmp)
             time.sleep(600)
-        layout.write_marker(tmp, layout.marker_info(step, self.world_size))
+        missing = missing_manifests(tmp, self.world_size)
+        if missing:
+            raise RuntimeError(f"{tmp} lacks the checksum manifests {missing} (see those ranks' errors above); "
+                               f"the checkpoint is left incomplete and will be cleaned up")
+        seq = layout.next_seq(self.checkpoints_dir)
+        layout.write_marker(tmp, layout.marker_info(step, self.world_size, seq=seq, parent=parent))
         layout.publish(tmp, final)
         self._log.info("Saved checkpoint step %d to %s (%.1f s)", step, final, time.monotonic() - started)
         self._rotate()
@@ -271,11 +302,17 @@ class CheckpointManager:
     def resume(self, resume: bool | str | Path, *, output_dir: str | Path | None = None) -> TrainState | None:
         """Restore the checkpoint ``[train] resume`` names, if any (collective).
 
-        ``resume = false``: nothing. ``true``: the latest complete checkpoint of this run directory,
-        else of the newest run under ``output_dir`` (default: the run directory's parent) that has
-        one; none found means a fresh start (logged). A path: that checkpoint, or the latest complete
-        one inside that folder; none found raises ``FileNotFoundError``. Incomplete folders of this
-        run (``*.tmp``, unmarked) are deleted first.
+        ``resume = false``: nothing. ``true``: the newest (in save order) complete checkpoint of this
+        run directory, else of the newest run under ``output_dir`` (default: the run directory's
+        parent) that has one; none found means a fresh start (logged). A path: that checkpoint, or
+        the newest complete one inside that folder; none found raises ``FileNotFoundError``.
+        Incomplete folders of this run (``*.tmp``, unmarked) are deleted first.
+
+        Each candidate's files are checked against its manifests (:func:`verify_checkpoint`); one
+        that fails is skipped with a warning naming the file, and the next older one is tried
+        (a path naming one ``step_N`` folder has no fallback). None verifying raises ``RuntimeError``.
+        After loading, checkpoints and exports of this run newer than the loaded one (a rollback's
+        abandoned future, or the damaged ones skipped) move to ``abandoned/``.
 
         Returns:
             The restored :class:`TrainState`, or None when starting fresh.
@@ -283,16 +320,18 @@ class CheckpointManager:
         if resume is False or resume is None or resume == "":
             return None
         self.wait()  # cleaning below must not race a save of this manager
-        found: str | None = None
+        choice: tuple[str | None, str | None] = (None, None)
         if self.rank == 0:
             self.clean_incomplete()
-            if resume is True:
-                hit = layout.find_latest_checkpoint(self.run_dir) or layout.find_latest_checkpoint(
-                    Path(output_dir) if output_dir is not None else self.run_dir.parent)
-            else:
-                hit = layout.find_latest_checkpoint(resume)
-            found = None if hit is None else str(hit)
-        found = broadcast_object(found, src=self._src, group=self._group)
+            where = Path(self.run_dir if resume is True else resume)
+            candidates = layout.find_checkpoints(where)
+            if resume is True and not candidates:
+                where = Path(output_dir) if output_dir is not None else self.run_dir.parent
+                candidates = layout.find_checkpoints(where)
+            choice = self._newest_verified(candidates, where)
+        found, error = broadcast_object(choice, src=self._src, group=self._group)
+        if error is not None:
+            raise RuntimeError(error)
         if found is None:
             if resume is True:
                 self._log.info("resume = true but no complete checkpoint under %s: starting from step 0",
@@ -303,7 +342,42 @@ class CheckpointManager:
                 f"a step_N folder holding a {layout.MARKER} file; point resume at one, at its run "
                 f"directory, or set resume = true"
             )
-        return self.load(found)
+        train = self.load(found)
+        if self.rank == 0:
+            self._set_aside_newer_than(Path(found), train.step)
+        return train
+
+    def _newest_verified(self, candidates: list[Path], where: Path) -> tuple[str | None, str | None]:
+        """``(checkpoint, None)``: the newest of ``candidates`` (oldest first) whose files verify;
+        ``(None, error)`` when none does; ``(None, None)`` when there are none."""
+        failures = []
+        for path in reversed(candidates):
+            check = verify_checkpoint(path)
+            if check.ok:
+                if not check.checked:
+                    self._log.warning("%s predates checksum manifests: loading it unverified", path)
+                return str(path), None
+            self._log.warning("Checkpoint %s fails verification, skipping it: %s", path, "; ".join(check.problems))
+            failures.append(f"{path}: {'; '.join(check.problems)}")
+        if not failures:
+            return None, None
+        return None, (f"no checkpoint under {where} verifies ({' | '.join(failures)}). Restore the damaged files "
+                      f"from a copy, or point [train] resume at an older checkpoint")
+
+    def _set_aside_newer_than(self, loaded: Path, step: int) -> None:
+        """Rank 0: move this run's checkpoints saved after ``loaded`` or past ``step``, and exports past
+        ``step``, to ``abandoned/``: a later ``resume = true`` must continue the history just resumed."""
+        history = layout.list_checkpoints(self.checkpoints_dir)
+        resolved = [p.resolve() for p in history]
+        here = resolved.index(loaded.resolve()) if loaded.resolve() in resolved else None
+        doomed = [p for i, p in enumerate(history)
+                  if (here is not None and i > here) or (i != here and (layout.step_of(p) or 0) > step)]
+        if self.safetensors_dir.is_dir():
+            doomed += [p for p in sorted(self.safetensors_dir.glob("step_*")) if (layout.step_of(p) or -1) > step]
+        for path in doomed:
+            moved = layout.set_aside(path)
+            self._log.warning("Moved %s to %s: it is newer than the resumed %s and will not be resumed",
+                              path, moved, loaded)
 
     def load(self, path: str | Path) -> TrainState:
         """Load the checkpoint folder ``path`` into the model, optimizer, scheduler, sampler and RNGs (collective)."""
@@ -312,8 +386,12 @@ class CheckpointManager:
         if not layout.is_complete(path):
             raise FileNotFoundError(
                 f"{path} is not a complete checkpoint (no {layout.MARKER} marker in a step_N folder)")
-        keys = set(dcp.FileSystemReader(str(path)).read_metadata().state_dict_metadata)
-        saved_world = int(layout.read_marker(path).get("world_size", self.world_size))
+        try:
+            keys = set(dcp.FileSystemReader(str(path)).read_metadata().state_dict_metadata)
+            saved_world = int(layout.read_marker(path).get("world_size", self.world_size))
+        except (OSError, ValueError, AttributeError, EOFError) as exc:
+            raise RuntimeError(f"checkpoint {path} is unreadable ({type(exc).__name__}: {exc}); "
+                               f"cp.checkpoint.verify_checkpoint({str(path)!r}) names the damaged files") from exc
         has_optimizer = any(k.startswith("optimizer.") for k in keys)
         state: dict[str, Any] = {}
         if self.optimizer is not None and has_optimizer:
@@ -330,8 +408,9 @@ class CheckpointManager:
         state["rank_state"] = {rank_key: None}
         try:
             dcp.load(state, checkpoint_id=str(path), process_group=self._group, no_dist=not self._dist)
-        except Exception as exc:
-            raise RuntimeError(f"loading checkpoint {path} failed (was it written for this model?): {exc}") from exc
+        except (Exception, CheckpointException) as exc:  # CheckpointException is a BaseException
+            raise RuntimeError(f"loading checkpoint {path} failed (was it written for this model? "
+                               f"verify_checkpoint names damaged files): {exc}") from exc
         if "optimizer" in state:
             set_state_dict(self.model, self.optimizer, model_state_dict=state["model"],
                            optim_state_dict=state["optimizer"])
@@ -350,6 +429,7 @@ class CheckpointManager:
                 "restored and the sampler takes rank 0's position, so the resume is not bitwise exact",
                 path, saved_world, self.rank, self.world_size)
         train = TrainState.from_record(decode(state["train_state"]), path)
+        self._parent = str(path)
         self._log.info("Resumed from %s (step %d, epoch %d)", path, train.step, train.epoch)
         return train
 

@@ -14,8 +14,9 @@ class CheckpointConfig(Section):
     exports to ``<run_dir>/safetensors/{step_N,final}/``. Whether to resume is ``[train] resume``.
 
     - ``save_freq``: save every N optimizer steps (``<= 0``: only when the loop forces a save).
-    - ``max_keep``: complete checkpoints kept on disk (the newest is never deleted); ``-1`` keeps
-      all. Intermediate ``safetensors/step_N`` exports are rotated the same way; ``final`` never is.
+    - ``max_keep``: complete checkpoints kept on disk, the oldest in save order removed first (the
+      newest saved is never deleted, whatever its step number); ``-1`` keeps all. Intermediate
+      ``safetensors/step_N`` exports are rotated the same way; ``final`` never is.
     - ``save_mode``: ``"async"`` writes in the background (the next save or ``close()`` waits for it),
       ``"sync"`` blocks the loop until the checkpoint is on disk.
     - ``export_safetensors``: write a Hugging Face folder (``from_pretrained`` / vLLM loadable) at

@@ -19,6 +19,10 @@ class TrainConfig(Section):
     ``optm_warmup_steps`` of linear warmup, then ``optm_decay_type`` ``"cosine"`` / ``"linear"``
     down to ``optm_lr * optm_min_lr_factor`` (reached at the last step), or ``"constant"``;
     ``optm_grad_norm_clip`` clips the total gradient norm (``<= 0`` disables).
+
+    ``nonfinite``: what ``cp.checkpoint.check_finite`` does when a step's loss or gradient norm is
+    NaN / inf: ``"stop"`` raises before the optimizer step (nothing damaged is saved), ``"skip"``
+    drops that step's update (the loop zeroes the gradients and goes on) and logs it.
     """
 
     epoch: int = 1
@@ -36,6 +40,7 @@ class TrainConfig(Section):
     optm_decay_type: Literal["cosine", "linear", "constant"] = "constant"
     optm_min_lr_factor: float = 0.0
     optm_grad_norm_clip: float = 1.0
+    nonfinite: Literal["stop", "skip"] = "stop"
     sync_weight_interval: int = 1
     ckpt: CheckpointConfig = msgspec.field(default_factory=CheckpointConfig)
     train_policy: TrainPolicyConfig = msgspec.field(default_factory=TrainPolicyConfig)
