@@ -101,8 +101,11 @@ def main() -> None:
             loss.backward()
             nll_sum += float(stats["loss"] * stats["tokens"])
         grad_norm = cp.parallel.clip_grad_norm_(policy.parameters(), cfg.train.optm_grad_norm_clip)
-        optimizer.step()
-        scheduler.step()
+        # a NaN / inf loss or gradient stops the run ([train] nonfinite = "stop") or skips the update
+        if cp.checkpoint.check_finite(torch.tensor(nll_sum, device=info.device), grad_norm, step=step + 1,
+                                      mode=cfg.train.nonfinite, group=dp_group):
+            optimizer.step()
+            scheduler.step()
         optimizer.zero_grad(set_to_none=True)
         step += 1
         tracker.log_metrics({"loss": nll_sum / max(global_tokens, 1), "grad_norm": grad_norm,
