@@ -6,9 +6,9 @@ import pytest
 import torch
 
 from cosmos_primitives import testing as cpt
+from cosmos_primitives.data.records import Prompt, SamplingParams
 from cosmos_primitives.data.rollout_batch import collate_rollouts
 from cosmos_primitives.policy import CausalLMPolicy, token_logprobs
-from cosmos_primitives.rollout.base import Prompt, SamplingParams
 from cosmos_primitives.rollout.hf_engine import HFRolloutEngine
 
 

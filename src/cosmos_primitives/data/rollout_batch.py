@@ -8,8 +8,8 @@ from typing import Any
 import attrs
 import torch
 
-from cosmos_primitives.rollout.base import RolloutGroup
-from cosmos_primitives.rollout.hf_inputs import encode_prompts, repeat_batch
+from cosmos_primitives.data.prompt_inputs import encode_prompts, repeat_batch
+from cosmos_primitives.data.records import RolloutGroup
 
 
 @attrs.define
