@@ -54,19 +54,21 @@ from cosmos_primitives.checkpoint.safetensors_export import export_safetensors
 from cosmos_primitives.data import MCQPromptDataset, ResumableDistributedSampler
 from cosmos_primitives.data.bad_samples import BadSampleError, BadSampleTracker
 from cosmos_primitives.data.media import MediaSettings
+from cosmos_primitives.data.records import RolloutGroup, SamplingParams
 from cosmos_primitives.data.rollout_batch import RolloutBatch, collate_rollouts
-from cosmos_primitives.data.rollout_records import group_from_record, record_advantages, record_rewards
 from cosmos_primitives.parallel.roles import RoleMesh, RoleSplit, split_roles
 from cosmos_primitives.queue import (
     RedisRolloutQueue,
     RolloutRecord,
     RolloutThrottle,
     StalenessFilter,
+    group_from_record,
+    record_advantages,
     record_from_group,
+    record_rewards,
 )
 from cosmos_primitives.queue.run_control import RunControl, check_queue_capacity
 from cosmos_primitives.rewards.compose import RewardBatch
-from cosmos_primitives.rollout.base import RolloutGroup, SamplingParams
 from cosmos_primitives.sync import InProcessSync, WeightBroadcaster, WeightReceiver, new_sync_group
 
 

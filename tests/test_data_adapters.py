@@ -17,11 +17,11 @@ from cosmos_primitives.data.mcq import MCQPromptDataset, answer_letter, mcq_prom
 from cosmos_primitives.data.media import MediaSettings, default_media_dir
 from cosmos_primitives.data.mrope import MRopeSpec
 from cosmos_primitives.data.qwen_vl_encoding import IGNORE_INDEX, encode_conversation
+from cosmos_primitives.data.records import Prompt
 from cosmos_primitives.data.sampler import ResumableDistributedSampler
 from cosmos_primitives.data.sft_loader import SFTBatchLoader, build_sft_dataset
 from cosmos_primitives.data.video_folder import VideoFolderDataset
 from cosmos_primitives.data.video_sampling import plan_frame_indices
-from cosmos_primitives.rollout.base import Prompt
 
 
 class _Records(logging.Handler):

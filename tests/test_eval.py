@@ -15,6 +15,7 @@ import pytest
 
 from cosmos_primitives import testing as cpt
 from cosmos_primitives.config.evaluation import EvalConfig
+from cosmos_primitives.data.records import Completion, Prompt, RolloutGroup, SamplingParams
 from cosmos_primitives.eval import (
     BenchmarkFormatError,
     calculate_accuracy,
@@ -26,7 +27,7 @@ from cosmos_primitives.eval import (
     prompt_text,
 )
 from cosmos_primitives.logging.console import get_logger
-from cosmos_primitives.rollout.base import Completion, Prompt, RolloutEngine, RolloutGroup, SamplingParams
+from cosmos_primitives.rollout.base import RolloutEngine
 
 REFERENCE_MCQ_PROMPT = (
     "Which colour fills the image?\n(A) red\n(B) green\n(C) blue\n(D) yellow"

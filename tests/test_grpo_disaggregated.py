@@ -20,26 +20,24 @@ from cosmos_primitives.config.policy import ParallelismConfig
 from cosmos_primitives.data.bad_samples import BadSampleError
 from cosmos_primitives.data.mcq import MCQPromptDataset
 from cosmos_primitives.data.media import MediaSettings
+from cosmos_primitives.data.prompt_inputs import encode_prompts
+from cosmos_primitives.data.records import Completion, Prompt, RolloutGroup
 from cosmos_primitives.data.rollout_batch import collate_rollouts
-from cosmos_primitives.data.rollout_records import (
-    collate_records,
-    group_from_record,
-    record_advantages,
-    record_rewards,
-)
 from cosmos_primitives.parallel.roles import RoleMesh, split_roles
 from cosmos_primitives.queue import (
     InMemoryRolloutQueue,
     QueueFullError,
     RedisRolloutQueue,
     RolloutThrottle,
+    collate_records,
     decode_record,
     encode_record,
+    group_from_record,
+    record_advantages,
     record_from_group,
+    record_rewards,
 )
 from cosmos_primitives.queue.run_control import RunControl, check_queue_capacity, required_max_pending
-from cosmos_primitives.rollout.base import Completion, Prompt, RolloutGroup
-from cosmos_primitives.rollout.hf_inputs import encode_prompts
 
 # ---------------------------------------------------------------------------------------- roles
 

@@ -16,9 +16,9 @@ import pytest
 import torch
 
 import cosmos_primitives as cp
+from cosmos_primitives.data.records import Prompt, SamplingParams
 from cosmos_primitives.data.rollout_batch import collate_rollouts
 from cosmos_primitives.policy import CausalLMPolicy
-from cosmos_primitives.rollout.base import Prompt, SamplingParams
 from cosmos_primitives.rollout.hf_engine import HFRolloutEngine
 
 REPO = Path(__file__).resolve().parents[1]

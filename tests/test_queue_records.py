@@ -93,7 +93,7 @@ def test_decode_names_entry_id_and_what_is_wrong() -> None:
 def test_record_from_rollout_group_carries_references_not_media() -> None:
     import torch
 
-    from cosmos_primitives.rollout.base import Completion, Prompt, RolloutGroup
+    from cosmos_primitives.data.records import Completion, Prompt, RolloutGroup
 
     conversation = [
         {"role": "user", "content": [{"type": "video", "video": "clips/a.mp4"},

@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
 
 from cosmos_primitives import testing as cpt
+from cosmos_primitives.data.records import Prompt, SamplingParams
 from cosmos_primitives.data.rollout_batch import collate_rollouts
 from cosmos_primitives.policy import CausalLMPolicy, token_logprobs
-from cosmos_primitives.rollout.base import Prompt, SamplingParams
 from cosmos_primitives.rollout.hf_engine import HFRolloutEngine
 
 
@@ -77,3 +78,40 @@ def test_text_only_groups(tiny_qwen2_model, qwen_tokenizer) -> None:
     batch = collate_rollouts(groups, qwen_tokenizer)
     assert set(batch.inputs) == {"input_ids", "attention_mask"}
     assert batch.completion_mask.sum() == sum(len(c.token_ids) for g in groups for c in g.completions)
+
+
+def test_rows_cut_the_media_of_rows_with_different_numbers_of_blocks(tiny_vl_model, tiny_vl_processor) -> None:
+    """Micro-batches of any row range see exactly their own media: log-probs of ``batch.rows(r)``
+    equal those rows of the whole batch, for prompts with 0, 1 or 2 images and one with a video."""
+    frames = np.stack([cpt.frame_index_pattern(i, (56, 56)) for i in range(4)])
+    ask, image = {"type": "text", "text": "Which colour?"}, {"type": "image"}
+    prompts = [
+        Prompt(conversation=[{"role": "user", "content": [ask]}], prompt_id="text"),
+        Prompt(conversation=[{"role": "user", "content": [image, ask]}], prompt_id="one",
+               images=[cpt.color_image("red", size=(56, 84))]),
+        Prompt(conversation=[{"role": "user", "content": [image, image, ask]}], prompt_id="two",
+               images=[cpt.color_image("blue", size=(56, 56)), cpt.color_image("green", size=(84, 56))]),
+        Prompt(conversation=[{"role": "user", "content": [{"type": "video"}, ask]}], prompt_id="video",
+               videos=[frames], video_fps=[2.0]),
+    ]
+    engine = HFRolloutEngine(tiny_vl_model, tiny_vl_processor)
+    groups = engine.generate(prompts, SamplingParams(n=2, temperature=1.0, max_new_tokens=4, seed=0))
+    batch = collate_rollouts(groups, tiny_vl_processor)
+    assert batch.images_per_row.tolist() == [0, 0, 1, 1, 2, 2, 0, 0]
+    assert batch.videos_per_row.tolist() == [0, 0, 0, 0, 0, 0, 1, 1]
+    with torch.no_grad():
+        whole = token_logprobs(tiny_vl_model, batch.inputs, mask=batch.completion_mask).logprobs
+        for start, stop in [(0, 2), (1, 4), (3, 6), (5, 8), (6, 8), (0, 8)]:
+            rows = slice(start, stop)
+            inputs = batch.rows(rows)
+            assert inputs["input_ids"].shape == (stop - start, batch.inputs["input_ids"].shape[1])
+            images = int(batch.images_per_row[rows].sum())
+            assert ("image_grid_thw" in inputs) == (images > 0)
+            assert ("pixel_values_videos" in inputs) == ("second_per_grid_ts" in inputs) == (stop > 6)
+            if images:
+                assert inputs["image_grid_thw"].shape[0] == images
+                assert inputs["pixel_values"].shape[0] == int(inputs["image_grid_thw"].prod(-1).sum())
+            part = token_logprobs(tiny_vl_model, inputs, mask=batch.completion_mask[rows]).logprobs
+            torch.testing.assert_close(part, whole[rows], atol=1e-4, rtol=1e-4)
+    with pytest.raises(ValueError, match="contiguous"):
+        batch.rows(slice(0, 8, 2))

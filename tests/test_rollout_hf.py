@@ -7,7 +7,8 @@ import pytest
 import torch
 
 from cosmos_primitives import testing as cpt
-from cosmos_primitives.rollout.base import Prompt, RolloutEngine, SamplingParams
+from cosmos_primitives.data.records import Prompt, SamplingParams
+from cosmos_primitives.rollout.base import RolloutEngine
 from cosmos_primitives.rollout.hf_engine import HFRolloutEngine
 from cosmos_primitives.rollout.token_sampler import InverseCDFSampler
 
@@ -19,7 +20,7 @@ def image_prompt(color: str, pid: str) -> Prompt:
 
 def full_sequence_logprobs(model, processor, prompt: Prompt, completion_ids: list[int], temperature: float):
     """Reference: teacher-forced log-probs of a completion under the model (temperature-scaled)."""
-    from cosmos_primitives.rollout.hf_inputs import encode_prompts
+    from cosmos_primitives.data.prompt_inputs import encode_prompts
 
     batch = encode_prompts(processor, [prompt])
     ids = torch.cat([batch["input_ids"], torch.tensor([completion_ids])], dim=1)

@@ -8,7 +8,8 @@ import pytest
 import torch
 
 from cosmos_primitives import testing as cpt
-from cosmos_primitives.rollout.base import Prompt, RolloutEngine, SamplingParams
+from cosmos_primitives.data.records import Prompt, SamplingParams
+from cosmos_primitives.rollout.base import RolloutEngine
 from cosmos_primitives.utils.extras import MissingExtraError
 
 

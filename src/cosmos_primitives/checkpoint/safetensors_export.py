@@ -20,9 +20,9 @@ import torch.distributed as dist
 from torch import nn
 
 from cosmos_primitives.checkpoint.layout import TMP_SUFFIX, publish, remove_tree
+from cosmos_primitives.checkpoint.lora_merge import merge_lora_state_dict
 from cosmos_primitives.logging.console import get_logger
 from cosmos_primitives.parallel.distributed import broadcast_object, get_rank
-from cosmos_primitives.policy.lora import merge_lora_state_dict
 
 GB = 10**9
 INDEX_FILE = "model.safetensors.index.json"

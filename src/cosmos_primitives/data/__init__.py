@@ -1,5 +1,6 @@
 """Dataset adapters, video sampling, Qwen2.5-VL encoding with assistant-only labels, sequence packing
-and resumable samplers for VLM training.
+and resumable samplers for VLM training; the rollout record types (``Prompt``, ``SamplingParams``,
+``Completion``, ``RolloutGroup``), prompt encoding and rollout batches.
 
 Names load on first use so that ``import cosmos_primitives.data`` stays cheap (no ``datasets``,
 decoder or processor import until needed). See :mod:`cosmos_primitives.data.packing` for the batch
@@ -12,6 +13,13 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 _EXPORTS = {
+    "Prompt": "records",
+    "SamplingParams": "records",
+    "Completion": "records",
+    "RolloutGroup": "records",
+    "render_prompt": "prompt_inputs",
+    "encode_prompts": "prompt_inputs",
+    "repeat_batch": "prompt_inputs",
     "RolloutBatch": "rollout_batch",
     "collate_rollouts": "rollout_batch",
     "ClipFolderDataset": "wfm_clips",
@@ -95,12 +103,15 @@ if TYPE_CHECKING:  # pragma: no cover
         padding_stats,
         plan_rows,
     )
+    from cosmos_primitives.data.prompt_inputs import encode_prompts, render_prompt, repeat_batch  # noqa: F401
     from cosmos_primitives.data.qwen_vl_encoding import (  # noqa: F401
         IGNORE_INDEX,
         EncodedSample,
         assistant_labels,
         encode_conversation,
     )
+    from cosmos_primitives.data.records import Completion, Prompt, RolloutGroup, SamplingParams  # noqa: F401
+    from cosmos_primitives.data.rollout_batch import RolloutBatch, collate_rollouts  # noqa: F401
     from cosmos_primitives.data.sampler import ResumableDistributedSampler  # noqa: F401
     from cosmos_primitives.data.sft_loader import (  # noqa: F401
         SFTBatchLoader,

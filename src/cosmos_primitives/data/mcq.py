@@ -13,7 +13,7 @@ from typing import Any
 from cosmos_primitives.data.bad_samples import BadSampleError
 from cosmos_primitives.data.conversation import load_conversation
 from cosmos_primitives.data.media import MediaSettings, default_media_dir
-from cosmos_primitives.rollout.base import Prompt
+from cosmos_primitives.data.records import Prompt
 
 ANSWER_INSTRUCTION = "\nAnswer with the option's letter from the given choices directly."
 FORMAT_INSTRUCTION = ("\nPlease answer the question in the following format: "
@@ -90,7 +90,7 @@ class MCQPromptDataset:
             has one, else its image, else it is text only.
         system_prompt: optional system message.
 
-    ``dataset[i]`` is a :class:`~cosmos_primitives.rollout.base.Prompt` whose conversation is
+    ``dataset[i]`` is a :class:`~cosmos_primitives.data.records.Prompt` whose conversation is
     ``[system?], user: [media part, prompt text]`` with media loaded, ``reference`` the answer letter
     and ``row`` the dataset row; or raises :class:`BadSampleError` (missing media, bad answer).
     """

@@ -8,8 +8,12 @@ from typing import Any
 import attrs
 import torch
 
-from cosmos_primitives.rollout.base import RolloutGroup
-from cosmos_primitives.rollout.hf_inputs import encode_prompts, repeat_batch
+from cosmos_primitives.data.prompt_inputs import PER_SEQUENCE_KEYS, encode_prompts, repeat_batch
+from cosmos_primitives.data.records import RolloutGroup
+
+# (patch rows, one block of t*h*w per image / video; grid [blocks, 3]) in the order the processor
+# and the model take them
+_MEDIA = (("pixel_values", "image_grid_thw"), ("pixel_values_videos", "video_grid_thw"))
 
 
 @attrs.define
@@ -25,6 +29,8 @@ class RolloutBatch:
         group_index: ``[N]`` int64, index of the prompt (group) each row belongs to.
         completion_lengths: ``[N]`` int64.
         weight_versions: ``[N]`` int64, the policy version that generated each row.
+        images_per_row, videos_per_row: ``[N]`` int64, how many image / video blocks of the media
+            tensors each row owns (rows own consecutive blocks, in row order; counts may differ).
     """
 
     inputs: dict[str, torch.Tensor]
@@ -33,6 +39,8 @@ class RolloutBatch:
     group_index: torch.Tensor
     completion_lengths: torch.Tensor
     weight_versions: torch.Tensor
+    images_per_row: torch.Tensor
+    videos_per_row: torch.Tensor
 
     def to(self, device: torch.device | str) -> RolloutBatch:
         return attrs.evolve(
@@ -44,6 +52,34 @@ class RolloutBatch:
 
     def __len__(self) -> int:
         return int(self.completion_mask.shape[0])
+
+    def rows(self, rows: slice) -> dict[str, torch.Tensor]:
+        """The model inputs of a contiguous row range, e.g. one micro-batch.
+
+        ``input_ids`` / ``attention_mask`` / ``mm_token_type_ids`` are cut to ``[R, T]``; the media
+        tensors keep only the blocks those rows own (``pixel_values`` ``[P_rows, D]`` with
+        ``image_grid_thw`` ``[images, 3]``, the same for videos, ``second_per_grid_ts``
+        ``[videos]``), found through ``images_per_row`` / ``videos_per_row``. A media kind the rows
+        hold none of is left out, as the processor leaves it out of a batch without it.
+
+        Raises:
+            ValueError: ``rows`` has a step other than 1.
+        """
+        start, stop, step = rows.indices(len(self))
+        if step != 1:
+            raise ValueError(f"RolloutBatch.rows takes a contiguous slice, got step {step}")
+        stop = max(start, stop)
+        out = {k: v[start:stop] for k, v in self.inputs.items() if k in PER_SEQUENCE_KEYS}
+        for (values_key, grid_key), per_row in zip(_MEDIA, (self.images_per_row, self.videos_per_row)):
+            first, last = int(per_row[:start].sum()), int(per_row[:stop].sum())
+            if grid_key not in self.inputs or first == last:
+                continue
+            patches = self.inputs[grid_key].prod(dim=-1)
+            out[values_key] = self.inputs[values_key][int(patches[:first].sum()) : int(patches[:last].sum())]
+            out[grid_key] = self.inputs[grid_key][first:last]
+            if grid_key == "video_grid_thw" and "second_per_grid_ts" in self.inputs:
+                out["second_per_grid_ts"] = self.inputs["second_per_grid_ts"][first:last]
+        return out
 
 
 def collate_rollouts(groups: Sequence[RolloutGroup], processor: Any, pad_token_id: int | None = None) -> RolloutBatch:
@@ -102,4 +138,6 @@ def collate_rollouts(groups: Sequence[RolloutGroup], processor: Any, pad_token_i
         group_index=torch.arange(len(groups)).repeat_interleave(n),
         completion_lengths=torch.tensor([len(c.token_ids) for g in groups for c in g.completions]),
         weight_versions=torch.tensor([g.weight_version for g in groups for _ in g.completions]),
+        images_per_row=torch.tensor([len(g.prompt.images) for g in groups]).repeat_interleave(n),
+        videos_per_row=torch.tensor([len(g.prompt.videos) for g in groups]).repeat_interleave(n),
     )

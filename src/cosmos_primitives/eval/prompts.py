@@ -19,8 +19,8 @@ from typing import Any, Literal
 from cosmos_primitives.data.conversation import load_conversation
 from cosmos_primitives.data.mcq import ANSWER_INSTRUCTION, FORMAT_INSTRUCTION, mcq_prompt_text
 from cosmos_primitives.data.media import MediaSettings
+from cosmos_primitives.data.records import Prompt
 from cosmos_primitives.eval.benchmark import BenchmarkItem
-from cosmos_primitives.rollout.base import Prompt
 
 AnswerType = Literal["reasoning", "letter"]
 ANSWER_TYPES = ("reasoning", "letter")

@@ -21,6 +21,7 @@ import attrs
 from cosmos_primitives.config.evaluation import EvalConfig
 from cosmos_primitives.data.bad_samples import BadSampleError
 from cosmos_primitives.data.media import MediaSettings
+from cosmos_primitives.data.records import Prompt, SamplingParams
 from cosmos_primitives.eval.accuracy import accuracy_table, format_accuracy_table
 from cosmos_primitives.eval.benchmark import BenchmarkItem, load_benchmark
 from cosmos_primitives.eval.model_loading import load_eval_engine
@@ -29,7 +30,7 @@ from cosmos_primitives.eval.result_store import ResultStore
 from cosmos_primitives.eval.scoring import extract_prediction, is_correct
 from cosmos_primitives.logging.console import get_logger
 from cosmos_primitives.logging.progress import progress
-from cosmos_primitives.rollout.base import Prompt, RolloutEngine, SamplingParams
+from cosmos_primitives.rollout.base import RolloutEngine
 
 RETRY_SEED_STRIDE = 1_000_003
 # settings that change what a prediction is; saved with it and compared on re-runs

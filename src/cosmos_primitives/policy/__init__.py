@@ -18,11 +18,12 @@ LM head's forward (one GEMM less per chunk).
 """
 
 from cosmos_primitives.algo.logprobs import TokenLogProbs
+from cosmos_primitives.checkpoint.hf_loading import is_vision_language, load_hf_model, resolve_dtype
+from cosmos_primitives.checkpoint.lora_merge import has_lora, merge_lora_state_dict
 from cosmos_primitives.policy.build import build_policy
 from cosmos_primitives.policy.diffusion import DiffusionPolicy, shard_transformer, transformer_blocks
 from cosmos_primitives.policy.lm_policy import MODEL_INPUT_KEYS, CausalLMPolicy, backbone_of, token_logprobs
-from cosmos_primitives.policy.loading import is_vision_language, load_hf_model, resolve_dtype
-from cosmos_primitives.policy.lora import adapters_disabled, apply_lora, has_lora, merge_lora_state_dict
+from cosmos_primitives.policy.lora import adapters_disabled, apply_lora
 from cosmos_primitives.policy.optim import (
     WarmupDecayLR,
     build_lr_scheduler,

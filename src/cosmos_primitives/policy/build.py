@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import torch
 
+from cosmos_primitives.checkpoint.hf_loading import load_hf_model, resolve_dtype
 from cosmos_primitives.config.policy import PolicyConfig
 from cosmos_primitives.logging.console import get_logger
 from cosmos_primitives.parallel.activation_checkpoint import apply_activation_checkpointing
@@ -11,7 +12,6 @@ from cosmos_primitives.parallel.fsdp import apply_fsdp
 from cosmos_primitives.parallel.mesh import ParallelMesh
 from cosmos_primitives.parallel.tensor_parallel import apply_tensor_parallel
 from cosmos_primitives.policy.lm_policy import CausalLMPolicy
-from cosmos_primitives.policy.loading import load_hf_model, resolve_dtype
 from cosmos_primitives.policy.lora import apply_lora
 from cosmos_primitives.policy.trainable import apply_trainable_patterns
 

@@ -2,7 +2,8 @@
 
 - :class:`RolloutRecord`: one GRPO group (completions, token ids, log-probs, rewards, advantages,
   weight version, media references), msgpack-encoded with :func:`encode_record` / :func:`decode_record`;
-  :func:`record_from_group` builds one from a ``cp.rollout`` ``RolloutGroup``.
+  :func:`record_from_group` builds one from a ``cp.data`` ``RolloutGroup``, :func:`group_from_record`
+  rebuilds the group (media re-read) and :func:`collate_records` the trainer's batch.
 - :class:`RedisRolloutQueue` (Redis Streams, consumer group, back-pressure, redelivery, exactly-once
   training by record id) and :class:`InMemoryRolloutQueue` (one process) share one interface.
 - :class:`StalenessFilter` (trainer) drops records over ``allowed_outdated_steps``;
@@ -33,6 +34,11 @@ Rollout worker::
         groups = engine.generate(prompts, params)
         queue.put_many([cp.queue.record_from_group(g, r, a) for g, r, a in zip(groups, rewards, advantages)])
 """
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
 
 from cosmos_primitives.queue.base import RolloutQueue, wait_for_weight_version
 from cosmos_primitives.queue.errors import MalformedRecordError, QueueConnectionError, QueueError, QueueFullError
@@ -70,3 +76,22 @@ __all__ = [
     "resolve_redis_url",
     "wait_for_weight_version",
 ]
+
+# Trainer-side names that import torch and the media readers load on first use, so that a process
+# that only moves records (``import cosmos_primitives.queue``) stays light.
+_LAZY = {
+    "collate_records": "record_groups",
+    "group_from_record": "record_groups",
+    "record_advantages": "record_groups",
+    "record_rewards": "record_groups",
+}
+
+__all__ += sorted(_LAZY)
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        value = getattr(importlib.import_module(f"cosmos_primitives.queue.{_LAZY[name]}"), name)
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module 'cosmos_primitives.queue' has no attribute {name!r}")

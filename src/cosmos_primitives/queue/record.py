@@ -18,7 +18,7 @@ import msgspec
 from cosmos_primitives.queue.errors import MalformedRecordError
 
 if TYPE_CHECKING:  # pragma: no cover
-    from cosmos_primitives.rollout.base import RolloutGroup
+    from cosmos_primitives.data.records import RolloutGroup
 
 # content-part types of a Qwen2.5-VL conversation whose value is a media item
 MEDIA_PART_TYPES = ("image", "video", "audio", "image_url", "video_url")
@@ -196,7 +196,7 @@ def record_from_group(
     record_id: str | None = None,
     meta: Mapping[str, str | int | float | bool] | None = None,
 ) -> RolloutRecord:
-    """A queue record from one :class:`~cosmos_primitives.rollout.base.RolloutGroup`.
+    """A queue record from one :class:`~cosmos_primitives.data.records.RolloutGroup`.
 
     Args:
         group: the ``n`` completions of one prompt with the weight version that sampled them.

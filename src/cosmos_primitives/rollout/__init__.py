@@ -1,7 +1,8 @@
 """Generation engines behind one interface (HF ``generate``, vLLM) and the flow-matching SDE sampler.
 
 Names load on first use (the HF engine imports transformers, the vLLM engine needs the ``vllm``
-extra).
+extra). The record types engines speak in and the prompt encoding are defined in ``cp.data`` and
+re-exported here.
 """
 
 from __future__ import annotations
@@ -9,18 +10,19 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
+from cosmos_primitives.data.prompt_inputs import encode_prompts as encode_prompts
+from cosmos_primitives.data.prompt_inputs import render_prompt as render_prompt
+from cosmos_primitives.data.prompt_inputs import repeat_batch as repeat_batch
+from cosmos_primitives.data.records import Completion as Completion
+from cosmos_primitives.data.records import Prompt as Prompt
+from cosmos_primitives.data.records import RolloutGroup as RolloutGroup
+from cosmos_primitives.data.records import SamplingParams as SamplingParams
+
 _EXPORTS = {
-    "Completion": "base",
-    "Prompt": "base",
     "RolloutEngine": "base",
-    "RolloutGroup": "base",
-    "SamplingParams": "base",
     "HFRolloutEngine": "hf_engine",
     "build_rollout_engine": "engine_factory",
     "sync_layout": "engine_factory",
-    "encode_prompts": "hf_inputs",
-    "render_prompt": "hf_inputs",
-    "repeat_batch": "hf_inputs",
     "InverseCDFSampler": "token_sampler",
     "VLLMRolloutEngine": "vllm_engine",
     "CosmosWorkerExtension": "vllm_engine",
@@ -47,7 +49,8 @@ _EXPORTS = {
     "video_to_uint8": "flow_vae",
 }
 
-__all__ = sorted(_EXPORTS)
+__all__ = sorted([*_EXPORTS, "Completion", "Prompt", "RolloutGroup", "SamplingParams", "encode_prompts",
+                  "render_prompt", "repeat_batch"])
 
 
 def __getattr__(name: str) -> Any:

@@ -28,7 +28,7 @@ def build_rollout_engine(cfg: RolloutConfig, model_path: str, processor: Any, *,
         ValueError: ``backend = "vllm"`` with ``[rollout.parallelism] tp_size`` other than 1.
     """
     if cfg.backend == "hf":
-        from cosmos_primitives.policy.loading import load_hf_model
+        from cosmos_primitives.checkpoint.hf_loading import load_hf_model
         from cosmos_primitives.rollout.hf_engine import HFRolloutEngine
 
         model = load_hf_model(model_path, dtype=dtype).eval().to(device)

@@ -7,8 +7,8 @@ from typing import Any
 
 import torch
 
-from cosmos_primitives.rollout.base import Completion, Prompt, RolloutGroup, SamplingParams
-from cosmos_primitives.rollout.hf_inputs import encode_prompts, repeat_batch
+from cosmos_primitives.data.prompt_inputs import encode_prompts, repeat_batch
+from cosmos_primitives.data.records import Completion, Prompt, RolloutGroup, SamplingParams
 from cosmos_primitives.rollout.token_sampler import InverseCDFSampler
 
 

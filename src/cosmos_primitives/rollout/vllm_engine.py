@@ -20,8 +20,8 @@ from typing import Any
 
 import torch
 
-from cosmos_primitives.rollout.base import Completion, Prompt, RolloutGroup, SamplingParams
-from cosmos_primitives.rollout.hf_inputs import render_prompt
+from cosmos_primitives.data.prompt_inputs import render_prompt
+from cosmos_primitives.data.records import Completion, Prompt, RolloutGroup, SamplingParams
 from cosmos_primitives.utils.extras import require
 
 WORKER_EXTENSION = "cosmos_primitives.rollout.vllm_engine.CosmosWorkerExtension"

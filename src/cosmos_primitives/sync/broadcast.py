@@ -40,12 +40,12 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from cosmos_primitives.parallel.param_names import clean_name
 from cosmos_primitives.sync.buckets import BucketLayout, Piece, arena_size, arena_starts, layout_buckets
 from cosmos_primitives.sync.checks import WeightMismatchError, add_checksums, bitwise_equal, checksum
 from cosmos_primitives.sync.name_maps import NameMapError, map_names, resolve_family
 from cosmos_primitives.sync.result import SyncResult
 from cosmos_primitives.sync.sources import (
-    clean_name,
     full_tensor,
     fused_shape,
     is_sharded,

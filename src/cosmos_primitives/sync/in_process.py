@@ -22,11 +22,11 @@ import attrs
 import torch
 from torch import nn
 
+from cosmos_primitives.parallel.param_names import clean_name
 from cosmos_primitives.sync.checks import WeightMismatchError, bitwise_equal, describe_difference
 from cosmos_primitives.sync.name_maps import NameMapError, map_names, resolve_family
 from cosmos_primitives.sync.result import SyncResult
 from cosmos_primitives.sync.sources import (
-    clean_name,
     full_tensor,
     fused_shape,
     is_sharded,

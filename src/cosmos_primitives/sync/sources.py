@@ -6,16 +6,8 @@ import torch
 from torch import nn
 from torch.distributed.tensor import DTensor
 
-# Module wrappers that insert a path component without changing the model: activation
-# checkpointing, torch.compile, FSDP1. FSDP2 (fully_shard) keeps names as they are.
-_WRAPPER_PARTS = ("_checkpoint_wrapped_module.", "_orig_mod.", "_fsdp_wrapped_module.")
-
-
-def clean_name(name: str) -> str:
-    """``layers.0._checkpoint_wrapped_module.mlp.weight`` -> ``layers.0.mlp.weight``."""
-    for part in _WRAPPER_PARTS:
-        name = name.replace(part, "")
-    return name
+from cosmos_primitives.checkpoint.lora_merge import ADAPTER_PARTS, active_adapters, lora_layers, merged_weight
+from cosmos_primitives.parallel.param_names import WRAPPER_PARTS, clean_name
 
 
 class MergedLoraWeight:
@@ -47,8 +39,6 @@ class MergedLoraWeight:
         return self.base.is_floating_point()
 
     def value(self) -> torch.Tensor:
-        from cosmos_primitives.policy.lora import merged_weight
-
         return merged_weight(full_tensor(self.base), [(full_tensor(a), full_tensor(b), s) for a, b, s in self.pairs])
 
 
@@ -61,8 +51,6 @@ def named_sources(model: nn.Module) -> dict[str, torch.Tensor]:
     :class:`MergedLoraWeight`: the adapters folded in) and ``<layer>.bias``; its adapter
     parameters are not listed, so engines receive plain merged weights.
     """
-    from cosmos_primitives.policy.lora import ADAPTER_PARTS, active_adapters, lora_layers
-
     layers = lora_layers(model)
     adapter_params = {id(p) for layer in layers.values() for part in ADAPTER_PARTS
                       if isinstance(getattr(layer, part, None), nn.Module) for p in getattr(layer, part).parameters()}
@@ -81,7 +69,7 @@ def named_sources(model: nn.Module) -> dict[str, torch.Tensor]:
                 param = MergedLoraWeight(param, pairs)
         if name in out:
             raise ValueError(f"two parameters of {type(model).__name__} have the name '{name}' after "
-                             f"removing wrapper prefixes {_WRAPPER_PARTS}")
+                             f"removing wrapper prefixes {WRAPPER_PARTS}")
         out[name] = param
     return out
 

@@ -1,4 +1,9 @@
-"""Load a Hugging Face causal LM (Qwen2, Llama, ...) or vision-language model (Qwen2.5-VL, ...)."""
+"""Load a Hugging Face causal LM (Qwen2, Llama, ...) or vision-language model (Qwen2.5-VL, ...) from a
+model folder (e.g. one :mod:`.safetensors_export` wrote) or the Hub.
+
+Below ``policy`` and ``rollout`` so that both the trainer's policy and the rollout engines load
+models with it; re-exported by ``cp.policy``.
+"""
 
 from __future__ import annotations
 

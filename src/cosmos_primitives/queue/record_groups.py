@@ -1,6 +1,6 @@
 """Queue records -> rollout groups -> the training batch, on the trainer side of disaggregated GRPO.
 
-A :class:`~cosmos_primitives.queue.RolloutRecord` carries token ids and media REFERENCES, not
+A :class:`~cosmos_primitives.queue.record.RolloutRecord` carries token ids and media REFERENCES, not
 pixels. The trainer rebuilds each prompt from the record's conversation (re-reading its images /
 videos with the same media settings the rollout side used), so that :func:`collate_rollouts`
 produces exactly the batch it would have produced from the original rollout groups; that function
@@ -11,18 +11,16 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 
 from cosmos_primitives.data.bad_samples import BadSampleError
 from cosmos_primitives.data.conversation import load_conversation
 from cosmos_primitives.data.media import MediaSettings
+from cosmos_primitives.data.records import Completion, Prompt, RolloutGroup
 from cosmos_primitives.data.rollout_batch import RolloutBatch, collate_rollouts
-from cosmos_primitives.rollout.base import Completion, Prompt, RolloutGroup
-
-if TYPE_CHECKING:  # pragma: no cover
-    from cosmos_primitives.queue.record import RolloutRecord
+from cosmos_primitives.queue.record import RolloutRecord
 
 
 def group_from_record(record: RolloutRecord, settings: MediaSettings | None = None,
@@ -30,7 +28,8 @@ def group_from_record(record: RolloutRecord, settings: MediaSettings | None = No
     """The :class:`RolloutGroup` a record was made from, media re-loaded from its references.
 
     Args:
-        record: a record made by ``cp.queue.record_from_group`` with its conversation included.
+        record: a record made by :func:`~cosmos_primitives.queue.record.record_from_group` with its
+            conversation included.
         settings: how to read media (``MediaSettings.from_config`` of the dataset the rollout side
             read); a video part's own ``fps`` (the effective rate the rollout sampled) keeps the
             same frames.

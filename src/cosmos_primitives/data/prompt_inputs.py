@@ -1,4 +1,4 @@
-"""Turn :class:`Prompt` objects into processor inputs (chat template + images + videos)."""
+"""Model inputs of prompts: :class:`Prompt` objects -> processor tensors (chat template + images + videos)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from typing import Any
 
 import torch
 
-from cosmos_primitives.rollout.base import Prompt
+from cosmos_primitives.data.records import Prompt
 
 # Keys of a Qwen2.5-VL processor output that have one row per sequence.
 PER_SEQUENCE_KEYS = ("input_ids", "attention_mask", "mm_token_type_ids")

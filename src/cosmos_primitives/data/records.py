@@ -1,0 +1,80 @@
+"""The rollout record types: prompts, sampling settings, completions and the groups an engine returns.
+
+They sit in ``data`` (below ``rollout`` and ``queue``) because datasets produce :class:`Prompt`,
+trainers collate :class:`RolloutGroup`, engines return them and the queue carries them.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import attrs
+
+if TYPE_CHECKING:  # pragma: no cover
+    from cosmos_primitives.config.rollout import RolloutConfig
+
+
+@attrs.define
+class SamplingParams:
+    """How to sample. ``top_k = -1`` and ``top_p = 1.0`` disable those filters."""
+
+    n: int = 1
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = -1
+    repetition_penalty: float = 1.0
+    max_new_tokens: int = 256
+    seed: int | None = None
+    stop_token_ids: tuple[int, ...] = ()
+
+    @classmethod
+    def from_config(cls, rollout: RolloutConfig, n: int, seed: int | None = None) -> SamplingParams:
+        """``n`` samples per prompt with ``[rollout.sampling_config]`` and ``[rollout] max_response_length``."""
+        sampling = rollout.sampling_config
+        return cls(n=n, temperature=sampling.temperature, top_p=sampling.top_p, top_k=sampling.top_k,
+                   repetition_penalty=sampling.repetition_penalty, max_new_tokens=rollout.max_response_length,
+                   seed=seed)
+
+
+@attrs.define
+class Prompt:
+    """One prompt: a chat conversation (Qwen2.5-VL content lists with image / video / text parts).
+
+    ``images`` / ``videos`` hold already-loaded visual inputs in the order their placeholders appear:
+    images as ``[H, W, 3]`` uint8 arrays / PIL images, videos as ``[T, H, W, 3]`` uint8 arrays
+    (with ``video_fps`` for each). ``prompt_id`` identifies it within a run; ``row`` is the dataset
+    row it came from (passed to reward functions).
+    """
+
+    conversation: list[dict[str, Any]]
+    prompt_id: str = ""
+    images: list[Any] = attrs.field(factory=list)
+    videos: list[Any] = attrs.field(factory=list)
+    video_fps: list[float] = attrs.field(factory=list)
+    reference: str = ""
+    row: dict[str, Any] = attrs.field(factory=dict)
+
+
+@attrs.define
+class Completion:
+    """One sampled completion.
+
+    ``token_ids``: generated ids (no prompt), ``[L]``; ``logprobs``: float32 ``[L]``, the sampling
+    distribution's log-probability of each generated token (after temperature), as vLLM reports it;
+    ``finish_reason``: ``"stop"`` (EOS / stop token) or ``"length"``.
+    """
+
+    text: str
+    token_ids: list[int]
+    logprobs: list[float]
+    finish_reason: str
+
+
+@attrs.define
+class RolloutGroup:
+    """The ``n`` completions of one prompt, with the policy weight version that produced them."""
+
+    prompt: Prompt
+    prompt_token_ids: list[int]
+    completions: list[Completion]
+    weight_version: int
