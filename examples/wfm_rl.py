@@ -43,7 +43,7 @@ from cosmos_primitives.rollout.flow_vae import decode_video, encode_video, video
 def build_models(cfg: cp.Config, device: torch.device, dtype: torch.dtype) -> tuple[Any, Any, Any]:
     """(transformer in ``dtype``, vae, scheduler): the tiny random ones, or a diffusers folder / hub id."""
     w = cfg.wfm
-    if w.model == "tiny":
+    if cfg.policy.model_name_or_path == "tiny":
         if device.type == "cpu":
             torch.set_num_threads(1)  # tiny matrices: thread start-up costs far more than the maths
         # one fixed random model (like a checkpoint); [train] seed varies the noise and the data order
@@ -54,11 +54,12 @@ def build_models(cfg: cp.Config, device: torch.device, dtype: torch.dtype) -> tu
     else:
         diffusers = cp.utils.require("diffusers", "loading a flow transformer")
         # torch_dtype keeps the modules the model wants in float32 (norms, time embedding) there
-        transformer = diffusers.AutoModel.from_pretrained(w.model, subfolder="transformer", torch_dtype=dtype)
-        vae = diffusers.AutoModel.from_pretrained(w.model, subfolder="vae")
+        path = cfg.policy.model_name_or_path
+        transformer = diffusers.AutoModel.from_pretrained(path, subfolder="transformer", torch_dtype=dtype)
+        vae = diffusers.AutoModel.from_pretrained(path, subfolder="vae")
         # the folder names its scheduler: FlowMatchEulerDiscreteScheduler (Wan) or a flow-sigma
         # UniPCMultistepScheduler (Cosmos-Predict2.5); only its sigma grid is used
-        scheduler_config = diffusers.FlowMatchEulerDiscreteScheduler.load_config(w.model, subfolder="scheduler")
+        scheduler_config = diffusers.FlowMatchEulerDiscreteScheduler.load_config(path, subfolder="scheduler")
         scheduler = getattr(diffusers, scheduler_config["_class_name"]).from_config(scheduler_config)
     return transformer.to(device), vae.to(device).requires_grad_(False).eval(), scheduler
 
@@ -97,13 +98,14 @@ def train(cfg: cp.Config) -> Path:
     if info.is_rank0:
         cp.config.dump_config(cfg, run_dir / "config.toml")
 
-    bf16 = w.dtype == "bfloat16"
+    bf16 = cfg.policy.dtype == "bfloat16"
     # under FSDP2 the weights stay float32 and are gathered in bf16 (mixed-precision policy)
     transformer, vae, scheduler = build_models(cfg, device, torch.bfloat16 if bf16 and info.world_size == 1
                                                else torch.float32)
     num_train_timesteps = float(scheduler.config.num_train_timesteps)
-    policy = DiffusionPolicy(transformer, lora=w.lora if w.lora.enabled else None, keep_reference=w.kl_beta > 0,
-                             gradient_checkpointing=w.gradient_checkpointing, num_train_timesteps=num_train_timesteps)
+    policy = DiffusionPolicy(transformer, lora=cfg.policy.lora, keep_reference=w.kl_beta > 0,
+                             gradient_checkpointing=cfg.policy.model_gradient_checkpointing,
+                             num_train_timesteps=num_train_timesteps)
     for p in policy.trainable_parameters():
         p.data = p.data.float()  # float32 master weights for AdamW (LoRA; full fine-tuning without FSDP2)
     cp.utils.seed_everything(cfg.train.seed + info.rank)  # after the model builders, which seed torch themselves

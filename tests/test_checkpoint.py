@@ -99,6 +99,35 @@ def test_round_trip_continues_bitwise(tmp_path: Path) -> None:
         assert torch.equal(v, _params(b.model)[k]), k
 
 
+def test_frozen_params_can_stay_out_of_checkpoints(tmp_path: Path) -> None:
+    a = Setup(seed=0)
+    a.model[0].requires_grad_(False)  # a frozen base, rebuilt by the resuming run
+    a.optimizer = torch.optim.AdamW([p for p in a.model.parameters() if p.requires_grad], lr=1e-2)
+    a.scheduler = torch.optim.lr_scheduler.LambdaLR(a.optimizer, lambda s: 1.0)
+    cfg = CheckpointConfig(enable_checkpoint=True, save_mode="sync", export_safetensors=False)
+    ckpt = CheckpointManager(cfg, tmp_path, model=a.model, optimizer=a.optimizer, sampler=a.sampler,
+                             frozen_params=False)
+    a.step()
+    path = ckpt.save(1)
+    ckpt.close()
+    after = [a.step() for _ in range(3)]
+    import torch.distributed.checkpoint as dcp
+
+    saved = set(dcp.FileSystemReader(str(path)).read_metadata().state_dict_metadata)
+    assert "model.3.weight" in saved and not any(k.startswith("model.0.") for k in saved)
+
+    b = Setup(seed=0)  # the same frozen layer as built; the trained one differs until loaded
+    b.model[0].requires_grad_(False)
+    b.model[3].weight.data.add_(1.0)
+    b.optimizer = torch.optim.AdamW([p for p in b.model.parameters() if p.requires_grad], lr=1e-2)
+    b.scheduler = torch.optim.lr_scheduler.LambdaLR(b.optimizer, lambda s: 1.0)
+    CheckpointManager(cfg, tmp_path, model=b.model, optimizer=b.optimizer, sampler=b.sampler,
+                      frozen_params=False).resume(True)
+    assert [b.step() for _ in range(3)] == after
+    with pytest.raises(RuntimeError, match="was it written for this model"):  # the default wants every weight
+        CheckpointManager(cfg, tmp_path, model=Setup(seed=0).model).load(path)
+
+
 def test_rotation_keeps_newest(tmp_path: Path) -> None:
     s = Setup(seed=0)
     ckpt = s.manager(tmp_path, max_keep=2)

@@ -8,7 +8,7 @@ import msgspec
 import pytest
 
 import cosmos_primitives as cp
-from cosmos_primitives.config import ConfigError, Section, dump_config, load_config
+from cosmos_primitives.config import ConfigError, Section, canonical_key, dump_config, load_config
 from cosmos_primitives.config.loader import _check_unknown
 
 DATA = Path(__file__).parent / "data"
@@ -151,3 +151,52 @@ def test_table_of_tables_fields_are_checked() -> None:
     _check_unknown({"terms": {"a": {"weight": 2.0}}}, _Holder, "", "f.toml")
     with pytest.raises(ConfigError, match=r"unknown key 'terms.a.wieght'; did you mean 'terms.a.weight'"):
         _check_unknown({"terms": {"a": {"wieght": 2.0}}}, _Holder, "", "f.toml")
+
+
+CONFIGS = Path(__file__).parents[1] / "examples" / "configs"
+
+
+def test_old_wfm_spellings_of_policy_keys_load_with_warnings_and_mean_the_same() -> None:
+    with pytest.warns(FutureWarning) as caught:
+        old = load_config(DATA / "wfm_flowgrpo_tiny_old_keys.toml")
+    messages = "\n".join(str(w.message) for w in caught)
+    assert "'wfm.model' is deprecated; write 'policy.model_name_or_path'" in messages
+    assert "'wfm.lora' is deprecated; write 'policy.lora'" in messages
+    assert "policy.dtype = 'float32'" in messages  # unset there: the old [wfm] default, said out loud
+    new = load_config(CONFIGS / "wfm_flowgrpo_tiny.toml")
+    assert old.policy == new.policy and old.wfm == new.wfm
+    assert new.policy.lora.target_modules[:4] == ["to_q", "to_k", "to_v", "to_out.0"]
+
+
+def test_old_wfm_lora_table_keeps_its_defaults_and_its_switch(tmp_path: Path) -> None:
+    with pytest.warns(FutureWarning):
+        cfg = load_config(write(tmp_path, "[wfm]\ngradient_checkpointing = true\n[wfm.lora]\nr = 4\n"))
+    assert cfg.policy.model_gradient_checkpointing and cfg.policy.model_name_or_path == "tiny"
+    assert (cfg.policy.lora.r, cfg.policy.lora.target_modules) == (4, ["to_q", "to_k", "to_v", "to_out.0"])
+    with pytest.warns(FutureWarning):
+        full = load_config(write(tmp_path, "[wfm]\nmodel = 'x'\n[wfm.lora]\nenabled = false\n"))
+    assert full.policy.lora is None and full.policy.model_name_or_path == "x"
+    with pytest.warns(FutureWarning):  # no [wfm.lora]: LoRA was on by default
+        implicit = load_config(write(tmp_path, "[wfm]\nmodel = 'x'\ndtype = 'bfloat16'\n"))
+    assert implicit.policy.lora.target_modules == ["to_q", "to_k", "to_v", "to_out.0"]
+    assert implicit.policy.dtype == "bfloat16"
+    both = write(tmp_path, "[wfm.lora]\nr = 4\n[policy.lora]\nr = 8\n")
+    with pytest.warns(FutureWarning), pytest.raises(ConfigError, match=r"keep only 'policy\.lora'"):
+        load_config(both)
+
+
+def test_lora_switch_and_old_spelling_as_overrides() -> None:
+    path = CONFIGS / "wfm_ddrl_tiny.toml"
+    assert load_config(path, ["policy.lora.enabled=false"]).policy.lora is None
+    with pytest.warns(FutureWarning, match="is deprecated; write 'policy"):
+        cfg = load_config(path, ["wfm.lora.r=4", "wfm.model=/models/wan"])
+    assert (cfg.policy.lora.r, cfg.policy.model_name_or_path) == (4, "/models/wan")
+    with pytest.warns(FutureWarning):
+        assert load_config(path, ["wfm.lora.enabled=false"]).policy.lora is None
+    assert canonical_key("wfm.lora.lora_alpha") == "policy.lora.lora_alpha"
+
+
+def test_new_spelling_loads_without_warnings(recwarn: pytest.WarningsRecorder) -> None:
+    for name in ("wfm_flowgrpo_tiny.toml", "wfm_ddrl_tiny.toml", "cosmos_predict2_5_2b_flowgrpo.toml"):
+        load_config(CONFIGS / name)
+    assert not [w for w in recwarn if issubclass(w.category, FutureWarning)]

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from cosmos_primitives.algo.flow_grpo import flow_grpo_loss
-from cosmos_primitives.config.wfm import WFMLoraConfig
+from cosmos_primitives.config.policy import DIFFUSERS_LORA_TARGETS, LoraConfig
 from cosmos_primitives.policy.diffusion import DiffusionPolicy
 from cosmos_primitives.rollout.flow_sampler import (
     flow_sigmas,
@@ -147,7 +147,8 @@ def test_sde_sampler_reaches_the_gaussian_target(mu, s):
 
 @pytest.fixture(scope="module")
 def lora_policy():
-    policy = DiffusionPolicy(tiny_wan_transformer(seed=0), lora=WFMLoraConfig(r=4, lora_alpha=8.0))
+    lora = LoraConfig(r=4, lora_alpha=8.0, target_modules=list(DIFFUSERS_LORA_TARGETS))
+    policy = DiffusionPolicy(tiny_wan_transformer(seed=0), lora=lora)
     gen = torch.Generator().manual_seed(1)
     with torch.no_grad():
         for name, p in policy.transformer.named_parameters():
@@ -243,7 +244,7 @@ def test_guidance_conventions_and_detached_unconditional_branch():
 
 def test_bf16_model_gives_float32_trajectories():
     model = tiny_wan_transformer(seed=0).to(torch.bfloat16)
-    policy = DiffusionPolicy(model, lora=WFMLoraConfig(r=2, lora_alpha=2.0))
+    policy = DiffusionPolicy(model, lora=LoraConfig(r=2, lora_alpha=2.0, target_modules=list(DIFFUSERS_LORA_TARGETS)))
     traj = _rollout(policy, torch.randn(2, 5, 32), [0, 1])
     assert traj.latents.dtype == torch.float32 and traj.log_probs.dtype == torch.float32
     assert torch.isfinite(traj.latents).all() and torch.isfinite(traj.log_probs).all()

@@ -5,13 +5,8 @@ per-step losses of an uninterrupted run."""
 
 from __future__ import annotations
 
-import os
 import re
-import signal
 import subprocess
-import sys
-import time
-from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -22,6 +17,7 @@ import cosmos_primitives as cp
 from cosmos_primitives.checkpoint import PAUSE_ENV, CheckpointManager
 from cosmos_primitives.checkpoint.layout import find_latest_checkpoint, is_complete
 from cosmos_primitives.testing.demo_assets import ensure_demo_assets
+from cosmos_primitives.testing.recipe_runs import finish, kill_when, launch_recipe, only_run_dir
 
 pytestmark = pytest.mark.slow
 
@@ -29,7 +25,6 @@ REPO = Path(__file__).resolve().parents[1]
 CONFIG = REPO / "examples" / "configs" / "sft_tiny.toml"
 ITEMS = 16  # clips: 4 optimizer steps per epoch in one process, 2 under torchrun with 2 ranks
 STEPS = 6  # single-process runs: 1.5 epochs
-RUN_TIMEOUT_S = 300
 # the resume tests compare floats bitwise, so every run of them computes with the same thread count
 ONE_THREAD = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
 
@@ -46,49 +41,7 @@ def assets(tmp_path_factory: pytest.TempPathFactory) -> list[str]:
 
 def launch(overrides: list[str], log: Path, *, nproc: int = 1, env: dict[str, str] | None = None) -> subprocess.Popen:
     """Start the recipe (stdout + stderr to ``log``) from the repository root."""
-    if nproc == 1:
-        cmd = [sys.executable, "examples/sft.py"]
-    else:  # --standalone: a free rendezvous port, so parallel test sessions do not collide
-        cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}",
-               "examples/sft.py"]
-    full_env = {k: v for k, v in os.environ.items() if k != PAUSE_ENV}
-    full_env.update(env or {})
-    with open(log, "ab") as out:
-        return subprocess.Popen([*cmd, "--config", str(CONFIG), *overrides], cwd=REPO, env=full_env,
-                                stdout=out, stderr=subprocess.STDOUT)
-
-
-def finish(proc: subprocess.Popen, log: Path) -> str:
-    """Wait for a launched run, assert it exited with 0, return its log."""
-    try:
-        proc.wait(timeout=RUN_TIMEOUT_S)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.wait()
-    text = log.read_text(errors="replace")
-    assert proc.returncode == 0, f"examples/sft.py exited with {proc.returncode}; end of {log}:\n{text[-4000:]}"
-    return text
-
-
-def kill_when(proc: subprocess.Popen, ready: Callable[[], bool], log: Path, what: str) -> None:
-    """SIGKILL ``proc`` as soon as ``ready()`` is true; fail if the run ends or stalls first."""
-    deadline = time.monotonic() + RUN_TIMEOUT_S
-    while not ready():
-        if proc.poll() is not None or time.monotonic() > deadline:
-            proc.kill()
-            proc.wait()
-            pytest.fail(f"the run ended (rc {proc.returncode}) or stalled before {what}; end of {log}:\n"
-                        f"{log.read_text(errors='replace')[-4000:]}")
-        time.sleep(0.02)
-    os.kill(proc.pid, signal.SIGKILL)
-    proc.wait()
-    assert proc.returncode == -signal.SIGKILL, f"the run had already exited with {proc.returncode} when killed"
-
-
-def only_run_dir(output_dir: Path) -> Path:
-    runs = [p for p in output_dir.iterdir() if p.is_dir()]
-    assert len(runs) == 1, f"expected one run directory under {output_dir}, found {runs}"
-    return runs[0]
+    return launch_recipe("examples/sft.py", CONFIG, overrides, log, cwd=REPO, nproc=nproc, env=env)
 
 
 def step_values(records: list[dict]) -> list[tuple[int, float, float, float]]:

@@ -5,11 +5,12 @@ from __future__ import annotations
 
 import warnings
 
+import msgspec
 import pytest
 import torch
 
 from cosmos_primitives.algo.flow_grpo import flow_grpo_loss
-from cosmos_primitives.config.wfm import WFMLoraConfig
+from cosmos_primitives.config.policy import DIFFUSERS_LORA_TARGETS, LoraConfig
 from cosmos_primitives.policy.diffusion import DiffusionPolicy, apply_lora
 from cosmos_primitives.rollout.flow_sampler import flow_sigmas, recompute_step, sample_flow
 from cosmos_primitives.rollout.flow_sde import SDEParams
@@ -18,6 +19,7 @@ from cosmos_primitives.testing import run_distributed, tiny_flow_scheduler, tiny
 LATENTS = torch.randn(4, 4, 1, 4, 4, generator=torch.Generator().manual_seed(0))
 TEXT = torch.randn(4, 5, 32, generator=torch.Generator().manual_seed(1))
 TIMESTEP = torch.tensor([900.0, 600.0, 300.0, 50.0])
+LORA = LoraConfig(r=4, lora_alpha=8.0, target_modules=list(DIFFUSERS_LORA_TARGETS))
 
 
 @pytest.fixture(autouse=True, scope="module")
@@ -39,7 +41,7 @@ def _perturb_lora(policy: DiffusionPolicy, seed: int = 0) -> None:
 
 def test_lora_trains_only_adapters_on_attention_projections_and_reference_is_the_base():
     base = tiny_wan_transformer(seed=0)
-    policy = DiffusionPolicy(tiny_wan_transformer(seed=0), lora=WFMLoraConfig(r=4, lora_alpha=8.0))
+    policy = DiffusionPolicy(tiny_wan_transformer(seed=0), lora=LORA)
     names = [n for n, p in policy.transformer.named_parameters() if p.requires_grad]
     assert names and all("lora_" in n for n in names)
     assert {n.split(".lora_")[0].split(".", 3)[-1] for n in names} == {
@@ -58,7 +60,7 @@ def test_lora_trains_only_adapters_on_attention_projections_and_reference_is_the
 
 def test_lora_target_that_matches_nothing_is_reported():
     with pytest.raises(ValueError, match="q_proj"):
-        apply_lora(tiny_wan_transformer(), WFMLoraConfig(target_modules=["q_proj"]))
+        apply_lora(tiny_wan_transformer(), LoraConfig(target_modules=["q_proj"]))
 
 
 def test_full_finetuning_reference_is_a_frozen_copy():
@@ -73,7 +75,7 @@ def test_full_finetuning_reference_is_a_frozen_copy():
         torch.testing.assert_close(reference(LATENTS, TIMESTEP, TEXT), before)
     with torch.no_grad():
         assert not torch.allclose(policy.velocity_fn()(LATENTS, TIMESTEP, TEXT), before)
-    without = DiffusionPolicy(tiny_wan_transformer(seed=0), lora=WFMLoraConfig(enabled=False))
+    without = DiffusionPolicy(tiny_wan_transformer(seed=0), lora=msgspec.structs.replace(LORA, enabled=False))
     with pytest.raises(RuntimeError, match="keep_reference"), without.reference():
         pass
 
@@ -81,7 +83,7 @@ def test_full_finetuning_reference_is_a_frozen_copy():
 def test_gradient_checkpointing_gives_the_same_lora_gradients():
     grads = []
     for checkpointing in (False, True):
-        policy = DiffusionPolicy(tiny_wan_transformer(seed=0), lora=WFMLoraConfig(r=4, lora_alpha=8.0),
+        policy = DiffusionPolicy(tiny_wan_transformer(seed=0), lora=LORA,
                                  gradient_checkpointing=checkpointing)
         _perturb_lora(policy)
         policy.transformer.train()
@@ -93,7 +95,7 @@ def test_gradient_checkpointing_gives_the_same_lora_gradients():
 
 
 def _policy_and_batch() -> tuple[DiffusionPolicy, torch.Tensor, object]:
-    policy = DiffusionPolicy(tiny_wan_transformer(seed=0), lora=WFMLoraConfig(r=4, lora_alpha=8.0))
+    policy = DiffusionPolicy(tiny_wan_transformer(seed=0), lora=LORA)
     _perturb_lora(policy)
     sigmas, timesteps = flow_sigmas(tiny_flow_scheduler(), 4)
     traj = sample_flow(policy.velocity_fn(), TEXT, latent_shape=(4, 1, 4, 4), sigmas=sigmas, timesteps=timesteps,

@@ -26,9 +26,10 @@ CONFIGS = ROOT / "examples" / "configs"
 
 def test_cosmos_predict_recipe_has_the_reference_values():
     cfg = cp.load_config(CONFIGS / "cosmos_predict2_5_2b_flowgrpo.toml")
-    w = cfg.wfm
-    assert (w.lora.r, w.lora.lora_alpha) == (32, 64.0)
-    assert w.lora.target_modules == ["to_q", "to_k", "to_v", "to_out.0"]
+    w, lora = cfg.wfm, cfg.policy.lora
+    assert (lora.r, lora.lora_alpha) == (32, 64.0)
+    assert lora.target_modules == ["to_q", "to_k", "to_v", "to_out.0"]
+    assert cfg.policy.dtype == "bfloat16" and cfg.policy.model_gradient_checkpointing
     assert w.num_inference_steps == 20 and w.guidance_scale == 4.5 and w.guidance_convention == "diffusers"
     assert 1e-4 <= w.clip_range <= 1e-3 and 0.004 <= w.kl_beta <= 0.04 and w.adv_clip_max == 5.0
     assert 4 <= w.num_samples_per_prompt <= 24 and w.sampler.noise_level == 0.7
@@ -42,7 +43,7 @@ def test_cosmos_predict_recipe_has_the_reference_values():
 @pytest.mark.parametrize("name", ["wfm_flowgrpo_tiny.toml", "wfm_ddrl_tiny.toml"])
 def test_tiny_recipes_load(name):
     cfg = cp.load_config(CONFIGS / name)
-    assert cfg.wfm.model == "tiny" and cfg.wfm.start_reward_server
+    assert cfg.policy.model_name_or_path == "tiny" and cfg.policy.dtype == "float32" and cfg.wfm.start_reward_server
     assert [t.name for t in cfg.remote_reward.rewards] == ["brightness"]
 
 
@@ -80,7 +81,7 @@ def diffusers_folder(tmp_path):
 def test_recipe_runs_from_a_diffusers_folder_with_kl_guidance_and_minibatches(diffusers_folder, tmp_path):
     run_dir = run_recipe([
         "--config", str(CONFIGS / "wfm_flowgrpo_tiny.toml"),
-        f"wfm.model={diffusers_folder}", f"train.output_dir={tmp_path / 'out'}", "logging.logger=[]",
+        f"policy.model_name_or_path={diffusers_folder}", f"train.output_dir={tmp_path / 'out'}", "logging.logger=[]",
         "train.max_steps=2", "wfm.num_samples_per_prompt=4", "wfm.num_inference_steps=4",
         "wfm.eval_num_inference_steps=0", "wfm.sampler.sde_window_size=0", "wfm.train_step_fraction=0.5",
         "wfm.guidance_convention=cosmos", "wfm.guidance_scale=1.5", "wfm.kl_beta=0.04", "wfm.num_minibatches=2",
@@ -108,7 +109,7 @@ def cosmos_folder(tmp_path):
 @pytest.mark.parametrize("recipe", ["wfm_flowgrpo_tiny.toml", "wfm_ddrl_tiny.toml"])
 def test_recipe_runs_a_cosmos_predict2_5_folder(cosmos_folder, tmp_path, recipe):
     run_dir = run_recipe([
-        "--config", str(CONFIGS / recipe), f"wfm.model={cosmos_folder}",
+        "--config", str(CONFIGS / recipe), f"policy.model_name_or_path={cosmos_folder}",
         f"train.output_dir={tmp_path / 'out'}", "logging.logger=[]", "train.max_steps=2",
         "wfm.num_samples_per_prompt=4", "wfm.num_inference_steps=4", "wfm.eval_num_inference_steps=0",
         "wfm.sampler.sde_window_size=0", "wfm.kl_beta=0.04", "train.ckpt.enable_checkpoint=true",

@@ -41,6 +41,7 @@ import torch.distributed.checkpoint as dcp
 from torch import nn
 from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.state_dict import (
+    StateDictOptions,
     get_model_state_dict,
     get_state_dict,
     set_model_state_dict,
@@ -90,6 +91,9 @@ class CheckpointManager:
         async_group: with ``process_group`` and ``save_mode = "async"``: a gloo group over the same
             ranks for the background saves, made by every rank of the job beforehand
             (``dist.new_group(ranks, backend="gloo")`` is collective over the job).
+        frozen_params: ``False`` leaves parameters with ``requires_grad = False`` out of checkpoints
+            (e.g. the base weights under LoRA adapters, which a resumed run rebuilds from the model's
+            source); loading then restores the others and leaves those as built.
     """
 
     def __init__(
@@ -107,6 +111,7 @@ class CheckpointManager:
         hf_api_factory: Any = None,
         process_group: dist.ProcessGroup | None = None,
         async_group: dist.ProcessGroup | None = None,
+        frozen_params: bool = True,
     ) -> None:
         if config.max_keep == 0 or config.max_keep < -1:
             raise ValueError(f"[train.ckpt] max_keep must be -1 (keep all) or >= 1, got {config.max_keep}")
@@ -120,6 +125,7 @@ class CheckpointManager:
         self.sampler = sampler
         self.processor = processor
         self.tokenizer = tokenizer
+        self._options = StateDictOptions(ignore_frozen_params=not frozen_params, strict=frozen_params)
         self._dist = dist.is_initialized()
         if not self._dist:
             # DCP warns on every call that it assumes one process; that is what we asked for
@@ -237,9 +243,9 @@ class CheckpointManager:
     def _state_to_save(self, record: dict[str, Any]) -> dict[str, Any]:
         state: dict[str, Any] = {}
         if self.optimizer is not None:
-            state["model"], state["optimizer"] = get_state_dict(self.model, self.optimizer)
+            state["model"], state["optimizer"] = get_state_dict(self.model, self.optimizer, options=self._options)
         else:
-            state["model"] = get_model_state_dict(self.model)
+            state["model"] = get_model_state_dict(self.model, options=self._options)
         if self.scheduler is not None:
             state["scheduler"] = encode(self.scheduler.state_dict())
         state["train_state"] = encode(record)
@@ -395,9 +401,9 @@ class CheckpointManager:
         has_optimizer = any(k.startswith("optimizer.") for k in keys)
         state: dict[str, Any] = {}
         if self.optimizer is not None and has_optimizer:
-            state["model"], state["optimizer"] = get_state_dict(self.model, self.optimizer)
+            state["model"], state["optimizer"] = get_state_dict(self.model, self.optimizer, options=self._options)
         else:
-            state["model"] = get_model_state_dict(self.model)
+            state["model"] = get_model_state_dict(self.model, options=self._options)
             if self.optimizer is not None:
                 self._log.warning("%s holds no optimizer state: the optimizer starts fresh", path)
         if self.scheduler is not None and "scheduler" in keys:
@@ -413,9 +419,9 @@ class CheckpointManager:
                                f"verify_checkpoint names damaged files): {exc}") from exc
         if "optimizer" in state:
             set_state_dict(self.model, self.optimizer, model_state_dict=state["model"],
-                           optim_state_dict=state["optimizer"])
+                           optim_state_dict=state["optimizer"], options=self._options)
         else:
-            set_model_state_dict(self.model, state["model"])
+            set_model_state_dict(self.model, state["model"], options=self._options)
         if state.get("scheduler") is not None:
             self.scheduler.load_state_dict(decode(state["scheduler"]))
         private = decode(state["rank_state"][rank_key])

@@ -21,17 +21,18 @@ from cosmos_primitives.config.loader import (
     parse_override,
 )
 from cosmos_primitives.config.logging import LoggingConfig
-from cosmos_primitives.config.policy import LoraConfig, ParallelismConfig, PolicyConfig
+from cosmos_primitives.config.policy import DIFFUSERS_LORA_TARGETS, LoraConfig, ParallelismConfig, PolicyConfig
 from cosmos_primitives.config.redis import RedisConfig
 from cosmos_primitives.config.remote_reward import RemoteRewardConfig, RemoteRewardTerm
 from cosmos_primitives.config.rollout import RolloutConfig, SamplingConfig
 from cosmos_primitives.config.root import Config
 from cosmos_primitives.config.train import TrainConfig
 from cosmos_primitives.config.validation import ValidationConfig
-from cosmos_primitives.config.wfm import WFMConfig, WFMDataConfig, WFMLoraConfig, WFMSamplerConfig
+from cosmos_primitives.config.wfm import WFMConfig, WFMDataConfig, WFMSamplerConfig
 
 __all__ = [
     "ALIASES",
+    "DIFFUSERS_LORA_TARGETS",
     "CheckpointConfig",
     "Config",
     "ConfigError",
@@ -54,7 +55,6 @@ __all__ = [
     "ValidationConfig",
     "WFMConfig",
     "WFMDataConfig",
-    "WFMLoraConfig",
     "WFMSamplerConfig",
     "canonical_key",
     "config_from_dict",

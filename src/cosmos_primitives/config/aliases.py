@@ -1,13 +1,19 @@
 """Other spellings of config keys that users already write, mapped onto one canonical field.
 
 Each entry maps a dotted alias path to its canonical dotted path, optionally with a function that
-translates the alias's value. Paths are relative to the root of the file.
+translates the alias's value. Paths are relative to the root of the file. An alias may name a
+whole table (``wfm.lora``); a key inside it then maps to the same key inside the canonical table.
+
+Aliases in :data:`DEPRECATED` are spellings this library used before and no longer documents: they
+still load, with a ``FutureWarning`` naming the key to write instead.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from typing import Any
+
+from cosmos_primitives.config.policy import DIFFUSERS_LORA_TARGETS
 
 _PARALLEL_SHORT = {
     "dp_shard": "dp_shard_size",
@@ -81,6 +87,33 @@ ALIASES: dict[str, tuple[str, Callable[[Any], Any] | None]] = {
         for short, full in _PARALLEL_SHORT.items()
     },
 }
+
+
+def _wfm_lora_as_policy_lora(table: object) -> object:
+    """``[wfm.lora]`` without ``target_modules`` adapted the diffusers attention projections."""
+    if isinstance(table, dict) and "target_modules" not in table:
+        return {**table, "target_modules": list(DIFFUSERS_LORA_TARGETS)}
+    return table  # left for the type check to reject with the key's name
+
+
+# The world-model recipe's own spellings of [policy] keys, from before one config per component.
+DEPRECATED: dict[str, tuple[str, Callable[[Any], Any] | None]] = {
+    "wfm.model": ("policy.model_name_or_path", None),
+    "wfm.dtype": ("policy.dtype", None),
+    "wfm.gradient_checkpointing": ("policy.model_gradient_checkpointing", None),
+    "wfm.lora": ("policy.lora", _wfm_lora_as_policy_lora),
+}
+
+DEPRECATED_DEFAULTS: dict[str, Any] = {
+    "policy.model_name_or_path": "tiny",
+    "policy.dtype": "float32",
+    "policy.lora": {"target_modules": list(DIFFUSERS_LORA_TARGETS)},
+}
+"""What the :data:`DEPRECATED` ``[wfm]`` keys defaulted to. A file that still spells any of them gets
+these values for the ones it sets in neither spelling, so that it trains as it did (the ``[policy]``
+defaults differ: no model, ``bfloat16``, no LoRA)."""
+
+ALIASES.update(DEPRECATED)
 
 
 def register_alias(alias: str, canonical: str, transform: Callable[[Any], Any] | None = None) -> None:

@@ -7,13 +7,14 @@ import os
 import re
 import types
 import typing
+import warnings
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
 import msgspec
 
-from cosmos_primitives.config.aliases import ALIASES
+from cosmos_primitives.config.aliases import ALIASES, DEPRECATED, DEPRECATED_DEFAULTS
 from cosmos_primitives.config.errors import ConfigError
 from cosmos_primitives.config.root import Config
 from cosmos_primitives.config.toml_io import dumps_toml, parse_toml_value, read_toml
@@ -30,10 +31,18 @@ def _reward_function_as_dict(value: Any) -> Any:
     return value
 
 
+def _lora_unless_disabled(value: Any) -> Any:
+    """``[policy.lora] enabled = false`` is the same as no ``[policy.lora]``."""
+    if isinstance(value, dict) and value.get("enabled") is False:
+        return None
+    return value
+
+
 # canonical dotted path -> normaliser applied to whatever value the user wrote there
 VALUE_NORMALISERS = {
     "grpo.reward_function": _reward_function_as_dict,
     "validation.reward_function": _reward_function_as_dict,
+    "policy.lora": _lora_unless_disabled,
 }
 
 
@@ -72,9 +81,48 @@ def _pop(tree: dict[str, Any], path: str) -> Any:
     return value
 
 
+def _alias_prefix(path: str) -> str | None:
+    """The alias ``path`` is, or the aliased table it lies in (``wfm.lora`` for ``wfm.lora.r``), or None."""
+    parts = path.split(".")
+    return next((p for p in (".".join(parts[:i]) for i in range(len(parts), 0, -1)) if p in ALIASES), None)
+
+
 def canonical_key(path: str) -> str:
-    """The canonical dotted path of ``path`` (itself when it is no alias)."""
-    return ALIASES[path][0] if path in ALIASES else path
+    """The canonical dotted path of ``path`` (itself when it is no alias); a key inside an aliased
+    table maps into the canonical table (``wfm.lora.r`` -> ``policy.lora.r``)."""
+    alias = _alias_prefix(path)
+    return path if alias is None else ALIASES[alias][0] + path[len(alias):]
+
+
+def _warn_deprecated(alias: str, source: str, stacklevel: int) -> None:
+    warnings.warn(f"{source}: '{alias}' is deprecated; write '{DEPRECATED[alias][0]}' instead (read as it for now)",
+                  FutureWarning, stacklevel=stacklevel + 1)
+
+
+def _apply_deprecated(tree: dict[str, Any], source: str) -> None:
+    """Warn about each :data:`DEPRECATED` key in ``tree``; when there is one, give the canonical keys
+    the file sets in neither spelling their old defaults (:data:`DEPRECATED_DEFAULTS`)."""
+    present = [alias for alias in DEPRECATED if _has(tree, alias)]
+    if not present:
+        return
+    for alias in present:
+        _warn_deprecated(alias, source, stacklevel=3)  # the caller of load_config / config_from_dict
+    spelled_old = {DEPRECATED[alias][0] for alias in present}
+    filled = {k: v for k, v in DEPRECATED_DEFAULTS.items() if k not in spelled_old and not _has(tree, k)}
+    for key, value in filled.items():
+        _set(tree, key, _deepcopy(value), source)
+    if filled:
+        warnings.warn(f"{source} uses deprecated spellings ({', '.join(present)}), so the keys it sets in neither "
+                      f"spelling keep their old defaults: {', '.join(f'{k} = {v!r}' for k, v in filled.items())}",
+                      FutureWarning, stacklevel=3)
+
+
+def _has(tree: dict[str, Any], path: str) -> bool:
+    try:
+        _get(tree, path)
+    except KeyError:
+        return False
+    return True
 
 
 def _apply_aliases(tree: dict[str, Any], source: str) -> None:
@@ -211,6 +259,7 @@ def _explain_validation_error(exc: msgspec.ValidationError, tree: dict[str, Any]
 def config_from_dict(tree: dict[str, Any], source: str = "<dict>") -> Config:
     """Validate a nested dict (aliases allowed) into a :class:`Config`."""
     tree = _deepcopy(tree)
+    _apply_deprecated(tree, source)
     _apply_aliases(tree, source)
     _apply_normalisers(tree)
     _check_unknown(tree, Config, "", source)
@@ -251,10 +300,16 @@ def load_config(path: str | os.PathLike[str] | None = None, overrides: Sequence[
     source = str(path) if path is not None else "<defaults>"
     tree = read_toml(path) if path is not None else {}
     tree = _deepcopy(tree)
+    _apply_deprecated(tree, source)
     _apply_aliases(tree, source)
     _check_unknown(tree, Config, "", source)
     for text in overrides:
         key, value = parse_override(text)
+        alias = _alias_prefix(key)
+        if alias in DEPRECATED:
+            _warn_deprecated(alias, f"override {text!r}", stacklevel=2)
+        if alias == key and ALIASES[alias][1] is not None:
+            value = ALIASES[alias][1](value)
         single: dict[str, Any] = {}
         _set(single, canonical_key(key), value, f"override {text!r}")
         _check_unknown(single, Config, "", f"override {text!r}")

@@ -3,8 +3,16 @@
 Example (the tiny CPU recipe; the Cosmos-Predict2.5-2B values are in
 ``examples/configs/cosmos_predict2_5_2b_flowgrpo.toml``)::
 
+    [policy]
+    model_name_or_path = "tiny"   # or a diffusers folder holding transformer/, vae/, scheduler/
+    dtype = "float32"
+
+    [policy.lora]
+    r = 32
+    lora_alpha = 64.0
+    target_modules = ["to_q", "to_k", "to_v", "to_out.0"]
+
     [wfm]
-    model = "tiny"                # or a diffusers folder holding transformer/, vae/, scheduler/
     algorithm = "flow_grpo"       # or "ddrl"
     num_samples_per_prompt = 8
     num_inference_steps = 10
@@ -15,18 +23,16 @@ Example (the tiny CPU recipe; the Cosmos-Predict2.5-2B values are in
     sde_type = "flow_grpo"
     noise_level = 0.7
 
-    [wfm.lora]
-    r = 32
-    lora_alpha = 64.0
-
     [wfm.data]
     kind = "mock"
     num_frames = 5
     height = 16
     width = 16
 
-The loop's own knobs (learning rate, steps, seed, grad clip, output dir) are ``[train]``'s; the reward
-service client is ``[remote_reward]``.
+The model, its dtype, LoRA and gradient checkpointing are ``[policy]``'s (the older spellings
+``[wfm] model / dtype / gradient_checkpointing`` and ``[wfm.lora]`` are read with a warning); the
+loop's own knobs (learning rate and its schedule, steps, seed, grad clip, checkpoints, output dir)
+are ``[train]``'s; the reward service client is ``[remote_reward]``.
 """
 
 from __future__ import annotations
@@ -63,23 +69,6 @@ class WFMSamplerConfig(Section):
     sde_window_range: list[int] = msgspec.field(default_factory=list)
     # scheduler shift of the sigma grid; None: the model's scheduler config (3.0 for the tiny one)
     shift: float | None = None
-
-
-class WFMLoraConfig(Section):
-    """``[wfm.lora]``: peft LoRA on the transformer's attention projections.
-
-    ``enabled = false`` trains every weight (full fine-tuning; the KL reference is then a frozen
-    copy of the initial network, only built when ``kl_beta > 0``). With LoRA the reference is the
-    same network with the adapters disabled. ``init_lora_weights``: peft's option (``"gaussian"`` /
-    ``true`` start at B = 0, i.e. at the base model).
-    """
-
-    enabled: bool = True
-    r: int = 32
-    lora_alpha: float = 64.0
-    lora_dropout: float = 0.0
-    target_modules: list[str] = msgspec.field(default_factory=lambda: ["to_q", "to_k", "to_v", "to_out.0"])
-    init_lora_weights: bool | str = True
 
 
 class WFMDataConfig(Section):
@@ -135,7 +124,6 @@ class WFMConfig(Section):
     step's sigma for it, and ``advantage_transform = "neg_exp"`` maps ``A -> -exp(-A)`` (then clamps).
     """
 
-    model: str = "tiny"
     algorithm: Literal["flow_grpo", "ddrl"] = "flow_grpo"
     num_samples_per_prompt: int = 8
     num_inference_steps: int = 20
@@ -143,9 +131,6 @@ class WFMConfig(Section):
     guidance_scale: float = 1.0
     guidance_convention: Literal["diffusers", "cosmos"] = "diffusers"
     negative_prompt: str = ""
-    # float32 everywhere on CPU; bf16 weights on GPU (the SDE arithmetic stays float32 either way)
-    dtype: Literal["float32", "bfloat16"] = "float32"
-    gradient_checkpointing: bool = False
 
     # loss
     clip_range: float = 1e-3
@@ -168,5 +153,4 @@ class WFMConfig(Section):
     start_reward_server: bool = False
 
     sampler: WFMSamplerConfig = msgspec.field(default_factory=WFMSamplerConfig)
-    lora: WFMLoraConfig = msgspec.field(default_factory=WFMLoraConfig)
     data: WFMDataConfig = msgspec.field(default_factory=WFMDataConfig)

@@ -66,7 +66,7 @@ def build_policy(
                                  dtype=torch.float32 if mesh is not None else compute_dtype)
     else:
         hf_model = hf_model.to(torch.float32 if mesh is not None else compute_dtype)
-    if cfg.lora is not None:
+    if cfg.lora is not None and cfg.lora.enabled:
         # adapters on the [policy.lora] target modules; they train, plus whatever trainable_patterns add
         apply_lora(hf_model, cfg.lora)
         summary = apply_trainable_patterns(hf_model, cfg.freeze_patterns, [LORA_PARAMETERS, *cfg.trainable_patterns])

@@ -16,7 +16,7 @@ from typing import Any
 
 import torch
 
-from cosmos_primitives.config.wfm import WFMLoraConfig
+from cosmos_primitives.config.policy import LoraConfig
 from cosmos_primitives.policy.lora import adapters_disabled, apply_lora
 from cosmos_primitives.rollout.flow_sampler import VelocityFn, flow_velocity_fn
 
@@ -62,7 +62,8 @@ class DiffusionPolicy:
 
     Args:
         transformer: a diffusers flow transformer (moved / cast by the caller).
-        lora: ``[wfm.lora]``; ``None`` or ``enabled = false``: full fine-tuning.
+        lora: ``[policy.lora]`` (its ``target_modules`` name the transformer's layers, e.g.
+            ``to_q``); ``None`` or ``enabled = false``: full fine-tuning.
         keep_reference: with full fine-tuning, keep a frozen copy of the initial weights as the
             reference (needed for a KL term). Ignored with LoRA.
         gradient_checkpointing: recompute block activations in backward (diffusers' own switch).
@@ -73,14 +74,14 @@ class DiffusionPolicy:
     reference velocity, :meth:`shard` for FSDP2.
     """
 
-    def __init__(self, transformer: Any, *, lora: WFMLoraConfig | None = None, keep_reference: bool = False,
+    def __init__(self, transformer: Any, *, lora: LoraConfig | None = None, keep_reference: bool = False,
                  gradient_checkpointing: bool = False, num_train_timesteps: float = 1000.0) -> None:
         self.transformer = transformer
         self.num_train_timesteps = float(num_train_timesteps)
         self.uses_lora = lora is not None and lora.enabled
         self._frozen_reference: Any = None
         if self.uses_lora:
-            apply_lora(transformer, lora, config_key="[wfm.lora]")
+            apply_lora(transformer, lora)
         else:
             transformer.requires_grad_(True)
             if keep_reference:

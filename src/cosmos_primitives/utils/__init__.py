@@ -15,6 +15,8 @@ _EXPORTS = {
     "make_run_dir": "cosmos_primitives.utils.run_dir",
     "latest_run_dir": "cosmos_primitives.utils.run_dir",
     "seed_everything": "cosmos_primitives.utils.seeding",
+    "derived_seed": "cosmos_primitives.utils.seeding",
+    "derived_generator": "cosmos_primitives.utils.seeding",
     "capture_rng_state": "cosmos_primitives.utils.seeding",
     "restore_rng_state": "cosmos_primitives.utils.seeding",
 }

@@ -1,0 +1,73 @@
+"""Run an example recipe as users do (``python`` / ``torchrun`` subprocesses), wait for it, or SIGKILL
+it at a chosen moment: the pieces of end-to-end kill-and-resume tests."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+from cosmos_primitives.checkpoint.manager import PAUSE_ENV
+
+RUN_TIMEOUT_S = 300.0
+
+
+def launch_recipe(script: str | Path, config: str | Path, overrides: Sequence[str], log: Path, *, cwd: str | Path,
+                  nproc: int = 1, env: dict[str, str] | None = None) -> subprocess.Popen:
+    """Start ``script --config config *overrides`` from ``cwd``, stdout and stderr appended to ``log``.
+
+    ``nproc > 1`` runs it under ``torch.distributed.run --standalone`` (a free rendezvous port, so
+    parallel test sessions do not collide). The checkpoint pause hook (``PAUSE_ENV``) is only set
+    when ``env`` sets it.
+    """
+    if nproc == 1:
+        cmd = [sys.executable, str(script)]
+    else:
+        cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}", str(script)]
+    full_env = {k: v for k, v in os.environ.items() if k != PAUSE_ENV}
+    full_env.update(env or {})
+    with open(log, "ab") as out:
+        return subprocess.Popen([*cmd, "--config", str(config), *overrides], cwd=cwd, env=full_env, stdout=out,
+                                stderr=subprocess.STDOUT)
+
+
+def finish(proc: subprocess.Popen, log: Path, timeout_s: float = RUN_TIMEOUT_S) -> str:
+    """Wait for a launched run and return its log; AssertionError (with the log's end) unless it exited with 0."""
+    try:
+        proc.wait(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+    text = log.read_text(errors="replace")
+    if proc.returncode != 0:
+        raise AssertionError(f"the run exited with {proc.returncode}; end of {log}:\n{text[-4000:]}")
+    return text
+
+
+def kill_when(proc: subprocess.Popen, ready: Callable[[], bool], log: Path, what: str,
+              timeout_s: float = RUN_TIMEOUT_S) -> None:
+    """SIGKILL ``proc`` as soon as ``ready()`` is true; AssertionError if the run ends or stalls first."""
+    deadline = time.monotonic() + timeout_s
+    while not ready():
+        if proc.poll() is not None or time.monotonic() > deadline:
+            proc.kill()
+            proc.wait()
+            raise AssertionError(f"the run ended (rc {proc.returncode}) or stalled before {what}; end of {log}:\n"
+                                 f"{log.read_text(errors='replace')[-4000:]}")
+        time.sleep(0.02)
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait()
+    if proc.returncode != -signal.SIGKILL:
+        raise AssertionError(f"the run had already exited with {proc.returncode} when killed")
+
+
+def only_run_dir(output_dir: Path) -> Path:
+    """The single run directory ``<output_dir>/<timestamp>`` (AssertionError when there are several or none)."""
+    runs = [p for p in output_dir.iterdir() if p.is_dir()]
+    if len(runs) != 1:
+        raise AssertionError(f"expected one run directory under {output_dir}, found {runs}")
+    return runs[0]
