@@ -325,8 +325,7 @@ def recipes_bf16(dry: bool, work: Path) -> Result:
         script, config, overrides, compared = RECIPES[name]
         runs = {}
         for dtype in dict.fromkeys(["float32", low]):
-            # wfm_rl.py takes its dtype from [wfm]; the VLM recipes from [policy]
-            extra = [f"{'wfm' if script == 'wfm_rl.py' else 'policy'}.dtype={dtype}"]
+            extra = [f"policy.dtype={dtype}"]
             if script == "grpo_vlm.py":
                 extra.append(f"train.train_policy.dataset.name={work / 'colour_mcq' / 'train.jsonl'}")
             if dry:
