@@ -208,7 +208,8 @@ def train(cfg: cp.Config) -> Path:
         while step < total_steps:
             step += 1
             # every random draw of this step comes from (seed, step, rank): a resumed run repeats it
-            rng = {purpose: derived_generator(seed, step, info.rank, purpose) for purpose in ("train_steps", "ddrl")}
+            rng = {"train_steps": derived_generator(seed, step, info.rank, "train_steps"),
+                   "ddrl": derived_generator(seed, step, info.rank, "ddrl", device=device)}  # where the clips are
             batch = next_prompts(dataset, sampler, per_step)
             text = batch["text"].to(device).repeat_interleave(group, 0)  # [B, L, D], B = per_step * group
             captions = [c for c in batch["caption"] for _ in range(group)]
