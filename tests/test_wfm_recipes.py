@@ -44,6 +44,7 @@ def test_cosmos_predict_recipe_has_the_reference_values():
 def test_tiny_recipes_load(name):
     cfg = cp.load_config(CONFIGS / name)
     assert cfg.policy.model_name_or_path == "tiny" and cfg.policy.dtype == "float32" and cfg.wfm.start_reward_server
+    assert cfg.train.ckpt.enable_checkpoint and cfg.train.ckpt.save_freq > 0
     assert [t.name for t in cfg.remote_reward.rewards] == ["brightness"]
 
 
@@ -85,7 +86,7 @@ def test_recipe_runs_from_a_diffusers_folder_with_kl_guidance_and_minibatches(di
         "train.max_steps=2", "wfm.num_samples_per_prompt=4", "wfm.num_inference_steps=4",
         "wfm.eval_num_inference_steps=0", "wfm.sampler.sde_window_size=0", "wfm.train_step_fraction=0.5",
         "wfm.guidance_convention=cosmos", "wfm.guidance_scale=1.5", "wfm.kl_beta=0.04", "wfm.num_minibatches=2",
-        "train.ckpt.enable_checkpoint=true",
+        "train.ckpt.enable_checkpoint=true", "train.ckpt.export_safetensors=true",
     ])
     records = read_metrics(run_dir)
     assert metric_series(records, "reward_mean")[0] == [1, 2]
@@ -97,6 +98,13 @@ def test_recipe_runs_from_a_diffusers_folder_with_kl_guidance_and_minibatches(di
 
     weights = load_file(str(run_dir / "trained_weights.safetensors"))
     assert weights and all("lora_" in name for name in weights)
+    # the export: the transformer's own names, each adapter folded into its layer's weight
+    exported = load_file(str(run_dir / "safetensors" / "final" / "model-00001-of-00001.safetensors"))
+    base = tiny_wan_transformer(seed=0).state_dict()
+    assert exported.keys() == base.keys()
+    adapted = [name for name in base if not torch.equal(exported[name], base[name])]
+    targets = resolved.policy.lora.target_modules
+    assert adapted and all(any(f".{name}".endswith(f".{t}.weight") for t in targets) for name in adapted)
 
 
 @pytest.fixture
