@@ -96,7 +96,7 @@ def next_prompts(dataset: Any, sampler: cp.data.ResumableDistributedSampler, cou
 def update_policy(policy: DiffusionPolicy, velocity: VelocityFn, optimizer: torch.optim.Optimizer,
                   traj: FlowTrajectory, text: torch.Tensor, negative: torch.Tensor | None, advantages: torch.Tensor,
                   clips: torch.Tensor | None, w: WFMConfig, grad_clip: float,
-                  rng: dict[str, torch.Generator]) -> dict[str, float]:
+                  rng: dict[str, torch.Generator], *, step: int, nonfinite: str) -> dict[str, float]:
     """One optimizer step per mini-batch of ``traj``: the FlowGRPO loss over the trained steps
     (+ ``data_beta`` x the DDRL data loss on ``clips`` [B, C, T, H, W]); the mean of each metric."""
     num_train_timesteps = policy.num_train_timesteps
@@ -105,6 +105,7 @@ def update_policy(policy: DiffusionPolicy, velocity: VelocityFn, optimizer: torc
     for mb in torch.arange(traj.batch_size).chunk(w.num_minibatches):
         sub, sub_text, sub_adv = traj.select(mb), text[mb], advantages[mb]
         optimizer.zero_grad(set_to_none=True)
+        mb_loss = torch.zeros((), device=text.device)
         for pos in positions.tolist():
             now = recompute_step(velocity, sub, int(sub.sde_steps[pos]), sub_text, negative)
             kl = None
@@ -125,10 +126,13 @@ def update_policy(policy: DiffusionPolicy, velocity: VelocityFn, optimizer: torc
                 loss = loss + w.data_beta * data.loss
                 metrics.setdefault("data_loss", []).append(data.loss.item())
             (loss / len(positions)).backward()
+            mb_loss += loss.detach() / len(positions)
             for key in ("policy_loss", "kl", "clip_fraction", "approx_kl", "ratio_mean"):
                 metrics.setdefault(key, []).append(getattr(out, key).item())
         grad_norm = cp.parallel.clip_grad_norm_(policy.trainable_parameters(), grad_clip)
-        optimizer.step()
+        # a NaN / inf loss or gradient stops the run ([train] nonfinite = "stop") or skips the update
+        if cp.checkpoint.check_finite(mb_loss, grad_norm, step=step, mode=nonfinite):
+            optimizer.step()
         metrics.setdefault("grad_norm", []).append(float(grad_norm))
     return {k: sum(v) / len(v) for k, v in metrics.items()}
 
@@ -230,7 +234,7 @@ def train(cfg: cp.Config) -> Path:
                 clips = cp.rollout.encode_video(vae, batch["video"].to(device)).repeat_interleave(group, 0)
 
             logged = update_policy(policy, velocity, optimizer, traj, text, negative, advantages, clips, w,
-                                   cfg.train.optm_grad_norm_clip, rng)
+                                   cfg.train.optm_grad_norm_clip, rng, step=step, nonfinite=cfg.train.nonfinite)
             lr_scheduler.step()
             logged.update(reward_mean=rewards.mean(), reward_std=rewards.std(unbiased=False),
                           lr=lr_scheduler.get_last_lr()[0])
