@@ -18,7 +18,7 @@ are ~0, responses run to ``max_response_length`` or stop early at random).
    (completion tokens per second; prompts x samples = ``grpo.rollout_batch_size`` x
    ``grpo.num_samples_per_prompt`` of the config).
 2. Disaggregated (baseline, same run; ``--with-disaggregated``, default on):
-   ``torchrun --standalone --nproc_per_node=2 examples/grpo_vlm.py --mode disaggregated --config
+   ``torchrun --standalone --nproc_per_node=2 examples/grpo_vlm_disaggregated.py --config
    examples/configs/grpo_tiny_disaggregated.toml`` (one trainer rank, one rollout rank, a private
    redis-server) with the same model / data, and the colocated run's ``rollout_batch_size``,
    ``num_samples_per_prompt``, ``max_response_length`` and ``max_steps``, export off. Its trainer
@@ -64,6 +64,7 @@ from cosmos_primitives.testing.demo_assets import ensure_demo_assets
 
 REPO = Path(__file__).resolve().parents[1]
 EXAMPLE = REPO / "examples" / "grpo_vlm.py"
+DISAGGREGATED_EXAMPLE = REPO / "examples" / "grpo_vlm_disaggregated.py"
 COLOCATED_CONFIG = REPO / "examples" / "configs" / "grpo_tiny.toml"
 DISAGGREGATED_CONFIG = REPO / "examples" / "configs" / "grpo_tiny_disaggregated.toml"
 COLOCATED_PHASES = ["rollout", "reward", "logprobs", "update", "sync"]
@@ -257,7 +258,7 @@ def run(args: argparse.Namespace, work: Path, info: dict[str, Any]) -> dict[str,
                   + "\n  ".join(differ))
         dis_out = work / "disaggregated"
         dis_cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
-                   str(EXAMPLE), "--mode", "disaggregated", "--config", str(DISAGGREGATED_CONFIG),
+                   str(DISAGGREGATED_EXAMPLE), "--config", str(DISAGGREGATED_CONFIG),
                    f"train.output_dir={dis_out}", *common, "disaggregated.start_local_redis=true"]
         dis_dir, dis_log, dis_wall = run_example("disaggregated", dis_cmd, dis_out, work / "disaggregated.log", env,
                                                  args.timeout_s)

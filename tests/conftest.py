@@ -6,7 +6,6 @@ the same way; this file only scopes them for pytest.
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import sys
 from pathlib import Path
@@ -16,7 +15,7 @@ import torch
 
 import cosmos_primitives as cp
 from cosmos_primitives import testing as cpt
-from cosmos_primitives.testing.redis_server import live_servers
+from cosmos_primitives.queue.local_redis import live_servers
 
 os.environ.setdefault("WANDB_MODE", "offline")
 os.environ.setdefault("WANDB_SILENT", "true")
@@ -136,16 +135,6 @@ def standin_vllm(monkeypatch: pytest.MonkeyPatch):
     vllm.CALLS.clear()
     yield vllm
     sys.modules.pop("vllm", None)
-
-
-@pytest.fixture(scope="session")
-def grpo_recipe():
-    """``examples/grpo_vlm.py`` imported as a module (its functions, without running ``main``)."""
-    path = Path(__file__).resolve().parents[1] / "examples" / "grpo_vlm.py"
-    spec = importlib.util.spec_from_file_location("grpo_vlm_example", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 @pytest.fixture(scope="session")

@@ -145,3 +145,19 @@ def test_oversized_samples_are_bad_samples() -> None:
     assert batch["input_ids"].shape == (1, 30)
     ((path, count, reason),) = tracker.worst()
     assert path == "100" and count == 1 and "exceed the packing budget of 64" in reason
+
+
+def test_prompt_stream_runs_epoch_after_epoch_and_skips_bad_rows() -> None:
+    from cosmos_primitives.data import BadSampleError, prompt_stream
+
+    class Rows:
+        def __getitem__(self, i: int) -> int:
+            if i == 3:
+                raise BadSampleError(f"row {i}", "unreadable")
+            return i
+
+    sampler = ResumableDistributedSampler(5, seed=0, shuffle=False)
+    bad = BadSampleTracker(budget=10)
+    stream = prompt_stream(Rows(), sampler, bad)
+    assert [next(stream) for _ in range(9)] == [0, 1, 2, 4, 0, 1, 2, 4, 0]
+    assert sampler.epoch == 2 and bad.count == 2

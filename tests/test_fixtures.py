@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from cosmos_primitives import testing as cpt
+from cosmos_primitives.queue.local_redis import live_servers
 
 
 def _alive(pid: int) -> bool:
@@ -36,7 +37,7 @@ def test_redis_server_starts_real_server_and_tears_down() -> None:
     client.close()
     server.close()
     assert not _alive(pid)
-    assert server not in cpt.redis_server.live_servers()
+    assert server not in live_servers()
 
 
 def test_redis_restart_keeps_port(own_redis_server) -> None:

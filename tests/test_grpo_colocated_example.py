@@ -1,4 +1,4 @@
-"""``examples/grpo_vlm.py`` (colocated, the default mode) with a KL penalty to a frozen reference copy,
+"""``examples/grpo_vlm.py`` (colocated) with a KL penalty to a frozen reference copy,
 run in one CPU process from a user's script that registers its own reward first.
 
 The random tiny model never answers in format, so the built-in rewards are 0 for every sample (no

@@ -17,7 +17,7 @@ from torch import nn
 import cosmos_primitives as cp
 from cosmos_primitives import testing as cpt
 from cosmos_primitives.config.policy import ParallelismConfig
-from cosmos_primitives.data.bad_samples import BadSampleError
+from cosmos_primitives.data.bad_samples import BadSampleError, BadSampleTracker
 from cosmos_primitives.data.mcq import MCQPromptDataset
 from cosmos_primitives.data.media import MediaSettings
 from cosmos_primitives.data.prompt_inputs import encode_prompts
@@ -29,14 +29,17 @@ from cosmos_primitives.queue import (
     QueueFullError,
     RedisRolloutQueue,
     RolloutThrottle,
+    StalenessFilter,
     collate_records,
     decode_record,
     encode_record,
+    fetch_records,
     group_from_record,
     record_advantages,
     record_from_group,
     record_rewards,
 )
+from cosmos_primitives.queue.disaggregated_plan import plan_disaggregated
 from cosmos_primitives.queue.run_control import RunControl, check_queue_capacity, required_max_pending
 
 # ---------------------------------------------------------------------------------------- roles
@@ -192,6 +195,28 @@ def test_prompt_tokens_that_do_not_re_encode_are_refused(mcq_media, tiny_vl_proc
         collate_records([record], tiny_vl_processor, settings)
 
 
+def test_fetch_records_keeps_fresh_readable_records_and_acks_the_others(mcq_media, tiny_vl_processor,
+                                                                        tmp_path) -> None:
+    _, settings, prompts = mcq_media
+    groups = make_groups(prompts, tiny_vl_processor)  # weight versions 5, 6, 7, 8
+    image = next(p["image"] for m in prompts[1].conversation for p in m["content"] if p["type"] == "image")
+    moved = shutil.copy(image, tmp_path / "gone.png")
+    conversation = json.loads(json.dumps(prompts[1].conversation).replace(image, str(moved)))
+    groups[1] = attrs.evolve(groups[1], prompt=attrs.evolve(groups[1].prompt, conversation=conversation))
+    records = through_the_queue(groups)
+    (tmp_path / "gone.png").unlink()
+    queue = InMemoryRolloutQueue()
+    queue.put_many(records)
+    stale, bad = StalenessFilter(allowed_outdated_steps=2), BadSampleTracker(budget=5)
+    kept, rebuilt = fetch_records(queue, stale, 2, trainer_step=8, settings=settings, bad=bad, timeout_s=5)
+    # version 5 is 3 steps old (dropped), version 6 lost its image (bad): both consumed
+    assert [r.weight_version for r in kept] == [7, 8] and [g.weight_version for g in rebuilt] == [7, 8]
+    assert stale.metrics()["staleness/dropped"] == 1 and bad.count == 1
+    assert queue.pending() == 2  # the kept records are acknowledged after the step
+    with pytest.raises(TimeoutError, match=r"trainer step 8 \(\[disaggregated\] get_timeout_s\)"):
+        fetch_records(queue, stale, 1, trainer_step=8, settings=settings, bad=bad, timeout_s=0.1)
+
+
 # ------------------------------------------------------------------------------- queue capacity
 
 
@@ -253,18 +278,17 @@ def test_stop_flag_and_clearing_a_stream(redis_url: str) -> None:
         assert [r.weight_version for r in queue.get(1, timeout=5)] == [0]
 
 
-# ------------------------------------------------------------------- the recipe's startup checks
+# ------------------------------------------------------------- the plan of a disaggregated run
 
 REPO = Path(__file__).resolve().parents[1]
 
 
-def test_recipe_plans_both_roles_from_the_config(grpo_recipe) -> None:
-    recipe = grpo_recipe
+def test_plan_of_both_roles_from_the_config() -> None:
     config = REPO / "examples" / "configs" / "grpo_tiny_disaggregated.toml"
     roles = split_roles(5, 2, rank=0)  # 3 trainers, 2 rollout ranks
-    plan = recipe.plan_disaggregated(cp.load_config(config, ["grpo.rollout_batch_size=4"]), roles)
+    plan = plan_disaggregated(cp.load_config(config, ["grpo.rollout_batch_size=4"]), roles)
     assert plan == (12, 4, 4)  # records per step (4 per trainer), per trainer, per generate call
-    plan = recipe.plan_disaggregated(cp.load_config(config, ["disaggregated.records_per_step=6",
+    plan = plan_disaggregated(cp.load_config(config, ["disaggregated.records_per_step=6",
                                                              "disaggregated.prompts_per_rollout=2"]), roles)
     assert plan == (6, 2, 2)
 
@@ -275,7 +299,7 @@ def test_recipe_plans_both_roles_from_the_config(grpo_recipe) -> None:
     }
     for override, message in refusals.items():
         with pytest.raises(ValueError, match=message):
-            recipe.plan_disaggregated(cp.load_config(config, [override]), roles)
+            plan_disaggregated(cp.load_config(config, [override]), roles)
     # trainer checkpoints and resumes are planned like any run (tests/test_grpo_disaggregated_example.py runs one)
     saving = cp.load_config(config, ["train.ckpt.enable_checkpoint=true", "train.resume=true"])
-    assert recipe.plan_disaggregated(saving, roles) == recipe.plan_disaggregated(cp.load_config(config), roles)
+    assert plan_disaggregated(saving, roles) == plan_disaggregated(cp.load_config(config), roles)

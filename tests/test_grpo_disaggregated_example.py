@@ -1,4 +1,4 @@
-"""``examples/grpo_vlm.py --mode disaggregated`` run as users run it: ``torchrun`` with one trainer rank
+"""``examples/grpo_vlm_disaggregated.py`` run as users run it: ``torchrun`` with one trainer rank
 and one rollout rank on CPU, records through a real redis-server, weights broadcast back each step.
 
 Small sizes (2 prompts x 4 samples of 8 tokens, 3 steps) keep a run near 20 s on two cores."""
@@ -35,7 +35,7 @@ def assets(grpo_assets) -> list[str]:
 def run(overrides: list[str], out: Path, env: dict[str, str] | None = None) -> tuple[str, Path]:
     """Run the recipe under torchrun with 2 ranks; assert exit 0; return its log and run directory."""
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
-           "examples/grpo_vlm.py", "--mode", "disaggregated", "--config", str(CONFIG),
+           "examples/grpo_vlm_disaggregated.py", "--config", str(CONFIG),
            f"train.output_dir={out}", *overrides]
     proc = subprocess.run(cmd, cwd=REPO, env={**os.environ, **(env or {})}, stdout=subprocess.PIPE,
                           stderr=subprocess.STDOUT, timeout=RUN_TIMEOUT_S)

@@ -3,7 +3,7 @@
 1. The README's main job, ``examples/quickstart.py``, run as a user runs it: SFT of a random tiny
    Qwen2.5-VL must teach the answer format, then GRPO from the SFT export must raise held-out
    accuracy (greedy decoding) by at least 15 points or to at least 90 %.
-2. ``examples/grpo_vlm.py --mode disaggregated`` (one rollout rank, one trainer rank, a private
+2. ``examples/grpo_vlm_disaggregated.py`` (one rollout rank, one trainer rank, a private
    redis-server, weights broadcast back every step) from the same SFT export and data must meet the
    same held-out bar and end with a training reward within 0.1 of the colocated run's.
 """
@@ -86,7 +86,7 @@ def test_disaggregated_grpo_reaches_the_colocated_outcome(quickstart: dict) -> N
     out = quickstart["out"]
     dis_out = out / "grpo_disaggregated"
     run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
-         "examples/grpo_vlm.py", "--mode", "disaggregated",
+         "examples/grpo_vlm_disaggregated.py",
          "--config", "examples/configs/grpo_tiny_disaggregated.toml",
          f"policy.model_name_or_path={quickstart['sft_model']}", f"train.output_dir={dis_out}",
          f"train.train_policy.dataset.name={out / 'data' / 'train.jsonl'}", "custom={}",

@@ -1,4 +1,4 @@
-"""The GRPO update of ``examples/grpo_vlm.py``: which policy is the "old" one of the PPO ratio.
+"""``cp.policy.grpo_update`` (the update both GRPO recipes run): which policy is the "old" one of the PPO ratio.
 
 With records that the current weights generated (colocated), the engine's log-probs equal the
 trainer's, so ``[grpo] old_logprobs = "rollout"`` (default) and ``"recompute"`` take the same step.
@@ -18,7 +18,7 @@ import torch
 import cosmos_primitives as cp
 from cosmos_primitives.data.records import Prompt, SamplingParams
 from cosmos_primitives.data.rollout_batch import collate_rollouts
-from cosmos_primitives.policy import CausalLMPolicy
+from cosmos_primitives.policy import CausalLMPolicy, grpo_update
 from cosmos_primitives.rollout.hf_engine import HFRolloutEngine
 
 REPO = Path(__file__).resolve().parents[1]
@@ -35,7 +35,7 @@ def rollouts(tiny_qwen2_model, qwen_tokenizer):
     return tiny_qwen2_model, collate_rollouts(groups, qwen_tokenizer)
 
 
-def update(recipe, model, batch, old_logprobs: str) -> tuple[dict, dict]:
+def update(model, batch, old_logprobs: str) -> tuple[dict, dict]:
     """One update of a copy of ``model``; returns the loss metrics and the updated weights."""
     cfg = cp.load_config(CONFIG, [f"grpo.old_logprobs={old_logprobs}", "rollout.sampling_config.temperature=1.0",
                                   "train.train_policy.mini_batch=8", "train.optm_warmup_steps=0"])
@@ -44,7 +44,7 @@ def update(recipe, model, batch, old_logprobs: str) -> tuple[dict, dict]:
     # gradient of ~0 would decide a full-size step)
     optimizer = torch.optim.SGD([p for p in policy.parameters() if p.requires_grad], lr=1.0)
     advantages = torch.tensor([1.0, -1.0] * (len(batch) // 2))
-    metrics, _, _ = recipe.update_policy(policy, None, optimizer, batch, advantages, cfg, None)
+    metrics = grpo_update(policy, None, optimizer, batch, advantages, cfg).metrics
     return metrics, {k: v.detach().clone() for k, v in policy.hf_model.named_parameters()}
 
 
@@ -52,11 +52,10 @@ def step_of(weights: dict, model) -> dict:
     return {k: v - dict(model.named_parameters())[k].detach() for k, v in weights.items()}
 
 
-def test_fresh_records_take_the_same_step_either_way(grpo_recipe, rollouts) -> None:
-    recipe = grpo_recipe
+def test_fresh_records_take_the_same_step_either_way(rollouts) -> None:
     model, batch = rollouts
-    from_rollout, weights_rollout = update(recipe, model, batch, "rollout")
-    from_trainer, weights_trainer = update(recipe, model, batch, "recompute")
+    from_rollout, weights_rollout = update(model, batch, "rollout")
+    from_trainer, weights_trainer = update(model, batch, "recompute")
     assert from_rollout["clip_fraction"] == from_trainer["clip_fraction"] == 0.0
     step_rollout, step_trainer = step_of(weights_rollout, model), step_of(weights_trainer, model)
     for name, value in step_rollout.items():
@@ -64,13 +63,20 @@ def test_fresh_records_take_the_same_step_either_way(grpo_recipe, rollouts) -> N
     assert max(float(v.abs().max()) for v in step_rollout.values()) > 1e-3  # a real step was taken
 
 
-def test_stale_records_are_clipped_against_the_policy_that_generated_them(grpo_recipe, rollouts) -> None:
-    recipe = grpo_recipe
+def test_stale_records_are_clipped_against_the_policy_that_generated_them(rollouts) -> None:
     model, batch = rollouts
     # as if older weights had generated them: every sampled token was 1 nat less likely then (ratio e)
     stale = attrs.evolve(batch, rollout_logprobs=batch.rollout_logprobs - batch.completion_mask)
-    behaviour, _ = update(recipe, model, stale, "rollout")
-    recomputed, _ = update(recipe, model, stale, "recompute")
+    behaviour, _ = update(model, stale, "rollout")
+    recomputed, _ = update(model, stale, "recompute")
     # ratio e > 1 + epsilon_high: the positive-advantage half of the tokens is clipped
     assert 0.3 < behaviour["clip_fraction"] < 0.7
     assert recomputed["clip_fraction"] == 0.0
+
+
+def test_a_batch_with_no_token_to_train_takes_no_step(rollouts) -> None:
+    model, batch = rollouts
+    dropped = attrs.evolve(batch, completion_mask=torch.zeros_like(batch.completion_mask))
+    metrics, weights = update(model, dropped, "rollout")
+    assert metrics == {}
+    assert all(torch.equal(v, dict(model.named_parameters())[k]) for k, v in weights.items())

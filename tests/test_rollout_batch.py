@@ -115,3 +115,13 @@ def test_rows_cut_the_media_of_rows_with_different_numbers_of_blocks(tiny_vl_mod
             torch.testing.assert_close(part, whole[rows], atol=1e-4, rtol=1e-4)
     with pytest.raises(ValueError, match="contiguous"):
         batch.rows(slice(0, 8, 2))
+
+
+def test_sampling_params_from_the_rollout_config() -> None:
+    from cosmos_primitives.config import config_from_dict
+
+    rollout = config_from_dict({"rollout": {"max_response_length": 12, "sampling_config": {
+        "temperature": 0.7, "top_p": 0.9, "top_k": 5, "repetition_penalty": 1.1}}}).rollout
+    params = SamplingParams.from_config(rollout, n=4, seed=3)
+    assert params == SamplingParams(n=4, temperature=0.7, top_p=0.9, top_k=5, repetition_penalty=1.1,
+                                    max_new_tokens=12, seed=3)

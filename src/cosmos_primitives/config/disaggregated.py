@@ -1,4 +1,4 @@
-"""``[disaggregated]``: rollout and trainer roles of one ``torchrun`` job (``grpo_vlm.py --mode disaggregated``)."""
+"""``[disaggregated]``: rollout and trainer roles of one ``torchrun`` job (``examples/grpo_vlm_disaggregated.py``)."""
 
 from __future__ import annotations
 

@@ -67,6 +67,7 @@ _EXPORTS = {
     "model_inputs": "packing",
     "padding_stats": "packing",
     "ResumableDistributedSampler": "sampler",
+    "prompt_stream": "prompt_stream",
     "SFTBatchLoader": "sft_loader",
     "all_ranks_have_batch": "sft_loader",
     "build_sft_dataset": "sft_loader",
@@ -104,6 +105,7 @@ if TYPE_CHECKING:  # pragma: no cover
         plan_rows,
     )
     from cosmos_primitives.data.prompt_inputs import encode_prompts, render_prompt, repeat_batch  # noqa: F401
+    from cosmos_primitives.data.prompt_stream import prompt_stream  # noqa: F401
     from cosmos_primitives.data.qwen_vl_encoding import (  # noqa: F401
         IGNORE_INDEX,
         EncodedSample,

@@ -14,7 +14,8 @@ An SFT / GRPO step (``cfg`` from ``cp.load_config``, ``mesh = cp.parallel.Parall
 (``sft_loss`` is ``cosmos_primitives.algo.sft_loss.sft_loss``.) ``examples/sft.py`` also passes
 ``loss_weights=cp.algo.sft_token_weights(batch["labels"], group=...)`` to ``token_logprobs`` and
 ``weighted_sum=out.weighted_sum`` to ``sft_loss``: the same loss, with its gradient computed in the
-LM head's forward (one GEMM less per chunk).
+LM head's forward (one GEMM less per chunk). A GRPO update on a rollout batch is
+:func:`grpo_update` (its KL reference :func:`grpo_reference`).
 """
 
 from cosmos_primitives.algo.logprobs import TokenLogProbs
@@ -22,6 +23,7 @@ from cosmos_primitives.checkpoint.hf_loading import is_vision_language, load_hf_
 from cosmos_primitives.checkpoint.lora_merge import has_lora, merge_lora_state_dict
 from cosmos_primitives.policy.build import build_policy
 from cosmos_primitives.policy.diffusion import DiffusionPolicy, shard_transformer, transformer_blocks
+from cosmos_primitives.policy.grpo_update import GRPOUpdate, grpo_reference, grpo_update
 from cosmos_primitives.policy.lm_policy import MODEL_INPUT_KEYS, CausalLMPolicy, backbone_of, token_logprobs
 from cosmos_primitives.policy.lora import adapters_disabled, apply_lora
 from cosmos_primitives.policy.optim import (
@@ -37,6 +39,7 @@ __all__ = [
     "MODEL_INPUT_KEYS",
     "CausalLMPolicy",
     "DiffusionPolicy",
+    "GRPOUpdate",
     "TokenLogProbs",
     "TrainableSummary",
     "WarmupDecayLR",
@@ -47,6 +50,8 @@ __all__ = [
     "build_lr_scheduler",
     "build_optimizer",
     "build_policy",
+    "grpo_reference",
+    "grpo_update",
     "has_lora",
     "is_vision_language",
     "load_hf_model",

@@ -8,6 +8,7 @@
   training by record id) and :class:`InMemoryRolloutQueue` (one process) share one interface.
 - :class:`StalenessFilter` (trainer) drops records over ``allowed_outdated_steps``;
   :class:`RolloutThrottle` (worker) waits instead of producing them.
+- :class:`RedisServer`: a private ``redis-server`` on a free loopback port for a run or a test.
 
 Trainer (one consumer per process that reads; ``step`` = weight version it holds)::
 
@@ -77,10 +78,12 @@ __all__ = [
     "wait_for_weight_version",
 ]
 
-# Trainer-side names that import torch and the media readers load on first use, so that a process
-# that only moves records (``import cosmos_primitives.queue``) stays light.
+# Names that import torch (and the media readers) load on first use, so that a process that only
+# moves records (``import cosmos_primitives.queue``) stays light.
 _LAZY = {
+    "RedisServer": "local_redis",
     "collate_records": "record_groups",
+    "fetch_records": "record_groups",
     "group_from_record": "record_groups",
     "record_advantages": "record_groups",
     "record_rewards": "record_groups",

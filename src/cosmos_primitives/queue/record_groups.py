@@ -15,12 +15,14 @@ from typing import Any
 
 import torch
 
-from cosmos_primitives.data.bad_samples import BadSampleError
+from cosmos_primitives.data.bad_samples import BadSampleError, BadSampleTracker
 from cosmos_primitives.data.conversation import load_conversation
 from cosmos_primitives.data.media import MediaSettings
 from cosmos_primitives.data.records import Completion, Prompt, RolloutGroup
 from cosmos_primitives.data.rollout_batch import RolloutBatch, collate_rollouts
+from cosmos_primitives.queue.base import RolloutQueue
 from cosmos_primitives.queue.record import RolloutRecord
+from cosmos_primitives.queue.staleness import StalenessFilter
 
 
 def group_from_record(record: RolloutRecord, settings: MediaSettings | None = None,
@@ -69,6 +71,40 @@ def group_from_record(record: RolloutRecord, settings: MediaSettings | None = No
     ]
     return RolloutGroup(prompt=prompt, prompt_token_ids=list(record.prompt_token_ids), completions=completions,
                         weight_version=record.weight_version)
+
+
+def fetch_records(queue: RolloutQueue, stale: StalenessFilter, want: int, *, trainer_step: int,
+                  settings: MediaSettings, bad: BadSampleTracker,
+                  timeout_s: float) -> tuple[list[RolloutRecord], list[RolloutGroup]]:
+    """``want`` records to train on at ``trainer_step``, and their groups rebuilt with ``settings``.
+
+    Records over the staleness bound are acknowledged (consumed, counted by ``stale``); records
+    whose media cannot be re-read (e.g. deleted since the rollout) are recorded in ``bad`` and
+    acknowledged. The kept records are not acknowledged: ack them after the step.
+
+    Raises:
+        TimeoutError: no record arrived for ``timeout_s`` seconds (names the step and the key
+            ``[disaggregated] get_timeout_s``).
+        BadSampleBudgetExceeded: from ``bad``, past its budget.
+    """
+    records: list[RolloutRecord] = []
+    groups: list[RolloutGroup] = []
+    while len(records) < want:
+        got = queue.get(want - len(records), timeout=timeout_s)
+        if not got:
+            raise TimeoutError(f"no rollout record arrived for {timeout_s}s at trainer step {trainer_step} "
+                               "([disaggregated] get_timeout_s); are the rollout ranks alive?")
+        kept, dropped = stale.split(got, trainer_step=trainer_step)
+        if dropped:
+            queue.ack(dropped)
+        for record in kept:
+            try:
+                groups.append(group_from_record(record, settings))
+                records.append(record)
+            except BadSampleError as error:
+                bad.record(error, sample=record.record_id)
+                queue.ack([record])
+    return records, groups
 
 
 def collate_records(records: Sequence[RolloutRecord], processor: Any, settings: MediaSettings | None = None,

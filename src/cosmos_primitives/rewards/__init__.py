@@ -5,7 +5,13 @@
     rewards = cp.rewards.RewardSet.from_config(cfg.grpo)            # {"single_choice": 1.0, "format": 1.0}
     batch = rewards(completions, references, rows)                  # RewardBatch
     batch.total_tensor(), batch.samples[0].values, batch.metrics    # [N] totals, per reward, batch means
+    scores = cp.rewards.score_groups(groups, rewards, cfg.grpo, cfg.rollout.max_response_length)  # GRPO
 """
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
 
 from cosmos_primitives.rewards.compose import REWARD_ARGUMENTS, RewardBatch, RewardError, RewardSet, SampleReward
 from cosmos_primitives.rewards.registry import UnknownRewardError, get_reward, register_reward, reward_names
@@ -39,3 +45,16 @@ __all__ = [
     "reward_names",
     "single_choice_reward",
 ]
+
+# GRPO scoring imports torch; it loads on first use so that the reward server process stays without it.
+_LAZY = {"GroupScores": "group_scores", "score_groups": "group_scores"}
+
+__all__ += sorted(_LAZY)
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        value = getattr(importlib.import_module(f"cosmos_primitives.rewards.{_LAZY[name]}"), name)
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module 'cosmos_primitives.rewards' has no attribute {name!r}")

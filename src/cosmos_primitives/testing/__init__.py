@@ -1,7 +1,9 @@
 """Builders for unit-testing components on a CPU: tiny models, offline tokenizer, media, a real
-Redis server, and a runner for multi-process gloo tests. Users can test their own components the
-same way (``from cosmos_primitives.testing import tiny_qwen2_5_vl, run_distributed``)."""
+Redis server (``cp.queue.RedisServer``, re-exported), and a runner for multi-process gloo tests.
+Users can test their own components the same way
+(``from cosmos_primitives.testing import tiny_qwen2_5_vl, run_distributed``)."""
 
+from cosmos_primitives.queue.local_redis import RedisServer
 from cosmos_primitives.testing.colour_mcq import (
     colour_mcq_rows,
     colour_mcq_sft_rows,
@@ -32,7 +34,6 @@ from cosmos_primitives.testing.models import (
     tiny_wan_transformer,
     tiny_wan_vae,
 )
-from cosmos_primitives.testing.redis_server import RedisServer
 from cosmos_primitives.testing.tokenizer import qwen2_5_vl_chat_template, qwen_tokenizer, qwen_tokenizer_dir
 
 __all__ = [

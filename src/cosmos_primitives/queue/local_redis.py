@@ -1,9 +1,12 @@
-"""A real ``redis-server`` on a free loopback port, started and stopped by tests."""
+"""A private ``redis-server`` on a free loopback port, for a run (``[disaggregated] start_local_redis``) or a test."""
 
 from __future__ import annotations
 
 import atexit
+import contextlib
+import os
 import shutil
+import signal
 import socket
 import subprocess
 import tempfile
@@ -13,6 +16,13 @@ from pathlib import Path
 from cosmos_primitives.parallel.distributed import free_port
 
 _LIVE: set[RedisServer] = set()
+
+# Runs the server ("$0" "$@") in the background and prints its pid. A second background job waits
+# for end-of-file on the saved stdin (fd 3: background jobs get /dev/null as stdin) and then stops
+# the server: the parent's end of that pipe closes when the parent closes it or exits in any way,
+# SIGKILL included. sh itself exits with the server.
+_SUPERVISOR = ('exec 3<&0; "$0" "$@" >/dev/null 3<&- & pid=$!; echo $pid; '
+               '(read _ <&3; kill $pid) >/dev/null 2>&1 & wait $pid')
 
 
 def live_servers() -> list[RedisServer]:
@@ -27,10 +37,12 @@ def _stop_all() -> None:
 
 
 class RedisServer:
-    """Start ``redis-server`` on 127.0.0.1 (no persistence) and stop it again.
+    """Start ``redis-server`` on 127.0.0.1 (no persistence unless ``extra_args`` ask) and stop it again.
 
-    Usable as a context manager. :meth:`restart` stops and starts it on the same port, for
-    reconnect tests. ``url`` is ``redis://127.0.0.1:<port>/0``.
+    The server goes away with the process that started it, however that process ends (also on
+    SIGKILL). Usable as a context manager. :meth:`restart` stops and starts it on the same port
+    (and data folder), for reconnect tests. ``url`` is ``redis://127.0.0.1:<port>/0``; ``pid`` the
+    server's own process id.
 
     Raises:
         RuntimeError: ``redis-server`` is not on PATH (with the command to install it) or did not
@@ -43,13 +55,15 @@ class RedisServer:
         if self.binary is None:
             raise RuntimeError(
                 "redis-server is not installed: run scripts/setup.sh as root, or "
-                "`apt-get install redis-server` (Debian/Ubuntu) / `conda install -c conda-forge redis-server`"
+                "`apt-get install redis-server` (Debian/Ubuntu) / `conda install -c conda-forge redis-server`; "
+                "or use a running server ([redis] url or $COSMOS_REDIS_URL)"
             )
         self.port = port or free_port()
         self.start_timeout_s = start_timeout_s
         self.extra_args = extra_args
         self._dir = Path(tempfile.mkdtemp(prefix="cp-redis-"))
         self._proc: subprocess.Popen[bytes] | None = None
+        self._pid: int | None = None
 
     @property
     def url(self) -> str:
@@ -61,7 +75,7 @@ class RedisServer:
 
     @property
     def pid(self) -> int | None:
-        return self._proc.pid if self._proc is not None else None
+        return self._pid if self._proc is not None else None
 
     def _ping(self) -> bool:
         try:
@@ -74,16 +88,17 @@ class RedisServer:
     def start(self) -> RedisServer:
         if self.running:
             return self
-        cmd = [
-            self.binary, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
-            "--dir", str(self._dir), "--protected-mode", "yes", *self.extra_args,
-        ]
-        self._proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        server = [self.binary, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
+                  "--dir", str(self._dir), "--protected-mode", "yes", *self.extra_args]
+        self._proc = subprocess.Popen(["sh", "-c", _SUPERVISOR, *server], stdin=subprocess.PIPE,
+                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        self._pid = int(self._proc.stdout.readline())
         _LIVE.add(self)
         deadline = time.monotonic() + self.start_timeout_s
         while time.monotonic() < deadline:
             if self._proc.poll() is not None:
                 err = self._proc.stderr.read().decode(errors="replace") if self._proc.stderr else ""
+                self.stop()
                 raise RuntimeError(f"redis-server exited at start (port {self.port}): {err.strip()}")
             if self._ping():
                 return self
@@ -94,15 +109,16 @@ class RedisServer:
     def stop(self) -> None:
         if self._proc is None:
             return
-        if self._proc.poll() is None:
-            self._proc.terminate()
-            try:
-                self._proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                self._proc.kill()
-                self._proc.wait(timeout=10)
-        if self._proc.stderr:
-            self._proc.stderr.close()
+        self._proc.stdin.close()  # the supervisor stops the server, and sh exits with it
+        try:
+            self._proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(self._pid, signal.SIGKILL)
+            self._proc.kill()
+            self._proc.wait(timeout=10)
+        for pipe in (self._proc.stdout, self._proc.stderr):
+            pipe.close()
         self._proc = None
         _LIVE.discard(self)
 
