@@ -155,7 +155,7 @@ def main() -> None:
         batch.completion_mask = batch.completion_mask * scored.keep[:, None].to(batch.completion_mask)
         collate_s = time.perf_counter() - t0
         update = cp.policy.grpo_update(policy, reference, optimizer, batch, scored.advantages.to(info.device), cfg,
-                                       dp_group)
+                                       dp_group, step=step + 1)
         times["logprobs"] = collate_s + update.times["logprobs"]
         times["update"] = update.times["update"]
         scheduler.step()

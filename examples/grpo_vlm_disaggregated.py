@@ -123,7 +123,7 @@ def train_from_queue(cfg, info, roles, plan: QueuePlan, mesh: RoleMesh, sync_gro
         batch = collate_rollouts(groups, processor).to(info.device)
         times["collate"] = time.perf_counter() - t0
         update = cp.policy.grpo_update(policy, reference, optimizer, batch, record_advantages(records, info.device),
-                                       cfg, mesh.group("dp"))
+                                       cfg, mesh.group("dp"), step=step + 1)
         times.update(update.times)
         scheduler.step()
         step += 1

@@ -80,3 +80,23 @@ def test_a_batch_with_no_token_to_train_takes_no_step(rollouts) -> None:
     metrics, weights = update(model, dropped, "rollout")
     assert metrics == {}
     assert all(torch.equal(v, dict(model.named_parameters())[k]) for k, v in weights.items())
+
+
+def test_a_nan_advantage_stops_the_update_or_skips_its_step(rollouts) -> None:
+    """``[train] nonfinite``: "stop" raises before the optimizer applies a NaN gradient, "skip"
+    leaves the weights as they were."""
+    model, batch = rollouts
+    advantages = torch.tensor([1.0, -1.0] * (len(batch) // 2))
+    advantages[3] = float("nan")
+    for mode in ("stop", "skip"):
+        cfg = cp.load_config(CONFIG, [f"train.nonfinite={mode}", "train.train_policy.mini_batch=8"])
+        policy = CausalLMPolicy(copy.deepcopy(model))
+        optimizer = torch.optim.SGD([p for p in policy.parameters() if p.requires_grad], lr=1.0)
+        if mode == "stop":
+            with pytest.raises(cp.checkpoint.NonFiniteError, match="step 7"):
+                grpo_update(policy, None, optimizer, batch, advantages, cfg, step=7)
+        else:
+            grpo_update(policy, None, optimizer, batch, advantages, cfg, step=7)
+        after = dict(policy.hf_model.named_parameters())
+        for name, before in model.named_parameters():
+            assert torch.equal(after[name].detach(), before.detach()), name

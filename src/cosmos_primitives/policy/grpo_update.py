@@ -20,6 +20,7 @@ import torch
 from cosmos_primitives.algo.aggregation import dp_mean_token_count
 from cosmos_primitives.algo.grpo_loss import grpo_loss
 from cosmos_primitives.algo.logprobs import TokenLogProbs
+from cosmos_primitives.checkpoint.nonfinite import check_finite
 from cosmos_primitives.data.rollout_batch import RolloutBatch
 from cosmos_primitives.parallel.grad_norm import clip_grad_norm_
 from cosmos_primitives.policy.build import build_policy
@@ -61,7 +62,7 @@ def _logprobs(model: torch.nn.Module, batch: RolloutBatch, rows: slice, *, tempe
 
 def grpo_update(policy: torch.nn.Module, reference: torch.nn.Module | None, optimizer: torch.optim.Optimizer,
                 batch: RolloutBatch, advantages: torch.Tensor, cfg: Config,
-                dp_group: Any = None) -> GRPOUpdate:
+                dp_group: Any = None, *, step: int = 0) -> GRPOUpdate:
     """One GRPO update on ``batch``: ``[grpo] mu_iterations`` optimizer steps over its micro-batches
     of ``[train.train_policy] mini_batch`` rows (gradient clipped to ``[train] optm_grad_norm_clip``).
 
@@ -80,6 +81,8 @@ def grpo_update(policy: torch.nn.Module, reference: torch.nn.Module | None, opti
         batch: ``N`` rows; rows whose ``completion_mask`` is all 0 train nothing but still run, so
             every rank runs the same collectives.
         advantages: ``[N]`` float32, one per row, on the batch's device.
+        step: the training step this update makes (1-based), named when a NaN / inf loss or gradient
+            norm stops the run or skips an optimizer step (``[train] nonfinite``).
 
     Returns:
         A :class:`GRPOUpdate`; when no rank has a token to train, no step is taken and its metrics
@@ -109,6 +112,7 @@ def grpo_update(policy: torch.nn.Module, reference: torch.nn.Module | None, opti
     t0 = time.perf_counter()
     metric_sums: dict[str, float] = {}
     for _ in range(grpo.mu_iterations):
+        iteration_loss = torch.zeros((), device=advantages.device)
         for i, r in enumerate(rows):
             out = _logprobs(policy, batch, r, temperature=temperature, chunk_size=chunk, with_entropy=True)
             loss, metrics = grpo_loss(
@@ -117,11 +121,14 @@ def grpo_update(policy: torch.nn.Module, reference: torch.nn.Module | None, opti
                 rollout_logprobs=batch.rollout_logprobs[r] if behaviour_logprobs else None,
                 entropy=out.entropy, dp_token_count=token_count)
             loss.backward()
+            iteration_loss += loss.detach()
             weight = float(batch.completion_mask[r].sum() / batch.completion_mask.sum())
             for k, v in metrics.items():
                 metric_sums[k] = metric_sums.get(k, 0.0) + float(v) * weight / grpo.mu_iterations
         grad_norm = clip_grad_norm_(policy.parameters(), cfg.train.optm_grad_norm_clip)
-        optimizer.step()
+        # a NaN / inf loss or gradient stops the run ([train] nonfinite = "stop") or skips this step
+        if check_finite(iteration_loss, grad_norm, step=step, mode=cfg.train.nonfinite, group=dp_group):
+            optimizer.step()
         optimizer.zero_grad(set_to_none=True)
     times["update"] = time.perf_counter() - t0
     return GRPOUpdate({k: metric_sums[k] for k in LOGGED_METRICS if k in metric_sums}, float(grad_norm), times)
