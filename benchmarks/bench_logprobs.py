@@ -42,6 +42,21 @@ def _cpu_seconds() -> float:
     return usage.ru_utime + usage.ru_stime
 
 
+def variant_loss(variant: str, hidden, weight, input_ids, grad_out, chunk_size: int):
+    """``sum(logprobs * grad_out)`` through one head: ``naive``, ``chunked`` or ``fused``.
+
+    hidden ``[1, T, H]``, weight ``[V, H]``, input_ids ``[1, T]``, grad_out ``[1, T]``; a scalar."""
+    from cosmos_primitives.algo.fused_logprob_loss import weighted_logprobs_from_hidden
+    from cosmos_primitives.algo.logprobs import naive_token_logprobs, token_logprobs_from_hidden
+
+    if variant == "naive":
+        return (naive_token_logprobs(hidden, weight, input_ids) * grad_out).sum()
+    if variant == "chunked":
+        return (token_logprobs_from_hidden(hidden, weight, input_ids, chunk_size=chunk_size).logprobs
+                * grad_out).sum()
+    return weighted_logprobs_from_hidden(hidden, weight, input_ids, grad_out, chunk_size=chunk_size).weighted_sum
+
+
 def run_variant(variant: str, tokens: int, vocab: int, hidden_size: int, chunk_size: int, dtype_name: str,
                 repeats: int) -> dict[str, float]:
     """One variant in this process: ``{"peak_mb", "seconds", "cpu_seconds"}`` (min over repeats).
@@ -49,9 +64,6 @@ def run_variant(variant: str, tokens: int, vocab: int, hidden_size: int, chunk_s
     ``cpu_seconds`` (user + system time of all threads) is less sensitive than wall time to other
     jobs on a shared machine."""
     import torch
-
-    from cosmos_primitives.algo.fused_logprob_loss import weighted_logprobs_from_hidden
-    from cosmos_primitives.algo.logprobs import naive_token_logprobs, token_logprobs_from_hidden
 
     dtype = getattr(torch, dtype_name)
     torch.manual_seed(0)
@@ -63,14 +75,7 @@ def run_variant(variant: str, tokens: int, vocab: int, hidden_size: int, chunk_s
     best, best_cpu = float("inf"), float("inf")
     for _ in range(repeats):
         start, start_cpu = time.perf_counter(), _cpu_seconds()
-        if variant == "naive":
-            loss = (naive_token_logprobs(hidden, weight, input_ids) * grad_out).sum()
-        elif variant == "chunked":
-            loss = (token_logprobs_from_hidden(hidden, weight, input_ids, chunk_size=chunk_size).logprobs
-                    * grad_out).sum()
-        else:
-            out = weighted_logprobs_from_hidden(hidden, weight, input_ids, grad_out, chunk_size=chunk_size)
-            loss = out.weighted_sum
+        loss = variant_loss(variant, hidden, weight, input_ids, grad_out, chunk_size)
         loss.backward()
         hidden.grad = weight.grad = None
         best = min(best, time.perf_counter() - start)

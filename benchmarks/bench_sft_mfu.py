@@ -56,15 +56,16 @@ def matmul_tflops(device: torch.device, n: int = 8192, iters: int = 20, dtype: t
     b = torch.randn(n, n, device=device, dtype=dtype)
     for _ in range(3):
         a @ b
-    _synchronize(device)
+    synchronize(device)
     start = time.perf_counter()
     for _ in range(iters):
         a @ b
-    _synchronize(device)
+    synchronize(device)
     return 2 * n**3 * iters / (time.perf_counter() - start) / 1e12
 
 
-def _synchronize(device: torch.device) -> None:
+def synchronize(device: torch.device) -> None:
+    """Wait for ``device``'s queued work (CUDA); nothing to wait for on the CPU."""
     if device.type == "cuda":
         torch.cuda.synchronize(device)
 
@@ -111,7 +112,7 @@ def measure_sft(config, *, seq_len: int, rows: int, steps: int, warmup_steps: in
         labels = ids.clone()
         labels[positions == 0] = -100  # the first token of a sample has no prediction in its sample
         batch = {"input_ids": ids, "labels": labels, "position_ids": positions}
-        _synchronize(info.device)
+        synchronize(info.device)
         start = time.perf_counter()
         weights = sft_token_weights(labels, group=mesh.group("dp"))
         out = cp.policy.token_logprobs(policy, batch, loss_weights=weights)
@@ -121,7 +122,7 @@ def measure_sft(config, *, seq_len: int, rows: int, steps: int, warmup_steps: in
         optimizer.step()
         scheduler.step()
         optimizer.zero_grad(set_to_none=True)
-        _synchronize(info.device)
+        synchronize(info.device)
         seconds = time.perf_counter() - start
         if step == 0:
             first_loss = float(stats["loss"])

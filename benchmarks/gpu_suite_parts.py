@@ -21,7 +21,8 @@ import torch
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "benchmarks"))
 
-from bench_sft_mfu import matmul_tflops, measure_sft, qwen2_1_5b_config, spec_peak_tflops  # noqa: E402
+from bench_logprobs import variant_loss  # noqa: E402
+from bench_sft_mfu import matmul_tflops, measure_sft, qwen2_1_5b_config, spec_peak_tflops, synchronize  # noqa: E402
 from bench_weight_sync import module_with, qwen_like_shapes  # noqa: E402
 
 Result = dict[str, Any]
@@ -29,11 +30,6 @@ Result = dict[str, Any]
 
 def device() -> torch.device:
     return torch.device("cuda", 0) if torch.cuda.is_available() else torch.device("cpu")
-
-
-def _sync(dev: torch.device) -> None:
-    if dev.type == "cuda":
-        torch.cuda.synchronize(dev)
 
 
 def _peak_gib(dev: torch.device) -> float | None:
@@ -73,9 +69,6 @@ def sft_mfu(dry: bool, work: Path) -> Result:
 def logprob_head(dry: bool, work: Path) -> Result:
     """Chunked (GRPO) and fused (SFT) log-prob heads vs naive full-vocab float32 logits: forward +
     backward time and peak memory above the inputs, at Qwen's 151,936-token vocabulary."""
-    from cosmos_primitives.algo.fused_logprob_loss import weighted_logprobs_from_hidden
-    from cosmos_primitives.algo.logprobs import naive_token_logprobs, token_logprobs_from_hidden
-
     dev = device()
     tokens, vocab, hidden_size, chunk = (256, 2048, 64, 64) if dry else (8192, 151936, 1536, 2048)
     dtype = torch.float32 if dev.type == "cpu" else torch.bfloat16
@@ -86,13 +79,7 @@ def logprob_head(dry: bool, work: Path) -> Result:
     g = torch.rand(1, tokens, device=dev)
 
     def run(variant: str) -> torch.Tensor:
-        if variant == "naive":
-            loss = (naive_token_logprobs(hidden, weight, ids) * g).sum()
-        elif variant == "chunked":
-            loss = (token_logprobs_from_hidden(hidden, weight, ids, chunk_size=chunk).logprobs * g).sum()
-        else:
-            loss = weighted_logprobs_from_hidden(hidden, weight, ids, g, chunk_size=chunk).weighted_sum
-        loss.backward()
+        variant_loss(variant, hidden, weight, ids, g, chunk).backward()
         grads = hidden.grad.float().sum() + weight.grad.float().sum()
         hidden.grad = weight.grad = None
         return grads
@@ -100,7 +87,7 @@ def logprob_head(dry: bool, work: Path) -> Result:
     figures: dict[str, Any] = {"tokens": tokens, "vocab": vocab, "hidden": hidden_size, "dtype": str(dtype)}
     for variant in ("naive", "chunked", "fused"):
         run(variant)  # warm-up (kernels, allocator)
-        _sync(dev)
+        synchronize(dev)
         base = torch.cuda.memory_allocated(dev) if dev.type == "cuda" else 0
         if dev.type == "cuda":
             torch.cuda.reset_peak_memory_stats(dev)
@@ -108,7 +95,7 @@ def logprob_head(dry: bool, work: Path) -> Result:
         for _ in range(1 if dry else 3):
             start = time.perf_counter()
             run(variant)
-            _sync(dev)
+            synchronize(dev)
             times.append(time.perf_counter() - start)
         figures[f"{variant}_ms"] = min(times) * 1e3
         figures[f"{variant}_peak_mib"] = ((torch.cuda.max_memory_allocated(dev) - base) / 2**20
@@ -263,12 +250,12 @@ def flowgrpo_step_2b(dry: bool, work: Path, dtype: torch.dtype | None = None) ->
     timesteps = sigmas[:-1] * 1000.0
     if dev.type == "cuda":
         torch.cuda.reset_peak_memory_stats(dev)
-    _sync(dev)
+    synchronize(dev)
     start = time.perf_counter()
     with torch.no_grad(), torch.autocast(dev.type, dtype=dtype, enabled=dtype != torch.float32):
         trajectory = sample_flow(velocity, text, latent_shape=latent, sigmas=sigmas, timesteps=timesteps,
                                  seeds=list(range(batch)), sde=SDEParams(), sde_steps=trained)
-    _sync(dev)
+    synchronize(dev)
     rollout_s = time.perf_counter() - start
     advantages = torch.randn(batch, device=dev)
     start = time.perf_counter()
@@ -281,7 +268,7 @@ def flowgrpo_step_2b(dry: bool, work: Path, dtype: torch.dtype | None = None) ->
         losses.append(float(out.loss.detach()))
     torch.nn.utils.clip_grad_norm_([p for p in transformer.parameters() if p.requires_grad], 1.0)
     optimizer.step()
-    _sync(dev)
+    synchronize(dev)
     train_s = time.perf_counter() - start
     params = sum(p.numel() for p in transformer.parameters())
     return {"figures": {
