@@ -31,11 +31,11 @@ from cosmos_primitives.config import RedisConfig
 from cosmos_primitives.queue import (
     InMemoryRolloutQueue,
     RedisRolloutQueue,
+    RedisServer,
     RolloutRecord,
     decode_record,
     encode_record,
 )
-from cosmos_primitives.testing import RedisServer
 
 PROMPT_TOKENS = 1024
 BATCH = 8

@@ -97,7 +97,7 @@ def main() -> None:
         cp.config.dump_config(cfg, run_dir / "config.toml")
 
     # Policy (trained, FSDP2 over dp_shard), KL reference, rollout engine and weight sync.
-    processor = cp.eval.load_processor(cfg.policy.model_name_or_path)
+    processor = cp.policy.load_processor(cfg.policy.model_name_or_path)
     policy = cp.policy.build_policy(cfg.policy, mesh)
     reference = cp.policy.grpo_reference(cfg, policy, info.device)  # None without [grpo] kl_beta
     engine, engine_model = cp.rollout.build_rollout_engine(

@@ -80,7 +80,7 @@ def train_from_queue(cfg, info, roles, plan: QueuePlan, mesh: RoleMesh, sync_gro
     records still queued (unacknowledged ones are redelivered, none trained twice) are used."""
     log = cp.logging.get_logger()
     grpo, dis, dataset_cfg = cfg.grpo, cfg.disaggregated, cfg.train.train_policy.dataset
-    processor = cp.eval.load_processor(cfg.policy.model_name_or_path)
+    processor = cp.policy.load_processor(cfg.policy.model_name_or_path)
     policy = cp.policy.build_policy(cfg.policy, mesh)
     reference = cp.policy.grpo_reference(cfg, policy, info.device)  # None without [grpo] kl_beta
     steps_per_epoch = math.ceil(len(MCQPromptDataset.from_config(dataset_cfg)) / plan.records_per_step)
@@ -171,7 +171,7 @@ def generate_into_queue(cfg, info, roles, plan: QueuePlan, sync_group, url: str)
     """Rollout ranks: receive weights when a newer version is published, otherwise generate and put records."""
     log = cp.logging.get_logger()
     grpo, dis = cfg.grpo, cfg.disaggregated
-    processor = cp.eval.load_processor(cfg.policy.model_name_or_path)
+    processor = cp.policy.load_processor(cfg.policy.model_name_or_path)
     engine, engine_model = cp.rollout.build_rollout_engine(
         cfg.rollout, cfg.policy.model_name_or_path, processor, dtype=cfg.policy.dtype, device=info.device,
         seed=cfg.train.seed + info.rank, max_model_len=cfg.policy.model_max_length)

@@ -56,7 +56,7 @@ def main() -> None:
         cp.config.dump_config(cfg, run_dir / "config.toml")
 
     # Model, data, optimizer.
-    processor = cp.eval.load_processor(cfg.policy.model_name_or_path)
+    processor = cp.policy.load_processor(cfg.policy.model_name_or_path)
     policy = cp.policy.build_policy(cfg.policy, mesh)
     loader = build_sft_loader(cfg, processor, policy.config, rank=mesh.dp_rank, world_size=mesh.dp_size)
     steps_per_epoch = math.ceil(len(loader.sampler) / cfg.train.train_batch_per_replica)

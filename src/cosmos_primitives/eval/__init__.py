@@ -31,8 +31,6 @@ _EXPORTS = {
     "format_accuracy_table": "accuracy",
     "calculate_accuracy": "accuracy",
     "load_eval_engine": "model_loading",
-    "load_hf_model": "model_loading",
-    "load_processor": "model_loading",
     "EvalReport": "runner",
     "evaluate": "runner",
     "sampling_params": "runner",
@@ -48,7 +46,7 @@ if TYPE_CHECKING:  # pragma: no cover
         load_benchmark,
         parse_item,
     )
-    from cosmos_primitives.eval.model_loading import load_eval_engine, load_hf_model, load_processor  # noqa: F401
+    from cosmos_primitives.eval.model_loading import load_eval_engine  # noqa: F401
     from cosmos_primitives.eval.prompts import item_conversation, load_item_prompt, prompt_text  # noqa: F401
     from cosmos_primitives.eval.result_store import ResultStore  # noqa: F401
     from cosmos_primitives.eval.runner import EvalReport, evaluate, sampling_params  # noqa: F401

@@ -2,9 +2,8 @@
 
 Accepted: a rollout engine (used as is), an in-memory HF model with its processor, or a path /
 hub name of a Hugging Face folder such as an exported ``<run>/safetensors/final`` (loaded with
-``from_pretrained``; vision-language models through ``AutoModelForImageTextToText``, text models
-through ``AutoModelForCausalLM``), run by ``HFRolloutEngine`` or, with ``backend = "vllm"``, by
-``VLLMRolloutEngine``.
+``cp.policy.load_hf_model``, the trainer's loader), run by ``HFRolloutEngine`` or, with
+``backend = "vllm"``, by ``VLLMRolloutEngine``.
 """
 
 from __future__ import annotations
@@ -14,52 +13,12 @@ from typing import Any
 
 import torch
 
+from cosmos_primitives.checkpoint.hf_loading import load_hf_model, load_processor
 from cosmos_primitives.rollout.base import RolloutEngine
 
-_DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
 
-
-def resolve_dtype(dtype: str, device: torch.device) -> torch.dtype:
-    """``"auto"``: bfloat16 on CUDA, float32 elsewhere; else the named dtype."""
-    if dtype == "auto":
-        return torch.bfloat16 if device.type == "cuda" else torch.float32
-    if dtype not in _DTYPES:
-        raise ValueError(f"[eval] dtype must be 'auto' or one of {sorted(_DTYPES)}, got {dtype!r}")
-    return _DTYPES[dtype]
-
-
-def _check_model_path(model: str | Path) -> str:
-    path = Path(model).expanduser()
-    if path.exists():
-        if not (path / "config.json").is_file():
-            raise FileNotFoundError(
-                f"model folder {path} has no config.json; pass an exported checkpoint folder "
-                f"(<output_dir>/<timestamp>/safetensors/final) or a Hugging Face model folder")
-        return str(path)
-    if str(model).startswith((".", "/", "~")) or str(model).count("/") != 1:
-        raise FileNotFoundError(f"model path {model} does not exist (nor is it a 'org/name' hub id)")
-    return str(model)  # a hub id, resolved by from_pretrained
-
-
-def load_processor(model: str | Path) -> Any:
-    """The processor (VLM) or tokenizer (text model) saved with a model folder."""
-    from transformers import AutoProcessor
-
-    return AutoProcessor.from_pretrained(_check_model_path(model))
-
-
-def load_hf_model(model: str | Path, *, dtype: str = "auto", device: str | torch.device | None = None) -> Any:
-    """Load a HF folder for generation (eval mode) on ``device`` (default: CUDA when available)."""
-    from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForImageTextToText
-
-    name = _check_model_path(model)
-    if device is None:
-        device = "cuda" if torch.cuda.is_available() else "cpu"
-    target = torch.device(device)
-    config = AutoConfig.from_pretrained(name)
-    auto = AutoModelForImageTextToText if getattr(config, "vision_config", None) is not None else AutoModelForCausalLM
-    loaded = auto.from_pretrained(name, dtype=resolve_dtype(dtype, target))
-    return loaded.to(target).eval()
+def _default_device() -> torch.device:
+    return torch.device("cuda" if torch.cuda.is_available() else "cpu")
 
 
 def load_eval_engine(model: Any, processor: Any = None, *, backend: str = "hf", dtype: str = "auto",
@@ -96,9 +55,10 @@ def load_eval_engine(model: Any, processor: Any = None, *, backend: str = "hf", 
         from cosmos_primitives.rollout.vllm_engine import VLLMRolloutEngine
 
         vllm_dtype = "bfloat16" if dtype == "auto" else dtype
-        return VLLMRolloutEngine(_check_model_path(model), processor, tensor_parallel_size=tp_size, dtype=vllm_dtype,
-                                 max_model_len=max_model_len, seed=seed)
+        return VLLMRolloutEngine(str(Path(model).expanduser()), processor, tensor_parallel_size=tp_size,
+                                 dtype=vllm_dtype, max_model_len=max_model_len, seed=seed)
     from cosmos_primitives.rollout.hf_engine import HFRolloutEngine
 
-    return HFRolloutEngine(load_hf_model(model, dtype=dtype, device=device), processor,
-                           max_batch_sequences=max_batch_sequences)
+    target = torch.device(device) if device is not None else _default_device()
+    hf_model = load_hf_model(model, dtype=dtype, device=target).eval()
+    return HFRolloutEngine(hf_model, processor, max_batch_sequences=max_batch_sequences)

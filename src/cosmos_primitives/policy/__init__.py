@@ -18,8 +18,7 @@ LM head's forward (one GEMM less per chunk). A GRPO update on a rollout batch is
 :func:`grpo_update` (its KL reference :func:`grpo_reference`).
 """
 
-from cosmos_primitives.algo.logprobs import TokenLogProbs
-from cosmos_primitives.checkpoint.hf_loading import is_vision_language, load_hf_model, resolve_dtype
+from cosmos_primitives.checkpoint.hf_loading import is_vision_language, load_hf_model, load_processor, resolve_dtype
 from cosmos_primitives.checkpoint.lora_merge import has_lora, merge_lora_state_dict
 from cosmos_primitives.policy.build import build_policy
 from cosmos_primitives.policy.diffusion import DiffusionPolicy, shard_transformer, transformer_blocks
@@ -40,7 +39,6 @@ __all__ = [
     "CausalLMPolicy",
     "DiffusionPolicy",
     "GRPOUpdate",
-    "TokenLogProbs",
     "TrainableSummary",
     "WarmupDecayLR",
     "adapters_disabled",
@@ -55,6 +53,7 @@ __all__ = [
     "has_lora",
     "is_vision_language",
     "load_hf_model",
+    "load_processor",
     "lr_factor",
     "merge_lora_state_dict",
     "optimizer_param_groups",

@@ -1,22 +1,14 @@
 """Generation engines behind one interface (HF ``generate``, vLLM) and the flow-matching SDE sampler.
 
 Names load on first use (the HF engine imports transformers, the vLLM engine needs the ``vllm``
-extra). The record types engines speak in and the prompt encoding are defined in ``cp.data`` and
-re-exported here.
+extra). The record types engines speak in (``Prompt``, ``Completion``, ...) and the prompt encoding
+live in ``cp.data``.
 """
 
 from __future__ import annotations
 
 import importlib
 from typing import Any
-
-from cosmos_primitives.data.prompt_inputs import encode_prompts as encode_prompts
-from cosmos_primitives.data.prompt_inputs import render_prompt as render_prompt
-from cosmos_primitives.data.prompt_inputs import repeat_batch as repeat_batch
-from cosmos_primitives.data.records import Completion as Completion
-from cosmos_primitives.data.records import Prompt as Prompt
-from cosmos_primitives.data.records import RolloutGroup as RolloutGroup
-from cosmos_primitives.data.records import SamplingParams as SamplingParams
 
 _EXPORTS = {
     "RolloutEngine": "base",
@@ -49,8 +41,7 @@ _EXPORTS = {
     "video_to_uint8": "flow_vae",
 }
 
-__all__ = sorted([*_EXPORTS, "Completion", "Prompt", "RolloutGroup", "SamplingParams", "encode_prompts",
-                  "render_prompt", "repeat_batch"])
+__all__ = sorted(_EXPORTS)
 
 
 def __getattr__(name: str) -> Any:

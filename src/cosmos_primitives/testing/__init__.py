@@ -1,9 +1,8 @@
-"""Builders for unit-testing components on a CPU: tiny models, offline tokenizer, media, a real
-Redis server (``cp.queue.RedisServer``, re-exported), and a runner for multi-process gloo tests.
+"""Builders for unit-testing components on a CPU: tiny models, offline tokenizer, media, and a
+runner for multi-process gloo tests (a real Redis server is ``cp.queue.RedisServer``).
 Users can test their own components the same way
 (``from cosmos_primitives.testing import tiny_qwen2_5_vl, run_distributed``)."""
 
-from cosmos_primitives.queue.local_redis import RedisServer
 from cosmos_primitives.testing.colour_mcq import (
     colour_mcq_rows,
     colour_mcq_sft_rows,
@@ -38,7 +37,6 @@ from cosmos_primitives.testing.tokenizer import qwen2_5_vl_chat_template, qwen_t
 
 __all__ = [
     "COLOURS",
-    "RedisServer",
     "color_image",
     "colour_mcq_rows",
     "colour_mcq_sft_rows",
