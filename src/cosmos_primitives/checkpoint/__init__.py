@@ -8,8 +8,7 @@ huggingface_hub (extras ``s3`` and ``hub``) are imported only when an upload is 
 
 from __future__ import annotations
 
-import importlib
-from typing import Any
+from cosmos_primitives.utils.lazy_exports import lazy_exports
 
 _EXPORTS = {
     "CheckpointManager": "cosmos_primitives.checkpoint.manager",
@@ -53,14 +52,4 @@ __all__ = [
     "write_safetensors_shards",
 ]
 
-
-def __getattr__(name: str) -> Any:
-    if name in _EXPORTS:
-        value = getattr(importlib.import_module(_EXPORTS[name]), name)
-        globals()[name] = value
-        return value
-    raise AttributeError(f"module 'cosmos_primitives.checkpoint' has no attribute {name!r}")
-
-
-def __dir__() -> list[str]:
-    return __all__
+__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)

@@ -9,8 +9,9 @@ contract the trainer relies on.
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from cosmos_primitives.utils.lazy_exports import lazy_exports
 
 _EXPORTS = {
     "Prompt": "records",
@@ -130,15 +131,4 @@ if TYPE_CHECKING:  # pragma: no cover
         sample_video,
     )
 
-
-def __getattr__(name: str) -> Any:
-    module = _EXPORTS.get(name)
-    if module is None:
-        raise AttributeError(f"module 'cosmos_primitives.data' has no attribute {name!r}")
-    value = getattr(importlib.import_module(f"cosmos_primitives.data.{module}"), name)
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list[str]:
-    return __all__
+__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)

@@ -12,8 +12,9 @@ Names load on first use so that ``import cosmos_primitives.eval`` stays cheap.
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from cosmos_primitives.utils.lazy_exports import lazy_exports
 
 _EXPORTS = {
     "BenchmarkFormatError": "benchmark",
@@ -52,15 +53,4 @@ if TYPE_CHECKING:  # pragma: no cover
     from cosmos_primitives.eval.runner import EvalReport, evaluate, sampling_params  # noqa: F401
     from cosmos_primitives.eval.scoring import extract_letter, extract_prediction, is_correct  # noqa: F401
 
-
-def __getattr__(name: str) -> Any:
-    module = _EXPORTS.get(name)
-    if module is None:
-        raise AttributeError(f"module 'cosmos_primitives.eval' has no attribute {name!r}")
-    value = getattr(importlib.import_module(f"cosmos_primitives.eval.{module}"), name)
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list[str]:
-    return __all__
+__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)

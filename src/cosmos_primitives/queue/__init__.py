@@ -38,9 +38,6 @@ Rollout worker::
 
 from __future__ import annotations
 
-import importlib
-from typing import Any
-
 from cosmos_primitives.queue.base import RolloutQueue, wait_for_weight_version
 from cosmos_primitives.queue.errors import MalformedRecordError, QueueConnectionError, QueueError, QueueFullError
 from cosmos_primitives.queue.memory_queue import InMemoryRolloutQueue
@@ -54,6 +51,7 @@ from cosmos_primitives.queue.record import (
 from cosmos_primitives.queue.redis_queue import REDIS_URL_ENV, RedisRolloutQueue, redact_url, resolve_redis_url
 from cosmos_primitives.queue.staleness import StalenessFilter, record_staleness
 from cosmos_primitives.queue.throttle import RolloutThrottle, expected_staleness
+from cosmos_primitives.utils.lazy_exports import lazy_exports
 
 __all__ = [
     "REDIS_URL_ENV",
@@ -91,10 +89,4 @@ _LAZY = {
 
 __all__ += sorted(_LAZY)
 
-
-def __getattr__(name: str) -> Any:
-    if name in _LAZY:
-        value = getattr(importlib.import_module(f"cosmos_primitives.queue.{_LAZY[name]}"), name)
-        globals()[name] = value
-        return value
-    raise AttributeError(f"module 'cosmos_primitives.queue' has no attribute {name!r}")
+__getattr__, __dir__ = lazy_exports(__name__, _LAZY, eager=tuple(__all__))

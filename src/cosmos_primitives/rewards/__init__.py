@@ -10,9 +10,6 @@
 
 from __future__ import annotations
 
-import importlib
-from typing import Any
-
 from cosmos_primitives.rewards.compose import REWARD_ARGUMENTS, RewardBatch, RewardError, RewardSet, SampleReward
 from cosmos_primitives.rewards.registry import UnknownRewardError, get_reward, register_reward, reward_names
 from cosmos_primitives.rewards.rule_based import (
@@ -25,6 +22,7 @@ from cosmos_primitives.rewards.rule_based import (
     format_reward,
     single_choice_reward,
 )
+from cosmos_primitives.utils.lazy_exports import lazy_exports
 
 __all__ = [
     "ANSWER_PATTERN",
@@ -51,10 +49,4 @@ _LAZY = {"GroupScores": "group_scores", "score_groups": "group_scores"}
 
 __all__ += sorted(_LAZY)
 
-
-def __getattr__(name: str) -> Any:
-    if name in _LAZY:
-        value = getattr(importlib.import_module(f"cosmos_primitives.rewards.{_LAZY[name]}"), name)
-        globals()[name] = value
-        return value
-    raise AttributeError(f"module 'cosmos_primitives.rewards' has no attribute {name!r}")
+__getattr__, __dir__ = lazy_exports(__name__, _LAZY, eager=tuple(__all__))

@@ -7,8 +7,7 @@ live in ``cp.data``.
 
 from __future__ import annotations
 
-import importlib
-from typing import Any
+from cosmos_primitives.utils.lazy_exports import lazy_exports
 
 _EXPORTS = {
     "RolloutEngine": "base",
@@ -43,14 +42,4 @@ _EXPORTS = {
 
 __all__ = sorted(_EXPORTS)
 
-
-def __getattr__(name: str) -> Any:
-    if name in _EXPORTS:
-        value = getattr(importlib.import_module(f"cosmos_primitives.rollout.{_EXPORTS[name]}"), name)
-        globals()[name] = value
-        return value
-    raise AttributeError(f"module 'cosmos_primitives.rollout' has no attribute {name!r}")
-
-
-def __dir__() -> list[str]:
-    return __all__
+__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)

@@ -6,8 +6,7 @@ processes such as the reward server) does not import torch.
 
 from __future__ import annotations
 
-import importlib
-from typing import Any
+from cosmos_primitives.utils.lazy_exports import lazy_exports
 
 _EXPORTS = {
     "MissingExtraError": "cosmos_primitives.utils.extras",
@@ -23,10 +22,4 @@ _EXPORTS = {
 
 __all__ = sorted(_EXPORTS)
 
-
-def __getattr__(name: str) -> Any:
-    if name in _EXPORTS:
-        value = getattr(importlib.import_module(_EXPORTS[name]), name)
-        globals()[name] = value
-        return value
-    raise AttributeError(f"module 'cosmos_primitives.utils' has no attribute {name!r}")
+__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)
