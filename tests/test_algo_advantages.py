@@ -7,6 +7,7 @@ import pytest
 import torch
 
 import cosmos_primitives as cp
+from cosmos_primitives.algo.advantages import group_ids_from_size
 from cosmos_primitives.config import GRPOConfig, config_from_dict
 
 
@@ -66,9 +67,9 @@ def test_drgrpo_matches_numpy_and_is_selected_by_cosmos_rl_alias() -> None:
 
 
 def test_contiguous_groups_and_their_errors() -> None:
-    assert cp.algo.group_ids_from_size(6, 3).tolist() == [0, 0, 0, 1, 1, 1]
+    assert group_ids_from_size(6, 3).tolist() == [0, 0, 0, 1, 1, 1]
     with pytest.raises(ValueError, match="does not split into groups of 4"):
-        cp.algo.group_ids_from_size(6, 4)
+        group_ids_from_size(6, 4)
     with pytest.raises(ValueError, match="rewards must be"):
         cp.algo.grpo_advantages(torch.zeros(4, 2), torch.zeros(4, dtype=torch.long))
 

@@ -9,6 +9,7 @@ import pytest
 import torch
 
 import cosmos_primitives as cp
+from cosmos_primitives.algo.grpo_loss import resolve_loss_type, resolve_policy_loss
 from cosmos_primitives.config import GRPOConfig, dump_config, load_config
 
 
@@ -141,11 +142,11 @@ def test_documented_step_raises_the_probability_of_the_better_completion() -> No
 
 
 def test_policy_loss_and_loss_type_resolution() -> None:
-    assert cp.algo.resolve_policy_loss(GRPOConfig()) == "ppo_clip"
-    assert cp.algo.resolve_policy_loss(GRPOConfig(variant="gspo")) == "gspo"
-    assert cp.algo.resolve_policy_loss(GRPOConfig(variant="dapo")) == "ppo_clip"
-    assert cp.algo.resolve_policy_loss(GRPOConfig(aipo_rho=4.0)) == "aipo"
-    assert cp.algo.resolve_loss_type(GRPOConfig(loss_type="seq-mean-token-mean", unbiased_loss_max_tokens=64)) == (
+    assert resolve_policy_loss(GRPOConfig()) == "ppo_clip"
+    assert resolve_policy_loss(GRPOConfig(variant="gspo")) == "gspo"
+    assert resolve_policy_loss(GRPOConfig(variant="dapo")) == "ppo_clip"
+    assert resolve_policy_loss(GRPOConfig(aipo_rho=4.0)) == "aipo"
+    assert resolve_loss_type(GRPOConfig(loss_type="seq-mean-token-mean", unbiased_loss_max_tokens=64)) == (
         "seq-mean-token-sum-norm"
     )
     assert cp.algo.dynamic_sampling_enabled(GRPOConfig(variant="dapo"))
@@ -206,7 +207,7 @@ def test_cosmos_rl_spellings_load_as_aliases(tmp_path: Path) -> None:
     assert (g.overlong_reward.enable_overlong_penalty, g.overlong_reward.buffer_length) == (True, 512)
     assert g.overlong_reward.penalty_factor == 0.5
     assert cfg.train.train_policy.mini_batch == 4  # GRPO's mini-batch stays where SFT's is
-    assert cp.algo.resolve_policy_loss(g) == "aipo" and cp.algo.resolve_loss_type(g) == "seq-mean-token-sum-norm"
+    assert resolve_policy_loss(g) == "aipo" and resolve_loss_type(g) == "seq-mean-token-sum-norm"
     again = load_config(dump_config(cfg, tmp_path / "dumped.toml"))
     assert again == cfg
     with pytest.raises(cp.ConfigError, match=r"unknown key 'grpo\.overlong_reward\.bufer_length'"):

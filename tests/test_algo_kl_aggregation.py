@@ -9,6 +9,7 @@ import pytest
 import torch
 
 import cosmos_primitives as cp
+from cosmos_primitives.algo.aggregation import dp_mean_token_count
 
 
 def test_kl_estimators_hand_worked_values_and_gradients() -> None:
@@ -127,7 +128,7 @@ def _dp_token_mean_rank() -> tuple[float, list[float]]:
     """One data-parallel rank: a parameter shared by both ranks, gradients averaged as FSDP/DDP do."""
     data, mask = _dp_data(torch.distributed.get_rank())
     theta = torch.ones(4, requires_grad=True)
-    loss = cp.algo.token_mean(theta * data, mask, token_count=cp.algo.dp_mean_token_count(mask))
+    loss = cp.algo.token_mean(theta * data, mask, token_count=dp_mean_token_count(mask))
     loss.backward()
     torch.distributed.all_reduce(theta.grad)
     return loss.item(), (theta.grad / torch.distributed.get_world_size()).tolist()
@@ -144,4 +145,4 @@ def test_token_mean_with_dp_token_count_equals_global_mean_over_two_ranks() -> N
     cp.algo.token_mean(theta * torch.cat([d0, d1]), torch.cat([m0, m1])).backward()
     for _, grad in results:
         torch.testing.assert_close(torch.tensor(grad), theta.grad)
-    assert cp.algo.dp_mean_token_count(m0).item() == 5.0  # no process group: the local count
+    assert dp_mean_token_count(m0).item() == 5.0  # no process group: the local count

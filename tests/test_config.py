@@ -8,8 +8,8 @@ import msgspec
 import pytest
 
 import cosmos_primitives as cp
-from cosmos_primitives.config import ConfigError, Section, canonical_key, dump_config, load_config
-from cosmos_primitives.config.loader import _check_unknown
+from cosmos_primitives.config import ConfigError, Section, dump_config, load_config
+from cosmos_primitives.config.loader import _check_unknown, canonical_key
 
 DATA = Path(__file__).parent / "data"
 

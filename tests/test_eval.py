@@ -23,9 +23,9 @@ from cosmos_primitives.eval import (
     extract_letter,
     extract_prediction,
     load_benchmark,
-    parse_item,
     prompt_text,
 )
+from cosmos_primitives.eval.benchmark import parse_item
 from cosmos_primitives.logging.console import get_logger
 from cosmos_primitives.rollout.base import RolloutEngine
 

@@ -7,7 +7,8 @@ import torch
 import torch.distributed as dist
 
 from cosmos_primitives.config import ParallelismConfig
-from cosmos_primitives.parallel import MeshError, ParallelMesh, init_distributed, resolve_sizes
+from cosmos_primitives.parallel import MeshError, ParallelMesh, init_distributed
+from cosmos_primitives.parallel.mesh import resolve_sizes
 from cosmos_primitives.testing import run_distributed
 
 

@@ -11,6 +11,7 @@ import torch
 
 import cosmos_primitives as cp
 from cosmos_primitives.config.train import TrainConfig
+from cosmos_primitives.policy.optim import lr_factor
 
 
 def _model() -> torch.nn.Module:
@@ -37,14 +38,14 @@ def test_schedule_shapes() -> None:
     # the floor is reached at the last step (13) and kept
     assert lrs[13] == pytest.approx(0.1) and lrs[15] == pytest.approx(0.1)
     # half way through the decay, cosine gives the mean of peak and floor
-    mid = cp.policy.lr_factor(8, warmup_steps=4, total_steps=13, decay_type="cosine", min_lr_factor=0.1)
+    mid = lr_factor(8, warmup_steps=4, total_steps=13, decay_type="cosine", min_lr_factor=0.1)
     assert mid == pytest.approx(0.55)
     assert all(a >= b for a, b in itertools.pairwise(lrs[4:]))
 
-    linear = [cp.policy.lr_factor(s, warmup_steps=0, total_steps=5, decay_type="linear", min_lr_factor=0.0)
+    linear = [lr_factor(s, warmup_steps=0, total_steps=5, decay_type="linear", min_lr_factor=0.0)
               for s in range(6)]
     assert linear == pytest.approx([1.0, 0.75, 0.5, 0.25, 0.0, 0.0])
-    constant = [cp.policy.lr_factor(s, warmup_steps=2, total_steps=None, decay_type="constant", min_lr_factor=0.0)
+    constant = [lr_factor(s, warmup_steps=2, total_steps=None, decay_type="constant", min_lr_factor=0.0)
                 for s in range(4)]
     assert constant == pytest.approx([0.5, 1.0, 1.0, 1.0])
 

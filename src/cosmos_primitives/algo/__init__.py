@@ -12,15 +12,8 @@ Add an algorithm with ``@register_policy_loss("name")`` (or ``register_advantage
 ``register_kl_estimator``, ``register_aggregation``) and select it from ``[grpo]``.
 """
 
-from cosmos_primitives.algo.advantages import (
-    compute_advantages,
-    drgrpo_advantages,
-    group_ids_from_size,
-    group_stats,
-    grpo_advantages,
-)
+from cosmos_primitives.algo.advantages import compute_advantages, drgrpo_advantages, group_stats, grpo_advantages
 from cosmos_primitives.algo.aggregation import (
-    dp_mean_token_count,
     seq_mean_token_mean,
     seq_mean_token_sum,
     seq_mean_token_sum_norm,
@@ -37,7 +30,7 @@ from cosmos_primitives.algo.ddrl import DataLoss, ddrl_data_loss, neg_exp_advant
 from cosmos_primitives.algo.entropy import entropy_bonus
 from cosmos_primitives.algo.flow_grpo import FlowGRPOLoss, flow_grpo_advantages, flow_grpo_loss, select_train_steps
 from cosmos_primitives.algo.fused_logprob_loss import fused_weighted_logprob_sum, weighted_logprobs_from_hidden
-from cosmos_primitives.algo.grpo_loss import check_grpo_config, grpo_loss, resolve_loss_type, resolve_policy_loss
+from cosmos_primitives.algo.grpo_loss import grpo_loss
 from cosmos_primitives.algo.kl import kl_k1, kl_k2, kl_k3
 from cosmos_primitives.algo.logprobs import (
     TokenLogProbs,
@@ -85,11 +78,9 @@ __all__ = [
     "aipo_loss",
     "apply_overlong_reward",
     "behaviour_weights",
-    "check_grpo_config",
     "chunked_selective_log_softmax",
     "compute_advantages",
     "ddrl_data_loss",
-    "dp_mean_token_count",
     "drgrpo_advantages",
     "dynamic_sampling",
     "dynamic_sampling_enabled",
@@ -101,7 +92,6 @@ __all__ = [
     "get_aggregation",
     "get_kl_estimator",
     "get_policy_loss",
-    "group_ids_from_size",
     "group_stats",
     "grpo_advantages",
     "grpo_loss",
@@ -122,8 +112,6 @@ __all__ = [
     "register_aggregation",
     "register_kl_estimator",
     "register_policy_loss",
-    "resolve_loss_type",
-    "resolve_policy_loss",
     "select_train_steps",
     "seq_mean_token_mean",
     "seq_mean_token_sum",

@@ -48,7 +48,7 @@ def dynamic_sampling(rewards: torch.Tensor, group_ids: torch.Tensor, *, atol: fl
 
     Args:
         rewards: [B] float total rewards.
-        group_ids: [B] integer group labels (e.g. ``cp.algo.group_ids_from_size(B, G)``).
+        group_ids: [B] integer group labels (e.g. ``cosmos_primitives.algo.advantages.group_ids_from_size(B, G)``).
     """
     if rewards.ndim != 1 or group_ids.shape != rewards.shape:
         raise ValueError(

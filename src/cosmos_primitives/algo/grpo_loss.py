@@ -104,7 +104,8 @@ def grpo_loss(
             ``exp(old - rollout)`` (zeroed above ``behav_imp_weight_cap``) weights every token, and they are
             the behaviour policy of off-policy masking.
         entropy: [B, T] per-token entropy (with grad); required when ``entropy_coeff != 0``.
-        dp_token_count: ``token-mean`` denominator under data parallelism (``cp.algo.dp_mean_token_count``).
+        dp_token_count: ``token-mean`` denominator under data parallelism
+            (``cosmos_primitives.algo.aggregation.dp_mean_token_count``).
 
     Returns:
         ``(loss, metrics)``: a 0-d tensor, and detached 0-d tensors ``loss``, ``policy_loss``,

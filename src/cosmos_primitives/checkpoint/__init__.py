@@ -15,11 +15,8 @@ _EXPORTS = {
     "PAUSE_ENV": "cosmos_primitives.checkpoint.manager",
     "TrainState": "cosmos_primitives.checkpoint.train_state",
     "export_safetensors": "cosmos_primitives.checkpoint.safetensors_export",
-    "gather_full_state_dict": "cosmos_primitives.checkpoint.safetensors_export",
-    "write_safetensors_shards": "cosmos_primitives.checkpoint.safetensors_export",
     "find_latest_checkpoint": "cosmos_primitives.checkpoint.layout",
     "list_checkpoints": "cosmos_primitives.checkpoint.layout",
-    "is_complete": "cosmos_primitives.checkpoint.layout",
     "verify_checkpoint": "cosmos_primitives.checkpoint.manifest",
     "Verification": "cosmos_primitives.checkpoint.manifest",
     "check_finite": "cosmos_primitives.checkpoint.nonfinite",
@@ -45,11 +42,8 @@ __all__ = [
     "check_finite",
     "export_safetensors",
     "find_latest_checkpoint",
-    "gather_full_state_dict",
-    "is_complete",
     "list_checkpoints",
     "verify_checkpoint",
-    "write_safetensors_shards",
 ]
 
 __getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)

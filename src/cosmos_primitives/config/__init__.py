@@ -12,14 +12,7 @@ from cosmos_primitives.config.dataset import DatasetConfig, TrainPolicyConfig
 from cosmos_primitives.config.errors import ConfigError
 from cosmos_primitives.config.evaluation import EvalConfig
 from cosmos_primitives.config.grpo import GRPOConfig, OverlongRewardConfig
-from cosmos_primitives.config.loader import (
-    canonical_key,
-    config_from_dict,
-    config_to_dict,
-    dump_config,
-    load_config,
-    parse_override,
-)
+from cosmos_primitives.config.loader import config_from_dict, config_to_dict, dump_config, load_config
 from cosmos_primitives.config.logging import LoggingConfig
 from cosmos_primitives.config.policy import DIFFUSERS_LORA_TARGETS, LoraConfig, ParallelismConfig, PolicyConfig
 from cosmos_primitives.config.redis import RedisConfig
@@ -56,11 +49,9 @@ __all__ = [
     "WFMConfig",
     "WFMDataConfig",
     "WFMSamplerConfig",
-    "canonical_key",
     "config_from_dict",
     "config_to_dict",
     "dump_config",
     "load_config",
-    "parse_override",
     "register_alias",
 ]

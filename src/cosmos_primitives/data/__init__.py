@@ -31,8 +31,6 @@ _EXPORTS = {
     "negative_prompt_embedding": "wfm_clips",
     "read_clip": "wfm_clips",
     "resize_clip": "wfm_clips",
-    "load_text_embedding": "wfm_clips",
-    "pad_text_embedding": "wfm_clips",
     "BadSampleError": "bad_samples",
     "BadSampleBudgetExceeded": "bad_samples",
     "BadSampleTracker": "bad_samples",
@@ -41,14 +39,9 @@ _EXPORTS = {
     "load_conversation": "conversation",
     "MediaSettings": "media",
     "load_image": "media",
-    "resolve_media_path": "media",
-    "default_media_dir": "media",
-    "cosmos_cache_clip_dir": "media",
     "SampledVideo": "video_sampling",
     "VideoDecodeError": "video_sampling",
     "sample_video": "video_sampling",
-    "plan_frame_indices": "video_sampling",
-    "fit_pixel_budget": "video_sampling",
     "HFConversationDataset": "hf_conversations",
     "load_hf_dataset": "hf_conversations",
     "VideoFolderDataset": "video_folder",
@@ -62,7 +55,6 @@ _EXPORTS = {
     "EncodedSample": "qwen_vl_encoding",
     "encode_conversation": "qwen_vl_encoding",
     "assistant_labels": "qwen_vl_encoding",
-    "plan_rows": "packing",
     "collate_packed": "packing",
     "collate_padded": "packing",
     "model_inputs": "packing",
@@ -90,21 +82,9 @@ if TYPE_CHECKING:  # pragma: no cover
     )
     from cosmos_primitives.data.hf_conversations import HFConversationDataset, load_hf_dataset  # noqa: F401
     from cosmos_primitives.data.mcq import MCQPromptDataset, answer_letter, mcq_choices, mcq_prompt_text  # noqa: F401
-    from cosmos_primitives.data.media import (  # noqa: F401
-        MediaSettings,
-        cosmos_cache_clip_dir,
-        default_media_dir,
-        load_image,
-        resolve_media_path,
-    )
+    from cosmos_primitives.data.media import MediaSettings, load_image  # noqa: F401
     from cosmos_primitives.data.mrope import MRopeSpec, mrope_position_ids  # noqa: F401
-    from cosmos_primitives.data.packing import (  # noqa: F401
-        collate_packed,
-        collate_padded,
-        model_inputs,
-        padding_stats,
-        plan_rows,
-    )
+    from cosmos_primitives.data.packing import collate_packed, collate_padded, model_inputs, padding_stats  # noqa: F401
     from cosmos_primitives.data.prompt_inputs import encode_prompts, render_prompt, repeat_batch  # noqa: F401
     from cosmos_primitives.data.prompt_stream import prompt_stream  # noqa: F401
     from cosmos_primitives.data.qwen_vl_encoding import (  # noqa: F401
@@ -123,12 +103,6 @@ if TYPE_CHECKING:  # pragma: no cover
         build_sft_loader,
     )
     from cosmos_primitives.data.video_folder import VideoFolderDataset  # noqa: F401
-    from cosmos_primitives.data.video_sampling import (  # noqa: F401
-        SampledVideo,
-        VideoDecodeError,
-        fit_pixel_budget,
-        plan_frame_indices,
-        sample_video,
-    )
+    from cosmos_primitives.data.video_sampling import SampledVideo, VideoDecodeError, sample_video  # noqa: F401
 
 __getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)

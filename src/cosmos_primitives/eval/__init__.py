@@ -20,10 +20,7 @@ _EXPORTS = {
     "BenchmarkFormatError": "benchmark",
     "BenchmarkItem": "benchmark",
     "load_benchmark": "benchmark",
-    "parse_item": "benchmark",
     "prompt_text": "prompts",
-    "item_conversation": "prompts",
-    "load_item_prompt": "prompts",
     "extract_letter": "scoring",
     "extract_prediction": "scoring",
     "is_correct": "scoring",
@@ -34,23 +31,17 @@ _EXPORTS = {
     "load_eval_engine": "model_loading",
     "EvalReport": "runner",
     "evaluate": "runner",
-    "sampling_params": "runner",
 }
 
 __all__ = sorted(_EXPORTS)
 
 if TYPE_CHECKING:  # pragma: no cover
     from cosmos_primitives.eval.accuracy import accuracy_table, calculate_accuracy, format_accuracy_table  # noqa: F401
-    from cosmos_primitives.eval.benchmark import (  # noqa: F401
-        BenchmarkFormatError,
-        BenchmarkItem,
-        load_benchmark,
-        parse_item,
-    )
+    from cosmos_primitives.eval.benchmark import BenchmarkFormatError, BenchmarkItem, load_benchmark  # noqa: F401
     from cosmos_primitives.eval.model_loading import load_eval_engine  # noqa: F401
-    from cosmos_primitives.eval.prompts import item_conversation, load_item_prompt, prompt_text  # noqa: F401
+    from cosmos_primitives.eval.prompts import prompt_text  # noqa: F401
     from cosmos_primitives.eval.result_store import ResultStore  # noqa: F401
-    from cosmos_primitives.eval.runner import EvalReport, evaluate, sampling_params  # noqa: F401
+    from cosmos_primitives.eval.runner import EvalReport, evaluate  # noqa: F401
     from cosmos_primitives.eval.scoring import extract_letter, extract_prediction, is_correct  # noqa: F401
 
 __getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)

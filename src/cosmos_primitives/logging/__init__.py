@@ -3,6 +3,6 @@
 from cosmos_primitives.logging.console import get_logger
 from cosmos_primitives.logging.plot import plot_run
 from cosmos_primitives.logging.progress import progress
-from cosmos_primitives.logging.tracker import METRICS_FILE, MetricsTracker, metric_series, read_metrics
+from cosmos_primitives.logging.tracker import MetricsTracker, metric_series, read_metrics
 
-__all__ = ["METRICS_FILE", "MetricsTracker", "get_logger", "metric_series", "plot_run", "progress", "read_metrics"]
+__all__ = ["MetricsTracker", "get_logger", "metric_series", "plot_run", "progress", "read_metrics"]

@@ -13,13 +13,12 @@ from cosmos_primitives.parallel.distributed import (
     init_distributed,
     is_rank0,
 )
-from cosmos_primitives.parallel.fsdp import apply_fsdp, find_blocks, fsdp_units, transformer_block_classes
+from cosmos_primitives.parallel.fsdp import apply_fsdp, find_blocks, fsdp_units
 from cosmos_primitives.parallel.grad_norm import clip_grad_norm_, total_grad_norm
-from cosmos_primitives.parallel.mesh import DIM_NAMES, MeshError, ParallelMesh, resolve_sizes
+from cosmos_primitives.parallel.mesh import MeshError, ParallelMesh
 from cosmos_primitives.parallel.tensor_parallel import apply_tensor_parallel, qwen2_layer_plan
 
 __all__ = [
-    "DIM_NAMES",
     "DistInfo",
     "MeshError",
     "ParallelMesh",
@@ -39,7 +38,5 @@ __all__ = [
     "init_distributed",
     "is_rank0",
     "qwen2_layer_plan",
-    "resolve_sizes",
     "total_grad_norm",
-    "transformer_block_classes",
 ]

@@ -23,15 +23,9 @@ from cosmos_primitives.checkpoint.lora_merge import has_lora, merge_lora_state_d
 from cosmos_primitives.policy.build import build_policy
 from cosmos_primitives.policy.diffusion import DiffusionPolicy, shard_transformer, transformer_blocks
 from cosmos_primitives.policy.grpo_update import GRPOUpdate, grpo_reference, grpo_update
-from cosmos_primitives.policy.lm_policy import MODEL_INPUT_KEYS, CausalLMPolicy, backbone_of, token_logprobs
+from cosmos_primitives.policy.lm_policy import MODEL_INPUT_KEYS, CausalLMPolicy, token_logprobs
 from cosmos_primitives.policy.lora import adapters_disabled, apply_lora
-from cosmos_primitives.policy.optim import (
-    WarmupDecayLR,
-    build_lr_scheduler,
-    build_optimizer,
-    lr_factor,
-    optimizer_param_groups,
-)
+from cosmos_primitives.policy.optim import WarmupDecayLR, build_lr_scheduler, build_optimizer
 from cosmos_primitives.policy.trainable import TrainableSummary, apply_trainable_patterns, trainable_summary
 
 __all__ = [
@@ -44,7 +38,6 @@ __all__ = [
     "adapters_disabled",
     "apply_lora",
     "apply_trainable_patterns",
-    "backbone_of",
     "build_lr_scheduler",
     "build_optimizer",
     "build_policy",
@@ -54,9 +47,7 @@ __all__ = [
     "is_vision_language",
     "load_hf_model",
     "load_processor",
-    "lr_factor",
     "merge_lora_state_dict",
-    "optimizer_param_groups",
     "resolve_dtype",
     "shard_transformer",
     "token_logprobs",

@@ -21,7 +21,6 @@ _EXPORTS = {
     "gaussian_log_prob": "flow_sde",
     "gaussian_mean_kl": "flow_sde",
     "ode_step": "flow_sde",
-    "sde_std_t": "flow_sde",
     "sde_step_stats": "flow_sde",
     "FlowTrajectory": "flow_sampler",
     "StepRecompute": "flow_sampler",
