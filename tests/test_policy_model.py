@@ -60,6 +60,19 @@ def test_load_dtype_and_clear_errors(tiny_qwen2_dir: Path, tmp_path: Path) -> No
         cp.policy.load_hf_model(tiny_qwen2_dir, dtype="fp8")
 
 
+def test_one_loader_serves_training_and_evaluation(tiny_qwen2_dir: Path, tmp_path: Path) -> None:
+    """Evaluation loads through cp.policy's loader: no second load_hf_model / load_processor under cp.eval."""
+    assert not hasattr(cp.eval, "load_hf_model") and not hasattr(cp.eval, "load_processor")
+    assert cp.policy.resolve_dtype("auto", "cuda") == torch.bfloat16
+    assert cp.policy.resolve_dtype("auto", torch.device("cpu")) == cp.policy.resolve_dtype("auto") == torch.float32
+    engine = cp.eval.load_eval_engine(str(tiny_qwen2_dir), dtype="auto", device="cpu")
+    assert {p.dtype for p in engine.model.parameters()} == {torch.float32} and not engine.model.training
+    with pytest.raises(FileNotFoundError, match=r"has no config\.json"):
+        cp.policy.load_processor(tmp_path)
+    with pytest.raises(FileNotFoundError, match=r"has no config\.json"):
+        cp.eval.load_eval_engine(tmp_path)
+
+
 def test_vision_language_folder_loads_the_vl_class(tiny_vl_dir: Path) -> None:
     model = cp.policy.load_hf_model(tiny_vl_dir, dtype="float32")
     assert type(model).__name__ == "Qwen2_5_VLForConditionalGeneration"
