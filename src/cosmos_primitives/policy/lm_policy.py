@@ -13,10 +13,12 @@ from collections.abc import Mapping
 from typing import Any
 
 import torch
+import torch.distributed as dist
 from torch.distributed.tensor import DTensor, Replicate
 
 from cosmos_primitives.algo.fused_logprob_loss import weighted_logprobs_from_hidden
 from cosmos_primitives.algo.logprobs import TokenLogProbs, token_logprobs_from_hidden
+from cosmos_primitives.policy.cp_logprobs import context_parallel_token_logprobs
 
 # Batch keys forwarded to the backbone; anything else in a batch (labels, sample ids, ...) is not.
 # Qwen2.5-VL (transformers 5) builds its 3-D mRoPE positions from ``mm_token_type_ids`` when no
@@ -74,12 +76,18 @@ def hf_token_logprobs(
     with_entropy: bool = False,
     temperature: float = 1.0,
     loss_weights: torch.Tensor | None = None,
+    cp_group: dist.ProcessGroup | None = None,
     **model_inputs: Any,
 ) -> TokenLogProbs:
     """Backbone forward, then the chunked log-prob head (see :class:`CausalLMPolicy.forward`)."""
     if loss_weights is not None and with_entropy:
         raise ValueError("loss_weights (the fused log-prob loss) cannot be combined with with_entropy=True")
     model_inputs.pop("use_cache", None)
+    if cp_group is not None and dist.get_world_size(cp_group) > 1:
+        return context_parallel_token_logprobs(
+            hf_model, backbone_of(hf_model), _head_weight(hf_model), input_ids, cp_group, labels=labels, mask=mask,
+            chunk_size=chunk_size, with_entropy=with_entropy, temperature=temperature, loss_weights=loss_weights,
+            **model_inputs)
     out = backbone_of(hf_model)(input_ids=input_ids, use_cache=False, **model_inputs)
     hidden = out.last_hidden_state if hasattr(out, "last_hidden_state") else out[0]
     if temperature != 1.0:
@@ -99,12 +107,17 @@ class CausalLMPolicy(torch.nn.Module):
         hf_model: e.g. ``Qwen2ForCausalLM`` or ``Qwen2_5_VLForConditionalGeneration``
             (:func:`cosmos_primitives.policy.load_hf_model`). Exposed as ``.hf_model``.
         chunk_size: default tokens per LM-head chunk (``[policy] logprob_chunk_size``).
+        cp_group: context-parallel group (``mesh.group("cp")``): the decoder runs on this rank's
+            slice of every row (:mod:`cosmos_primitives.policy.cp_logprobs`); every rank of the group
+            gets the same batch and returns the same full ``[B, T]`` log-probs. None: no splitting.
     """
 
-    def __init__(self, hf_model: torch.nn.Module, *, chunk_size: int = 1024) -> None:
+    def __init__(self, hf_model: torch.nn.Module, *, chunk_size: int = 1024,
+                 cp_group: dist.ProcessGroup | None = None) -> None:
         super().__init__()
         self.hf_model = hf_model
         self.chunk_size = chunk_size
+        self.cp_group = cp_group
 
     @property
     def config(self) -> Any:
@@ -149,7 +162,7 @@ class CausalLMPolicy(torch.nn.Module):
         return hf_token_logprobs(
             self.hf_model, input_ids, labels=labels, mask=mask, with_entropy=with_entropy,
             chunk_size=self.chunk_size if chunk_size is None else chunk_size, temperature=temperature,
-            loss_weights=loss_weights, **model_inputs,
+            loss_weights=loss_weights, cp_group=self.cp_group, **model_inputs,
         )
 
 

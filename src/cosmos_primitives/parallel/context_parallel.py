@@ -1,0 +1,238 @@
+"""Context parallelism (Ulysses) for Hugging Face decoder stacks: each rank of the ``cp`` group runs the
+decoder layers on one contiguous slice of every row's tokens.
+
+Inside attention, an all-to-all trades the sequence split for a head split: rank ``r`` gets heads
+``[r H / cp, (r + 1) H / cp)`` of the whole sequence, attends with a causal mask that also keeps
+packed samples apart (segments from the text positions) and hides padding keys, and a second
+all-to-all returns its slice of tokens with every head. RoPE / mRoPE is applied before attention
+with each token's global position, so it needs nothing else. Embeddings and a vision tower run on
+the whole sequence on every rank; the decoder sees only the rank's slice (a forward pre-hook).
+
+Gradients: the loss is built identically on every cp rank (log-probs are gathered, sums are
+all-reduced, each with a backward that keeps only the rank's own share), so after ``backward`` each
+rank holds the gradient of its own tokens and :func:`all_reduce_context_parallel_grads` sums them.
+Works on gloo (CPU tests) and NCCL alike.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from contextvars import ContextVar
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+ATTN_IMPLEMENTATION = "cosmos_context_parallel"
+
+
+@dataclass
+class _Split:
+    """One forward's split: ``segments`` / ``key_valid`` ``[B, T]`` over the padded global sequence."""
+
+    group: dist.ProcessGroup
+    rank: int
+    size: int
+    length: int  # T, padded to a multiple of size
+    segments: torch.Tensor
+    key_valid: torch.Tensor
+    mask: torch.Tensor | None = field(default=None)
+
+    @property
+    def local(self) -> slice:
+        chunk = self.length // self.size
+        return slice(self.rank * chunk, (self.rank + 1) * chunk)
+
+    def attention_mask(self) -> torch.Tensor:
+        """``[B, 1, T, T]`` bool: causal, same segment, valid key (and every token sees itself)."""
+        if self.mask is None:
+            t = self.length
+            causal = torch.ones(t, t, dtype=torch.bool, device=self.segments.device).tril()
+            same = self.segments[:, :, None] == self.segments[:, None, :]
+            allowed = causal & same & self.key_valid[:, None, :]
+            allowed |= torch.eye(t, dtype=torch.bool, device=allowed.device)
+            self.mask = allowed[:, None]
+        return self.mask
+
+
+_ACTIVE: ContextVar[_Split | None] = ContextVar("cosmos_context_parallel_split", default=None)
+
+
+class _AllToAll(torch.autograd.Function):
+    """Exchange the ``size`` chunks of dim 0 (chunk ``s`` goes to rank ``s``); its own inverse."""
+
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor, group: dist.ProcessGroup) -> torch.Tensor:
+        ctx.group = group
+        x = x.contiguous()  # before empty_like: a transposed input would give ``out`` its strides
+        out = torch.empty_like(x)
+        dist.all_to_all_single(out, x, group=group)
+        return out
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None]:
+        grad = grad.contiguous()
+        out = torch.empty_like(grad)
+        dist.all_to_all_single(out, grad, group=ctx.group)
+        return out, None
+
+
+def _seq_to_heads(x: torch.Tensor, split: _Split) -> torch.Tensor:
+    """``[B, H, L, D]`` (all heads, local tokens) -> ``[B, H / cp, cp * L, D]`` (head slice, all tokens)."""
+    b, h, n, d = x.shape
+    chunks = x.reshape(b, split.size, h // split.size, n, d).transpose(0, 1)
+    got = _AllToAll.apply(chunks, split.group)  # [cp (source rank = token slice), B, H / cp, L, D]
+    return got.permute(1, 2, 0, 3, 4).reshape(b, h // split.size, split.size * n, d)
+
+
+def _heads_to_seq(x: torch.Tensor, split: _Split) -> torch.Tensor:
+    """Inverse of :func:`_seq_to_heads`: ``[B, H / cp, T, D]`` -> ``[B, H, T / cp, D]``."""
+    b, hs, t, d = x.shape
+    n = t // split.size
+    chunks = x.reshape(b, hs, split.size, n, d).permute(2, 0, 1, 3, 4)
+    got = _AllToAll.apply(chunks, split.group)  # [cp (source rank = head slice), B, H / cp, L, D]
+    return got.transpose(0, 1).reshape(b, split.size * hs, n, d)
+
+
+def context_parallel_attention(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor,
+                               value: torch.Tensor, attention_mask: torch.Tensor | None, dropout: float = 0.0,
+                               scaling: float | None = None, **kwargs: Any) -> tuple[torch.Tensor, None]:
+    """HF attention function (registered as ``ATTN_IMPLEMENTATION``); outside
+    :func:`context_parallel_split` it is HF's SDPA attention.
+
+    Args:
+        query: ``[B, Hq, L, D]`` local tokens, RoPE applied. key, value: ``[B, Hkv, L, D]``.
+
+    Returns:
+        ``([B, L, Hq, D], None)`` as HF attention functions return.
+    """
+    split = _ACTIVE.get()
+    if split is None:  # the same model used without a split (e.g. generation): plain SDPA
+        from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+        return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
+                                      **kwargs)
+    heads, kv_heads = query.shape[1], key.shape[1]
+    if heads % split.size:
+        raise ValueError(f"{heads} attention heads do not split over cp_size={split.size} ranks; "
+                         "choose a cp_size that divides num_attention_heads")
+    if kv_heads % split.size:  # grouped KV heads that do not split: give every query head its own copy
+        key = key.repeat_interleave(heads // kv_heads, dim=1)
+        value = value.repeat_interleave(heads // kv_heads, dim=1)
+        kv_heads = heads
+    q, k, v = (_seq_to_heads(x, split) for x in (query, key, value))
+    if kv_heads != heads:
+        k = k.repeat_interleave(heads // kv_heads, dim=1)
+        v = v.repeat_interleave(heads // kv_heads, dim=1)
+    out = torch.nn.functional.scaled_dot_product_attention(
+        q, k, v, attn_mask=split.attention_mask(), dropout_p=dropout if module.training else 0.0, scale=scaling)
+    return _heads_to_seq(out, split).transpose(1, 2).contiguous(), None
+
+
+def _register() -> None:
+    from transformers import AttentionInterface
+
+    AttentionInterface.register(ATTN_IMPLEMENTATION, context_parallel_attention)
+
+
+def decoder_of(backbone: torch.nn.Module) -> torch.nn.Module:
+    """The module that runs the decoder layers on ``inputs_embeds`` / ``input_ids`` (Qwen2.5-VL:
+    ``language_model``; text models: the backbone itself)."""
+    return getattr(backbone, "language_model", backbone)
+
+
+def _slice_decoder_inputs(module: torch.nn.Module, args: tuple, kwargs: dict[str, Any]) -> tuple[tuple, dict]:
+    split = _ACTIVE.get()
+    if split is None:
+        return args, kwargs
+    if args:
+        raise TypeError("context parallel: call the decoder with keyword arguments")
+    part = split.local
+    for name in ("input_ids", "inputs_embeds"):
+        if kwargs.get(name) is not None:
+            kwargs[name] = kwargs[name][:, part]
+    if kwargs.get("position_ids") is not None:
+        kwargs["position_ids"] = kwargs["position_ids"][..., part]
+    kwargs["attention_mask"] = None  # the split's own mask replaces it
+    kwargs.pop("cache_position", None)
+    return args, kwargs
+
+
+def enable_context_parallel(hf_model: torch.nn.Module, backbone: torch.nn.Module) -> None:
+    """Route the decoder's attention through :func:`context_parallel_attention` and slice its inputs
+    (idempotent). A vision tower keeps its own attention implementation."""
+    if getattr(hf_model, "_cosmos_context_parallel", False):
+        return
+    _register()
+    hf_model.config.get_text_config()._attn_implementation = ATTN_IMPLEMENTATION
+    decoder_of(backbone).register_forward_pre_hook(_slice_decoder_inputs, with_kwargs=True)
+    hf_model._cosmos_context_parallel = True
+
+
+def text_positions(input_ids: torch.Tensor, position_ids: torch.Tensor | None) -> torch.Tensor:
+    """``[B, T]`` text positions: row 0 of 4-row mRoPE ids (packed), the ids themselves when 2-D,
+    else ``0..T-1`` (one sample per row)."""
+    if position_ids is None or (position_ids.dim() == 3 and position_ids.shape[0] != 4):
+        return torch.arange(input_ids.shape[1], device=input_ids.device).expand_as(input_ids)
+    return position_ids[0] if position_ids.dim() == 3 else position_ids
+
+
+@contextlib.contextmanager
+def context_parallel_split(group: dist.ProcessGroup, length: int, positions: torch.Tensor,
+                           attention_mask: torch.Tensor | None = None) -> Iterator[_Split]:
+    """Make the decoder run on this rank's slice for the duration of one forward.
+
+    Args:
+        group: the cp process group.
+        length: padded sequence length ``T`` (a multiple of the group size).
+        positions: ``[B, T]`` text positions; a new packed sample starts where they restart at 0.
+        attention_mask: ``[B, T]`` 1 for real tokens (padded batches), or None.
+    """
+    segments = torch.cumsum((positions == 0).long(), dim=1)
+    valid = torch.ones_like(positions, dtype=torch.bool) if attention_mask is None else attention_mask.bool()
+    split = _Split(group, dist.get_rank(group), dist.get_world_size(group), length, segments, valid)
+    token = _ACTIVE.set(split)
+    try:
+        yield split
+    finally:
+        _ACTIVE.reset(token)
+
+
+class GatherSequence(torch.autograd.Function):
+    """All-gather ``[B, L]`` slices into ``[B, cp * L]``; backward keeps this rank's slice of the
+    gradient (every rank computes the same loss from the gathered tensor)."""
+
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor, group: dist.ProcessGroup) -> torch.Tensor:
+        ctx.rank, ctx.width = dist.get_rank(group), x.shape[1]
+        x = x.contiguous()
+        parts = [torch.empty_like(x) for _ in range(dist.get_world_size(group))]
+        dist.all_gather(parts, x, group=group)
+        return torch.cat(parts, dim=1)
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None]:
+        return grad[:, ctx.rank * ctx.width:(ctx.rank + 1) * ctx.width], None
+
+
+class SumAcross(torch.autograd.Function):
+    """All-reduce sum; backward passes the gradient through (each rank owns its own term)."""
+
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor, group: dist.ProcessGroup) -> torch.Tensor:
+        out = x.detach().clone()
+        dist.all_reduce(out, group=group)
+        return out
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None]:
+        return grad, None
+
+
+def all_reduce_context_parallel_grads(model: torch.nn.Module, group: dist.ProcessGroup) -> None:
+    """Sum each parameter's gradient over the cp group (call after ``backward``, before clipping)."""
+    for param in model.parameters():
+        if param.grad is not None:
+            dist.all_reduce(param.grad, group=group)
