@@ -19,7 +19,6 @@ scored twice by the service (the orphan copy is never fetched and expires there)
 from __future__ import annotations
 
 import asyncio
-import concurrent.futures
 import json
 import logging
 import os
@@ -48,6 +47,7 @@ from cosmos_primitives.rewards.remote_protocol import (
     encode_enqueue_body,
     split_score_key,
 )
+from cosmos_primitives.utils.async_bridge import run_sync
 from cosmos_primitives.utils.extras import require
 
 log = logging.getLogger(__name__)
@@ -456,14 +456,7 @@ class RemoteRewardClient:
         extra: dict[str, Any] | None = None,
     ) -> RemoteRewardResult:
         """:meth:`score` for code that is not ``async`` (blocks until the scores are in)."""
-        coro = self.score(prompts, media, media_type, video_fps, extra=extra)
-        try:
-            asyncio.get_running_loop()
-        except RuntimeError:
-            return asyncio.run(coro)
-        # This thread already runs an event loop (e.g. a notebook): run ours in a helper thread.
-        with concurrent.futures.ThreadPoolExecutor(max_workers=1) as pool:
-            return pool.submit(asyncio.run, coro).result()
+        return run_sync(self.score(prompts, media, media_type, video_fps, extra=extra))
 
 
 __all__ = [
