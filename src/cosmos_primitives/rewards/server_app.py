@@ -60,6 +60,7 @@ from cosmos_primitives.rewards.server_memory import ByteBudget
 from cosmos_primitives.rewards.server_requests import (
     MAX_FETCH_BODY_BYTES,
     ClientGone,
+    ClientMistakesLog,
     check_enqueue,
     check_token,
     parse_fetch,
@@ -250,7 +251,8 @@ class RewardServer:
         app.router.add_post(ENQUEUE_PATH, self._enqueue)
         app.router.add_post(FETCH_PATH, self._fetch)
         app.router.add_route("*", PING_PATH, self._ping)
-        self._runner = web.AppRunner(app, access_log=None, handle_signals=False)
+        self._runner = web.AppRunner(app, access_log=None, handle_signals=False,
+                                     logger=ClientMistakesLog(logging.getLogger("aiohttp.server"), {}))
         await self._runner.setup()
         self._pool = concurrent.futures.ThreadPoolExecutor(self.workers, thread_name_prefix="reward-worker")
         # bodies are parsed beside the workers, so a slow reward never delays the answer to an enqueue

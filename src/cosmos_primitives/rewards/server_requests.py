@@ -15,6 +15,7 @@ import asyncio
 import email.parser
 import email.policy
 import hmac
+import logging
 import math
 import urllib.parse
 from collections.abc import Callable, Iterator
@@ -30,6 +31,17 @@ from cosmos_primitives.rewards.server_memory import ByteBudget
 MAX_FETCH_BODY_BYTES = 64 * 1024
 
 _CLIENT_INPUT_ERRORS = (ValueError, TypeError, OverflowError, RecursionError, UnicodeError, LookupError)
+
+
+class ClientMistakesLog(logging.LoggerAdapter):
+    """aiohttp's own logger, for the requests it refuses before any handler runs (malformed HTTP,
+    broken chunked encoding: answered 400 by aiohttp): one warning line each, not a traceback."""
+
+    def exception(self, msg: object, *args: object, exc_info: Any = True, **kwargs: Any) -> None:
+        if isinstance(exc_info, BaseException) and type(exc_info).__module__.startswith("aiohttp.http"):
+            self.warning(f"{msg}: %s", *args, str(exc_info).replace("\n", " "), **kwargs)
+        else:
+            super().exception(msg, *args, exc_info=exc_info, **kwargs)
 
 
 class ClientGone(Exception):
