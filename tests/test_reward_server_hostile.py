@@ -272,3 +272,8 @@ def test_held_uploads_stay_within_the_memory_bound():
         f"server RSS grew {grown / 2**20:.0f} MiB holding 40 uploads (bound {bound / 2**20:.0f} MiB; "
         f"{sum(sent) / 2**20:.0f} MiB were sent)"
     )
+
+
+def test_a_memory_budget_smaller_than_one_body_is_refused_at_construction():
+    with pytest.raises(ValueError, match="max_memory_bytes=1000 is below max_body_bytes=2000"):
+        RewardServer(token=TOKEN, max_body_bytes=2000, max_memory_bytes=1000)

@@ -133,7 +133,11 @@ class RewardServer:
         self.body_timeout_s = body_timeout_s
         self.decode_latent = decode_latent
         self.replica_id = uuid_lib.uuid4().hex[:12]
-        self.memory = ByteBudget(max_memory_bytes if max_memory_bytes is not None else max_pending * max_body_bytes)
+        budget = max_memory_bytes if max_memory_bytes is not None else max_pending * max_body_bytes
+        if budget < max_body_bytes:
+            raise ValueError(f"max_memory_bytes={budget} is below max_body_bytes={max_body_bytes}: a batch of the "
+                             "largest size could never be accepted; raise max_memory_bytes or lower max_body_bytes")
+        self.memory = ByteBudget(budget)
         self.jobs = JobTable(max_pending, result_ttl_s, self.memory)
         self.rewards: dict[str, RewardFn] = dict(BUILTIN_REWARDS) if builtin else {}
         for name, fn in (rewards or {}).items():
