@@ -277,3 +277,18 @@ def test_held_uploads_stay_within_the_memory_bound():
 def test_a_memory_budget_smaller_than_one_body_is_refused_at_construction():
     with pytest.raises(ValueError, match="max_memory_bytes=1000 is below max_body_bytes=2000"):
         RewardServer(token=TOKEN, max_body_bytes=2000, max_memory_bytes=1000)
+
+
+def test_fetch_as_a_multipart_form_is_still_served(server):
+    """The fetch boundary parses form fields itself: multipart (what some HTTP clients send) still works."""
+    status, reply = raw_request(server.port, "/api/reward/enqueue", encode_enqueue_body(GOOD_META, VIDEO), {})
+    assert status == 200, reply
+    form = (f'--b0undary\r\nContent-Disposition: form-data; name="uuid"\r\n\r\n{reply["uuid"]}\r\n'
+            '--b0undary\r\nContent-Disposition: form-data; name="type"\r\n\r\nbrightness\r\n--b0undary--\r\n').encode()
+    for _ in range(500):
+        status, reply = raw_request(server.port, "/api/reward/pull", form,
+                                    {"Content-Type": "multipart/form-data; boundary=b0undary"})
+        if status != 400:
+            break
+        time.sleep(0.01)
+    assert status == 200 and reply["scores"]["brightness"] == pytest.approx([100 / 255] * 2), reply
