@@ -5,67 +5,22 @@ A new algorithm is one decorated pure function of tensors::
     @cp.algo.register_policy_loss("my_loss")
     def my_loss(logprobs, old_logprobs, advantages, mask, cfg): ...
 
-and a config then selects it by name (``[grpo] policy_loss = "my_loss"``).
+and a config then selects it by name (``[grpo] policy_loss = "my_loss"``). Each registry is a
+:class:`cosmos_primitives.utils.registry.Registry`.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any, TypeVar
+from typing import Any
 
-F = TypeVar("F", bound=Callable[..., Any])
+from cosmos_primitives.utils.registry import F, Registry
+from cosmos_primitives.utils.registry import UnknownNameError as UnknownNameError  # re-exported by cp.algo
 
-
-class UnknownNameError(KeyError):
-    """A name that no function of that kind is registered under; the message lists the registered ones."""
-
-    def __str__(self) -> str:
-        return str(self.args[0]) if self.args else ""
-
-
-class Registry:
-    """Functions of one kind, by name. Lookups of unknown names list the registered ones."""
-
-    def __init__(self, kind: str, config_key: str) -> None:
-        self.kind = kind
-        self.config_key = config_key
-        self._fns: dict[str, Callable[..., Any]] = {}
-
-    def register(self, name: str, *, override: bool = False) -> Callable[[F], F]:
-        """Decorator registering ``fn`` as ``name``; re-registering a taken name needs ``override=True``."""
-
-        def decorate(fn: F) -> F:
-            if name in self._fns and not override and self._fns[name] is not fn:
-                raise ValueError(
-                    f"{self.kind} '{name}' is already registered (by {self._fns[name].__module__}."
-                    f"{self._fns[name].__qualname__}); pick another name or pass override=True"
-                )
-            self._fns[name] = fn
-            return fn
-
-        return decorate
-
-    def get(self, name: str) -> Callable[..., Any]:
-        try:
-            return self._fns[name]
-        except KeyError:
-            raise UnknownNameError(
-                f"unknown {self.kind} '{name}' (config key {self.config_key}); registered: "
-                f"{', '.join(sorted(self._fns))}. Register your own with @cp.algo.register_"
-                f"{self.kind.replace(' ', '_')}('{name}')"
-            ) from None
-
-    def names(self) -> list[str]:
-        return sorted(self._fns)
-
-    def __contains__(self, name: object) -> bool:
-        return name in self._fns
-
-
-ADVANTAGES = Registry("advantage", "[grpo] advantage_estimator")
-POLICY_LOSSES = Registry("policy loss", "[grpo] policy_loss")
-KL_ESTIMATORS = Registry("kl estimator", "[grpo] kl_estimator")
-AGGREGATIONS = Registry("aggregation", "[grpo] loss_type")
+ADVANTAGES = Registry("advantage", "[grpo] advantage_estimator", decorator="cp.algo.register_advantage")
+POLICY_LOSSES = Registry("policy loss", "[grpo] policy_loss", decorator="cp.algo.register_policy_loss")
+KL_ESTIMATORS = Registry("kl estimator", "[grpo] kl_estimator", decorator="cp.algo.register_kl_estimator")
+AGGREGATIONS = Registry("aggregation", "[grpo] loss_type", decorator="cp.algo.register_aggregation")
 
 
 def register_advantage(name: str, *, override: bool = False) -> Callable[[F], F]:

@@ -64,5 +64,7 @@ class RemoteRewardConfig(Section):
     poll_timeout_s: float = 600.0
     # header carrying the enqueue reply's replica_id on fetches (routing of the hosted service)
     replica_header: str = "X-Lepton-Replica-Target"
+    # largest reply read from the service (bytes); a larger one is refused, not read whole
+    max_reply_bytes: int = 32 << 20
     scale: float = 1.0
     rewards: list[RemoteRewardTerm] = msgspec.field(default_factory=list)

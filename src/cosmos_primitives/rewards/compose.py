@@ -8,7 +8,6 @@ returning awaitables) of the whole batch are awaited concurrently; sync ones run
 from __future__ import annotations
 
 import asyncio
-import concurrent.futures
 import inspect
 import logging
 import math
@@ -17,6 +16,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from cosmos_primitives.rewards.registry import get_reward
+from cosmos_primitives.utils.async_bridge import run_sync
 
 if TYPE_CHECKING:  # pragma: no cover
     import torch
@@ -163,13 +163,7 @@ class RewardSet:
         prompt_ids: Sequence[Any] | None = None,
     ) -> RewardBatch:
         """Score a batch from synchronous code (inside a running event loop, it runs on a helper thread)."""
-        coroutine = self.acompute(completions, references, rows, prompt_ids=prompt_ids)
-        try:
-            asyncio.get_running_loop()
-        except RuntimeError:
-            return asyncio.run(coroutine)
-        with concurrent.futures.ThreadPoolExecutor(1) as pool:
-            return pool.submit(asyncio.run, coroutine).result()
+        return run_sync(self.acompute(completions, references, rows, prompt_ids=prompt_ids))
 
     async def acompute(
         self,

@@ -7,47 +7,36 @@ A reward is any callable taking some of the keyword arguments ``completion`` (st
     @cp.rewards.register_reward("length_penalty")
     def length_penalty(completion: str) -> float:
         return -len(completion) / 1000
+
+The registry is a :class:`cosmos_primitives.utils.registry.Registry`, like the algorithm ones.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any, TypeVar
+from typing import Any
 
-F = TypeVar("F", bound=Callable[..., Any])
-
-_REWARDS: dict[str, Callable[..., Any]] = {}
+from cosmos_primitives.utils.registry import F, Registry, UnknownNameError
 
 
-class UnknownRewardError(KeyError):
+class UnknownRewardError(UnknownNameError):
     """A reward name nobody registered; the message lists the registered names."""
 
-    def __str__(self) -> str:
-        return str(self.args[0]) if self.args else ""
+
+REWARDS = Registry(
+    "reward", "[grpo] reward_function", decorator="cp.rewards.register_reward",
+    hint=" or pass it in RewardSet(functions={...})", error=UnknownRewardError,
+)
 
 
 def register_reward(name: str, *, override: bool = False) -> Callable[[F], F]:
     """Decorator registering a reward callable under ``name`` (re-using a name needs ``override=True``)."""
-
-    def decorate(fn: F) -> F:
-        if name in _REWARDS and not override and _REWARDS[name] is not fn:
-            raise ValueError(f"reward '{name}' is already registered; pick another name or pass override=True")
-        _REWARDS[name] = fn
-        return fn
-
-    return decorate
+    return REWARDS.register(name, override=override)
 
 
 def get_reward(name: str) -> Callable[..., Any]:
-    try:
-        return _REWARDS[name]
-    except KeyError:
-        raise UnknownRewardError(
-            f"unknown reward '{name}' (config key [grpo] reward_function); registered: "
-            f"{', '.join(sorted(_REWARDS))}. Register your own with @cp.rewards.register_reward('{name}') "
-            "or pass it in RewardSet(functions={...})"
-        ) from None
+    return REWARDS.get(name)
 
 
 def reward_names() -> list[str]:
-    return sorted(_REWARDS)
+    return REWARDS.names()

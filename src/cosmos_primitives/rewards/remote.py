@@ -19,8 +19,6 @@ scored twice by the service (the orphan copy is never fetched and expires there)
 from __future__ import annotations
 
 import asyncio
-import concurrent.futures
-import json
 import logging
 import os
 from dataclasses import dataclass, field
@@ -46,8 +44,10 @@ from cosmos_primitives.rewards.remote_protocol import (
     ProtocolError,
     check_media,
     encode_enqueue_body,
+    parse_json,
     split_score_key,
 )
+from cosmos_primitives.utils.async_bridge import run_sync
 from cosmos_primitives.utils.extras import require
 
 log = logging.getLogger(__name__)
@@ -94,8 +94,8 @@ def _message_of(body: bytes) -> str:
     """The server's explanation in an error reply: its JSON ``error`` field, else the text."""
     text = body.decode("utf-8", errors="replace").strip()
     try:
-        payload = json.loads(text)
-    except json.JSONDecodeError:
+        payload = parse_json(body, "the reply", allow_nonfinite=True)
+    except ProtocolError:
         return text[:500] or "<empty body>"
     if isinstance(payload, dict):
         for key in ("error", "message", "detail"):
@@ -202,7 +202,7 @@ class RemoteRewardClient:
                 await asyncio.sleep(min(cfg.retry_backoff_s * 2 ** (attempt - 1), cfg.retry_max_backoff_s))
             try:
                 async with session.post(url, data=data, headers=headers) as resp:
-                    status, body = resp.status, await resp.read()
+                    status, body = resp.status, await self._read_reply(resp, url, what)
             except asyncio.TimeoutError as exc:
                 if isinstance(exc, self._connect_timeout):
                     kind, last = "connect", f"no connection within connect_timeout_s={cfg.connect_timeout_s}"
@@ -246,13 +246,27 @@ class RemoteRewardClient:
         raise RemoteRewardRejected(f"{what}: reward service at {url} failed after {tried}: {last}",
                                    url=url, status=last_status)
 
+    async def _read_reply(self, resp: Any, url: str, what: str) -> bytes:
+        """The reply's body, refused (never read whole) when over ``max_reply_bytes``."""
+        limit = self.config.max_reply_bytes
+        too_large = (f"{what}: the reply from {url} is over [remote_reward].max_reply_bytes={limit} "
+                     f"(HTTP {resp.status}); is the URL the reward service? Raise max_reply_bytes if it is")
+        if resp.content_length is not None and resp.content_length > limit:
+            raise RemoteRewardBadReply(f"{too_large} (Content-Length {resp.content_length})", url=url,
+                                       status=resp.status)
+        body = bytearray()
+        async for chunk in resp.content.iter_chunked(1 << 16):
+            body += chunk
+            if len(body) > limit:
+                raise RemoteRewardBadReply(too_large, url=url, status=resp.status)
+        return bytes(body)
+
     @staticmethod
     def _json(body: bytes, url: str, what: str) -> dict[str, Any]:
         try:
-            payload = json.loads(body.decode("utf-8"))
-        except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-            raise RemoteRewardBadReply(f"{what}: reply from {url} is not JSON ({exc}): {body[:200]!r}",
-                                       url=url, status=200) from exc
+            payload = parse_json(body, f"reply from {url}", allow_nonfinite=True)
+        except ProtocolError as exc:
+            raise RemoteRewardBadReply(f"{what}: {exc.message}: {body[:200]!r}", url=url, status=200) from None
         if not isinstance(payload, dict):
             raise RemoteRewardBadReply(f"{what}: reply from {url} is not a JSON object: {body[:200]!r}",
                                        url=url, status=200)
@@ -306,6 +320,8 @@ class RemoteRewardClient:
             "reward_fn": {t.name: t.weight for t in self.terms},
             "media_type": media_type,
         }
+        if video_fps is not None and not (np.isfinite(video_fps) and video_fps > 0):
+            raise ValueError(f"RemoteRewardClient: video_fps must be a positive finite number, got {video_fps!r}")
         if video_fps is not None:
             meta["video_infos"] = [{"video_fps": float(video_fps)}] * len(prompts)
         if session is None:
@@ -395,6 +411,13 @@ class RemoteRewardClient:
                     f"reward {term.name!r} score key {key!r} from {url} has shape {list(values.shape)}, expected "
                     f"one score per item [{batch_size}]", url=url, status=200,
                 )
+            bad = np.flatnonzero(~np.isfinite(values))
+            if bad.size:
+                raise RemoteRewardBadReply(
+                    f"reward {term.name!r} score key {key!r} from {url} has non-finite scores at items "
+                    f"{bad[:8].tolist()} ({values[bad[:8]].tolist()}); the service must send -1.0 for items it "
+                    f"could not score", url=url, status=200,
+                )
             total += values
         return total.astype(np.float32)
 
@@ -456,14 +479,7 @@ class RemoteRewardClient:
         extra: dict[str, Any] | None = None,
     ) -> RemoteRewardResult:
         """:meth:`score` for code that is not ``async`` (blocks until the scores are in)."""
-        coro = self.score(prompts, media, media_type, video_fps, extra=extra)
-        try:
-            asyncio.get_running_loop()
-        except RuntimeError:
-            return asyncio.run(coro)
-        # This thread already runs an event loop (e.g. a notebook): run ours in a helper thread.
-        with concurrent.futures.ThreadPoolExecutor(max_workers=1) as pool:
-            return pool.submit(asyncio.run, coro).result()
+        return run_sync(self.score(prompts, media, media_type, video_fps, extra=extra))
 
 
 __all__ = [

@@ -63,6 +63,11 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--max-pending", type=int, default=64, help="batches waiting or running; more get 503")
     parser.add_argument("--workers", type=int, default=2, help="threads computing rewards")
     parser.add_argument("--max-body-mb", type=float, default=1024.0, help="largest enqueue body in MiB (413 above)")
+    parser.add_argument("--max-memory-mb", type=float, default=None,
+                        help="bytes all request bodies being read and all pending batches may hold together, in MiB "
+                             "(503 above; default max-pending x max-body-mb)")
+    parser.add_argument("--body-timeout-s", type=float, default=60.0,
+                        help="seconds a request body may take to arrive (408 after; default 60)")
     parser.add_argument("--result-ttl-s", type=float, default=600.0, help="seconds finished results stay fetchable")
     return parser
 
@@ -90,6 +95,8 @@ def main(argv: list[str] | None = None) -> int:
             max_pending=args.max_pending,
             workers=args.workers,
             max_body_bytes=int(args.max_body_mb * (1 << 20)),
+            max_memory_bytes=None if args.max_memory_mb is None else int(args.max_memory_mb * (1 << 20)),
+            body_timeout_s=args.body_timeout_s,
             result_ttl_s=args.result_ttl_s,
             decode_latent=decoder,
             insecure_no_token=args.insecure_no_token,

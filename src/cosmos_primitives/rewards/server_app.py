@@ -9,12 +9,18 @@ Behaviour:
 
 - every request needs ``Authorization: Bearer <token>`` (401 otherwise) unless the server was made
   with ``insecure_no_token=True``;
-- enqueue bodies are parsed without unpickling; a bad body is answered 400 (unparsable), 413 (over
-  ``max_body_bytes``) or 422 (wrong media / prompts / rewards) with a message, and the server keeps
-  serving;
-- at most ``max_pending`` batches wait, run or arrive (body being read) at once, which bounds
-  memory to ``max_pending x max_body_bytes``; beyond that enqueue answers 503 (nothing is dropped
-  silently);
+- every request is read and checked at one boundary (:mod:`cosmos_primitives.rewards.server_requests`):
+  a client's mistake is answered 4xx with the reason, never 500: 400 (unparsable: bad JSON, JSON
+  nested too deeply or holding NaN, a bad ``.npy`` header), 408 (a body that does not arrive within
+  ``body_timeout_s``), 413 (over ``max_body_bytes``; fetch bodies over 64 KiB) or 422 (wrong media /
+  prompts / rewards / non-finite weights or fps), and the server keeps serving; a client that hangs
+  up mid-body is logged in one line;
+- enqueue bodies are parsed as they arrive, without unpickling: the array bytes go straight into
+  the array's buffer;
+- memory: every request body takes its bytes from one budget (``max_memory_bytes``) while it is
+  read, and a batch keeps them until its rewards are computed; at most ``max_pending`` batches
+  wait, run or arrive at once; beyond either bound a request is answered 503 (nothing is dropped
+  silently). A finished batch keeps only its replies;
 - ``workers`` threads compute rewards; a batch's rewards run one after the other, and each reward's
   reply can be fetched as soon as it is ready (HTTP 400 before that);
 - a fetch of an unknown uuid, or of a reward the batch did not request, is answered 404; a fetch
@@ -29,7 +35,6 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
-import hmac
 import logging
 import threading
 import time
@@ -46,70 +51,30 @@ from cosmos_primitives.rewards.remote_protocol import (
     FAILED_SCORE,
     FETCH_PATH,
     PING_PATH,
+    EnqueueBodyParser,
     ProtocolError,
     check_media,
-    decode_enqueue_body,
 )
 from cosmos_primitives.rewards.server_jobs import Job, JobTable
+from cosmos_primitives.rewards.server_memory import ByteBudget
+from cosmos_primitives.rewards.server_requests import (
+    MAX_FETCH_BODY_BYTES,
+    ClientGone,
+    ClientMistakesLog,
+    check_enqueue,
+    check_token,
+    parse_fetch,
+    read_body,
+)
 from cosmos_primitives.rewards.server_rewards import RewardFn, run_reward
 from cosmos_primitives.utils.extras import require
 
 log = logging.getLogger(__name__)
 
-_COUNTERS = ("enqueued", "rejected_full", "rejected_bad", "unauthorized", "not_ready", "served")
-
-
-def _parse_enqueue(body: bytes, rewards: dict[str, RewardFn]) -> dict[str, Any]:
-    """Decode and check one enqueue body (runs in a worker thread: arrays may be large).
-
-    Raises:
-        ProtocolError: with the HTTP status and a message for the client.
-    """
-    meta, media = decode_enqueue_body(body)
-    media_type = meta.get("media_type", "latent")
-    if not isinstance(media_type, str):
-        raise ProtocolError(422, f"'media_type' must be a string, got {media_type!r}")
-    check_media(media, media_type)
-    if media.dtype.kind == "f" and not np.isfinite(media).all():
-        raise ProtocolError(422, f"the {media_type} array holds NaN or infinite values")
-    batch = media.shape[0]
-    prompts = meta.get("prompts")
-    if not isinstance(prompts, list) or not all(isinstance(p, str) for p in prompts):
-        raise ProtocolError(422, "'prompts' must be a list of strings, one per item")
-    if len(prompts) != batch:
-        raise ProtocolError(422, f"{len(prompts)} prompts for a batch of {batch} items (shape {list(media.shape)})")
-    reward_fn = meta.get("reward_fn")
-    if not isinstance(reward_fn, dict) or not reward_fn:
-        raise ProtocolError(422, "'reward_fn' must be a non-empty object {reward name: weight}")
-    for name, weight in reward_fn.items():
-        if isinstance(weight, bool) or not isinstance(weight, (int, float)):
-            raise ProtocolError(422, f"'reward_fn' weight of {name!r} must be a number, got {weight!r}")
-    unknown = sorted(set(reward_fn) - set(rewards))
-    if unknown:
-        raise ProtocolError(422, f"unknown reward(s) {unknown}; this server hosts {sorted(rewards)}")
-    video_infos = meta.get("video_infos") or []
-    if not isinstance(video_infos, list) or not all(isinstance(v, dict) for v in video_infos):
-        raise ProtocolError(422, "'video_infos' must be a list of objects such as {\"video_fps\": 16.0}")
-    if len(video_infos) not in (0, 1, batch):
-        raise ProtocolError(422, f"'video_infos' has {len(video_infos)} entries; send 1 or one per item ({batch})")
-    for i, info in enumerate(video_infos):
-        fps = info.get("video_fps")
-        if fps is not None and (isinstance(fps, bool) or not isinstance(fps, (int, float)) or fps <= 0):
-            raise ProtocolError(422, f"video_infos[{i}].video_fps must be a positive number, got {fps!r}")
-    return {
-        "media": media,
-        "media_type": media_type,
-        "prompts": prompts,
-        "video_infos": video_infos,
-        "rewards": tuple(reward_fn),
-        "input_info": {
-            "shape": list(media.shape),
-            "dtype": str(media.dtype),
-            "min": float(media.min()),
-            "max": float(media.max()),
-            "video_infos": video_infos,
-        },
-    }
+_COUNTERS = ("enqueued", "rejected_full", "rejected_bad", "unauthorized", "not_ready", "served", "timed_out",
+             "disconnected")
+# the counter of each refusal status
+_COUNTER_OF = {401: "unauthorized", 408: "timed_out", 503: "rejected_full"}
 
 
 class RewardServer:
@@ -125,6 +90,9 @@ class RewardServer:
         max_pending: batches allowed to wait or run at once; more are answered 503.
         workers: threads computing rewards (batches scored in parallel).
         max_body_bytes: largest enqueue body accepted (413 above).
+        max_memory_bytes: the budget of bytes all request bodies being read and all pending batches
+            hold together (503 beyond); default ``max_pending * max_body_bytes``.
+        body_timeout_s: seconds a request body may take to arrive (408 after).
         result_ttl_s: seconds a finished batch's replies stay fetchable.
         decode_latent: optional ``fn(latent) -> video uint8 [B, C, T, H, W]`` applied to latent batches.
         insecure_no_token: accept requests without any token (local experiments only).
@@ -141,6 +109,8 @@ class RewardServer:
         max_pending: int = 64,
         workers: int = 2,
         max_body_bytes: int = 1 << 30,
+        max_memory_bytes: int | None = None,
+        body_timeout_s: float = 60.0,
         result_ttl_s: float = 600.0,
         decode_latent: Callable[[np.ndarray], np.ndarray] | None = None,
         insecure_no_token: bool = False,
@@ -153,14 +123,22 @@ class RewardServer:
             )
         if workers < 1:
             raise ValueError(f"workers must be >= 1, got {workers}")
+        if body_timeout_s <= 0:
+            raise ValueError(f"body_timeout_s must be > 0, got {body_timeout_s}")
         self.host = host
         self.port = port
         self.token = token or None
         self.workers = workers
         self.max_body_bytes = max_body_bytes
+        self.body_timeout_s = body_timeout_s
         self.decode_latent = decode_latent
         self.replica_id = uuid_lib.uuid4().hex[:12]
-        self.jobs = JobTable(max_pending, result_ttl_s)
+        budget = max_memory_bytes if max_memory_bytes is not None else max_pending * max_body_bytes
+        if budget < max_body_bytes:
+            raise ValueError(f"max_memory_bytes={budget} is below max_body_bytes={max_body_bytes}: a batch of the "
+                             "largest size could never be accepted; raise max_memory_bytes or lower max_body_bytes")
+        self.memory = ByteBudget(budget)
+        self.jobs = JobTable(max_pending, result_ttl_s, self.memory)
         self.rewards: dict[str, RewardFn] = dict(BUILTIN_REWARDS) if builtin else {}
         for name, fn in (rewards or {}).items():
             self.register(name, fn)
@@ -197,9 +175,13 @@ class RewardServer:
     @property
     def stats(self) -> dict[str, int]:
         """Counters: ``enqueued``, ``rejected_full`` (503), ``rejected_bad`` (400/413/422),
-        ``unauthorized`` (401), ``not_ready`` (400 on fetch), ``served`` (200 on fetch), plus ``pending``."""
+        ``unauthorized`` (401), ``timed_out`` (408), ``disconnected`` (client hung up mid-body),
+        ``not_ready`` (400 on fetch), ``served`` (200 on fetch); plus ``pending`` (batches) and
+        ``memory_bytes`` / ``memory_peak_bytes`` (bytes of the budget held now / at most)."""
         counts = {k: self._counts[k] for k in _COUNTERS}
         counts["pending"] = self.jobs.pending
+        counts["memory_bytes"] = self.memory.used
+        counts["memory_peak_bytes"] = self.memory.peak
         return counts
 
     @property
@@ -263,17 +245,18 @@ class RewardServer:
 
     async def _open(self) -> None:
         web = self._web
-        # bodies over the limit are refused by aiohttp while reading; +1 so that exactly the limit passes
 
         @web.middleware
         async def guard(request: Any, handler: Callable[..., Any]) -> Any:
             return await self._guard(request, handler)
 
+        # handlers read bodies themselves (server_requests.read_body); aiohttp's own limit is never reached
         app = web.Application(client_max_size=self.max_body_bytes + 1, middlewares=[guard])
         app.router.add_post(ENQUEUE_PATH, self._enqueue)
         app.router.add_post(FETCH_PATH, self._fetch)
         app.router.add_route("*", PING_PATH, self._ping)
-        self._runner = web.AppRunner(app, access_log=None, handle_signals=False)
+        self._runner = web.AppRunner(app, access_log=None, handle_signals=False,
+                                     logger=ClientMistakesLog(logging.getLogger("aiohttp.server"), {}))
         await self._runner.setup()
         self._pool = concurrent.futures.ThreadPoolExecutor(self.workers, thread_name_prefix="reward-worker")
         # bodies are parsed beside the workers, so a slow reward never delays the answer to an enqueue
@@ -305,20 +288,28 @@ class RewardServer:
         return self._web.json_response({"error": message}, status=status, headers=headers or None)
 
     async def _guard(self, request: Any, handler: Callable[..., Any]) -> Any:
-        """Token check for every route, and a JSON 500 instead of a dropped connection on bugs."""
+        """Token check for every route; client mistakes (ProtocolError) -> 4xx with the reason; a JSON 500
+        instead of a dropped connection on the server's own bugs."""
         web = self._web
-        if self.token is not None:
-            header = request.headers.get("Authorization", "")
-            scheme, _, given = header.partition(" ")
-            if not header:
-                return self._error(401, "missing header 'Authorization: Bearer <token>'", "unauthorized",
-                                   **{"WWW-Authenticate": "Bearer"})
-            if scheme.lower() != "bearer" or not hmac.compare_digest(given.strip().encode(), self.token.encode()):
-                return self._error(401, "wrong token", "unauthorized", **{"WWW-Authenticate": "Bearer"})
         try:
+            if self.token is not None:
+                check_token(request.headers.get("Authorization", ""), self.token)
             return await handler(request)
         except web.HTTPException:
             raise
+        except ProtocolError as exc:
+            headers = {"WWW-Authenticate": "Bearer"} if exc.status == 401 else {}
+            if exc.status == 503:
+                headers["Retry-After"] = "1"
+            reply = self._error(exc.status, exc.message, _COUNTER_OF.get(exc.status, "rejected_bad"), **headers)
+            if not request.content.is_eof():
+                reply.force_close()  # a body left unread (stalled, too large): do not wait for it
+            return reply
+        except ClientGone as exc:
+            self._counts["disconnected"] += 1
+            log.info("reward server: client %s hung up during %s %s (%s)", request.remote, request.method,
+                     request.path, exc)
+            return self._error(400, "client disconnected")
         except Exception as exc:
             log.exception("reward server: %s %s failed", request.method, request.path)
             return self._error(500, f"internal error: {type(exc).__name__}: {exc}")
@@ -330,48 +321,42 @@ class RewardServer:
         )
 
     async def _enqueue(self, request: Any) -> Any:
-        web = self._web
         # bodies being read or parsed hold a pending slot too: at most max_pending batches (queued,
-        # running or arriving) are in memory at once, however many clients upload together
+        # running or arriving) at once, however many clients upload together
         if self.jobs.pending + self._arriving >= self.jobs.max_pending:
             return self._busy()
-        too_large = f"enqueue body over max_body_bytes={self.max_body_bytes}; send smaller batches"
-        if request.content_length is not None and request.content_length > self.max_body_bytes:
-            return self._error(413, too_large, "rejected_bad")
         self._arriving += 1
         try:
+            parser = EnqueueBodyParser(self.max_body_bytes)
+            held = await read_body(request, parser.feed, limit=self.max_body_bytes,
+                                   limit_name="max_body_bytes", budget=self.memory,
+                                   timeout_s=self.body_timeout_s, what="enqueue body")
             try:
-                body = await request.read()
-            except web.HTTPRequestEntityTooLarge:
-                return self._error(413, too_large, "rejected_bad")
-            loop = asyncio.get_running_loop()
-            try:
-                parsed = await loop.run_in_executor(self._parse_pool, _parse_enqueue, body, dict(self.rewards))
-            except ProtocolError as exc:
-                return self._error(exc.status, exc.message, "rejected_bad")
-            del body
+                meta, media = parser.finish()
+                del parser
+                loop = asyncio.get_running_loop()
+                parsed = await loop.run_in_executor(self._parse_pool, check_enqueue, meta, media, dict(self.rewards))
+            except BaseException:
+                self.memory.release(held)
+                raise
         finally:
             self._arriving -= 1
-        job = self.jobs.add(**parsed)
+        job = self.jobs.add(**parsed, held_bytes=held)
         self._queue.put_nowait(job)
         self._counts["enqueued"] += 1
-        return web.json_response({"uuid": job.uuid, "replica_id": self.replica_id})
+        return self._web.json_response({"uuid": job.uuid, "replica_id": self.replica_id})
 
     async def _fetch(self, request: Any) -> Any:
         web = self._web
+        body = bytearray()
+        held = await read_body(request, body.extend, limit=MAX_FETCH_BODY_BYTES,
+                               limit_name="the fetch body limit", budget=self.memory,
+                               timeout_s=self.body_timeout_s, what="fetch body")
         try:
-            if request.content_type == "application/json":
-                fields = await request.json()
-                if not isinstance(fields, dict):
-                    raise ValueError("the JSON body is not an object")
-            else:
-                fields = await request.post()
-        except ValueError as exc:
-            return self._error(422, f"fetch body could not be read: {exc}", "rejected_bad")
-        uuid, name = fields.get("uuid"), fields.get("type")
-        if not isinstance(uuid, str) or not uuid or not isinstance(name, str) or not name:
-            return self._error(422, "fetch needs the form fields 'uuid' (from enqueue) and 'type' (a reward name)",
-                               "rejected_bad")
+            uuid, name = parse_fetch(bytes(body), request.content_type,
+                                     request.headers.get("Content-Type", ""))
+        finally:
+            self.memory.release(held)
         job = self.jobs.get(uuid)
         if job is None:
             return self._error(
@@ -450,7 +435,7 @@ class RewardServer:
     @staticmethod
     def _fail_rest(job: Job, error: str) -> None:
         """Every reward of ``job`` without a reply gets -1.0 for all items and the error."""
-        batch = len(job.prompts)
+        batch = job.input_info["shape"][0]
         for name in job.rewards:
             job.replies.setdefault(name, {
                 "scores": {name: [FAILED_SCORE] * batch},

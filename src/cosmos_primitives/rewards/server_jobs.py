@@ -10,18 +10,22 @@ from typing import Any
 
 import numpy as np
 
+from cosmos_primitives.rewards.server_memory import ByteBudget
+
 
 @dataclass
 class Job:
-    """One enqueued batch. ``media`` is dropped once every reward is computed."""
+    """One enqueued batch. Once every reward is computed only ``replies`` (and what names them) is
+    kept: ``media``, ``prompts`` and ``video_infos`` are dropped and ``held_bytes`` go back to the budget."""
 
     uuid: str
     media: np.ndarray | None
     media_type: str
-    prompts: list[str]
-    video_infos: list[dict[str, Any]]
+    prompts: list[str] | None
+    video_infos: list[dict[str, Any]] | None
     rewards: tuple[str, ...]
     input_info: dict[str, Any]
+    held_bytes: int = 0
     replies: dict[str, dict[str, Any]] = field(default_factory=dict)
     finished_at: float | None = None
 
@@ -34,14 +38,16 @@ class JobTable:
     """Jobs by uuid. Used from the server's event loop thread only (no locking).
 
     ``max_pending`` bounds the jobs not finished yet (queued or running): :meth:`full` tells the
-    server to answer 503 instead of accepting more. Finished jobs are kept ``result_ttl_s`` seconds
-    for fetching, then forgotten.
+    server to answer 503 instead of accepting more. A job holds its body's bytes of ``budget`` until
+    it finishes. Finished jobs keep only their replies, ``result_ttl_s`` seconds for fetching, then
+    are forgotten.
     """
 
-    def __init__(self, max_pending: int, result_ttl_s: float) -> None:
+    def __init__(self, max_pending: int, result_ttl_s: float, budget: ByteBudget) -> None:
         if max_pending < 1:
             raise ValueError(f"max_pending must be >= 1, got {max_pending}")
         self.max_pending = max_pending
+        self.budget = budget
         self.result_ttl_s = result_ttl_s
         self._jobs: dict[str, Job] = {}
         self._pending = 0
@@ -56,7 +62,7 @@ class JobTable:
         return self._pending >= self.max_pending
 
     def add(self, media: np.ndarray, media_type: str, prompts: list[str], video_infos: list[dict[str, Any]],
-            rewards: tuple[str, ...], input_info: dict[str, Any]) -> Job:
+            rewards: tuple[str, ...], input_info: dict[str, Any], held_bytes: int = 0) -> Job:
         self.expire()
         job = Job(
             uuid=str(uuid_lib.uuid4()),
@@ -66,6 +72,7 @@ class JobTable:
             video_infos=video_infos,
             rewards=rewards,
             input_info=input_info,
+            held_bytes=held_bytes,
         )
         self._jobs[job.uuid] = job
         self._pending += 1
@@ -75,7 +82,9 @@ class JobTable:
         if job.done:
             return
         job.finished_at = time.monotonic()
-        job.media = None
+        job.media = job.prompts = job.video_infos = None
+        self.budget.release(job.held_bytes)
+        job.held_bytes = 0
         self._pending -= 1
         self._finished.append((job.finished_at, job.uuid))
 

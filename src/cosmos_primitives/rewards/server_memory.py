@@ -1,0 +1,35 @@
+"""The reference server's memory budget: bytes of request bodies and pending batches, counted."""
+
+from __future__ import annotations
+
+
+class ByteBudget:
+    """One budget of bytes for everything a client makes the server hold.
+
+    Every request body takes bytes from it while it is being read (its declared ``Content-Length``
+    up front, or chunk by chunk when none is declared), and an accepted batch keeps its bytes until
+    every reward is computed. A request that would go over ``capacity`` is refused (503) before its
+    bytes are read. Used from the server's event-loop thread only (no locking).
+    """
+
+    def __init__(self, capacity: int) -> None:
+        if capacity < 1:
+            raise ValueError(f"the memory budget must be >= 1 byte, got {capacity}")
+        self.capacity = capacity
+        self.used = 0
+        self.peak = 0
+
+    def reserve(self, nbytes: int) -> bool:
+        """Take ``nbytes``; False (nothing taken) when that would exceed the capacity."""
+        if nbytes < 0:
+            raise ValueError(f"cannot reserve {nbytes} bytes")
+        if self.used + nbytes > self.capacity:
+            return False
+        self.used += nbytes
+        self.peak = max(self.peak, self.used)
+        return True
+
+    def release(self, nbytes: int) -> None:
+        self.used -= nbytes
+        if self.used < 0:  # pragma: no cover - a bookkeeping bug, never a client's doing
+            raise RuntimeError(f"memory budget released {-self.used} bytes more than it reserved")

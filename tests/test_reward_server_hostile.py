@@ -1,0 +1,294 @@
+"""The reference reward server under hostile input, over real HTTP: every client mistake is a 4xx with a
+reason (never a 500), memory stays within its bound, stalled bodies time out (408), a hang-up is one line.
+
+``SERVER_CASES`` counts the hostile inputs tried here (for the reliability table of benchmarks/RESULTS.md).
+"""
+
+from __future__ import annotations
+
+import http.client
+import io
+import json
+import logging
+import socket
+import sys
+import time
+import tracemalloc
+import urllib.parse
+
+import numpy as np
+import pytest
+
+from cosmos_primitives.rewards.remote_protocol import encode_enqueue_body
+from cosmos_primitives.rewards.server import RewardServer
+from cosmos_primitives.rewards.server_process import RewardServerProcess
+
+TOKEN = "hostile-token"
+VIDEO = np.full((2, 3, 2, 4, 4), 100, dtype=np.uint8)
+GOOD_META = {"prompts": ["a", "b"], "reward_fn": {"brightness": 1.0}, "media_type": "video",
+             "video_infos": [{"video_fps": 16.0}]}
+
+
+def npy_with_header(shape: str, dtype: str = "|u1", data: bytes = b"") -> bytes:
+    """An .npy v1.0 file whose header declares ``shape`` (a literal written as is) followed by ``data``."""
+    header = f"{{'descr': '{dtype}', 'fortran_order': False, 'shape': {shape}, }}".encode("latin1")
+    header += b" " * (63 - (10 + len(header)) % 64) + b"\n"
+    return b"\x93NUMPY\x01\x00" + len(header).to_bytes(2, "little") + header + data
+
+
+def npy(array: np.ndarray) -> bytes:
+    buf = io.BytesIO()
+    np.save(buf, array, allow_pickle=False)
+    return buf.getvalue()
+
+
+def body(meta_text: str | bytes, array: bytes | None = None) -> bytes:
+    text = meta_text.encode() if isinstance(meta_text, str) else meta_text
+    return text + b"\n" + (npy(VIDEO) if array is None else array)
+
+
+def with_meta(**fields) -> str:
+    return json.dumps({**GOOD_META, **fields})
+
+
+DEEP = b"[" * 100_000 + b"]" * 100_000
+DEEP_SMALL = b"[" * 30_000 + b"]" * 30_000  # under the 64 KiB fetch limit
+
+# name -> (route, body, headers, expected status, text expected in the error)
+SERVER_CASES: dict[str, tuple[str, bytes, dict[str, bytes | str], int, str]] = {
+    "npy dims overflowing int64": ("enqueue", body(with_meta(), npy_with_header("(4294967296, 4294967296, 1, 1, 1)")),
+                                   {}, 413, "max_body_bytes"),
+    "npy dims product over the limit": ("enqueue", body(with_meta(), npy_with_header("(65536, 65536, 3, 1, 1)")),
+                                        {}, 413, "max_body_bytes"),
+    "npy negative dims": ("enqueue", body(with_meta(), npy_with_header("(-2, -3, 1, 1, 1)", data=b"\0" * 6)),
+                          {}, 400, "negative dimension"),
+    "npy non-integer dims": ("enqueue", body(with_meta(), npy_with_header("(2.5, 3, 1, 1, 1)")), {}, 400,
+                             "not an .npy array"),
+    "npy header not a dict": ("enqueue", body(with_meta(), npy_with_header("(1,)")[:10] + b"[1, 2]" + b" " * 53
+                                              + b"\n"), {}, 400, "not an .npy array"),
+    "npy unknown version": ("enqueue", body(with_meta(), b"\x93NUMPY\x09\x00" + b"\0" * 64), {}, 400, "version"),
+    "100k-deep JSON enqueue": ("enqueue", body(DEEP), {}, 400, "nested too deeply"),
+    "30k-deep JSON fetch": ("fetch", DEEP_SMALL, {"Content-Type": "application/json"}, 400, "nested too deeply"),
+    "65-deep JSON enqueue": ("enqueue", body(with_meta(extra=json.loads("[" * 65 + "]" * 65))), {}, 400,
+                             "nested more than 64"),
+    "non-ASCII bearer token": ("enqueue", body(with_meta()), {"Authorization": b"Bearer \xe9\xff\xc3(token"}, 401,
+                               "wrong token"),
+    "non-ASCII auth scheme": ("enqueue", body(with_meta()), {"Authorization": b"\xff\xfe x"}, 401, "wrong token"),
+    "NaN fps": ("enqueue", body(with_meta().replace("16.0", "NaN")), {}, 400, "NaN is not a JSON number"),
+    "Infinity fps": ("enqueue", body(with_meta().replace("16.0", "Infinity")), {}, 400, "Infinity"),
+    "overflowing fps 1e999": ("enqueue", body(with_meta().replace("16.0", "1e999")), {}, 422, "video_fps"),
+    "zero fps": ("enqueue", body(with_meta(video_infos=[{"video_fps": 0}])), {}, 422, "video_fps"),
+    "NaN weight": ("enqueue", body(with_meta().replace('"brightness": 1.0', '"brightness": NaN')), {}, 400, "NaN"),
+    "-Infinity weight": ("enqueue", body(with_meta().replace('"brightness": 1.0', '"brightness": -Infinity')), {},
+                         400, "Infinity"),
+    "overflowing weight 1e999": ("enqueue", body(with_meta().replace('"brightness": 1.0', '"brightness": 1e999')),
+                                 {}, 422, "finite"),
+    "JSON not UTF-8": ("enqueue", body(b'{"prompts": ["\xff\xfe"]}'), {}, 400, "could not be parsed"),
+    "fetch not UTF-8": ("fetch", b"uuid=\xff\xfe&type=x", {"Content-Type": "application/x-www-form-urlencoded"}, 400,
+                        "could not be read"),
+    "fetch JSON with NaN": ("fetch", b'{"uuid": NaN, "type": "brightness"}', {"Content-Type": "application/json"},
+                            400, "NaN"),
+    "fetch body over 64 KiB": ("fetch", urllib.parse.urlencode({"uuid": "u" * 70_000, "type": "x"}).encode(),
+                               {"Content-Type": "application/x-www-form-urlencoded"}, 413, "fetch body limit"),
+    "fetch broken multipart": ("fetch", b"--zz\r\nno headers", {"Content-Type": "multipart/form-data; boundary=zz"},
+                               422, "uuid"),
+    "chunked body broken": ("enqueue", b"zz\r\nnot hex chunk sizes\r\n0\r\n\r\n", {"Transfer-Encoding": "chunked"},
+                            400, ""),
+}
+
+
+def raw_request(port: int, path: str, payload: bytes, headers: dict[str, bytes | str]) -> tuple[int, dict]:
+    """POST with http.client, which sends header bytes as given (non-ASCII included)."""
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+    conn.putrequest("POST", path)
+    sent = {"Authorization": f"Bearer {TOKEN}", "Content-Type": "application/octet-stream", **headers}
+    for key, value in sent.items():
+        conn.putheader(key, value)
+    if "Transfer-Encoding" not in sent:
+        conn.putheader("Content-Length", str(len(payload)))
+    conn.endheaders(payload)
+    reply = conn.getresponse()
+    data = reply.read()
+    conn.close()
+    try:
+        return reply.status, json.loads(data)
+    except json.JSONDecodeError:
+        return reply.status, {"error": data.decode("utf-8", "replace")}
+
+
+@pytest.fixture(scope="module")
+def server():
+    with RewardServer(token=TOKEN, max_body_bytes=256 * 1024) as srv:
+        yield srv
+
+
+def test_client_mistakes_are_4xx_with_a_reason_never_500(server, caplog):
+    caplog.set_level(logging.INFO)
+    paths = {"enqueue": "/api/reward/enqueue", "fetch": "/api/reward/pull"}
+    wrong = {}
+    for name, (route, payload, headers, status, reason) in SERVER_CASES.items():
+        try:
+            got, reply = raw_request(server.port, paths[route], payload, headers)
+        except OSError as exc:
+            got, reply = -1, {"error": f"no answer: {exc!r}"}
+        if got != status or reason not in reply.get("error", ""):
+            wrong[name] = (got, reply)
+    assert not wrong, f"{len(wrong)} of {len(SERVER_CASES)} hostile requests mis-answered: {wrong}"
+    assert not [r for r in caplog.records if r.exc_info], "a client's mistake logged a traceback"
+    assert not [r for r in caplog.records if r.levelno >= logging.ERROR], [r.getMessage() for r in caplog.records]
+    assert server.stats["enqueued"] == 0 and server.stats["memory_bytes"] == 0
+
+    # and it still serves
+    got, reply = raw_request(server.port, paths["enqueue"], encode_enqueue_body(GOOD_META, VIDEO), {})
+    assert got == 200, reply
+
+
+def _open_stalled(port: int, path: str, declared: int, sent: bytes) -> socket.socket:
+    """A POST declaring ``declared`` body bytes of which only ``sent`` are sent (fetches as a form)."""
+    sock = socket.create_connection(("127.0.0.1", port), timeout=10)
+    kind = "application/x-www-form-urlencoded" if path.endswith("/pull") else "application/octet-stream"
+    sock.sendall((f"POST {path} HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {TOKEN}\r\n"
+                  f"Content-Type: {kind}\r\nContent-Length: {declared}\r\n\r\n").encode() + sent)
+    return sock
+
+
+def _status_line(sock: socket.socket, timeout_s: float) -> str:
+    sock.settimeout(timeout_s)
+    try:
+        return sock.recv(4096).split(b"\r\n", 1)[0].decode()
+    except TimeoutError:
+        return "<no answer>"
+
+
+def test_stalled_bodies_get_408_and_free_their_slots():
+    with RewardServer(token=TOKEN, max_pending=2, body_timeout_s=0.5) as srv:
+        path = "/api/reward/enqueue"
+        stalled = [_open_stalled(srv.port, path, 100_000, b"x" * 1000) for _ in range(2)]
+        started = time.monotonic()
+        lines = [_status_line(sock, 10.0) for sock in stalled]
+        assert lines == ["HTTP/1.1 408 Request Timeout"] * 2, lines
+        assert time.monotonic() - started < 5.0
+        for sock in stalled:
+            sock.close()
+        assert srv.stats["timed_out"] == 2 and srv.stats["memory_bytes"] == 0 and srv.stats["pending"] == 0
+        got, reply = raw_request(srv.port, path, encode_enqueue_body(GOOD_META, VIDEO), {})
+        assert got == 200, reply
+
+
+def test_a_client_hanging_up_mid_body_is_one_log_line(caplog):
+    caplog.set_level(logging.INFO, logger="cosmos_primitives.rewards")
+
+    def server_records():
+        return [r for r in caplog.records if "/api/reward/" in r.getMessage() or r.exc_info]
+
+    with RewardServer(token=TOKEN) as srv:
+        for path in ("/api/reward/enqueue", "/api/reward/pull"):
+            sock = _open_stalled(srv.port, path, 50_000, b"x" * 100)
+            time.sleep(0.1)
+            sock.close()
+        deadline = time.monotonic() + 10
+        while len(server_records()) < 2 and time.monotonic() < deadline:
+            time.sleep(0.02)
+        time.sleep(0.2)  # anything more it would log
+        records = server_records()
+        assert not [r for r in records if r.exc_info or r.levelno >= logging.ERROR], [r.getMessage() for r in records]
+        hung_up = [r.getMessage() for r in records if "hung up" in r.getMessage()]
+        assert len(hung_up) == 2 and all("\n" not in m for m in hung_up), hung_up
+        assert srv.stats["disconnected"] == 2 and srv.stats["memory_bytes"] == 0
+
+
+def test_finished_batches_keep_only_their_replies():
+    """Batches with 4 MiB of prompts and video_infos each: once scored, the server holds none of it
+    (measured with tracemalloc: every Python and numpy allocation of this process)."""
+    big = "p" * (2 << 20)
+    meta = {**GOOD_META, "prompts": [big, big], "video_infos": [{"video_fps": 16.0, "note": big}] * 2}
+    payload = encode_enqueue_body(meta, VIDEO)
+    with RewardServer(token=TOKEN) as srv:
+        raw_request(srv.port, "/api/reward/enqueue", encode_enqueue_body(GOOD_META, VIDEO), {})  # warm-up
+        tracemalloc.start()
+        try:
+            before = tracemalloc.get_traced_memory()[0]
+            uuids = [raw_request(srv.port, "/api/reward/enqueue", payload, {})[1]["uuid"] for _ in range(6)]
+            for uuid in uuids:
+                form = urllib.parse.urlencode({"uuid": uuid, "type": "brightness"}).encode()
+                for _ in range(500):
+                    status, reply = raw_request(srv.port, "/api/reward/pull", form,
+                                                {"Content-Type": "application/x-www-form-urlencoded"})
+                    if status != 400:
+                        break
+                    time.sleep(0.01)
+                assert status == 200, reply
+            held = tracemalloc.get_traced_memory()[0] - before
+        finally:
+            tracemalloc.stop()
+        # 6 batches sent 36 MiB of prompts and video_infos; what stays is their replies (a few KiB)
+        assert held < 4 << 20, f"the server still holds {held / 2**20:.1f} MiB after every batch finished"
+        assert reply["input_info"]["video_infos"][0] == {"video_fps": 16.0}  # the reply keeps the fps only
+        assert srv.stats["pending"] == 0 and srv.stats["memory_bytes"] == 0
+
+
+def _rss_bytes(pid: int) -> int:
+    with open(f"/proc/{pid}/status") as status:
+        for line in status:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) * 1024
+    raise AssertionError("no VmRSS")
+
+
+def _push(sock: socket.socket, data: bytes) -> int:
+    """Send what the kernel takes now without blocking; returns the bytes sent."""
+    sock.setblocking(False)
+    try:
+        return sock.send(data)
+    except (BlockingIOError, ConnectionError):
+        return 0
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads the server's RSS from /proc")
+def test_held_uploads_stay_within_the_memory_bound():
+    """40 uploads of 4 MiB bodies (20 enqueues, 20 fetches) hold their connections open: the server's
+    RSS grows by at most its memory bound (2 batches x 4 MiB) plus slack, never by the 160 MiB sent."""
+    body_mb = 4
+    args = ["--max-pending", "2", "--max-body-mb", str(body_mb)]
+    with RewardServerProcess(TOKEN, args=args) as proc:
+        raw_request(proc.port, "/api/reward/enqueue", encode_enqueue_body(GOOD_META, VIDEO), {})  # warm-up
+        baseline = _rss_bytes(proc.pid)
+        declared = body_mb << 20
+        chunk = b"x" * (declared - 1)
+        socks = [_open_stalled(proc.port, path, declared, b"")
+                 for path in ["/api/reward/enqueue", "/api/reward/pull"] * 20]
+        sent = [0] * len(socks)
+        deadline = time.monotonic() + 4.0
+        while time.monotonic() < deadline:  # keep feeding whatever the server reads, one byte short of the end
+            for i, sock in enumerate(socks):
+                if sent[i] < len(chunk):
+                    sent[i] += _push(sock, chunk[sent[i]: sent[i] + (1 << 20)])
+            time.sleep(0.05)
+        grown = _rss_bytes(proc.pid) - baseline
+        for sock in socks:
+            sock.close()
+    bound = 2 * declared
+    assert grown < bound + (16 << 20), (
+        f"server RSS grew {grown / 2**20:.0f} MiB holding 40 uploads (bound {bound / 2**20:.0f} MiB; "
+        f"{sum(sent) / 2**20:.0f} MiB were sent)"
+    )
+
+
+def test_a_memory_budget_smaller_than_one_body_is_refused_at_construction():
+    with pytest.raises(ValueError, match="max_memory_bytes=1000 is below max_body_bytes=2000"):
+        RewardServer(token=TOKEN, max_body_bytes=2000, max_memory_bytes=1000)
+
+
+def test_fetch_as_a_multipart_form_is_still_served(server):
+    """The fetch boundary parses form fields itself: multipart (what some HTTP clients send) still works."""
+    status, reply = raw_request(server.port, "/api/reward/enqueue", encode_enqueue_body(GOOD_META, VIDEO), {})
+    assert status == 200, reply
+    form = (f'--b0undary\r\nContent-Disposition: form-data; name="uuid"\r\n\r\n{reply["uuid"]}\r\n'
+            '--b0undary\r\nContent-Disposition: form-data; name="type"\r\n\r\nbrightness\r\n--b0undary--\r\n').encode()
+    for _ in range(500):
+        status, reply = raw_request(server.port, "/api/reward/pull", form,
+                                    {"Content-Type": "multipart/form-data; boundary=b0undary"})
+        if status != 400:
+            break
+        time.sleep(0.01)
+    assert status == 200 and reply["scores"]["brightness"] == pytest.approx([100 / 255] * 2), reply
