@@ -131,3 +131,55 @@ def test_context_parallel_matches_one_process(setup, cp_size: int) -> None:
                 assert got[key].keys() == ref[key].keys(), where
                 for w, g in ref[key].items():
                     torch.testing.assert_close(got[key][w], g, rtol=1e-4, atol=1e-5, msg=f"{where} {key} {w}")
+
+
+def _dp_batches() -> list[dict[str, torch.Tensor]]:
+    """Two data-parallel batches with different trained-token counts (6 and 17)."""
+    g = torch.Generator().manual_seed(11)
+    batches = []
+    for trained_per_row in ((3, 3), (10, 7)):
+        ids = torch.randint(0, 3000, (2, 13), generator=g)
+        labels = torch.full_like(ids, -100)
+        for row, n in enumerate(trained_per_row):
+            labels[row, -n:] = ids[row, -n:]
+        batches.append({"input_ids": ids, "labels": labels})
+    return batches
+
+
+def _fsdp_cp_worker(text_dir: str) -> dict:
+    from torch.distributed.tensor import DTensor
+
+    from cosmos_primitives.algo.sft_loss import sft_loss
+    from cosmos_primitives.config.policy import ParallelismConfig, PolicyConfig
+
+    parallelism = ParallelismConfig(dp_shard_size=2, cp_size=2)
+    mesh = cp.parallel.ParallelMesh(parallelism, device_type="cpu")
+    policy = cp.policy.build_policy(PolicyConfig(model_name_or_path=text_dir, dtype="float32",
+                                                 parallelism=parallelism), mesh)
+    batch = _dp_batches()[mesh.dp_rank]
+    out = cp.policy.token_logprobs(policy, batch)
+    loss, stats = sft_loss(out.logprobs, batch["labels"], group=mesh.group("dp"))
+    loss.backward()
+    norm = float(cp.parallel.clip_grad_norm_(policy.parameters(), 1e9))
+    grads = {w: (p.grad.full_tensor() if isinstance(p.grad, DTensor) else p.grad).detach().clone()
+             for n, p in policy.hf_model.named_parameters() for w in WATCHED if n.endswith(w)}
+    return {"loss": float(stats["loss"]), "norm": norm, "grads": grads, "dp_rank": mesh.dp_rank}
+
+
+def test_fsdp_times_context_parallel_matches_one_process(tiny_qwen2_dir: Path) -> None:
+    """dp_shard=2 x cp=2 on 4 ranks: the global token-mean SFT loss, gradient norm and gradients of
+    one process training on both batches."""
+    policy = CausalLMPolicy(cp.policy.load_hf_model(tiny_qwen2_dir, dtype="float32"), chunk_size=16)
+    batches = _dp_batches()
+    total = sum(int((b["labels"] != -100).sum()) for b in batches)
+    loss = sum(-(cp.policy.token_logprobs(policy, b).logprobs * (b["labels"] != -100)).sum() for b in batches) / total
+    loss.backward()
+    ref_grads = {w: p.grad for n, p in policy.hf_model.named_parameters() for w in WATCHED if n.endswith(w)}
+    ref_norm = float(torch.linalg.vector_norm(torch.stack([p.grad.norm() for p in policy.parameters()])))
+    per_rank = cpt.run_distributed(_fsdp_cp_worker, 4, (str(tiny_qwen2_dir),), timeout_s=400)
+    assert sorted(r["dp_rank"] for r in per_rank) == [0, 0, 1, 1]
+    for rank, got in enumerate(per_rank):
+        assert abs(got["loss"] - float(loss.detach())) < 1e-5, rank
+        assert abs(got["norm"] - ref_norm) < 1e-4 * ref_norm, (rank, got["norm"], ref_norm)
+        for w, g in ref_grads.items():
+            torch.testing.assert_close(got["grads"][w], g, rtol=1e-4, atol=1e-5, msg=f"rank {rank} {w}")

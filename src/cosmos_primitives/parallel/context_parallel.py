@@ -10,8 +10,9 @@ the whole sequence on every rank; the decoder sees only the rank's slice (a forw
 
 Gradients: the loss is built identically on every cp rank (log-probs are gathered, sums are
 all-reduced, each with a backward that keeps only the rank's own share), so after ``backward`` each
-rank holds the gradient of its own tokens and :func:`all_reduce_context_parallel_grads` sums them.
-Works on gloo (CPU tests) and NCCL alike.
+rank holds the gradient of its own tokens, scaled by the cp size so that an *average* over the cp
+ranks is their sum: FSDP2 sharding over dp_shard x cp averages as it always does, and without FSDP
+:func:`all_reduce_context_parallel_grads` averages. Works on gloo (CPU tests) and NCCL alike.
 """
 
 from __future__ import annotations
@@ -202,11 +203,11 @@ def context_parallel_split(group: dist.ProcessGroup, length: int, positions: tor
 
 class GatherSequence(torch.autograd.Function):
     """All-gather ``[B, L]`` slices into ``[B, cp * L]``; backward keeps this rank's slice of the
-    gradient (every rank computes the same loss from the gathered tensor)."""
+    gradient (every rank computes the same loss from the gathered tensor), times cp (see above)."""
 
     @staticmethod
     def forward(ctx: Any, x: torch.Tensor, group: dist.ProcessGroup) -> torch.Tensor:
-        ctx.rank, ctx.width = dist.get_rank(group), x.shape[1]
+        ctx.rank, ctx.width, ctx.size = dist.get_rank(group), x.shape[1], dist.get_world_size(group)
         x = x.contiguous()
         parts = [torch.empty_like(x) for _ in range(dist.get_world_size(group))]
         dist.all_gather(parts, x, group=group)
@@ -214,25 +215,29 @@ class GatherSequence(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None]:
-        return grad[:, ctx.rank * ctx.width:(ctx.rank + 1) * ctx.width], None
+        return grad[:, ctx.rank * ctx.width:(ctx.rank + 1) * ctx.width] * ctx.size, None
 
 
 class SumAcross(torch.autograd.Function):
-    """All-reduce sum; backward passes the gradient through (each rank owns its own term)."""
+    """All-reduce sum; backward passes the gradient through (each rank owns its own term), times cp."""
 
     @staticmethod
     def forward(ctx: Any, x: torch.Tensor, group: dist.ProcessGroup) -> torch.Tensor:
+        ctx.size = dist.get_world_size(group)
         out = x.detach().clone()
         dist.all_reduce(out, group=group)
         return out
 
     @staticmethod
     def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None]:
-        return grad, None
+        return grad * ctx.size, None
 
 
 def all_reduce_context_parallel_grads(model: torch.nn.Module, group: dist.ProcessGroup) -> None:
-    """Sum each parameter's gradient over the cp group (call after ``backward``, before clipping)."""
+    """Average each parameter's gradient over the cp group, giving the sum of the ranks' shares
+    (call after ``backward``, before clipping; not needed under FSDP2 over dp_shard x cp)."""
+    size = dist.get_world_size(group)
     for param in model.parameters():
         if param.grad is not None:
             dist.all_reduce(param.grad, group=group)
+            param.grad.div_(size)

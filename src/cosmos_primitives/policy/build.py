@@ -49,14 +49,19 @@ def build_policy(
             (cast to float32 master weights with a mesh, to ``[policy] dtype`` without).
         device: target device without a mesh (with one, FSDP places shards on the mesh device).
 
+    Context parallel (``cp_size > 1``): the policy splits every row over ``mesh.group("cp")``
+    (:mod:`cosmos_primitives.policy.cp_logprobs`; all ranks of a cp group take the same batch) and
+    FSDP2 shards over dp_shard x cp; each cp rank's share of a gradient comes scaled by the cp
+    size, so FSDP's average over dp_shard x cp is the data-parallel average of the full gradient.
+
     Raises:
-        NotImplementedError: ``cp_size`` / ``pp_size`` > 1.
+        NotImplementedError: ``pp_size`` > 1.
         MissingExtraError: ``[policy.lora]`` without peft installed (the ``lora`` extra).
     """
-    if mesh is not None and (mesh.enabled("cp") or mesh.enabled("pp")):
+    if mesh is not None and mesh.enabled("pp"):
         raise NotImplementedError(
-            f"[policy.parallelism] cp_size={mesh.size('cp')}, pp_size={mesh.size('pp')}: context and pipeline "
-            "parallelism are not supported by cp.policy; use dp_shard_size / dp_replicate_size / tp_size"
+            f"[policy.parallelism] pp_size={mesh.size('pp')}: pipeline parallelism is not supported by cp.policy; "
+            "use dp_shard_size / dp_replicate_size / tp_size / cp_size"
         )
     compute_dtype = resolve_dtype(cfg.dtype)
     if hf_model is None:
@@ -75,7 +80,8 @@ def build_policy(
     log.info(f"policy {type(hf_model).__name__}: {summary}")
     if cfg.model_gradient_checkpointing:
         apply_activation_checkpointing(hf_model)
-    policy = CausalLMPolicy(hf_model, chunk_size=cfg.logprob_chunk_size)
+    cp_group = mesh.group("cp") if mesh is not None and mesh.enabled("cp") else None
+    policy = CausalLMPolicy(hf_model, chunk_size=cfg.logprob_chunk_size, cp_group=cp_group)
     policy.trainable_summary = summary
     if mesh is not None and mesh.enabled("tp"):
         apply_tensor_parallel(hf_model, mesh["tp"])
