@@ -105,6 +105,16 @@ def test_one_engine_per_local_gpu_under_torchrun(tiny_qwen2_dir) -> None:
         assert "rollout ranks [1]" in refused and "all 2 ranks" in refused
 
 
+def test_an_engine_core_left_in_another_process_is_refused(standin_vllm, tiny_qwen2_dir, qwen_tokenizer,
+                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    """vLLM caches its environment variables once read: if multiprocessing stayed on, say so at once."""
+    from cosmos_primitives.rollout.vllm_engine import VLLMRolloutEngine
+
+    monkeypatch.setattr(standin_vllm, "_env_flag", lambda name, default: True)  # the value read before
+    with pytest.raises(RuntimeError, match=r"SyncMPClient, i\.e\. in another process"):
+        VLLMRolloutEngine(str(tiny_qwen2_dir), qwen_tokenizer, dtype="float32")
+
+
 def test_single_process_engine_uses_the_uniproc_executor(standin_vllm, tiny_qwen2_dir, qwen_tokenizer) -> None:
     from cosmos_primitives.rollout.vllm_engine import VLLMRolloutEngine
 

@@ -147,6 +147,13 @@ class VLLMRolloutEngine:
         # read by vLLM when the engine is built: keep the engine core (and its model) in this process
         os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
         self.llm = vllm.LLM(**kwargs)
+        client = getattr(getattr(self.llm, "llm_engine", None), "engine_core", None)
+        if client is not None and type(client).__name__ != "InprocClient":
+            raise RuntimeError(
+                f"vLLM built its engine core behind {type(client).__name__}, i.e. in another process, although "
+                "VLLM_ENABLE_V1_MULTIPROCESSING=0 was set (read earlier in this process?); weight updates would be "
+                "serialised through it. Set VLLM_ENABLE_V1_MULTIPROCESSING=0 before vLLM is first imported"
+            )
         self._asleep: set[str] = set()
         self.weight_version = weight_version
 

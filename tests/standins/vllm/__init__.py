@@ -39,6 +39,7 @@ import dataclasses
 import importlib
 import os
 import pickle
+from types import SimpleNamespace
 from typing import Any
 
 import torch
@@ -209,12 +210,25 @@ class _Executor:
         self.driver_worker = _WorkerWrapper(worker)
 
 
+class InprocClient:
+    """``vllm/v1/engine/core_client.py``: the engine core in this process."""
+
+    def __init__(self, worker: Any) -> None:
+        self.engine_core = SimpleNamespace(model_executor=_Executor(worker))
+
+
+class SyncMPClient:
+    """``vllm/v1/engine/core_client.py``: the engine core in a background process, reached over ZMQ."""
+
+
 class _LLMEngine:
-    """``LLM.llm_engine``: ``model_executor`` exists only with the engine core in this process."""
+    """``LLM.llm_engine``: its ``engine_core`` client, and ``model_executor`` only with the engine core
+    in this process."""
 
     def __init__(self, worker: Any, in_process: bool) -> None:
+        self.engine_core = InprocClient(worker) if in_process else SyncMPClient()
         if in_process:
-            self.model_executor = _Executor(worker)
+            self.model_executor = self.engine_core.engine_core.model_executor
 
 
 def _env_flag(name: str, default: str) -> bool:
