@@ -148,7 +148,7 @@ class VLLMRolloutEngine:
         os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
         self.llm = vllm.LLM(**kwargs)
         client = getattr(getattr(self.llm, "llm_engine", None), "engine_core", None)
-        if client is not None and type(client).__name__ != "InprocClient":
+        if client is not None and "MPClient" in type(client).__name__:  # SyncMPClient: ZMQ to another process
             raise RuntimeError(
                 f"vLLM built its engine core behind {type(client).__name__}, i.e. in another process, although "
                 "VLLM_ENABLE_V1_MULTIPROCESSING=0 was set (read earlier in this process?); weight updates would be "
