@@ -174,7 +174,8 @@ def generate_into_queue(cfg, info, roles, plan: QueuePlan, sync_group, url: str)
     processor = cp.policy.load_processor(cfg.policy.model_name_or_path)
     engine, engine_model = cp.rollout.build_rollout_engine(
         cfg.rollout, cfg.policy.model_name_or_path, processor, dtype=cfg.policy.dtype, device=info.device,
-        seed=cfg.train.seed + info.rank, max_model_len=cfg.policy.model_max_length)
+        seed=cfg.train.seed + info.rank, max_model_len=cfg.policy.model_max_length, colocated=False,
+        engine_ranks=roles.rollout_ranks)
     # the HF engine's module is written in place; vLLM takes each bucket through update_weights
     receiver = WeightReceiver(engine_model if engine_model is not None else engine, sync_group,
                               engine=engine if engine_model is not None else None)

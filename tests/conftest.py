@@ -132,7 +132,10 @@ def standin_vllm(monkeypatch: pytest.MonkeyPatch):
     sys.modules.pop("vllm", None)
     import vllm
 
-    vllm.CALLS.clear()
+    vllm.reset()
+    # the engine sets VLLM_ENABLE_V1_MULTIPROCESSING / launcher variables; monkeypatch puts them back
+    for name in ("VLLM_ENABLE_V1_MULTIPROCESSING", "RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):
+        monkeypatch.delenv(name, raising=False)
     yield vllm
     sys.modules.pop("vllm", None)
 

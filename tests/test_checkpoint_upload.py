@@ -130,28 +130,28 @@ def test_upload_config_errors_before_training(tmp_path: Path) -> None:
 
 
 class StandInHfApi:
-    """Stand-in for ``huggingface_hub.HfApi``: same signatures for the two methods the uploader calls;
-    it copies the folder into ``root/<repo_id>`` and fails the first ``fail_uploads`` uploads."""
+    """Stand-in for ``huggingface_hub.HfApi``'s two methods the uploader calls: it copies the folder
+    into ``root/<repo_id>`` and fails the first ``fail_uploads`` uploads. Each call's positional and
+    keyword arguments are kept in ``raw`` so that they can be bound to the real ``HfApi`` signatures."""
 
     def __init__(self, root: Path, user: str = "someone", fail_uploads: int = 0) -> None:
         self.root, self.user, self.fail_uploads = root, user, fail_uploads
         self.calls: list[tuple[str, dict]] = []
+        self.raw: list[tuple[str, tuple, dict]] = []
 
-    def create_repo(self, repo_id, *, token=None, private=None, visibility=None, repo_type=None, exist_ok=False,
-                    resource_group_id=None, region=None, space_sdk=None, space_hardware=None,
-                    space_sleep_time=None, space_secrets=None, space_variables=None, space_volumes=None,
-                    space_template=None):
+    def create_repo(self, repo_id, *, private=None, repo_type=None, exist_ok=False, **rest):
         from huggingface_hub import RepoUrl
 
+        self.raw.append(("create_repo", (repo_id,), {"private": private, "repo_type": repo_type,
+                                                     "exist_ok": exist_ok, **rest}))
         self.calls.append(("create_repo", {"repo_id": repo_id, "private": private, "repo_type": repo_type,
                                            "exist_ok": exist_ok}))
         full = repo_id if "/" in repo_id else f"{self.user}/{repo_id}"
         return RepoUrl(f"https://huggingface.co/{full}")
 
-    def upload_folder(self, *, repo_id, folder_path, path_in_repo=None, commit_message=None,
-                      commit_description=None, token=None, repo_type=None, revision=None, create_pr=None,
-                      parent_commit=None, allow_patterns=None, ignore_patterns=None, delete_patterns=None,
-                      run_as_future=False):
+    def upload_folder(self, *, repo_id, folder_path, path_in_repo=None, repo_type=None, **rest):
+        self.raw.append(("upload_folder", (), {"repo_id": repo_id, "folder_path": folder_path,
+                                               "path_in_repo": path_in_repo, "repo_type": repo_type, **rest}))
         self.calls.append(("upload_folder", {"repo_id": repo_id, "folder_path": folder_path,
                                              "path_in_repo": path_in_repo, "repo_type": repo_type}))
         if self.fail_uploads > 0:
@@ -160,14 +160,26 @@ class StandInHfApi:
         shutil.copytree(folder_path, self.root / repo_id / (path_in_repo or ""), dirs_exist_ok=True)
 
 
-def test_stand_in_matches_hfapi_signatures() -> None:
+def test_stand_in_matches_hfapi_signatures(tmp_path: Path) -> None:
+    """The calls the uploader really makes bind to the installed ``HfApi`` (same parameter names,
+    positional / keyword-only kinds); other ``HfApi`` parameters, which we never pass, may come and go."""
     from huggingface_hub import HfApi
 
-    for method in ("create_repo", "upload_folder"):
-        real = inspect.signature(getattr(HfApi, method)).parameters
-        ours = inspect.signature(getattr(StandInHfApi, method)).parameters
-        assert [(n, p.kind, p.default) for n, p in ours.items()] == [
-            (n, p.kind, p.default) for n, p in real.items()], method
+    api = StandInHfApi(tmp_path / "hub")
+    ckpt = _manager(tmp_path / "20260101000000", upload_hf=True, hf_repo_name="Cosmos-Reason1",
+                    hf_api_factory=lambda: api)
+    ckpt.maybe_save(1)
+    ckpt.export_final()
+    assert ckpt.close() == []
+    assert [name for name, _, _ in api.raw] == ["create_repo", "upload_folder"]
+    for method, args, kwargs in api.raw:
+        real = inspect.signature(getattr(HfApi, method))
+        try:
+            bound = real.bind(HfApi(), *args, **kwargs)
+        except TypeError as error:
+            raise AssertionError(f"HfApi.{method} no longer accepts the arguments we pass: {error}") from None
+        assert set(kwargs) <= set(bound.arguments), method
+        assert bound.arguments["repo_id"] == (args[0] if args else kwargs["repo_id"]), method
 
 
 def test_hf_upload_of_final_export(tmp_path: Path) -> None:

@@ -56,3 +56,36 @@ def test_in_process_sync_into_vllm_is_checked_by_checksums(standin_vllm, tiny_qw
     engine.weight_checksums = lambda names: {}
     with pytest.raises(WeightMismatchError, match="no checksum"):
         InProcessSync(trainer, engine, layout="hf_checkpoint").sync(version=5)
+
+
+def test_first_sync_checks_the_language_model_under_vllm_names(standin_vllm, tmp_path, monkeypatch) -> None:
+    """Item 4: vLLM holds Qwen2.5-VL's language model as ``language_model.model.*`` with fused qkv /
+    gate_up; the first-sync checksums are asked under those names, so a wrong language-model tensor
+    is caught (under checkpoint names only ``visual.*`` would have matched)."""
+    from cosmos_primitives.rollout.vllm_engine import VLLMRolloutEngine
+
+    folder = cpt.save_tiny_qwen2_5_vl(tmp_path / "vl", seed=0)
+    engine = VLLMRolloutEngine(str(folder), None, dtype="float32")
+    checked: list[list[str]] = []
+    real_sums = engine.weight_checksums
+    engine.weight_checksums = lambda names: checked.append(list(names)) or real_sums(names)
+    assert InProcessSync(cpt.tiny_qwen2_5_vl(seed=1), engine, layout="hf_checkpoint").sync(version=1).verified
+    held = dict(engine.llm.worker.model_runner.model.named_parameters())
+    assert sorted(checked[0]) == sorted(held)  # every tensor the engine holds, the language model included
+    assert "language_model.model.layers.1.self_attn.qkv_proj.weight" in held
+
+    real_load = standin_vllm._VLLMModel.load_weights
+    monkeypatch.setattr(standin_vllm._VLLMModel, "load_weights", lambda self, weights: real_load(
+        self, ((n, t) for n, t in weights if "layers.1.self_attn.k_proj" not in n)))
+    with pytest.raises(WeightMismatchError, match=r"'language_model\.model\.layers\.1\.self_attn\.qkv_proj\.weight'"):
+        InProcessSync(cpt.tiny_qwen2_5_vl(seed=2), engine, layout="hf_checkpoint").sync(version=2)
+
+
+def test_default_memory_share_fits_beside_a_resident_trainer(standin_vllm, tiny_qwen2_dir, qwen_tokenizer) -> None:
+    """Item 5: vLLM checks at start that gpu_memory_utilization x total is free; the colocated trainer's
+    weights and optimizer state are already resident then (here 45% of the GPU)."""
+    standin_vllm.GPU["used_by_others"] = int(0.45 * standin_vllm.GPU["total_bytes"])
+    cfg = cp.load_config(overrides=["rollout.backend=vllm"]).rollout
+    cp.rollout.build_rollout_engine(cfg, str(tiny_qwen2_dir), qwen_tokenizer, dtype="float32")
+    assert standin_vllm.CALLS[0][1]["gpu_memory_utilization"] <= 0.55
+    assert standin_vllm.CALLS[0][1]["enable_sleep_mode"] is True  # colocated: sleeps while the trainer steps

@@ -1,9 +1,13 @@
-"""VLLMRolloutEngine against a stand-in with vLLM's documented call shapes (vLLM cannot run here)."""
+"""VLLMRolloutEngine against the vLLM stand-in in ``tests/standins/vllm``, which models the real
+engine's documented behaviours (engine process, launcher env, prefix cache, sleep mode, vLLM's fused
+parameter names); vLLM itself cannot run here."""
 
 from __future__ import annotations
 
 import sys
+from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 
@@ -11,6 +15,29 @@ from cosmos_primitives import testing as cpt
 from cosmos_primitives.data.records import Prompt, SamplingParams
 from cosmos_primitives.rollout.base import RolloutEngine
 from cosmos_primitives.utils.extras import MissingExtraError
+
+STANDINS = str(Path(__file__).parent / "standins")
+HI = Prompt(conversation=[{"role": "user", "content": "hi"}], prompt_id="a")
+
+
+def _vllm_names(model) -> dict[str, torch.Tensor]:
+    """A HF Qwen2's weights as vLLM's in-memory model holds them (q/k/v and gate/up fused on dim 0)."""
+    out = {}
+    params = dict(model.named_parameters())
+    for name, p in params.items():
+        if ".k_proj." in name or ".v_proj." in name or ".up_proj." in name:
+            continue
+        if ".q_proj." in name:
+            out[name.replace(".q_proj.", ".qkv_proj.")] = torch.cat(
+                [params[name.replace(".q_proj.", f".{x}_proj.")] for x in "qkv"])
+        elif ".gate_proj." in name:
+            out[name.replace(".gate_proj.", ".gate_up_proj.")] = torch.cat(
+                [p, params[name.replace(".gate_proj.", ".up_proj.")]])
+        else:
+            out[name] = p
+    if model.config.tie_word_embeddings:
+        out.pop("lm_head.weight", None)
+    return out
 
 
 def test_missing_vllm_names_the_extra(monkeypatch: pytest.MonkeyPatch, qwen_tokenizer) -> None:
@@ -21,16 +48,17 @@ def test_missing_vllm_names_the_extra(monkeypatch: pytest.MonkeyPatch, qwen_toke
         VLLMRolloutEngine("/nowhere", qwen_tokenizer)
 
 
-def test_generate_and_update_weights_through_documented_calls(standin_vllm, tiny_qwen2_dir, qwen_tokenizer) -> None:
+def test_generate_and_in_process_weight_update(standin_vllm, tiny_qwen2_dir, qwen_tokenizer) -> None:
+    """Item 1: the engine core runs in this process, so weights reach the model without being serialised."""
     from cosmos_primitives.rollout.vllm_engine import WORKER_EXTENSION, VLLMRolloutEngine
 
-    engine = VLLMRolloutEngine(str(tiny_qwen2_dir), qwen_tokenizer, tensor_parallel_size=1, seed=3)
+    engine = VLLMRolloutEngine(str(tiny_qwen2_dir), qwen_tokenizer, seed=3, dtype="float32")
     assert isinstance(engine, RolloutEngine)
     llm_kwargs = standin_vllm.CALLS[0][1]
     assert llm_kwargs["worker_extension_cls"] == WORKER_EXTENSION
     assert llm_kwargs["logprobs_mode"] == "processed_logprobs"
-    prompts = [Prompt(conversation=[{"role": "user", "content": "hi"}], prompt_id="a"),
-               Prompt(conversation=[{"role": "user", "content": "bye"}], prompt_id="b")]
+    assert engine.llm.in_process, "LLM() was built with VLLM_ENABLE_V1_MULTIPROCESSING on"
+    prompts = [HI, Prompt(conversation=[{"role": "user", "content": "bye"}], prompt_id="b")]
     groups = engine.generate(prompts, SamplingParams(n=3, temperature=0.7, max_new_tokens=4, seed=1))
     assert [g.prompt.prompt_id for g in groups] == ["a", "b"]
     for g in groups:
@@ -38,12 +66,112 @@ def test_generate_and_update_weights_through_documented_calls(standin_vllm, tiny
         assert g.prompt_token_ids[-3:] == qwen_tokenizer.encode("<|im_start|>assistant\n")
         for c in g.completions:
             assert len(c.token_ids) == len(c.logprobs) and all(lp <= 0 for lp in c.logprobs)
+            assert c.finish_reason in ("stop", "length")
 
     new = cpt.tiny_qwen2(seed=5)
     engine.update_weights(new.state_dict().items(), version=4)
     assert engine.weight_version == 4
-    assert ("collective_rpc", "cosmos_load_weights") in standin_vllm.CALLS
-    for name, p in engine.llm.hf_model.named_parameters():
-        assert torch.equal(p, new.state_dict()[name]), name
-    sums = engine.weight_checksums(["model.norm.weight"])
-    assert sums["model.norm.weight"] == pytest.approx(float(new.model.norm.weight.detach().double().sum()))
+    assert standin_vllm.SERIALIZED == [], "weights went through the engine-process serializer"
+    held = dict(engine.llm.worker.model_runner.model.named_parameters())
+    expected = _vllm_names(new)
+    assert sorted(held) == sorted(expected)
+    for name, value in expected.items():
+        assert torch.equal(held[name], value), name
+
+
+def _launch(folder: str):
+    """One torchrun rank: an engine on rank 1 only is refused; one on every rank says where it landed."""
+    sys.path.insert(0, STANDINS)
+    from cosmos_primitives.rollout.vllm_engine import VLLMRolloutEngine
+
+    try:
+        VLLMRolloutEngine(folder, None, seed=0, dtype="float32", engine_ranks=[1])
+        refused = ""
+    except ValueError as error:
+        refused = str(error)
+    llm = VLLMRolloutEngine(folder, None, seed=0, dtype="float32").llm
+    return refused, (llm.backend, llm.device_index, llm.world_size, llm.worker.device)
+
+
+@pytest.mark.slow
+def test_one_engine_per_local_gpu_under_torchrun(tiny_qwen2_dir) -> None:
+    """Item 2: inside a torchrun job every rank's engine takes its own LOCAL_RANK's GPU through vLLM's
+    external launcher (the uni-process executor would put them all on device 0); an engine on only
+    some ranks of the job (disaggregated) is refused before vLLM builds groups over the trainers too."""
+    got = cpt.run_distributed(_launch, 2, args=(str(tiny_qwen2_dir),), env={"VLLM_ENABLE_V1_MULTIPROCESSING": "1"})
+    placed = [where for _, where in got]
+    assert placed == [("external_launcher", 0, 2, "cuda:0"), ("external_launcher", 1, 2, "cuda:1")]
+    for refused, _ in got:
+        assert "rollout ranks [1]" in refused and "all 2 ranks" in refused
+
+
+def test_an_engine_core_left_in_another_process_is_refused(standin_vllm, tiny_qwen2_dir, qwen_tokenizer,
+                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    """vLLM caches its environment variables once read: if multiprocessing stayed on, say so at once."""
+    from cosmos_primitives.rollout.vllm_engine import VLLMRolloutEngine
+
+    monkeypatch.setattr(standin_vllm, "_env_flag", lambda name, default: True)  # the value read before
+    with pytest.raises(RuntimeError, match=r"SyncMPClient, i\.e\. in another process"):
+        VLLMRolloutEngine(str(tiny_qwen2_dir), qwen_tokenizer, dtype="float32")
+
+
+def test_single_process_engine_uses_the_uniproc_executor(standin_vllm, tiny_qwen2_dir, qwen_tokenizer) -> None:
+    from cosmos_primitives.rollout.vllm_engine import VLLMRolloutEngine
+
+    engine = VLLMRolloutEngine(str(tiny_qwen2_dir), qwen_tokenizer, dtype="float32")
+    assert "distributed_executor_backend" not in standin_vllm.CALLS[0][1]
+    assert engine.llm.device_index == 0 and engine.llm.world_size == 1
+
+
+def test_weight_update_resets_the_prefix_cache(standin_vllm, tiny_qwen2_dir, qwen_tokenizer, tmp_path) -> None:
+    """Item 3: after an update, a prompt seen before is computed with the new weights, not from the
+    KV its prefix had under the old ones."""
+    from cosmos_primitives.rollout.vllm_engine import VLLMRolloutEngine
+
+    params = SamplingParams(n=1, temperature=1.0, max_new_tokens=4, seed=2)
+    engine = VLLMRolloutEngine(str(tiny_qwen2_dir), qwen_tokenizer, dtype="float32")
+    engine.generate([HI], params)  # fills the prefix cache with the old weights' KV
+    engine.update_weights(cpt.tiny_qwen2(seed=5).state_dict().items(), version=1)
+    after = engine.generate([HI], params)[0].completions[0]
+    fresh = VLLMRolloutEngine(str(cpt.save_tiny_qwen2(tmp_path / "new", seed=5)), qwen_tokenizer, dtype="float32")
+    expected = fresh.generate([HI], params)[0].completions[0]
+    assert after.token_ids == expected.token_ids
+    assert after.logprobs == pytest.approx(expected.logprobs, abs=1e-5)
+
+
+def test_colocated_engine_sleeps_between_rollouts(standin_vllm, tiny_qwen2_dir, qwen_tokenizer) -> None:
+    """Beside a resident trainer the engine sleeps after each rollout; an update wakes the weights only
+    (the KV cache stays freed while the trainer steps), the next rollout wakes the rest."""
+    from cosmos_primitives.rollout.vllm_engine import VLLMRolloutEngine
+
+    engine = VLLMRolloutEngine(str(tiny_qwen2_dir), qwen_tokenizer, dtype="float32", sleep_level=1)
+    assert standin_vllm.CALLS[0][1]["enable_sleep_mode"] is True
+    engine.generate([HI], SamplingParams(n=1, max_new_tokens=2))
+    assert engine.llm.asleep == {"weights", "kv_cache"}
+    del standin_vllm.CALLS[:]
+    engine.update_weights(cpt.tiny_qwen2(seed=5).state_dict().items(), version=1)
+    assert engine.llm.asleep == {"kv_cache"}
+    engine.generate([HI], SamplingParams(n=1, max_new_tokens=2))
+    assert [c for c in standin_vllm.CALLS if c[0] != "video_fps"] == [
+        ("wake_up", ["weights"]), ("collective_rpc", "cosmos_load_weights"), ("reset_prefix_cache", None),
+        ("wake_up", ["kv_cache"]), ("generate", 1), ("sleep", 1)]
+
+
+def test_requests_carry_per_video_fps_and_vllm_sampling_defaults(standin_vllm, tiny_qwen2_dir,
+                                                                 qwen_tokenizer) -> None:
+    """Item 5: each video keeps its own fps; top_k off is vLLM's 0; an aborted request says so."""
+    from cosmos_primitives.rollout.vllm_engine import VLLMRolloutEngine
+
+    engine = VLLMRolloutEngine(str(tiny_qwen2_dir), qwen_tokenizer, dtype="float32")
+    frames = [np.zeros((4, 28, 28, 3), dtype=np.uint8), np.zeros((2, 28, 28, 3), dtype=np.uint8)]
+    two = Prompt(conversation=[{"role": "user", "content": "compare"}], prompt_id="v", videos=frames,
+                 video_fps=[2.0, 4.0])
+    engine.generate([two, HI], SamplingParams(n=1, max_new_tokens=2, top_k=-1))
+    assert [c[1] for c in standin_vllm.CALLS if c[0] == "video_fps"] == [[[2.0, 4.0], []]]
+    sent = engine._sampling_params(SamplingParams(n=1, top_k=-1))
+    assert sent.top_k == 0
+    assert engine._sampling_params(SamplingParams(n=1, top_k=7)).top_k == 7
+
+    standin_vllm.ABORT_AFTER_TOKENS = 1
+    aborted = engine.generate([HI], SamplingParams(n=2, max_new_tokens=5, temperature=1.0, seed=3))[0]
+    assert [c.finish_reason for c in aborted.completions] == ["abort", "abort"]

@@ -27,7 +27,7 @@ class RolloutConfig(Section):
     max_response_length: int = 1024
     batch_size: int = 8
     seed: int | None = None
-    gpu_memory_utilization: float = 0.7
+    gpu_memory_utilization: float = 0.3
     enforce_eager: bool = True
     include_stop_str_in_output: bool = False
     sampling_config: SamplingConfig = msgspec.field(default_factory=SamplingConfig)

@@ -17,6 +17,7 @@ _EXPORTS = {
     "InverseCDFSampler": "token_sampler",
     "VLLMRolloutEngine": "vllm_engine",
     "CosmosWorkerExtension": "vllm_engine",
+    "launcher_settings": "vllm_engine",
     "SDEParams": "flow_sde",
     "gaussian_log_prob": "flow_sde",
     "gaussian_mean_kl": "flow_sde",

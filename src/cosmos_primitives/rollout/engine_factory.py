@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 import torch
@@ -11,13 +12,16 @@ from cosmos_primitives.config.rollout import RolloutConfig
 
 def build_rollout_engine(cfg: RolloutConfig, model_path: str, processor: Any, *, dtype: str = "bfloat16",
                          device: torch.device | str = "cpu", seed: int = 0,
-                         max_model_len: int | None = None) -> tuple[Any, torch.nn.Module | None]:
+                         max_model_len: int | None = None, colocated: bool = True,
+                         engine_ranks: Sequence[int] | None = None) -> tuple[Any, torch.nn.Module | None]:
     """The engine ``[rollout]`` asks for, loaded from ``model_path`` (a HF folder or hub name).
 
     ``backend = "hf"``: :class:`~cosmos_primitives.rollout.hf_engine.HFRolloutEngine` over a HF
     model in ``dtype`` on ``device`` (``batch_size`` sequences per ``generate`` call). ``"vllm"``:
     :class:`~cosmos_primitives.rollout.vllm_engine.VLLMRolloutEngine` (``gpu_memory_utilization``,
-    ``enforce_eager``) on this rank's GPU.
+    ``enforce_eager``) in this process on this rank's GPU (vLLM's external launcher under torchrun);
+    ``colocated``: a trainer shares the GPU, so the engine sleeps between rollouts; ``engine_ranks``:
+    the global ranks that build an engine (default: all).
 
     Returns:
         ``(engine, engine_model)``: ``engine_model`` is the HF engine's module (the target weight
@@ -25,7 +29,8 @@ def build_rollout_engine(cfg: RolloutConfig, model_path: str, processor: Any, *,
         ``update_weights``, layout :func:`sync_layout`).
 
     Raises:
-        ValueError: ``backend = "vllm"`` with ``[rollout.parallelism] tp_size`` other than 1.
+        ValueError: ``backend = "vllm"`` with ``[rollout.parallelism] tp_size`` other than 1, or on only
+            some ranks of the job (see :func:`~cosmos_primitives.rollout.vllm_engine.launcher_settings`).
     """
     if cfg.backend == "hf":
         from cosmos_primitives.checkpoint.hf_loading import load_hf_model
@@ -43,7 +48,8 @@ def build_rollout_engine(cfg: RolloutConfig, model_path: str, processor: Any, *,
 
     engine = VLLMRolloutEngine(model_path, processor, tensor_parallel_size=1,
                                gpu_memory_utilization=cfg.gpu_memory_utilization, enforce_eager=cfg.enforce_eager,
-                               dtype=dtype, max_model_len=max_model_len, seed=seed)
+                               dtype=dtype, max_model_len=max_model_len, seed=seed, sleep_level=1 if colocated else 0,
+                               engine_ranks=engine_ranks)
     return engine, None
 
 

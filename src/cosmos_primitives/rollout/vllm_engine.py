@@ -1,20 +1,36 @@
 """``VLLMRolloutEngine``: generation with vLLM (optional ``vllm`` extra, GPU only).
 
 UNTESTED ON THE REAL THING: vLLM cannot be installed or run on the machines this library is
-developed on. The engine is tested against a stand-in module that follows vLLM's documented call
-shapes (``LLM(...)``, ``LLM.generate(prompts, SamplingParams)`` returning ``RequestOutput`` objects
-with ``.prompt_token_ids`` and ``.outputs[k].token_ids / .logprobs / .finish_reason / .text``,
-``LLM.collective_rpc(method, args=...)`` reaching a ``worker_extension_cls``). Check it on a GPU
-before relying on it.
+developed on. The engine is tested against a stand-in (``tests/standins/vllm``) that models the
+documented behaviours below; docs/vllm.md lists, call by call, the vLLM versions each was checked
+against. Check it on a GPU before relying on it.
 
-Weights are updated through vLLM's public weight-loading path: a worker extension
-(:class:`CosmosWorkerExtension`, passed to ``LLM(worker_extension_cls=...)``) whose method,
-invoked with ``collective_rpc``, calls ``self.model_runner.model.load_weights(weights)``. Names are
-the HF checkpoint names (``model.layers.0...``, ``visual...``); vLLM fuses q/k/v and gate/up itself.
+How it drives vLLM (V1 engine, vLLM >= 0.20):
+
+- The engine core runs in this process: ``VLLM_ENABLE_V1_MULTIPROCESSING=0`` is set before ``LLM()``
+  is built. ``collective_rpc`` then calls the worker directly (``InprocClient``), so the tensors handed
+  to :meth:`VLLMRolloutEngine.update_weights` reach ``model.load_weights`` without being serialised.
+  With multiprocessing on, vLLM would copy every tensor through its message serializer into the
+  engine-core process.
+- Inside a ``torchrun`` job (torch.distributed initialised, more than one rank) the engine uses
+  ``distributed_executor_backend="external_launcher"``: vLLM's worker takes ``RANK`` / ``LOCAL_RANK``
+  from the environment, so each rank's engine lands on its own local GPU (the uni-process executor
+  would put every rank's engine on device 0), and vLLM's groups are built over torch's default group.
+  Every rank of that group must therefore build an engine: an engine on only some ranks (the rollout
+  ranks of a disaggregated job) is refused with a clear error rather than left to hang while vLLM
+  builds groups that the trainer ranks never join.
+- Weights are loaded by the worker extension (:class:`CosmosWorkerExtension`, ``worker_extension_cls``)
+  through ``model.load_weights`` with HF checkpoint names; vLLM renames (``hf_to_vllm_mapper``) and
+  fuses (``qkv_proj``, ``gate_up_proj``) them. The prefix cache is reset after every update, since
+  cached KV blocks were computed with the old weights.
+- Colocated with a resident trainer (``sleep_level=1``): ``enable_sleep_mode=True``; after each
+  ``generate`` the engine sleeps (weights offloaded to CPU, KV cache freed), an update wakes only the
+  weights, the next ``generate`` wakes the KV cache.
 """
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterable, Sequence
 from typing import Any
 
@@ -25,6 +41,10 @@ from cosmos_primitives.data.records import Completion, Prompt, RolloutGroup, Sam
 from cosmos_primitives.utils.extras import require
 
 WORKER_EXTENSION = "cosmos_primitives.rollout.vllm_engine.CosmosWorkerExtension"
+# what vLLM's CompletionOutput.finish_reason can say of a finished request (vllm/v1/engine FinishReason)
+FINISH_REASONS = ("stop", "length", "abort", "error")
+DEFAULT_GPU_MEMORY_UTILIZATION = 0.3
+_LAUNCHER_ENV = ("RANK", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
 
 
 class CosmosWorkerExtension:
@@ -36,28 +56,77 @@ class CosmosWorkerExtension:
         return len(loaded) if loaded is not None else len(named_tensors)
 
     def cosmos_weight_checksums(self, names: list[str]) -> dict[str, float]:
+        """float64 sums of the named parameters, in vLLM's own names (fused tensors whole)."""
         params = dict(self.model_runner.model.named_parameters())  # type: ignore[attr-defined]
         return {n: float(params[n].detach().double().sum()) for n in names if n in params}
 
 
+def launcher_settings(engine_ranks: Sequence[int] | None = None) -> dict[str, Any]:
+    """The ``LLM()`` arguments that place this rank's engine, from the torchrun environment.
+
+    Args:
+        engine_ranks: the global ranks that build an engine; default: every rank of the job.
+
+    Returns:
+        ``{}`` in a single process (vLLM's uni-process executor, device 0 of those visible), else
+        ``{"distributed_executor_backend": "external_launcher"}``.
+
+    Raises:
+        ValueError: the default process group holds ranks that build no engine (vLLM would build its
+            groups over all of them), or the launcher variables vLLM reads are missing.
+    """
+    import torch.distributed as dist
+
+    world = dist.get_world_size() if dist.is_initialized() else int(os.environ.get("WORLD_SIZE", "1"))
+    if world == 1:
+        return {}
+    ranks = sorted(range(world) if engine_ranks is None else {int(r) for r in engine_ranks})
+    if ranks != list(range(world)):
+        raise ValueError(
+            f"a vLLM engine on rollout ranks {ranks} of a job of {world} ranks: vLLM's external launcher builds "
+            f"its process groups over torch.distributed's default group, i.e. all {world} ranks, trainers "
+            "included, which never join them. Run the rollout ranks as their own torchrun job (their default "
+            "group then holds only them), colocate the engine on every rank, or use [rollout] backend = \"hf\""
+        )
+    if not dist.is_initialized():
+        raise ValueError(
+            f"WORLD_SIZE={world} but torch.distributed is not initialised: call cp.parallel.init_distributed() "
+            "before building the vLLM engine, so that vLLM joins the job's group (otherwise it would create a "
+            "group of tensor_parallel_size ranks and fail)"
+        )
+    missing = [name for name in _LAUNCHER_ENV if name not in os.environ]
+    if missing:
+        raise ValueError(f"vLLM's external launcher reads {list(_LAUNCHER_ENV)} from the environment; {missing} "
+                         "are not set (start the job with torchrun)")
+    return {"distributed_executor_backend": "external_launcher"}
+
+
 class VLLMRolloutEngine:
-    """``n`` completions per prompt from a vLLM ``LLM``.
+    """``n`` completions per prompt from a vLLM ``LLM`` running in this process.
 
     Args:
         model_path: HF folder or hub name (an exported ``safetensors/final`` folder works).
         processor: the HF processor / tokenizer, used to render the chat template.
         tensor_parallel_size: ``[rollout.parallelism] tp_size``.
-        gpu_memory_utilization, enforce_eager, dtype, max_model_len, seed: passed to ``LLM``.
+        gpu_memory_utilization: the share of the GPU vLLM takes for weights and KV cache; it must be
+            free when the engine starts, so beside a resident trainer keep it low (default 0.3).
+        enforce_eager, dtype, max_model_len, seed: passed to ``LLM``.
+        sleep_level: 1 to sleep between rollouts (colocated with a trainer), 0 never.
+        engine_ranks: the global ranks that build an engine (see :func:`launcher_settings`).
         llm_kwargs: anything else for ``LLM``.
     """
 
     def __init__(self, model_path: str, processor: Any, *, tensor_parallel_size: int = 1,
-                 gpu_memory_utilization: float = 0.7, enforce_eager: bool = True, dtype: str = "bfloat16",
-                 max_model_len: int | None = None, seed: int = 0, weight_version: int = 0,
+                 gpu_memory_utilization: float = DEFAULT_GPU_MEMORY_UTILIZATION, enforce_eager: bool = True,
+                 dtype: str = "bfloat16", max_model_len: int | None = None, seed: int = 0, weight_version: int = 0,
+                 sleep_level: int = 0, engine_ranks: Sequence[int] | None = None,
                  llm_kwargs: dict[str, Any] | None = None) -> None:
+        if sleep_level not in (0, 1):
+            raise ValueError(f"sleep_level must be 0 (never) or 1 (weights to CPU, KV cache freed), got {sleep_level}")
         vllm = require("vllm", "vLLM rollouts")
         self._vllm = vllm
         self.processor = processor
+        self.sleep_level = sleep_level
         kwargs: dict[str, Any] = {
             "model": model_path,
             "tensor_parallel_size": tensor_parallel_size,
@@ -68,19 +137,47 @@ class VLLMRolloutEngine:
             "worker_extension_cls": WORKER_EXTENSION,
             # log-probs of the temperature-scaled distribution, as HFRolloutEngine reports them
             "logprobs_mode": "processed_logprobs",
+            **launcher_settings(engine_ranks),
         }
+        if sleep_level:
+            kwargs["enable_sleep_mode"] = True
         if max_model_len is not None:
             kwargs["max_model_len"] = max_model_len
         kwargs.update(llm_kwargs or {})
+        # read by vLLM when the engine is built: keep the engine core (and its model) in this process
+        os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
         self.llm = vllm.LLM(**kwargs)
+        client = getattr(getattr(self.llm, "llm_engine", None), "engine_core", None)
+        if client is not None and "MPClient" in type(client).__name__:  # SyncMPClient: ZMQ to another process
+            raise RuntimeError(
+                f"vLLM built its engine core behind {type(client).__name__}, i.e. in another process, although "
+                "VLLM_ENABLE_V1_MULTIPROCESSING=0 was set (read earlier in this process?); weight updates would be "
+                "serialised through it. Set VLLM_ENABLE_V1_MULTIPROCESSING=0 before vLLM is first imported"
+            )
+        self._asleep: set[str] = set()
         self.weight_version = weight_version
+
+    # sleep mode ----------------------------------------------------------------------------------
+
+    def _wake(self, tag: str) -> None:
+        if tag in self._asleep:
+            self.llm.wake_up(tags=[tag])
+            self._asleep.discard(tag)
+
+    def sleep(self) -> None:
+        """Free the KV cache and offload the weights to CPU (a no-op with ``sleep_level=0``)."""
+        if self.sleep_level and not self._asleep:
+            self.llm.sleep(level=self.sleep_level)
+            self._asleep = {"weights", "kv_cache"}
+
+    # generation ----------------------------------------------------------------------------------
 
     def _sampling_params(self, params: SamplingParams) -> Any:
         kwargs: dict[str, Any] = {
             "n": params.n,
             "temperature": params.temperature,
             "top_p": params.top_p,
-            "top_k": params.top_k if params.top_k > 0 else -1,
+            "top_k": params.top_k if params.top_k > 0 else 0,  # vLLM's "off" (its default)
             "repetition_penalty": params.repetition_penalty,
             "max_tokens": params.max_new_tokens,
             "logprobs": 0,  # the sampled token's log-prob only
@@ -92,21 +189,30 @@ class VLLMRolloutEngine:
 
     @staticmethod
     def _request(text: str, prompt: Prompt) -> dict[str, Any]:
+        """One vLLM prompt dict. Each video goes with its own metadata (``fps``, frames already
+        sampled), which is what the Qwen2.5-VL processor reads its per-video frame rate from;
+        ``mm_processor_kwargs={"fps": ...}`` would apply one rate to every video of the prompt."""
         request: dict[str, Any] = {"prompt": text}
         media: dict[str, Any] = {}
         if prompt.images:
             media["image"] = prompt.images if len(prompt.images) > 1 else prompt.images[0]
         if prompt.videos:
-            media["video"] = prompt.videos if len(prompt.videos) > 1 else prompt.videos[0]
+            if prompt.video_fps and len(prompt.video_fps) != len(prompt.videos):
+                raise ValueError(f"prompt {prompt.prompt_id!r}: {len(prompt.videos)} videos but "
+                                 f"{len(prompt.video_fps)} video_fps values; give one fps per video")
+            fps = prompt.video_fps or [2.0] * len(prompt.videos)
+            items = [(video, _video_metadata(len(video), f)) for video, f in zip(prompt.videos, fps)]
+            media["video"] = items if len(items) > 1 else items[0]
         if media:
             request["multi_modal_data"] = media
-        if prompt.video_fps:
-            request["mm_processor_kwargs"] = {"fps": prompt.video_fps[0]}
         return request
 
     def generate(self, prompts: Sequence[Prompt], params: SamplingParams) -> list[RolloutGroup]:
         requests = [self._request(render_prompt(self.processor, p), p) for p in prompts]
+        self._wake("weights")
+        self._wake("kv_cache")
         outputs = self.llm.generate(requests, self._sampling_params(params), use_tqdm=False)
+        self.sleep()
         if len(outputs) != len(prompts):
             raise RuntimeError(f"vLLM returned {len(outputs)} outputs for {len(prompts)} prompts")
         groups = []
@@ -116,20 +222,41 @@ class VLLMRolloutEngine:
                 token_ids = list(sample.token_ids)
                 if sample.logprobs is None:
                     raise RuntimeError("vLLM returned no log-probs although SamplingParams.logprobs=0 was set")
+                if sample.finish_reason not in FINISH_REASONS:
+                    raise RuntimeError(f"prompt {prompt.prompt_id!r}: vLLM returned an unfinished completion "
+                                       f"(finish_reason={sample.finish_reason!r})")
                 logprobs = [float(step[tok].logprob) for tok, step in zip(token_ids, sample.logprobs)]
-                finish = "length" if sample.finish_reason == "length" else "stop"
                 completions.append(Completion(text=sample.text, token_ids=token_ids, logprobs=logprobs,
-                                              finish_reason=finish))
+                                              finish_reason=str(sample.finish_reason)))
             groups.append(RolloutGroup(prompt=prompt, prompt_token_ids=list(out.prompt_token_ids),
                                        completions=completions, weight_version=self.weight_version))
         return groups
 
+    # weights -------------------------------------------------------------------------------------
+
     def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]], version: int) -> None:
-        """Load HF-checkpoint-named tensors into every vLLM worker, then tag rollouts with ``version``."""
+        """Load HF-checkpoint-named tensors into the engine's model, reset the prefix cache, and tag
+        later rollouts with ``version``. The tensors are read during the call only."""
         batch = list(named_tensors)
+        self._wake("weights")
         self.llm.collective_rpc("cosmos_load_weights", args=(batch,))
+        if self.llm.reset_prefix_cache() is False:
+            raise RuntimeError("vLLM could not reset its prefix cache after a weight update (requests still "
+                               "running?); cached KV would come from the old weights")
         self.weight_version = version
 
+    #: the names :meth:`weight_checksums` answers to: vLLM's in-memory module tree, fused
+    checksum_layout = "vllm"
+
     def weight_checksums(self, names: Sequence[str]) -> dict[str, float]:
-        """Per-tensor float64 sums on the first worker (for the first-sync equality check)."""
+        """float64 sums of the engine's tensors, by vLLM's own parameter names (``checksum_layout``),
+        for the first-sync equality check. Names the engine does not hold are left out."""
+        self._wake("weights")
         return self.llm.collective_rpc("cosmos_weight_checksums", args=(list(names),))[0]
+
+
+def _video_metadata(num_frames: int, fps: float) -> dict[str, Any]:
+    """vLLM's per-video metadata (the fields of ``transformers.video_utils.VideoMetadata``) for
+    frames that are already sampled at ``fps``."""
+    return {"total_num_frames": num_frames, "fps": float(fps), "duration": num_frames / float(fps),
+            "frames_indices": list(range(num_frames))}

@@ -24,7 +24,7 @@ from torch import nn
 
 from cosmos_primitives.parallel.param_names import clean_name
 from cosmos_primitives.sync.checks import WeightMismatchError, bitwise_equal, describe_difference
-from cosmos_primitives.sync.name_maps import NameMapError, map_names, resolve_family
+from cosmos_primitives.sync.name_maps import NameMapError, TargetSpec, map_names, resolve_family
 from cosmos_primitives.sync.result import SyncResult
 from cosmos_primitives.sync.sources import (
     full_tensor,
@@ -118,8 +118,16 @@ class InProcessSync:
                     self._staging[e.target] = torch.empty(e.shape, dtype=e.dtype, device=device)
         self._cuda = _uses_cuda(self._targets, self._sources)
         self._read_back = read_back or self._default_read_back()
-        # an engine whose tensors live elsewhere (vLLM workers) is checked by per-tensor checksums
+        # an engine whose tensors live elsewhere (vLLM workers) is checked by per-tensor checksums, asked
+        # for under the names the engine itself holds (its ``checksum_layout``: vLLM's fused tree)
         self._checksums = getattr(self._engine, "weight_checksums", None) if self._read_back is None else None
+        self._check_specs: list[TargetSpec] = []
+        self._check_dtype = dtype
+        if self._checksums is not None:
+            check_layout = getattr(self._engine, "checksum_layout", layout)
+            check_family = family_map if check_layout == layout else resolve_family(source, family, check_layout)
+            self._check_specs = map_names(list(self._sources), check_layout, check_family,
+                                          tied=ties_embeddings(source))
         if verify_first and self._read_back is None and self._checksums is None:
             raise ValueError(
                 f"verify_first needs to read the engine's tensors back, but {type(target).__name__} has no "
@@ -256,27 +264,33 @@ class InProcessSync:
     def _verify_checksums(self) -> None:
         """The first-sync check through the engine's ``weight_checksums(names)`` (float64 sums).
 
-        Only the names the engine reports are compared: an engine that fuses or shards tensors
-        (vLLM's ``qkv_proj``) does not hold the others under these names. At least one must match.
+        The names are the engine's own (its ``checksum_layout``; for vLLM the fused ``qkv_proj`` /
+        ``gate_up_proj`` under ``language_model.model.*``), so every tensor it holds is compared: a
+        fused tensor's sum against the sum of its parts. Every name must be answered.
         """
         assert self._checksums is not None
-        got = self._checksums([e.target for e in self.plan])
-        if not got:
+        names = [spec.name for spec in self._check_specs]
+        got = self._checksums(names)
+        missing = [n for n in names if n not in got]
+        if missing:
             raise WeightMismatchError(
-                f"weight sync check failed: the engine reported no checksum for any of the {len(self.plan)} "
-                "tensors it was sent (names it does not hold?); pass verify_first=False to skip the check"
+                f"weight sync check failed: the engine reported no checksum for {len(missing)} of the {len(names)} "
+                f"tensors it should hold, e.g. {missing[:3]} (its parameter names differ from the name map's "
+                "layout for it); fix the family's name map, or pass verify_first=False to skip the check"
             )
         with torch.no_grad():
-            for e in self.plan:
-                if e.target not in got:
-                    continue
-                expected = float(_expected(e, [full_tensor(self._sources[s]) for s in e.sources], e.dtype)
-                                 .double().sum())
-                if not math.isclose(expected, float(got[e.target]), rel_tol=1e-7, abs_tol=1e-6):
+            for spec in self._check_specs:
+                expected = 0.0
+                for source in spec.sources:
+                    value = full_tensor(self._sources[source])
+                    if self._check_dtype is not None and value.is_floating_point():
+                        value = value.to(self._check_dtype)
+                    expected += float(value.double().sum())
+                if not math.isclose(expected, float(got[spec.name]), rel_tol=1e-7, abs_tol=1e-6):
                     raise WeightMismatchError(
-                        f"weight sync check failed: engine tensor '{e.target}' (from trainer {list(e.sources)}) "
-                        f"sums to {got[e.target]!r}, the trainer's value cast to {e.dtype} to {expected!r}. The "
-                        "engine's weight loader or the name map is wrong for this tensor"
+                        f"weight sync check failed: engine tensor '{spec.name}' (from trainer {list(spec.sources)}) "
+                        f"sums to {got[spec.name]!r}, the trainer's value to {expected!r}. The engine's weight "
+                        "loader or the name map is wrong for this tensor"
                     )
 
     def _default_read_back(self) -> Callable[[str], torch.Tensor] | None:

@@ -1,22 +1,67 @@
-"""A stand-in for the parts of vLLM that ``VLLMRolloutEngine`` uses, following vLLM's documented
-call shapes (``LLM``, ``SamplingParams``, ``RequestOutput`` / ``CompletionOutput`` / ``Logprob``,
-``collective_rpc`` with a ``worker_extension_cls``). It samples from a small HF causal LM on the
-CPU so that outputs and log-probs are real. It is NOT vLLM: the real engine is untested here."""
+"""A stand-in for the parts of vLLM that ``VLLMRolloutEngine`` uses. It is NOT vLLM: the real engine is
+untested here. It samples from a small HF model on the CPU so that outputs and log-probs are real, and
+models the documented behaviours the adapter depends on, as vLLM 0.20 - 0.33 has them:
+
+- ``vllm/envs.py`` ``VLLM_ENABLE_V1_MULTIPROCESSING`` (default ``1``) and ``vllm/v1/engine/core_client.py``:
+  with multiprocessing on, the engine core (executor, worker, model) lives in another process; every
+  ``collective_rpc`` goes through a serializer (here: pickle; tensors are copied and their bytes are
+  recorded in :data:`SERIALIZED`), and ``LLM.llm_engine`` has no ``model_executor``. With it off
+  (``InprocClient``), ``collective_rpc`` calls the worker directly and
+  ``llm.llm_engine.model_executor.driver_worker.worker.model_runner.model`` is the model.
+- ``vllm/v1/executor/uniproc_executor.py``: the uni-process executor takes device index 0 (of the
+  ``device`` given, default ``cuda``); ``ExecutorWithExternalLauncher`` asserts multiprocessing is off
+  and takes ``RANK`` / ``LOCAL_RANK`` from the environment (``env://``: ``MASTER_ADDR`` / ``MASTER_PORT``);
+  ``vllm/distributed/parallel_state.py`` builds vLLM's world over torch's default group when one
+  exists (all its ranks), else initialises one of ``tensor_parallel_size`` ranks; the external launcher
+  needs a ``seed`` (``ModelConfig.verify_with_parallel_config``).
+- the start-up memory check of ``vllm/v1/worker/gpu_worker.py``: ``gpu_memory_utilization`` x total
+  memory must be free when the engine starts (:data:`GPU` sets what other users of the GPU hold).
+- automatic prefix caching (on by default in V1): a prompt whose prefix was computed before reuses
+  that KV cache, computed with whatever weights were loaded then, until ``reset_prefix_cache()``.
+- sleep mode (``enable_sleep_mode=True``): ``sleep(level=1)`` offloads the weights and drops the KV
+  cache, ``wake_up(tags)`` brings back ``"weights"`` and/or ``"kv_cache"``; the model cannot be
+  written or run while asleep.
+- parameter names: ``vllm/model_executor/models/qwen2.py`` / ``qwen2_5_vl.py``. The in-memory model
+  fuses ``q/k/v_proj`` into ``qkv_proj`` and ``gate/up_proj`` into ``gate_up_proj`` (the vision MLP of
+  Qwen2.5-VL too); Qwen2.5-VL nests the language model as ``language_model.model.*``; a tied
+  ``lm_head`` is not a parameter of its own. ``load_weights`` takes checkpoint names (``hf_to_vllm_mapper``
+  and ``stacked_params_mapping``) and returns the vLLM names it loaded.
+- ``vllm/sampling_params.py``: ``top_k`` 0 (default) or -1 disables it; ``vllm/outputs.py``:
+  ``CompletionOutput.finish_reason`` is ``"stop"``, ``"length"`` or ``"abort"``; a video item is
+  ``frames`` or ``(frames, metadata)`` with the metadata's ``fps``; ``mm_processor_kwargs["fps"]``
+  applies to every video of the prompt.
+"""
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import importlib
+import os
+import pickle
+from types import SimpleNamespace
 from typing import Any
 
 import torch
 
 _LLM_KWARGS = {
     "model", "tensor_parallel_size", "gpu_memory_utilization", "enforce_eager", "dtype", "seed",
-    "worker_extension_cls", "logprobs_mode", "max_model_len",
+    "worker_extension_cls", "logprobs_mode", "max_model_len", "distributed_executor_backend",
+    "enable_sleep_mode", "enable_prefix_caching",
 }
 _LOGPROBS_MODES = {"raw_logprobs", "raw_logits", "processed_logprobs", "processed_logits"}
 CALLS: list[tuple[str, Any]] = []
+SERIALIZED: list[tuple[str, int]] = []  # (collective_rpc method, tensor bytes copied through the serializer)
+GPU = {"total_bytes": 80 << 30, "used_by_others": 0}
+ABORT_AFTER_TOKENS: int | None = None  # test knob: requests still running after this many tokens are aborted
+
+
+def reset() -> None:
+    CALLS.clear()
+    SERIALIZED.clear()
+    GPU.update(total_bytes=80 << 30, used_by_others=0)
+    global ABORT_AFTER_TOKENS
+    ABORT_AFTER_TOKENS = None
 
 
 @dataclasses.dataclass
@@ -24,12 +69,16 @@ class SamplingParams:
     n: int = 1
     temperature: float = 1.0
     top_p: float = 1.0
-    top_k: int = -1
+    top_k: int = 0
     repetition_penalty: float = 1.0
     max_tokens: int = 16
     logprobs: int | None = None
     seed: int | None = None
     stop_token_ids: list[int] | None = None
+
+    def __post_init__(self) -> None:
+        if self.top_k < -1:
+            raise ValueError(f"top_k must be 0 or -1 (disable), or at least 1, got {self.top_k}.")
 
 
 @dataclasses.dataclass
@@ -58,31 +107,142 @@ class RequestOutput:
     finished: bool = True
 
 
-class _StandInModel:
-    """The worker's ``model_runner.model``: HF names on disk == in memory for Qwen2."""
+# vLLM's names -------------------------------------------------------------------------------------
+
+# hf_to_vllm_mapper of Qwen2_5_VLForConditionalGeneration: checkpoint (and transformers 5) prefixes
+_VL_PREFIXES = (("model.language_model.", "language_model.model."), ("model.visual.", "visual."),
+                ("lm_head.", "language_model.lm_head."), ("model.", "language_model.model."), ("visual.", "visual."))
+_FUSED_MODULES = ((".qkv_proj", ("q_proj", "k_proj", "v_proj")), (".gate_up_proj", ("gate_proj", "up_proj")))
+# stacked_params_mapping: (fused module, part module, shard index)
+_STACKED = ((".qkv_proj", ".q_proj", 0), (".qkv_proj", ".k_proj", 1), (".qkv_proj", ".v_proj", 2),
+            (".gate_up_proj", ".gate_proj", 0), (".gate_up_proj", ".up_proj", 1))
+
+
+def _to_vllm_name(name: str, model_type: str) -> str:
+    if model_type == "qwen2_5_vl":
+        for old, new in _VL_PREFIXES:
+            if name.startswith(old):
+                return new + name[len(old):]
+    return name
+
+
+class _VLLMModel:
+    """The worker's ``model_runner.model``: vLLM's parameter names over a HF model whose q/k/v and
+    gate/up weights are views into fused ``qkv_proj`` / ``gate_up_proj`` tensors."""
 
     def __init__(self, hf_model: Any) -> None:
         self.hf_model = hf_model
+        self.model_type = hf_model.config.model_type
+        self.tied = bool(getattr(hf_model.config.get_text_config(), "tie_word_embeddings", False))
+        self.shards: dict[str, list[tuple[int, int]]] = {}  # fused name -> (offset, rows) per shard
+        names: dict[str, torch.nn.Parameter] = {}
+        for module_name, module in hf_model.named_modules():
+            for fused, parts in _FUSED_MODULES:
+                if all(isinstance(getattr(module, p, None), torch.nn.Linear) for p in parts):
+                    for leaf in ("weight", "bias"):
+                        pieces = [getattr(getattr(module, p), leaf) for p in parts]
+                        if pieces[0] is None:
+                            continue
+                        whole = torch.nn.Parameter(torch.cat([p.detach() for p in pieces]), requires_grad=False)
+                        offset, spans = 0, []
+                        for p, piece in zip(parts, pieces):
+                            view = whole.data.narrow(0, offset, piece.shape[0])
+                            setattr(getattr(module, p), leaf, torch.nn.Parameter(view, requires_grad=False))
+                            spans.append((offset, piece.shape[0]))
+                            offset += piece.shape[0]
+                        name = _to_vllm_name(f"{module_name}{fused}.{leaf}", self.model_type)
+                        names[name] = whole
+                        self.shards[name] = spans
+        fused_parts = {id(getattr(getattr(m, p), leaf)) for _, m in hf_model.named_modules()
+                       for p in ("q_proj", "k_proj", "v_proj", "gate_proj", "up_proj")
+                       if isinstance(getattr(m, p, None), torch.nn.Linear)
+                       for leaf in ("weight", "bias") if getattr(getattr(m, p), leaf) is not None}
+        for name, param in hf_model.named_parameters():  # tied duplicates are listed once, as in vLLM
+            if id(param) in fused_parts or (self.tied and name.endswith("lm_head.weight")):
+                continue
+            names[_to_vllm_name(name, self.model_type)] = param
+        self.by_name = names
 
     def named_parameters(self):
-        return self.hf_model.named_parameters()
+        return iter(self.by_name.items())
 
     @torch.no_grad()
     def load_weights(self, weights):
-        params = dict(self.hf_model.named_parameters())
         loaded = set()
-        tied = self.hf_model.config.tie_word_embeddings
         for name, tensor in weights:
-            if tied and name == "lm_head.weight":  # vLLM skips the tied head as well
+            target = _to_vllm_name(name, self.model_type)
+            if self.tied and target.endswith("lm_head.weight"):  # vLLM skips the tied head
                 continue
-            params[name].copy_(tensor)
-            loaded.add(name)
+            for fused, part, shard in _STACKED:
+                if part in target:
+                    fused_name = target.replace(part, fused)
+                    offset, rows = self.shards[fused_name][shard]
+                    self.by_name[fused_name].data.narrow(0, offset, rows).copy_(tensor)
+                    loaded.add(fused_name)
+                    break
+            else:
+                self.by_name[target].data.copy_(tensor)  # KeyError on an unknown name, as vLLM
+                loaded.add(target)
         return loaded
 
 
 class _ModelRunner:
-    def __init__(self, model: _StandInModel) -> None:
+    def __init__(self, model: _VLLMModel) -> None:
         self.model = model
+
+
+class _Worker:
+    """vLLM's GPU worker (``vllm/v1/worker/gpu_worker.py``): device from its local rank."""
+
+    def __init__(self, model: _VLLMModel, local_rank: int, rank: int) -> None:
+        self.model_runner = _ModelRunner(model)
+        self.local_rank, self.rank = local_rank, rank
+        self.device = f"cuda:{local_rank}"
+
+
+class _WorkerWrapper:
+    def __init__(self, worker: Any) -> None:
+        self.worker = worker
+
+
+class _Executor:
+    def __init__(self, worker: Any) -> None:
+        self.driver_worker = _WorkerWrapper(worker)
+
+
+class InprocClient:
+    """``vllm/v1/engine/core_client.py``: the engine core in this process."""
+
+    def __init__(self, worker: Any) -> None:
+        self.engine_core = SimpleNamespace(model_executor=_Executor(worker))
+
+
+class SyncMPClient:
+    """``vllm/v1/engine/core_client.py``: the engine core in a background process, reached over ZMQ."""
+
+
+class _LLMEngine:
+    """``LLM.llm_engine``: its ``engine_core`` client, and ``model_executor`` only with the engine core
+    in this process."""
+
+    def __init__(self, worker: Any, in_process: bool) -> None:
+        self.engine_core = InprocClient(worker) if in_process else SyncMPClient()
+        if in_process:
+            self.model_executor = self.engine_core.engine_core.model_executor
+
+
+def _env_flag(name: str, default: str) -> bool:
+    return bool(int(os.environ.get(name, default)))
+
+
+def _tensor_bytes(obj: Any) -> int:
+    if isinstance(obj, torch.Tensor):
+        return obj.numel() * obj.element_size()
+    if isinstance(obj, (list, tuple)):
+        return sum(_tensor_bytes(o) for o in obj)
+    if isinstance(obj, dict):
+        return sum(_tensor_bytes(o) for o in obj.values())
+    return 0
 
 
 class LLM:
@@ -92,24 +252,133 @@ class LLM:
             raise TypeError(f"stand-in LLM got unexpected arguments {sorted(unknown)}")
         if kwargs.get("logprobs_mode", "raw_logprobs") not in _LOGPROBS_MODES:
             raise ValueError(f"bad logprobs_mode {kwargs['logprobs_mode']!r}")
-        CALLS.append(("LLM", kwargs))
-        from transformers import AutoModelForCausalLM, AutoTokenizer
+        CALLS.append(("LLM", dict(kwargs)))
+        self.in_process = not _env_flag("VLLM_ENABLE_V1_MULTIPROCESSING", "1")
+        self.backend = kwargs.get("distributed_executor_backend")
+        tp = int(kwargs.get("tensor_parallel_size", 1))
+        import torch.distributed as dist
 
-        self.hf_model = AutoModelForCausalLM.from_pretrained(kwargs["model"]).eval()
-        self.tokenizer = AutoTokenizer.from_pretrained(kwargs["model"])
+        if self.backend == "external_launcher":
+            assert self.in_process, "To get deterministic execution, please set VLLM_ENABLE_V1_MULTIPROCESSING=0"
+            assert kwargs.get("seed") is not None, "Seed must be set when using external launcher backend"
+            rank, local_rank = int(os.environ["RANK"]), int(os.environ["LOCAL_RANK"])
+            if not dist.is_initialized() and not {"MASTER_ADDR", "MASTER_PORT"} <= set(os.environ):
+                raise ValueError("env:// initialisation needs MASTER_ADDR and MASTER_PORT")
+        elif self.backend is None:
+            rank, local_rank = 0, 0
+        else:
+            raise ValueError(f"stand-in supports no executor backend {self.backend!r}")
+        # parallel_state.init_distributed_environment: the world is torch's default group when there is one
+        self.world_size = dist.get_world_size() if dist.is_initialized() else tp
+        if rank >= self.world_size:
+            raise ValueError(f"RANK {rank} is outside a world of {self.world_size} (vLLM would initialise "
+                             f"torch.distributed with world_size = tensor_parallel_size = {tp})")
+        self.device_index = local_rank
+        utilization = float(kwargs.get("gpu_memory_utilization", 0.9))
+        free = GPU["total_bytes"] - GPU["used_by_others"]
+        if utilization * GPU["total_bytes"] > free:
+            raise ValueError(
+                f"Free memory on device cuda:{local_rank} ({free / 2**30:.2f}/{GPU['total_bytes'] / 2**30:.2f} GiB) "
+                f"on startup is less than desired GPU memory utilization ({utilization}, "
+                f"{utilization * GPU['total_bytes'] / 2**30:.2f} GiB). Decrease GPU memory utilization or reduce "
+                "GPU memory used by other processes."
+            )
+        self.sleep_enabled = bool(kwargs.get("enable_sleep_mode", False))
+        self.prefix_caching = bool(kwargs.get("enable_prefix_caching", True))
+        self.asleep: set[str] = set()
+        self._prefix_cache: dict[tuple[int, ...], Any] = {}
+        self._model_path = kwargs["model"]
+        self.hf_model = self._load(kwargs["model"], kwargs.get("dtype", "auto"))
+        self._tokenizer = None
         module, _, cls = kwargs["worker_extension_cls"].rpartition(".")
         extension = getattr(importlib.import_module(module), cls)
-        worker_cls = type("StandInWorker", (extension,), {})
-        self.worker = worker_cls()
-        self.worker.model_runner = _ModelRunner(_StandInModel(self.hf_model))
+        worker_cls = type("StandInWorker", (_Worker, extension), {})
+        self.worker = worker_cls(_VLLMModel(self.hf_model), local_rank=local_rank, rank=rank)
+        self.llm_engine = _LLMEngine(self.worker, self.in_process)
+
+    @staticmethod
+    def _load(path: str, dtype: str) -> Any:
+        import transformers
+
+        config = transformers.AutoConfig.from_pretrained(path)
+        torch_dtype = None if dtype == "auto" else getattr(torch, dtype)
+        cls = (transformers.Qwen2_5_VLForConditionalGeneration if config.model_type == "qwen2_5_vl"
+               else transformers.AutoModelForCausalLM)
+        return cls.from_pretrained(path, dtype=torch_dtype).eval()
+
+    @property
+    def tokenizer(self) -> Any:
+        if self._tokenizer is None:
+            from transformers import AutoTokenizer
+
+            self._tokenizer = AutoTokenizer.from_pretrained(self._model_path)
+        return self._tokenizer
 
     def collective_rpc(self, method: str, timeout: float | None = None, args: tuple = (), kwargs: dict | None = None):
         CALLS.append(("collective_rpc", method))
-        return [getattr(self.worker, method)(*args, **(kwargs or {}))]
+        kwargs = kwargs or {}
+        if "weights" in self.asleep:
+            raise RuntimeError(f"collective_rpc({method!r}) while the weights sleep: their memory is unmapped; "
+                               "wake_up(tags=['weights']) first")
+        if self.in_process:
+            return [getattr(self.worker, method)(*args, **kwargs)]
+        # the engine core runs in another process: the message is serialised, tensors are copied
+        SERIALIZED.append((method, _tensor_bytes(args) + _tensor_bytes(kwargs)))
+        args, kwargs = pickle.loads(pickle.dumps((args, kwargs)))
+        return pickle.loads(pickle.dumps([getattr(self.worker, method)(*args, **kwargs)]))
+
+    def sleep(self, level: int = 1) -> None:
+        CALLS.append(("sleep", level))
+        assert self.sleep_enabled, "Sleep mode is not enabled in the model config"
+        if level != 1:
+            raise ValueError("the stand-in models sleep level 1 only")
+        self.asleep = {"weights", "kv_cache"}
+
+    def wake_up(self, tags: list[str] | None = None) -> None:
+        CALLS.append(("wake_up", tags))
+        assert self.sleep_enabled, "Sleep mode is not enabled in the model config"
+        self.asleep -= set(tags or ("weights", "kv_cache"))
+
+    def reset_prefix_cache(self) -> bool:
+        CALLS.append(("reset_prefix_cache", None))
+        self._prefix_cache.clear()
+        return True
+
+    def _video_fps(self, request: dict[str, Any]) -> list[float | None]:
+        videos = (request.get("multi_modal_data") or {}).get("video")
+        if videos is None:
+            return []
+        items = videos if isinstance(videos, list) else [videos]
+        shared = (request.get("mm_processor_kwargs") or {}).get("fps")
+        fps = []
+        for item in items:
+            if isinstance(item, tuple):
+                _, metadata = item
+                fps.append(shared if shared is not None else metadata.get("fps"))
+            else:
+                fps.append(shared)
+        return fps
+
+    def _prompt_state(self, prompt_ids: list[int]) -> tuple[Any, torch.Tensor]:
+        """KV of ``prompt_ids[:-1]`` (from the prefix cache when there) and the last position's logits."""
+        key = tuple(prompt_ids[:-1])
+        cache = self._prefix_cache.get(key) if self.prefix_caching else None
+        if cache is None:
+            out = self.hf_model(input_ids=torch.tensor([prompt_ids[:-1]]), use_cache=True)
+            cache = out.past_key_values
+            if self.prefix_caching:
+                self._prefix_cache[key] = copy.deepcopy(cache)
+        else:
+            cache = copy.deepcopy(cache)
+        out = self.hf_model(input_ids=torch.tensor([prompt_ids[-1:]]), past_key_values=cache, use_cache=True)
+        return out.past_key_values, out.logits[0, -1].float()
 
     @torch.no_grad()
     def generate(self, prompts: list[dict[str, Any]], sampling_params: SamplingParams, use_tqdm: bool = True):
+        if self.asleep:
+            raise RuntimeError(f"generate() while {sorted(self.asleep)} sleep: wake_up() first")
         CALLS.append(("generate", len(prompts)))
+        CALLS.append(("video_fps", [self._video_fps(r) for r in prompts]))
         gen = torch.Generator().manual_seed(sampling_params.seed or 0)
         eos = set(sampling_params.stop_token_ids or []) | {self.tokenizer.convert_tokens_to_ids("<|im_end|>")}
         results = []
@@ -117,18 +386,21 @@ class LLM:
             prompt_ids = self.tokenizer(request["prompt"])["input_ids"]
             outs = []
             for k in range(sampling_params.n):
-                ids = list(prompt_ids)
+                cache, logits = self._prompt_state(prompt_ids)
                 token_ids, logprobs, finish = [], [], "length"
-                for _ in range(sampling_params.max_tokens):
-                    logits = self.hf_model(input_ids=torch.tensor([ids])).logits[0, -1].float()
+                for step in range(sampling_params.max_tokens):
+                    if ABORT_AFTER_TOKENS is not None and step >= ABORT_AFTER_TOKENS:
+                        finish = "abort"
+                        break
                     logp = torch.log_softmax(logits / sampling_params.temperature, -1)
                     tok = int(torch.multinomial(logp.exp(), 1, generator=gen))
                     token_ids.append(tok)
                     logprobs.append({tok: Logprob(logprob=float(logp[tok]), rank=1)})
-                    ids.append(tok)
                     if tok in eos:
                         finish = "stop"
                         break
+                    out = self.hf_model(input_ids=torch.tensor([[tok]]), past_key_values=cache, use_cache=True)
+                    cache, logits = out.past_key_values, out.logits[0, -1].float()
                 text_ids = token_ids[:-1] if finish == "stop" else token_ids
                 outs.append(CompletionOutput(k, self.tokenizer.decode(text_ids), token_ids, None, logprobs, finish))
             results.append(RequestOutput(str(i), request["prompt"], prompt_ids, outs))
