@@ -148,5 +148,6 @@ def test_vllm_backend_against_standin(standin_vllm, tiny_qwen2_dir: Path, qwen_t
     llm_kwargs = next(kwargs for name, kwargs in vllm.CALLS if name == "LLM")
     assert (llm_kwargs["model"], llm_kwargs["tensor_parallel_size"], llm_kwargs["max_model_len"],
             llm_kwargs["seed"]) == (str(tiny_qwen2_dir), 1, 512, 5)
+    assert llm_kwargs["gpu_memory_utilization"] == 0.9  # standalone: no trainer shares the GPU
     assert ("generate", 2) in vllm.CALLS
     assert report.table["overall"]["total"] == 2 and report.generated == 2

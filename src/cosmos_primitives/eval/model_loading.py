@@ -16,6 +16,9 @@ import torch
 from cosmos_primitives.checkpoint.hf_loading import load_hf_model, load_processor
 from cosmos_primitives.rollout.base import RolloutEngine
 
+STANDALONE_GPU_MEMORY_UTILIZATION = 0.9
+"""vLLM's own default: the share of the GPU an evaluation engine takes when nothing else runs there."""
+
 
 def _default_device() -> torch.device:
     return torch.device("cuda" if torch.cuda.is_available() else "cpu")
@@ -55,8 +58,10 @@ def load_eval_engine(model: Any, processor: Any = None, *, backend: str = "hf", 
         from cosmos_primitives.rollout.vllm_engine import VLLMRolloutEngine
 
         vllm_dtype = "bfloat16" if dtype == "auto" else dtype
+        # evaluation has the GPU to itself: no trainer beside it, so vLLM may take most of it
         return VLLMRolloutEngine(str(Path(model).expanduser()), processor, tensor_parallel_size=tp_size,
-                                 dtype=vllm_dtype, max_model_len=max_model_len, seed=seed)
+                                 dtype=vllm_dtype, max_model_len=max_model_len, seed=seed,
+                                 gpu_memory_utilization=STANDALONE_GPU_MEMORY_UTILIZATION)
     from cosmos_primitives.rollout.hf_engine import HFRolloutEngine
 
     target = torch.device(device) if device is not None else _default_device()
