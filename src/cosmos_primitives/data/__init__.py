@@ -35,6 +35,7 @@ _EXPORTS = {
     "BadSampleError": "bad_samples",
     "BadSampleBudgetExceeded": "bad_samples",
     "BadSampleTracker": "bad_samples",
+    "bad_sample_boundary": "bad_samples",
     "ConversationSample": "conversation",
     "normalize_conversation": "conversation",
     "load_conversation": "conversation",
@@ -48,6 +49,7 @@ _EXPORTS = {
     "sample_video": "video_sampling",
     "plan_frame_indices": "video_sampling",
     "fit_pixel_budget": "video_sampling",
+    "check_aspect_ratio": "video_sampling",
     "HFConversationDataset": "hf_conversations",
     "load_hf_dataset": "hf_conversations",
     "VideoFolderDataset": "video_folder",
@@ -81,6 +83,7 @@ if TYPE_CHECKING:  # pragma: no cover
         BadSampleBudgetExceeded,
         BadSampleError,
         BadSampleTracker,
+        bad_sample_boundary,
     )
     from cosmos_primitives.data.conversation import (  # noqa: F401
         ConversationSample,
@@ -125,6 +128,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from cosmos_primitives.data.video_sampling import (  # noqa: F401
         SampledVideo,
         VideoDecodeError,
+        check_aspect_ratio,
         fit_pixel_budget,
         plan_frame_indices,
         sample_video,
