@@ -26,6 +26,7 @@ from cosmos_primitives.config.redis import RedisConfig
 from cosmos_primitives.config.remote_reward import RemoteRewardConfig, RemoteRewardTerm
 from cosmos_primitives.config.rollout import RolloutConfig, SamplingConfig
 from cosmos_primitives.config.root import Config
+from cosmos_primitives.config.secrets import REDACTED, is_secret_key, redact_secrets, redact_url
 from cosmos_primitives.config.train import TrainConfig
 from cosmos_primitives.config.validation import ValidationConfig
 from cosmos_primitives.config.wfm import WFMConfig, WFMDataConfig, WFMSamplerConfig
@@ -33,6 +34,7 @@ from cosmos_primitives.config.wfm import WFMConfig, WFMDataConfig, WFMSamplerCon
 __all__ = [
     "ALIASES",
     "DIFFUSERS_LORA_TARGETS",
+    "REDACTED",
     "CheckpointConfig",
     "Config",
     "ConfigError",
@@ -60,7 +62,10 @@ __all__ = [
     "config_from_dict",
     "config_to_dict",
     "dump_config",
+    "is_secret_key",
     "load_config",
     "parse_override",
+    "redact_secrets",
+    "redact_url",
     "register_alias",
 ]
