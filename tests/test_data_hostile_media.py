@@ -163,3 +163,18 @@ def test_prompt_stream_skips_any_failing_row_and_stops_on_an_all_bad_epoch() -> 
 
     with pytest.raises(BadSampleBudgetExceeded, match="every sample of epoch 0 was bad"):
         next(prompt_stream(AllBad(), ResumableDistributedSampler(4, shuffle=False), BadSampleTracker(budget=-1)))
+
+
+def test_mcq_prompts_name_the_hostile_file_or_row(hostile_media) -> None:
+    from cosmos_primitives.data.mcq import MCQPromptDataset
+
+    rows = [{"question": "Colour?", "choices": ["red", "blue"], "answer": "A", "image": name}
+            for name in ("good.png", "bomb.png", "wide.png")] + [None]  # a row that is not a mapping
+    ds = MCQPromptDataset(rows, media_dir=hostile_media, settings=SETTINGS, name="rl")
+    assert ds[0].images[0].shape[-1] == 3 and ds[0].reference == "A"
+    for index, where, reason in ((1, str(hostile_media / "bomb.png"), "DecompressionBombError"),
+                                 (2, str(hostile_media / "wide.png"), "extreme aspect ratio"),
+                                 (3, "rl[3]", "TypeError")):
+        with pytest.raises(BadSampleError, match=reason) as bad:
+            ds[index]
+        assert bad.value.path == where
