@@ -178,3 +178,48 @@ def test_mcq_prompts_name_the_hostile_file_or_row(hostile_media) -> None:
         with pytest.raises(BadSampleError, match=reason) as bad:
             ds[index]
         assert bad.value.path == where
+
+
+@pytest.mark.slow
+def test_sft_example_trains_through_hostile_media_and_reports_it(hostile_media, tiny_vl_dir, tmp_path) -> None:
+    from cosmos_primitives.logging import metric_series, read_metrics
+    from cosmos_primitives.testing.recipe_runs import finish, launch_recipe
+
+    repo = Path(__file__).resolve().parents[1]
+    names = [("image", "good.png"), ("image", "bomb.png"), ("video", "good.mp4"), ("image", "wide.png"),
+             ("video", "loop.mp4"), ("image", "good.png")]
+    data = tmp_path / "rows.jsonl"
+    data.write_text("".join(json.dumps(_row(kind, name, f"Answer {i}.")) + "\n"
+                            for i, (kind, name) in enumerate(names)))
+    config = tmp_path / "sft_hostile.toml"
+    config.write_text(f"""
+[policy]
+model_name_or_path = "{tiny_vl_dir}"
+model_max_length = 1024
+dtype = "float32"
+[train]
+epoch = 1
+output_dir = "{tmp_path / 'runs'}"
+train_batch_per_replica = 2
+[train.train_policy]
+type = "sft"
+packing_budget = 1024
+[train.train_policy.dataset]
+name = "{data}"
+kind = "hf"
+media_dir = "{hostile_media}"
+max_frames = 4
+max_pixels = 3136
+bad_sample_budget = 3
+[train.ckpt]
+enable_checkpoint = false
+[logging]
+logger = ["console"]
+""")
+    log = tmp_path / "sft.log"
+    text = finish(launch_recipe("examples/sft.py", config, [], log, cwd=repo, env={"OMP_NUM_THREADS": "1"}), log)
+    run_dir = next((tmp_path / "runs").iterdir())
+    steps, bad = metric_series(read_metrics(run_dir), "bad_samples")
+    assert steps == [1, 2, 3] and bad[-1] == 3
+    for name in ("bomb.png", "wide.png", "loop.mp4"):
+        assert f"{hostile_media / name}: " in text
