@@ -39,7 +39,6 @@ import torch
 import cosmos_primitives as cp
 from cosmos_primitives.checkpoint import CheckpointManager
 from cosmos_primitives.config import PolicyConfig, RemoteRewardConfig, WFMConfig
-from cosmos_primitives.data.prompt_stream import prompt_stream  # (cp.data.prompt_stream can be the module)
 from cosmos_primitives.policy import DiffusionPolicy
 from cosmos_primitives.rewards.remote import RemoteRewardClient
 from cosmos_primitives.rollout.flow_sampler import FlowTrajectory, VelocityFn, recompute_step, sample_flow
@@ -226,7 +225,7 @@ def train(cfg: cp.Config) -> Path:
 
         if w.eval_num_inference_steps > 0 and step == 0:
             evaluate(0)
-        prompts = prompt_stream(dataset, sampler, bad)  # from the sampler's (resumed) position
+        prompts = cp.data.prompt_stream(dataset, sampler, bad)  # from the sampler's (resumed) position
         while step < total_steps:
             step += 1
             # every random draw of this step comes from (seed, step, rank): a resumed run repeats it

@@ -15,11 +15,13 @@ import pytest
 from PIL import Image
 
 from cosmos_primitives import testing as cpt
+
+# through the package: importing the submodule first would shadow the function with the module
+from cosmos_primitives.data import prompt_stream
 from cosmos_primitives.data.bad_samples import BadSampleBudgetExceeded, BadSampleError, BadSampleTracker
 from cosmos_primitives.data.hf_conversations import HFConversationDataset
 from cosmos_primitives.data.media import MediaSettings, load_image
 from cosmos_primitives.data.mrope import MRopeSpec
-from cosmos_primitives.data.prompt_stream import prompt_stream
 from cosmos_primitives.data.qwen_vl_encoding import IGNORE_INDEX, encode_conversation
 from cosmos_primitives.data.sampler import ResumableDistributedSampler
 from cosmos_primitives.data.sft_loader import SFTBatchLoader

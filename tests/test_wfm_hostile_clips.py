@@ -7,8 +7,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+# through the package: importing the submodule first would shadow the function with the module
+from cosmos_primitives.data import prompt_stream
 from cosmos_primitives.data.bad_samples import BadSampleBudgetExceeded, BadSampleError, BadSampleTracker
-from cosmos_primitives.data.prompt_stream import prompt_stream
 from cosmos_primitives.data.sampler import ResumableDistributedSampler
 from cosmos_primitives.data.wfm_clips import ClipFolderDataset, HashingTextEmbedder, load_text_embedding
 from cosmos_primitives.logging import metric_series, read_metrics
