@@ -116,16 +116,13 @@ def _load_part(part: dict[str, Any], media_dir, settings: MediaSettings, sample:
         return dict(part)
     path = resolve_media_path(part[kind], media_dir)
     with bad_sample_boundary(str(path), f"could not load {kind}"):  # whatever a reader raises names the file
-        if kind == "image":
-            image = settings.image(path, part)
-        else:
-            video = settings.video(path, part)
+        media = settings.image(path, part) if kind == "image" else settings.video(path, part)
     if kind == "image":
-        sample.images.append(image)
+        sample.images.append(media)
     else:
-        sample.videos.append(video.frames)
-        sample.video_fps.append(video.fps)
-        sample.frame_indices.append(video.indices)
+        sample.videos.append(media.frames)
+        sample.video_fps.append(media.fps)
+        sample.frame_indices.append(media.indices)
     sample.media_paths.append(str(path))
     loaded = dict(part)
     loaded[kind] = str(path)
