@@ -12,6 +12,8 @@ advantages, then update the LoRA adapters (``[policy.lora]``; without it all wei
 FlowGRPO loss on a fraction of the stochastic steps (+ ``data_beta`` times the flow-matching loss on
 the prompts' real clips for DDRL). With ``[wfm] start_reward_server = true`` the reference reward
 server is started on loopback for the run. Metrics go to ``<output_dir>/<timestamp>/metrics.jsonl``.
+A bad clip (empty or undecodable video, unreadable caption or embedding) is skipped, counted and
+logged by name, within ``[train.train_policy.dataset] bad_sample_budget`` (the same budget as SFT).
 Under torchrun every rank rolls out its own prompts and the transformer is FSDP2-sharded.
 
 With ``[train.ckpt] enable_checkpoint`` the trainable weights (not LoRA's frozen base), AdamW and the
@@ -83,14 +85,21 @@ def score(client: RemoteRewardClient, vae: Any, latents: torch.Tensor, captions:
     return torch.from_numpy(client.score_sync(captions, video, "video", video_fps=fps).total).float()
 
 
-def next_prompts(dataset: Any, sampler: cp.data.ResumableDistributedSampler, count: int) -> dict[str, Any]:
-    """This rank's next ``count`` items in the sampler's order (a new epoch starts when one ends), collated."""
+def eval_prompts(dataset: Any, first: int, count: int, bad: cp.data.BadSampleTracker) -> dict[str, Any]:
+    """``count`` fixed items from index ``first`` on (wrapping), collated; bad items are recorded and passed over."""
     items = []
-    for _ in range(count):
-        if sampler.remaining == 0:
-            sampler.set_epoch(sampler.epoch + 1)
-        items.append(dataset[next(iter(sampler))])
-    return cp.data.collate_clips(items)
+    for offset in range(len(dataset)):
+        if len(items) == count:
+            break
+        index = (first + offset) % len(dataset)
+        try:
+            with cp.data.bad_sample_boundary(f"sample {index}"):
+                items.append(dataset[index])
+        except cp.data.BadSampleError as error:
+            bad.record(error, sample=f"evaluation {index}")
+    if not items:
+        raise cp.data.BadSampleBudgetExceeded(f"no good item for the evaluation prompts.\n{bad.report()}")
+    return cp.data.collate_clips([items[i % len(items)] for i in range(count)])
 
 
 def update_policy(policy: DiffusionPolicy, velocity: VelocityFn, optimizer: torch.optim.Optimizer,
@@ -170,12 +179,15 @@ def train(cfg: cp.Config) -> Path:
     sde = cp.rollout.SDEParams(sde_type=s.sde_type, noise_level=s.noise_level, noise_min=s.noise_min,
                                noise_max=s.noise_max)
 
-    # Prompts, optimizer, checkpoints.
+    # Prompts (bad clips skipped and counted, as in SFT: [train.train_policy.dataset] bad_sample_budget),
+    # optimizer, checkpoints.
     dataset = cp.data.build_wfm_dataset(w.data, seed=seed)
     sampler = cp.data.ResumableDistributedSampler(len(dataset), rank=info.rank, world_size=info.world_size, seed=seed)
+    bad = cp.data.BadSampleTracker(cfg.train.train_policy.dataset.bad_sample_budget)
     guided = cp.rollout.to_diffusers_guidance(w.guidance_scale, w.guidance_convention) != 1.0
     negative = cp.data.negative_prompt_embedding(w.data, w.negative_prompt)[0].to(device) if guided else None
-    latent_shape = tuple(cp.rollout.encode_video(vae, dataset[0]["video"][None].to(device)).shape[1:])
+    blank = torch.zeros(1, 3, w.data.num_frames, w.data.height, w.data.width, device=device)  # every item's shape
+    latent_shape = tuple(cp.rollout.encode_video(vae, blank).shape[1:])
     group, per_step = w.num_samples_per_prompt, w.data.prompts_per_step
     total_steps = cfg.train.max_steps or cfg.train.epoch * math.ceil(len(sampler) / per_step)
     optimizer = cp.policy.build_optimizer(policy.transformer, cfg.train)
@@ -195,10 +207,14 @@ def train(cfg: cp.Config) -> Path:
                          f"{group} x {per_step} rollouts of {w.num_inference_steps} steps per update; "
                          f"steps {step + 1}..{total_steps}; run dir {run_dir}")
 
+        eval_batch = None
+
         def evaluate(at_step: int) -> None:
             """Deterministic (ODE) rollouts with the evaluation step count, on fixed prompts and seeds."""
-            first = info.rank * per_step
-            batch = cp.data.collate_clips([dataset[(first + i) % len(dataset)] for i in range(per_step)])
+            nonlocal eval_batch
+            if eval_batch is None:
+                eval_batch = eval_prompts(dataset, info.rank * per_step, per_step, bad)
+            batch = eval_batch
             text = batch["text"].to(device).repeat_interleave(group, 0)
             seeds = [derived_seed("eval", info.rank, i) for i in range(text.shape[0])]  # the same every time
             traj = sample_flow(velocity, text, latent_shape=latent_shape, sigmas=eval_sigmas,
@@ -209,12 +225,13 @@ def train(cfg: cp.Config) -> Path:
 
         if w.eval_num_inference_steps > 0 and step == 0:
             evaluate(0)
+        prompts = cp.data.prompt_stream(dataset, sampler, bad)  # from the sampler's (resumed) position
         while step < total_steps:
             step += 1
             # every random draw of this step comes from (seed, step, rank): a resumed run repeats it
             rng = {"train_steps": derived_generator(seed, step, info.rank, "train_steps"),
                    "ddrl": derived_generator(seed, step, info.rank, "ddrl", device=device)}  # where the clips are
-            batch = next_prompts(dataset, sampler, per_step)
+            batch = cp.data.collate_clips([next(prompts) for _ in range(per_step)])
             text = batch["text"].to(device).repeat_interleave(group, 0)  # [B, L, D], B = per_step * group
             captions = [c for c in batch["caption"] for _ in range(group)]
             group_ids = torch.arange(per_step).repeat_interleave(group)
@@ -237,7 +254,7 @@ def train(cfg: cp.Config) -> Path:
                                    cfg.train.optm_grad_norm_clip, rng, step=step, nonfinite=cfg.train.nonfinite)
             lr_scheduler.step()
             logged.update(reward_mean=rewards.mean(), reward_std=rewards.std(unbiased=False),
-                          lr=lr_scheduler.get_last_lr()[0])
+                          lr=lr_scheduler.get_last_lr()[0], bad_samples=bad.count)
             tracker.log_metrics(logged, step)
             ckpt.maybe_save(step, epoch=sampler.epoch, force=step == total_steps)
         if w.eval_num_inference_steps > 0:

@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from cosmos_primitives.config.wfm import WFMDataConfig
+from cosmos_primitives.data.bad_samples import BadSampleError
 from cosmos_primitives.data.wfm_clips import (
     ClipFolderDataset,
     HashingTextEmbedder,
@@ -54,7 +55,7 @@ def test_read_clip_takes_a_random_contiguous_window(clip_folder):
         assert idx == list(range(idx[0], idx[0] + 4)) and 0 <= idx[0] <= 8
         starts.add(idx[0])
     assert len(starts) > 1
-    with pytest.raises(ValueError, match=r"drive\.mp4.*9 frames"):
+    with pytest.raises(BadSampleError, match=r"drive\.mp4.*9 frames"):
         read_clip(clip_folder / "videos" / "drive.mp4", 10)
 
 
@@ -81,7 +82,7 @@ def test_pad_text_embedding_masks_real_rows():
 
 def test_pickle_embeddings_need_the_opt_in(clip_folder):
     path = clip_folder / "text_embedding" / "wave.pickle"
-    with pytest.raises(ValueError, match="allow_pickle"):
+    with pytest.raises(BadSampleError, match="allow_pickle"):
         load_text_embedding(path)
     with pytest.warns(UserWarning, match="unpickling"):
         assert load_text_embedding(path, allow_pickle=True).shape == (20, 8)
@@ -97,7 +98,7 @@ def test_clip_folder_items(clip_folder):
     torch.testing.assert_close(item["text"][:3], torch.arange(24, dtype=torch.float32).reshape(3, 8) + 1)
     assert ds[0]["text_mask"].sum() == 5  # safetensors [1, 5, 8]
     torch.testing.assert_close(ds[1]["video"], item["video"])  # same (seed, epoch, index): same window
-    with pytest.raises(ValueError, match="allow_pickle"):
+    with pytest.raises(BadSampleError, match="allow_pickle"):
         ds[2]
     opted_in = ClipFolderDataset(clip_folder, num_frames=5, height=16, width=16, max_tokens=6, allow_pickle=True)
     with pytest.warns(UserWarning):
@@ -116,7 +117,7 @@ def test_clip_folder_errors_and_hashing_fallback(clip_folder, tmp_path):
     (tmp_path / "metas").mkdir()
     (tmp_path / "metas" / "lonely.txt").write_text("a lonely robot")
     no_encoder = ClipFolderDataset(tmp_path, num_frames=2, height=8, width=8, max_tokens=4)
-    with pytest.raises(FileNotFoundError, match="text_encoder"):
+    with pytest.raises(BadSampleError, match="text_encoder"):
         no_encoder[0]
     hashed = ClipFolderDataset(tmp_path, num_frames=2, height=8, width=8, max_tokens=4,
                                embedder=HashingTextEmbedder(8))

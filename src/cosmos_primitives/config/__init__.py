@@ -19,6 +19,7 @@ from cosmos_primitives.config.redis import RedisConfig
 from cosmos_primitives.config.remote_reward import RemoteRewardConfig, RemoteRewardTerm
 from cosmos_primitives.config.rollout import RolloutConfig, SamplingConfig
 from cosmos_primitives.config.root import Config
+from cosmos_primitives.config.secrets import redact_secrets, redact_url
 from cosmos_primitives.config.train import TrainConfig
 from cosmos_primitives.config.validation import ValidationConfig
 from cosmos_primitives.config.wfm import WFMConfig, WFMDataConfig, WFMSamplerConfig
@@ -53,5 +54,7 @@ __all__ = [
     "config_to_dict",
     "dump_config",
     "load_config",
+    "redact_secrets",
+    "redact_url",
     "register_alias",
 ]

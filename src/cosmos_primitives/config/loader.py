@@ -17,6 +17,7 @@ import msgspec
 from cosmos_primitives.config.aliases import ALIASES, DEPRECATED, DEPRECATED_DEFAULTS
 from cosmos_primitives.config.errors import ConfigError
 from cosmos_primitives.config.root import Config
+from cosmos_primitives.config.secrets import redact_secrets
 from cosmos_primitives.config.toml_io import dumps_toml, parse_toml_value, read_toml
 
 _MSGSPEC_ERROR = re.compile(r"^(?P<what>.*?)(?: - at `\$(?P<path>[^`]*)`)?$", re.S)
@@ -323,10 +324,11 @@ def config_to_dict(config: Config) -> dict[str, Any]:
 
 
 def dump_config(config: Config, path: str | os.PathLike[str]) -> Path:
-    """Write the resolved config as TOML; :func:`load_config` on it gives back an equal config."""
+    """Write the resolved config as TOML, secrets redacted (:func:`~cosmos_primitives.config.secrets.redact_secrets`);
+    :func:`load_config` on it gives back an equal config up to those ``***`` values."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(path.suffix + ".tmp")
-    tmp.write_text(dumps_toml(config_to_dict(config)))
+    tmp.write_text(dumps_toml(redact_secrets(config_to_dict(config))))
     os.replace(tmp, path)
     return path

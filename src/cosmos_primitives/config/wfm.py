@@ -83,6 +83,8 @@ class WFMDataConfig(Section):
     deterministic hashing embedder (no download; for CPU recipes and tests), ``"none"`` makes a
     missing embedding an error. Embeddings are zero-padded (or cut) to ``max_tokens`` rows with a mask.
     ``height`` / ``width`` are in pixels (``[768, 432]`` W x H for Cosmos-Predict2.5 480p).
+    Bad clips (empty or undecodable video, caption not UTF-8, unreadable embedding) are skipped and
+    counted under SFT's budget, ``[train.train_policy.dataset] bad_sample_budget``.
     """
 
     kind: Literal["mock", "clip_folder"] = "mock"

@@ -34,6 +34,7 @@ _EXPORTS = {
     "BadSampleError": "bad_samples",
     "BadSampleBudgetExceeded": "bad_samples",
     "BadSampleTracker": "bad_samples",
+    "bad_sample_boundary": "bad_samples",
     "ConversationSample": "conversation",
     "normalize_conversation": "conversation",
     "load_conversation": "conversation",
@@ -60,7 +61,7 @@ _EXPORTS = {
     "model_inputs": "packing",
     "padding_stats": "packing",
     "ResumableDistributedSampler": "sampler",
-    "prompt_stream": "prompt_stream",
+    "prompt_stream": "prompt_streaming",
     "SFTBatchLoader": "sft_loader",
     "all_ranks_have_batch": "sft_loader",
     "build_sft_dataset": "sft_loader",
@@ -74,6 +75,7 @@ if TYPE_CHECKING:  # pragma: no cover
         BadSampleBudgetExceeded,
         BadSampleError,
         BadSampleTracker,
+        bad_sample_boundary,
     )
     from cosmos_primitives.data.conversation import (  # noqa: F401
         ConversationSample,
@@ -86,7 +88,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from cosmos_primitives.data.mrope import MRopeSpec, mrope_position_ids  # noqa: F401
     from cosmos_primitives.data.packing import collate_packed, collate_padded, model_inputs, padding_stats  # noqa: F401
     from cosmos_primitives.data.prompt_inputs import encode_prompts, render_prompt, repeat_batch  # noqa: F401
-    from cosmos_primitives.data.prompt_stream import prompt_stream  # noqa: F401
+    from cosmos_primitives.data.prompt_streaming import prompt_stream  # noqa: F401
     from cosmos_primitives.data.qwen_vl_encoding import (  # noqa: F401
         IGNORE_INDEX,
         EncodedSample,

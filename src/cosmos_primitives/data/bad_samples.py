@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
 from collections import Counter
+from collections.abc import Iterator
 from typing import Any
 
 from cosmos_primitives.logging.console import get_logger
@@ -18,6 +20,26 @@ class BadSampleError(Exception):
         super().__init__(f"{path}: {reason}")
         self.path = str(path)
         self.reason = reason
+
+
+@contextlib.contextmanager
+def bad_sample_boundary(path: str, what: str = "") -> Iterator[None]:
+    """The per-sample boundary: any failure inside becomes a :class:`BadSampleError` naming ``path``.
+
+    Readers and decoders fail in many ways a loader cannot list (PIL's ``DecompressionBombError``,
+    a processor's ``ValueError``, ``RuntimeError`` on a symlink loop, ``UnicodeDecodeError``, a
+    ``SafetensorError``...); whatever one sample's content raises, the sample is bad, not the run.
+    ``what`` prefixes the reason (e.g. ``"could not read image"``). A ``BadSampleError`` raised
+    inside passes unchanged (it already names its file); ``ImportError`` (a missing package is the
+    environment's fault, not the sample's) and non-``Exception`` errors (``KeyboardInterrupt``) too.
+    """
+    try:
+        yield
+    except (BadSampleError, ImportError):
+        raise
+    except Exception as exc:
+        detail = f"{type(exc).__name__}: {str(exc).strip()[:500]}"
+        raise BadSampleError(path, f"{what}: {detail}" if what else detail) from exc
 
 
 class BadSampleBudgetExceeded(RuntimeError):

@@ -15,7 +15,7 @@ from typing import Any
 import attrs
 import numpy as np
 
-from cosmos_primitives.data.bad_samples import BadSampleError
+from cosmos_primitives.data.bad_samples import BadSampleError, bad_sample_boundary
 from cosmos_primitives.data.media import MediaSettings, resolve_media_path
 
 _ROLES = ("system", "user", "assistant")
@@ -115,13 +115,14 @@ def _load_part(part: dict[str, Any], media_dir, settings: MediaSettings, sample:
     if kind == "text":
         return dict(part)
     path = resolve_media_path(part[kind], media_dir)
+    with bad_sample_boundary(str(path), f"could not load {kind}"):  # whatever a reader raises names the file
+        media = settings.image(path, part) if kind == "image" else settings.video(path, part)
     if kind == "image":
-        sample.images.append(settings.image(path, part))
+        sample.images.append(media)
     else:
-        video = settings.video(path, part)
-        sample.videos.append(video.frames)
-        sample.video_fps.append(video.fps)
-        sample.frame_indices.append(video.indices)
+        sample.videos.append(media.frames)
+        sample.video_fps.append(media.fps)
+        sample.frame_indices.append(media.indices)
     sample.media_paths.append(str(path))
     loaded = dict(part)
     loaded[kind] = str(path)

@@ -11,6 +11,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from cosmos_primitives.data.bad_samples import bad_sample_boundary
 from cosmos_primitives.data.conversation import ConversationSample, load_conversation, normalize_conversation
 from cosmos_primitives.data.media import MediaSettings, default_media_dir
 from cosmos_primitives.utils.extras import require
@@ -101,8 +102,9 @@ class HFConversationDataset:
         return messages
 
     def __getitem__(self, index: int) -> ConversationSample:
-        return load_conversation(self.conversation(index), self.media_dir, self.settings,
-                                 sample_id=f"{self.name}[{index}]")
+        where = f"{self.name}[{index}]"
+        with bad_sample_boundary(where):  # a malformed row is a bad sample (media errors name their file)
+            return load_conversation(self.conversation(index), self.media_dir, self.settings, sample_id=where)
 
 
 def _add_row_media(messages: list[dict[str, Any]], row: Any, video_column: str, image_column: str) -> None:

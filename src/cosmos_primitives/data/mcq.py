@@ -10,7 +10,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from cosmos_primitives.data.bad_samples import BadSampleError
+from cosmos_primitives.data.bad_samples import BadSampleError, bad_sample_boundary
 from cosmos_primitives.data.conversation import load_conversation
 from cosmos_primitives.data.media import MediaSettings, default_media_dir
 from cosmos_primitives.data.records import Prompt
@@ -147,8 +147,9 @@ class MCQPromptDataset:
         return messages, answer_letter(answer, choices, where), row
 
     def __getitem__(self, index: int) -> Prompt:
-        messages, letter, row = self.conversation(index)
-        prompt_id = str(row.get("id", f"{self.name}[{index}]"))
-        loaded = load_conversation(messages, self.media_dir, self.settings, sample_id=prompt_id)
+        with bad_sample_boundary(f"{self.name}[{index}]"):  # a malformed row is a bad sample
+            messages, letter, row = self.conversation(index)
+            prompt_id = str(row.get("id", f"{self.name}[{index}]"))
+            loaded = load_conversation(messages, self.media_dir, self.settings, sample_id=prompt_id)
         return Prompt(conversation=loaded.conversation, prompt_id=prompt_id, images=loaded.images,
                       videos=loaded.videos, video_fps=loaded.video_fps, reference=letter, row=row)

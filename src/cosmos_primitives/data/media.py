@@ -10,8 +10,14 @@ from typing import Any, Literal
 import attrs
 import numpy as np
 
-from cosmos_primitives.data.bad_samples import BadSampleError
-from cosmos_primitives.data.video_sampling import PIXEL_FACTOR, SampledVideo, fit_pixel_budget, sample_video
+from cosmos_primitives.data.bad_samples import BadSampleError, bad_sample_boundary
+from cosmos_primitives.data.video_sampling import (
+    PIXEL_FACTOR,
+    SampledVideo,
+    check_aspect_ratio,
+    fit_pixel_budget,
+    sample_video,
+)
 
 
 @attrs.define
@@ -66,15 +72,17 @@ def resolve_media_path(path: str, media_dir: str | Path | None) -> Path:
     reference's file name is looked up anywhere below ``media_dir`` (datasets such as
     Cosmos-Reason1 store paths of the machine that made them; their clips are found by name, as
     cosmos-rl does). Returns the direct path when neither exists, so the error names it.
+
+    Raises:
+        BadSampleError: the path cannot be resolved (a symlink loop), naming it.
     """
     text = str(path)
     if text.startswith("file://"):
         text = text[len("file://"):]
     candidate = Path(text).expanduser()
-    if candidate.is_absolute() or not media_dir:
-        direct = candidate.resolve()
-    else:
-        direct = (Path(media_dir).expanduser() / candidate).resolve()
+    unresolved = candidate if candidate.is_absolute() or not media_dir else Path(media_dir).expanduser() / candidate
+    with bad_sample_boundary(str(unresolved.absolute()), "cannot resolve the media path"):
+        direct = unresolved.resolve()  # a symlink loop raises RuntimeError (Python < 3.13)
     if media_dir and not direct.exists():
         found = _files_by_name(str(Path(media_dir).expanduser().resolve())).get(candidate.name)
         if found is not None:
@@ -129,20 +137,21 @@ def load_image(path: str | Path, max_pixels: int | None = None, min_pixels: int 
     ``[min_pixels, max_pixels]`` when ``max_pixels`` is given.
 
     Raises:
-        BadSampleError: missing or unreadable file.
+        BadSampleError: missing or unreadable file (any reader failure: a decompression bomb, a
+            truncated file...), or an aspect ratio the Qwen2.5-VL processor refuses.
     """
     from PIL import Image
 
     path = Path(path)
     if not path.is_file():
         raise BadSampleError(str(path), "image file not found")
-    try:
-        with Image.open(path) as img:
-            img = img.convert("RGB")
-            if max_pixels:
-                h, w = fit_pixel_budget(img.height, img.width, max_pixels, min_pixels)
-                if (h, w) != (img.height, img.width):
-                    img = img.resize((w, h), Image.Resampling.BICUBIC)
-            return np.asarray(img, dtype=np.uint8).copy()
-    except OSError as exc:
-        raise BadSampleError(str(path), f"could not read image: {exc}") from exc
+    with bad_sample_boundary(str(path), "could not read image"), Image.open(path) as img:
+        if max_pixels:
+            h, w = fit_pixel_budget(img.height, img.width, max_pixels, min_pixels)
+        else:
+            h, w = img.height, img.width
+            check_aspect_ratio(h, w)
+        img = img.convert("RGB")
+        if (h, w) != (img.height, img.width):
+            img = img.resize((w, h), Image.Resampling.BICUBIC)
+        return np.asarray(img, dtype=np.uint8).copy()

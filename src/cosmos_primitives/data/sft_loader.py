@@ -9,7 +9,7 @@ from typing import Any
 
 import torch
 
-from cosmos_primitives.data.bad_samples import BadSampleError, BadSampleTracker
+from cosmos_primitives.data.bad_samples import BadSampleError, BadSampleTracker, bad_sample_boundary
 from cosmos_primitives.data.hf_conversations import HFConversationDataset
 from cosmos_primitives.data.mrope import MRopeSpec
 from cosmos_primitives.data.packing import collate_packed, collate_padded, plan_rows
@@ -22,8 +22,8 @@ class SFTBatchLoader:
     """Batches for one rank, one epoch per iteration, resumable between batches.
 
     Args:
-        dataset: ``dataset[i]`` -> a conversation sample, or raises
-            :class:`~cosmos_primitives.data.bad_samples.BadSampleError`.
+        dataset: ``dataset[i]`` -> a conversation sample. Any error it (or ``encode``) raises for
+            one sample makes that sample a bad sample (skipped, counted against ``bad_samples``).
         encode: sample -> :class:`~cosmos_primitives.data.qwen_vl_encoding.EncodedSample`
             (e.g. ``functools.partial(encode_conversation, processor, mrope=spec)``).
         sampler: this rank's :class:`ResumableDistributedSampler` over ``dataset``.
@@ -156,7 +156,11 @@ class SFTBatchLoader:
 
     def _admit(self, index: int) -> None:
         try:
-            sample = self.encode(self.dataset[index])
+            # the per-sample boundary: whatever one sample raises makes it a counted bad sample
+            with bad_sample_boundary(f"sample {index}"):
+                item = self.dataset[index]
+            with bad_sample_boundary(sample_files(item) or f"sample {index}", "could not encode"):
+                sample = self.encode(item)
             if len(sample) > self.token_budget:
                 raise BadSampleError(sample.source or f"sample {index}",
                                      f"{len(sample)} tokens exceed the packing budget of {self.token_budget}; "
@@ -177,6 +181,12 @@ class SFTBatchLoader:
         self._pending = []
         self._restored = [int(i) for i in state["pending"]]
         self._indices = None
+
+
+def sample_files(item: Any) -> str:
+    """The media files (or else the id) of a loaded sample, to name it in a bad-sample message; ``""`` if none."""
+    paths = getattr(item, "media_paths", None) or []
+    return ", ".join(paths) or str(getattr(item, "sample_id", "") or "")
 
 
 def all_ranks_have_batch(has_batch: bool, device: torch.device | str | None = None, group: Any = None) -> bool:

@@ -7,7 +7,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from cosmos_primitives.data.bad_samples import BadSampleError
+from cosmos_primitives.data.bad_samples import BadSampleError, bad_sample_boundary
 from cosmos_primitives.data.conversation import ConversationSample, load_conversation
 from cosmos_primitives.data.media import MediaSettings
 from cosmos_primitives.logging.console import get_logger
@@ -95,4 +95,5 @@ class VideoFolderDataset:
         return messages
 
     def __getitem__(self, index: int) -> ConversationSample:
-        return load_conversation(self.conversation(index), None, self.settings, sample_id=self.ids[index])
+        with bad_sample_boundary(str(self.video_path(index))):
+            return load_conversation(self.conversation(index), None, self.settings, sample_id=self.ids[index])

@@ -24,6 +24,7 @@ from cosmos_primitives.utils.extras import MissingExtraError, require
 
 FRAME_FACTOR = 2  # Qwen2.5-VL temporal patch: frames come in pairs
 PIXEL_FACTOR = 28  # patch 14 x spatial merge 2: frame sides are multiples of this
+MAX_ASPECT_RATIO = 200  # Qwen2.5-VL's smart_resize refuses frames whose long side is more than this x the short
 
 
 class VideoDecodeError(BadSampleError):
@@ -68,7 +69,21 @@ def fit_pixel_budget(height: int, width: int, max_pixels: int, min_pixels: int =
         beta = math.sqrt(min_pixels / (height * width))
         h = math.ceil(height * beta / factor) * factor
         w = math.ceil(width * beta / factor) * factor
+    check_aspect_ratio(h, w, source=(height, width))
     return h, w
+
+
+def check_aspect_ratio(height: int, width: int, source: tuple[int, int] | None = None) -> None:
+    """Refuse, before the processor does, a frame the Qwen2.5-VL processor cannot take.
+
+    Raises:
+        ValueError: ``max(height, width) / min(height, width) > MAX_ASPECT_RATIO`` (``source``: the
+            file's own ``(H, W)``, named in the message).
+    """
+    if max(height, width) > MAX_ASPECT_RATIO * min(height, width):
+        size = f"{source[0]}x{source[1]} (H x W, {height}x{width} after resizing)" if source else f"{height}x{width}"
+        raise ValueError(f"extreme aspect ratio: {size} has a long side over {MAX_ASPECT_RATIO} times the short one, "
+                         f"which the Qwen2.5-VL processor refuses; crop or pad the file")
 
 
 def plan_frame_indices(total_frames: int, source_fps: float, fps: float, max_frames: int,

@@ -33,6 +33,7 @@ import torch
 import torch.nn.functional as F
 
 from cosmos_primitives.config.wfm import WFMDataConfig
+from cosmos_primitives.data.bad_samples import BadSampleError, bad_sample_boundary
 from cosmos_primitives.utils.extras import require
 
 EMBEDDING_SUFFIXES = (".npy", ".safetensors")
@@ -88,65 +89,70 @@ def load_text_embedding(path: str | Path, *, allow_pickle: bool = False) -> np.n
     """Read a precomputed ``[n_tokens, dim]`` embedding from ``.npy``, ``.safetensors`` or (opt-in) pickle.
 
     A safetensors file must hold one tensor (or one named ``text_embedding``). Leading singleton
-    dimensions (``[1, n, D]``) are dropped.
+    dimensions (``[1, n, D]``) are dropped. A ``.npy`` file is never unpickled (object arrays are
+    refused even with ``allow_pickle``, which is for ``.pickle`` / ``.pkl`` files only).
 
     Raises:
-        ValueError: a pickle file without ``allow_pickle=True``, or an unexpected layout.
+        BadSampleError: naming the file: a pickle file without ``allow_pickle=True``, a file that
+            cannot be parsed (truncated, garbage, object dtype), an unexpected layout or
+            non-finite values.
     """
     path = Path(path)
+    with bad_sample_boundary(str(path), "could not load the text embedding"):
+        array = _read_embedding_file(path, allow_pickle)
+        array = np.asarray(array, dtype=np.float32)
+        while array.ndim > 2 and array.shape[0] == 1:
+            array = array[0]
+    if array.ndim != 2:
+        raise BadSampleError(str(path), f"expected a [n_tokens, dim] embedding; got shape {array.shape}")
+    if not np.isfinite(array).all():
+        raise BadSampleError(str(path), "the text embedding holds NaN or inf values")
+    return array
+
+
+def _read_embedding_file(path: Path, allow_pickle: bool) -> Any:
+    """The array a ``.npy`` / ``.safetensors`` / (opt-in) pickle embedding file holds."""
     suffix = path.suffix.lower()
     if suffix == ".npy":
-        array = np.load(path, allow_pickle=False)
-    elif suffix == ".safetensors":
+        return np.load(path, allow_pickle=False)  # never: a .npy can carry pickled objects
+    if suffix == ".safetensors":
         from safetensors.numpy import load_file
 
         tensors = load_file(str(path))
         if "text_embedding" in tensors:
-            array = tensors["text_embedding"]
-        elif len(tensors) == 1:
-            array = next(iter(tensors.values()))
-        else:
-            raise ValueError(f"{path}: holds tensors {sorted(tensors)}; keep one, or name it 'text_embedding'")
-    elif suffix in PICKLE_SUFFIXES:
+            return tensors["text_embedding"]
+        if len(tensors) == 1:
+            return next(iter(tensors.values()))
+        raise BadSampleError(str(path), f"holds tensors {sorted(tensors)}; keep one, or name it 'text_embedding'")
+    if suffix in PICKLE_SUFFIXES:
         if not allow_pickle:
-            raise ValueError(
-                f"{path}: pickle embeddings are not loaded by default (unpickling runs code from the file). "
-                "Convert them to .npy / .safetensors, or set [wfm.data] allow_pickle = true if you trust the files"
-            )
+            raise BadSampleError(
+                str(path), "pickle embeddings are not loaded by default (unpickling runs code from the file). "
+                "Convert them to .npy / .safetensors, or set [wfm.data] allow_pickle = true if you trust the files")
         warnings.warn(f"unpickling {path} ([wfm.data] allow_pickle = true): only do this for files you trust",
-                      stacklevel=2)
+                      stacklevel=3)
         with open(path, "rb") as f:
             obj = pickle.load(f)  # opt-in only, see above
         if isinstance(obj, (list, tuple)) and len(obj) == 1:
             obj = obj[0]
-        array = obj.numpy() if isinstance(obj, torch.Tensor) else np.asarray(obj)
-    else:
-        raise ValueError(f"{path}: unknown embedding format; use .npy or .safetensors")
-    array = np.asarray(array, dtype=np.float32)
-    while array.ndim > 2 and array.shape[0] == 1:
-        array = array[0]
-    if array.ndim != 2:
-        raise ValueError(f"{path}: expected a [n_tokens, dim] embedding; got shape {array.shape}")
-    return array
+        return obj.numpy() if isinstance(obj, torch.Tensor) else np.asarray(obj)
+    raise BadSampleError(str(path), "unknown embedding format; use .npy or .safetensors")
 
 
 def read_clip(path: str | Path, num_frames: int, rng: np.random.Generator | None = None) -> np.ndarray:
     """A random contiguous window of ``num_frames`` frames of a video: ``[T, H, W, 3]`` uint8.
 
     Raises:
-        ValueError: the file cannot be decoded or has fewer than ``num_frames`` frames.
+        BadSampleError: naming the file: it cannot be decoded (empty, truncated, not a video) or
+            has fewer than ``num_frames`` frames.
     """
     av = require("av", "reading mp4 clips")
     rng = rng or np.random.default_rng()
-    try:
-        with av.open(str(path)) as container:
-            frames = [f.to_ndarray(format="rgb24") for f in container.decode(video=0)]
-    except (av.error.FFmpegError, IndexError) as exc:
-        raise ValueError(f"{path}: cannot decode video ({exc})") from exc
+    with bad_sample_boundary(str(path), "cannot decode video"), av.open(str(path)) as container:
+        frames = [f.to_ndarray(format="rgb24") for f in container.decode(video=0)]
     if len(frames) < num_frames:
-        raise ValueError(
-            f"{path}: has {len(frames)} frames, fewer than num_frames = {num_frames} ([wfm.data] num_frames)"
-        )
+        raise BadSampleError(str(path), f"has {len(frames)} frames, fewer than num_frames = {num_frames} "
+                                        "([wfm.data] num_frames)")
     start = int(rng.integers(0, len(frames) - num_frames + 1))
     return np.stack(frames[start : start + num_frames])
 
@@ -176,6 +182,8 @@ class ClipFolderDataset(torch.utils.data.Dataset):
     epoch (:meth:`set_epoch`).
 
     Raises (at construction): ``FileNotFoundError`` for a missing ``videos/`` folder or caption file.
+    Items whose files are bad (an empty or undecodable clip, a caption that is not UTF-8, an
+    embedding file that cannot be read) raise :class:`BadSampleError` naming the file.
     """
 
     def __init__(self, root: str | Path, *, num_frames: int, height: int, width: int, max_tokens: int,
@@ -211,7 +219,10 @@ class ClipFolderDataset(torch.utils.data.Dataset):
         return None
 
     def caption(self, index: int) -> str:
-        return (self.root / "metas" / f"{self.videos[index].stem}.txt").read_text(encoding="utf-8").strip()
+        """The caption of item ``index`` (a file that is not UTF-8 text is a :class:`BadSampleError`)."""
+        path = self.root / "metas" / f"{self.videos[index].stem}.txt"
+        with bad_sample_boundary(str(path), "could not read the caption"):
+            return path.read_text(encoding="utf-8").strip()
 
     def text_embedding(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
         """``(text [max_tokens, D], text_mask [max_tokens])`` of item ``index``."""
@@ -220,18 +231,24 @@ class ClipFolderDataset(torch.utils.data.Dataset):
         if path is not None:
             return pad_text_embedding(load_text_embedding(path, allow_pickle=self.allow_pickle), self.max_tokens)
         if self.embedder is None:
-            raise FileNotFoundError(
-                f"no text embedding for '{name}' in {self.root / 'text_embedding'} (.npy / .safetensors) and no "
-                "text encoder configured; precompute it or set [wfm.data] text_encoder = \"hash\""
-            )
+            raise BadSampleError(
+                str(self.root / "text_embedding" / name),
+                "no text embedding (.npy / .safetensors) and no text encoder configured; precompute it or set "
+                "[wfm.data] text_encoder = \"hash\"")
         return pad_text_embedding(self.embedder(self.caption(index)), self.max_tokens)
 
     def __getitem__(self, index: int) -> dict[str, Any]:
+        """Item ``index``; any failure of its files is a :class:`BadSampleError` naming the file
+        (skip and count it with a :class:`~cosmos_primitives.data.bad_samples.BadSampleTracker`, e.g.
+        through :func:`~cosmos_primitives.data.prompt_streaming.prompt_stream`)."""
+        video = self.videos[index]
         rng = np.random.default_rng((self.seed, self.epoch, index))
-        frames = read_clip(self.videos[index], self.num_frames, rng)
+        caption = self.caption(index)
+        frames = read_clip(video, self.num_frames, rng)
         text, mask = self.text_embedding(index)
-        return {"name": self.videos[index].stem, "caption": self.caption(index),
-                "video": resize_clip(frames, self.height, self.width), "text": text, "text_mask": mask}
+        with bad_sample_boundary(str(video), "could not resize the clip"):
+            clip = resize_clip(frames, self.height, self.width)
+        return {"name": video.stem, "caption": caption, "video": clip, "text": text, "text_mask": mask}
 
 
 _MOCK_SUBJECTS = ("a red car", "a robot arm", "a white dog", "a delivery drone", "a forklift", "a pedestrian")

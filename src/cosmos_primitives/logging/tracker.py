@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from cosmos_primitives.config.logging import LoggingConfig
+from cosmos_primitives.config.secrets import redact_secrets
 from cosmos_primitives.logging.console import get_logger
 from cosmos_primitives.utils.extras import require
 
@@ -45,7 +46,8 @@ class MetricsTracker:
     Args:
         run_dir: the run directory (``<output_dir>/<timestamp>``).
         config: ``[logging]``; ``logger`` selects ``"console"`` and / or ``"wandb"``.
-        run_config: the whole config as a dict, recorded in W&B.
+        run_config: the whole config as a dict, recorded in W&B with secrets redacted
+            (:func:`~cosmos_primitives.config.secrets.redact_secrets`).
         rank: this process's global rank.
         total_steps: printed as ``step N/total`` when known.
     """
@@ -76,7 +78,7 @@ class MetricsTracker:
             name=self.config.experiment_name or self.run_dir.name,
             id=self.run_dir.name.replace("/", "_") if self.run_dir.name else None,
             dir=str(self.run_dir),
-            config=dict(run_config or {}),
+            config=redact_secrets(run_config or {}),  # W&B keeps what it gets: no passwords or tokens
             mode=mode,
             resume="allow",
             settings=wandb.Settings(silent=True, console="off"),
