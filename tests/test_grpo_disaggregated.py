@@ -172,7 +172,8 @@ def test_records_rebuild_the_batch_of_their_groups(mcq_media, tiny_vl_processor)
 def test_record_without_conversation_or_media_is_named(mcq_media, tiny_vl_processor, tmp_path) -> None:
     _, settings, prompts = mcq_media
     group = make_groups(prompts[:1], tiny_vl_processor)[0]
-    bare = record_from_group(group, [0.0] * N_SAMPLES, [0.0] * N_SAMPLES, include_conversation=False)
+    bare = record_from_group(group, [0.0] * N_SAMPLES, [0.0] * N_SAMPLES)
+    bare.conversation = []  # emptied after construction (decode and construction refuse it)
     with pytest.raises(ValueError, match=f"record {bare.record_id} .* carries no conversation"):
         group_from_record(bare, settings)
 

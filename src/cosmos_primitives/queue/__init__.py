@@ -46,6 +46,8 @@ from cosmos_primitives.queue.errors import MalformedRecordError, QueueConnection
 from cosmos_primitives.queue.memory_queue import InMemoryRolloutQueue
 from cosmos_primitives.queue.record import (
     RolloutRecord,
+    check_record,
+    check_token_range,
     decode_record,
     encode_record,
     media_references,
@@ -67,6 +69,8 @@ __all__ = [
     "RolloutRecord",
     "RolloutThrottle",
     "StalenessFilter",
+    "check_record",
+    "check_token_range",
     "decode_record",
     "encode_record",
     "expected_staleness",

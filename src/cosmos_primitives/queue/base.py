@@ -35,6 +35,11 @@ class RolloutQueue(Protocol):
         """Mark delivered records as consumed (trained on or dropped); returns how many were acknowledged."""
         ...
 
+    def reject(self, records: Sequence[RolloutRecord], reason: str) -> int:
+        """Set aside delivered records that cannot be trained on (dead-lettered with ``reason``, counted
+        as ``queue/malformed``); they are never delivered again. Returns how many."""
+        ...
+
     def pending(self) -> int:
         """Records enqueued and not acknowledged yet (the quantity bounded by back-pressure)."""
         ...

@@ -43,14 +43,14 @@ def group_from_record(record: RolloutRecord, settings: MediaSettings | None = No
         (``meta["reference"]``) and re-loaded ``images`` / ``videos``; its ``row`` is empty.
 
     Raises:
-        ValueError: the record has no conversation (``include_conversation=False``), or its
+        ValueError: the record has no conversation (emptied after it was made), or its
             conversation names different media than ``record.media``.
         BadSampleError: a referenced media file is missing or unreadable (names the record).
     """
     if not record.conversation:
         raise ValueError(
             f"record {record.record_id} (prompt {record.prompt_id!r}) carries no conversation, so its prompt "
-            "cannot be rebuilt; put records with record_from_group(..., include_conversation=True)"
+            "cannot be rebuilt; put records made by record_from_group, which carry it"
         )
     settings = settings or MediaSettings()
     sample_id = f"record {record.record_id} (prompt {record.prompt_id!r})"
@@ -80,7 +80,9 @@ def fetch_records(queue: RolloutQueue, stale: StalenessFilter, want: int, *, tra
 
     Records over the staleness bound are acknowledged (consumed, counted by ``stale``); records
     whose media cannot be re-read (e.g. deleted since the rollout) are recorded in ``bad`` and
-    acknowledged. The kept records are not acknowledged: ack them after the step.
+    acknowledged; records whose prompt cannot be rebuilt (``ValueError`` of
+    :func:`group_from_record`) are dead-lettered with that reason (``queue.reject``). The kept
+    records are not acknowledged: ack them after the step.
 
     Raises:
         TimeoutError: no record arrived for ``timeout_s`` seconds (names the step and the key
@@ -104,6 +106,8 @@ def fetch_records(queue: RolloutQueue, stale: StalenessFilter, want: int, *, tra
             except BadSampleError as error:
                 bad.record(error, sample=record.record_id)
                 queue.ack([record])
+            except ValueError as error:
+                queue.reject([record], f"cannot rebuild its prompt: {error}")
     return records, groups
 
 
