@@ -221,9 +221,11 @@ def decode_record(data: bytes | bytearray | memoryview, entry_id: str = "<bytes>
         if vocab_size is not None:
             check_token_range(record, vocab_size)
         return record
+    except msgspec.ValidationError as exc:  # a DecodeError (and a ValueError): caught first
+        raise MalformedRecordError(entry_id, f"not a valid RolloutRecord: {exc}") from exc
     except msgspec.DecodeError as exc:
         raise MalformedRecordError(entry_id, f"payload of {len(data)} bytes is not msgpack ({exc})") from exc
-    except (msgspec.ValidationError, ValueError) as exc:
+    except ValueError as exc:  # check_token_range
         raise MalformedRecordError(entry_id, f"not a valid RolloutRecord: {exc}") from exc
     except RecursionError as exc:
         raise MalformedRecordError(entry_id, f"payload of {len(data)} bytes is nested too deep to decode") from exc

@@ -2,9 +2,9 @@
 
 Keys (``S`` = ``[redis] stream``): ``S`` holds one entry per record (field ``record``: msgpack);
 ``S:done`` the ids of trained records; ``S:owners`` which entry carries each record id being
-trained; ``S:dead`` rejected entries (with their reason); ``S:stats`` group-wide counters;
-``S:weight_version`` the trainer's current weight version; ``S:producers`` a hash of each rollout
-worker's resume state.
+trained (then which consumer acknowledged it); ``S:dead`` rejected entries (with their reason);
+``S:stats`` group-wide counters; ``S:weight_version`` the trainer's current weight version;
+``S:producers`` a hash of each rollout worker's resume state.
 
 Life of a record: ``put`` appends it (a Lua script refuses while ``S`` holds ``max_pending``
 entries, so producers wait instead of trimming); ``get`` reads it with XREADGROUP (or takes it
@@ -420,7 +420,7 @@ class RedisRolloutQueue:
         already: list[str] = []
         keys = [self.stream, self.done_key, self.owners_key, self.stats_key]
         for start in range(0, len(items), 8 * _CHUNK):
-            args: list[Any] = [self.group, time.time(), self.config.done_retention_s]
+            args: list[Any] = [self.group, time.time(), self.config.done_retention_s, self.consumer]
             for rid, entry_ids in items[start:start + 8 * _CHUNK]:
                 args += [rid, len(entry_ids), *entry_ids]
             reply = self._call("ack", lambda args=args: self._ack_script(keys=keys, args=args))

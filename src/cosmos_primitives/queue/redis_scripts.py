@@ -52,21 +52,24 @@ return out
 
 # KEYS[1] stream, KEYS[2] sorted set of trained record ids (score: Unix time of the ack), KEYS[3]
 # owner hash (see ACCEPT), KEYS[4] hash of group-wide counters. ARGV[1] group, ARGV[2] now (s),
-# ARGV[3] retention (s), then per record: record id, k, k entry ids.
-# Records the id as trained, acknowledges and deletes its entries, forgets its owner; returns the
-# record ids that were already marked trained (trained twice), also counted in KEYS[4] as
-# 'double_acked' so that the count survives the consumer. XACK is pcall'ed: after a restart without
-# persistence the group may be gone, and there is then nothing left to acknowledge.
+# ARGV[3] retention (s), ARGV[4] consumer, then per record: record id, k, k entry ids.
+# Records the id as trained (and, as its owner, 'acked:<consumer>'), acknowledges and deletes its
+# entries; returns the record ids that another consumer had marked trained already (trained twice),
+# also counted in KEYS[4] as 'double_acked' so that the count outlives the consumer. The same
+# consumer acknowledging again is its own retry after a lost reply, not a second training. Ids
+# older than the retention are forgotten (at most 1000 a call). XACK is pcall'ed: after a restart
+# without persistence the group may be gone, and there is then nothing left to acknowledge.
 ACK_TRAINED = """
 local already = {}
-local i = 4
+local mark = 'acked:' .. ARGV[4]
+local i = 5
 while i <= #ARGV do
   local rid = ARGV[i]
   local k = tonumber(ARGV[i + 1])
-  if redis.call('ZADD', KEYS[2], 'NX', ARGV[2], rid) == 0 then
+  if redis.call('ZADD', KEYS[2], 'NX', ARGV[2], rid) == 0 and redis.call('HGET', KEYS[3], rid) ~= mark then
     already[#already + 1] = rid
   end
-  redis.call('HDEL', KEYS[3], rid)
+  redis.call('HSET', KEYS[3], rid, mark)
   for j = i + 2, i + 1 + k do
     redis.pcall('XACK', KEYS[1], ARGV[1], ARGV[j])
     redis.call('XDEL', KEYS[1], ARGV[j])
@@ -76,7 +79,11 @@ end
 if #already > 0 then
   redis.call('HINCRBY', KEYS[4], 'double_acked', #already)
 end
-redis.call('ZREMRANGEBYSCORE', KEYS[2], '-inf', tonumber(ARGV[2]) - tonumber(ARGV[3]))
+local expired = redis.call('ZRANGEBYSCORE', KEYS[2], '-inf', tonumber(ARGV[2]) - tonumber(ARGV[3]), 'LIMIT', 0, 1000)
+if #expired > 0 then
+  redis.call('ZREM', KEYS[2], unpack(expired))
+  redis.call('HDEL', KEYS[3], unpack(expired))
+end
 return already
 """
 
