@@ -2,10 +2,10 @@
 
 It persists by default with what the queue's no-loss promise needs (see
 :mod:`cosmos_primitives.queue.redis_queue`): an append-only file fsynced before every reply
-(``appendonly yes``, ``appendfsync always``: a put or ack the client saw succeed survives a crash of
-the server, SIGKILL included, so producers need not re-send anything) and no eviction
-(``maxmemory-policy noeviction``: a full server refuses writes, and ``put`` retries, instead of
-dropping stream keys). The cost is one fsync per write batch, small next to a rollout's generation.
+(``appendonly yes``, ``appendfsync always``: a put or ack the client saw succeed survives a SIGKILL
+of the server and a crash of its machine, so producers need not keep and re-send what they put)
+and no eviction (``maxmemory-policy noeviction``: a full server refuses writes instead of dropping
+stream keys). The cost is one fsync per write batch, small next to a rollout's generation.
 """
 
 from __future__ import annotations
@@ -58,8 +58,8 @@ class RedisServer:
             (a run passes ``<run_dir>/redis`` so that a resumed run gets its queued records back);
             default a temporary folder removed by :meth:`close`.
         persistent: False runs without any persistence (a restart forgets everything).
-        appendfsync: ``"always"`` (default: nothing acknowledged is lost), ``"everysec"`` (up to one
-            second of acknowledged writes lost on a crash) or ``"no"``.
+        appendfsync: ``"always"`` (default: nothing acknowledged is lost), ``"everysec"`` (a crash
+            of the machine may lose the last ~2 s of acknowledged writes) or ``"no"``.
         extra_args: more ``redis-server`` options, appended (they win over the ones above).
 
     Raises:

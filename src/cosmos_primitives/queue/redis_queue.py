@@ -18,10 +18,11 @@ script. So a record is trained once however often it was put, and a consumer tha
 with it).
 
 Persistence: the no-loss promise needs a server that keeps what it acknowledged: AOF
-(``appendonly yes``) with ``appendfsync always`` (``everysec`` may lose the last second of puts
-and acks on a crash of the server's machine or process: lost acks are retrained once, lost puts
-are gone unless the producer re-sends them with the same ids), and ``maxmemory-policy
-noeviction`` (an evicted stream key loses records silently). :class:`RedisServer` starts one so.
+(``appendonly yes``) with ``appendfsync always``, and ``maxmemory-policy noeviction`` (an evicted
+stream key loses records silently). With ``everysec`` a killed redis-server process loses nothing
+it acknowledged (its writes reached the kernel), but a crash of its machine loses up to the last
+~2 s of puts and acks: lost acks are retrained once, lost puts are gone unless the producer
+re-sends them with the same ids. :class:`RedisServer` starts a server with ``always``.
 Without persistence a restart loses everything: the clients reconnect, recreate the group and
 republish the weight version, and carry on with the records put after the restart.
 """
