@@ -119,7 +119,8 @@ def train_from_queue(cfg, info, roles, plan: QueuePlan, mesh: RoleMesh, sync_gro
         times: dict[str, float] = {}
         t0 = time.perf_counter()
         records, groups = fetch_records(queue, stale, plan.records_per_trainer, trainer_step=step, settings=settings,
-                                        bad=bad, timeout_s=dis.get_timeout_s)
+                                        bad=bad, timeout_s=dis.get_timeout_s, processor=processor,
+                                        num_completions=grpo.num_samples_per_prompt)
         times["wait"] = time.perf_counter() - t0
         t0 = time.perf_counter()
         batch = collate_rollouts(groups, processor).to(info.device)

@@ -86,6 +86,7 @@ __all__ = [
 # moves records (``import cosmos_primitives.queue``) stays light.
 _LAZY = {
     "RedisServer": "local_redis",
+    "check_trainable": "record_groups",
     "collate_records": "record_groups",
     "fetch_records": "record_groups",
     "group_from_record": "record_groups",
