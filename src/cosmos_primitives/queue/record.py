@@ -126,8 +126,9 @@ def check_record(record: RolloutRecord, vocab_size: int | None = None) -> None:
     for i, (ids, lps) in enumerate(zip(record.completion_token_ids, record.logprobs)):
         if len(ids) != len(lps):
             raise ValueError(f"completion {i} has {len(ids)} token ids but {len(lps)} log-probs")
-        bad = next((lp for lp in lps if not -math.inf < lp <= _MAX_LOGPROB), None)  # NaN fails it too
-        if bad is not None:
+        # sum() and max() run in C (a NaN or inf makes the sum non-finite); the slow scan only names the culprit
+        if lps and not (math.isfinite(sum(lps)) and max(lps) <= _MAX_LOGPROB):
+            bad = next((lp for lp in lps if not -math.inf < lp <= _MAX_LOGPROB), "values whose sum overflows")
             raise ValueError(f"logprobs[{i}] holds {bad}; log-probabilities must be finite and <= 0")
     for i, reason in enumerate(record.finish_reasons):
         if reason not in FINISH_REASONS:
@@ -164,10 +165,10 @@ def check_token_range(record: RolloutRecord, vocab_size: int | None = None) -> N
 def _check_ids(ids: list[int], name: str, vocab_size: int | None) -> None:
     if not ids:
         return
-    low, high = min(ids), max(ids)
+    low = min(ids)
     if low < 0:
         raise ValueError(f"{name} holds the token id {low}; token ids are >= 0")
-    if vocab_size is not None and high >= vocab_size:
+    if vocab_size is not None and (high := max(ids)) >= vocab_size:
         raise ValueError(f"{name} holds the token id {high}, outside the vocabulary of {vocab_size} tokens "
                          "(a different tokenizer on the rollout side?)")
 
