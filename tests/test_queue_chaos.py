@@ -31,7 +31,9 @@ SETUP = r"""
 import sys
 from cosmos_primitives.config import RedisConfig
 from cosmos_primitives.queue import RedisRolloutQueue
-cfg = RedisConfig(url=sys.argv[1], block_s=0.1, socket_timeout_s=2.0, claim_idle_s=1.0,
+# claim_idle_s must outlast a server restart (down, AOF reload): a live consumer cannot renew its
+# entries while the server is away, and entries it still trains on would be taken over and trained twice
+cfg = RedisConfig(url=sys.argv[1], block_s=0.1, socket_timeout_s=2.0, claim_idle_s=4.0,
                   reconnect_timeout_s=30.0, reconnect_max_backoff_s=0.2, max_pending=64)
 """
 
