@@ -31,9 +31,9 @@ SETUP = r"""
 import sys
 from cosmos_primitives.config import RedisConfig
 from cosmos_primitives.queue import RedisRolloutQueue
-# claim_idle_s must outlast a server restart (down, AOF reload): a live consumer cannot renew its
-# entries while the server is away, and entries it still trains on would be taken over and trained twice
-cfg = RedisConfig(url=sys.argv[1], block_s=0.1, socket_timeout_s=2.0, claim_idle_s=4.0,
+# claim_idle_s: above a consumer's longest stall on this loaded machine (a starved process that
+# does not renew for that long loses its entries to another consumer, which is the documented bound)
+cfg = RedisConfig(url=sys.argv[1], block_s=0.1, socket_timeout_s=2.0, claim_idle_s=2.0,
                   reconnect_timeout_s=30.0, reconnect_max_backoff_s=0.2, max_pending=64)
 """
 

@@ -231,3 +231,26 @@ def test_private_server_is_persistent_and_a_sigkilled_server_keeps_its_records(t
             RedisRolloutQueue(fast_config(again.url), consumer="trainer-1") as trainer:
         assert ids(trainer.get(20, timeout=0.5)) == []  # still delivered to trainer-0, not acked
         assert trainer.pending() == 15
+
+
+def test_records_held_through_a_server_outage_longer_than_claim_idle_s_are_not_taken_over(tmp_path) -> None:
+    """Pending entries age while the server is down (their owner cannot renew them); after the
+    restart the other consumers leave them to their live owner instead of training them twice."""
+    with cpt.RedisServer(data_dir=tmp_path / "redis") as server:
+        cfg = fast_config(server.url, claim_idle_s=0.6)
+        producer = RedisRolloutQueue(cfg, consumer="rollout")
+        owner, other = RedisRolloutQueue(cfg, consumer="owner"), RedisRolloutQueue(cfg, consumer="other")
+        producer.put_many([make_record(i) for i in range(4)])
+        held = owner.get(4, timeout=1)
+        assert other.get(1, timeout=0.1) == []  # other is connected, as a running trainer is
+        os.kill(server.pid, signal.SIGKILL)
+        time.sleep(1.5)  # 2.5x claim_idle_s down
+        server.restart()
+        stolen = []
+        deadline = time.monotonic() + 2.0
+        while time.monotonic() < deadline:  # other polls while owner trains a long step
+            stolen += other.get(4, timeout=0.1)
+        assert ids(stolen) == []
+        assert owner.ack(held) == 4 and owner.group_counters()["double_acked"] == 0
+        for queue in (producer, owner, other):
+            queue.close()

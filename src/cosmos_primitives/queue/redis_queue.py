@@ -168,6 +168,7 @@ class RedisRolloutQueue:
         self._group_ready = False
         self._claim_cursor = "0-0"
         self._last_claim_scan = -float("inf")
+        self._claim_not_before = -float("inf")
         self._published_version: int | None = None
         self._renewer: threading.Thread | None = None
         self._stop = threading.Event()
@@ -228,6 +229,12 @@ class RedisRolloutQueue:
             return result
 
     def _after_reconnect(self) -> None:
+        # Pending entries kept ageing while the server was away, and no live consumer could renew
+        # them: take none over for claim_idle_s, the time every live consumer gets to renew its own
+        # (this one at once), so that an outage longer than claim_idle_s does not hand records that
+        # are still being trained to a second trainer.
+        self._claim_not_before = time.monotonic() + self.config.claim_idle_s
+        self.renew()
         # A server restarted without persistence forgot the weight version; put back the one this
         # process published (NX: a persisted or newer value wins).
         if self._published_version is not None:
@@ -331,7 +338,11 @@ class RedisRolloutQueue:
     def _claim_stale(self, count: int) -> list[tuple[bytes, dict[bytes, bytes]]]:
         """Entries idle for ``claim_idle_s`` (their consumer stopped renewing them), taken over by this one."""
         now = time.monotonic()
-        if count <= 0 or (self._claim_cursor == "0-0" and now - self._last_claim_scan < self.config.claim_idle_s / 4):
+        if count <= 0 or now < self._claim_not_before or (
+                self._claim_cursor == "0-0" and now - self._last_claim_scan < self.config.claim_idle_s / 4):
+            return []
+        self._call("PING", self._redis.ping)  # a server restart noticed here starts the grace of _after_reconnect
+        if time.monotonic() < self._claim_not_before:
             return []
         reply = self._call("XAUTOCLAIM", lambda: self._redis.xautoclaim(
             self.stream, self.group, self.consumer, min_idle_time=int(1000 * self.config.claim_idle_s),
