@@ -119,7 +119,9 @@ class RedisRolloutQueue:
     from a background thread, so a live consumer keeps its records however long a step takes,
     and the records of a consumer that died (SIGKILL, lost node) are taken over by another consumer
     ``claim_idle_s`` after its last renewal. Lost connections are retried with exponential back-off
-    for ``reconnect_timeout_s``, then :class:`QueueConnectionError` names the URL.
+    for ``reconnect_timeout_s``, then :class:`QueueConnectionError` names the URL; after a
+    reconnect this consumer renews its entries at once and takes over none for ``claim_idle_s``
+    (entries age while the server is away, when nobody can renew them).
 
     ``put`` and ``get`` / ``ack`` may run in different threads; one object should not ``get`` from
     two threads at once.
