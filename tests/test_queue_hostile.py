@@ -246,11 +246,12 @@ def test_records_held_through_a_server_outage_longer_than_claim_idle_s_are_not_t
         os.kill(server.pid, signal.SIGKILL)
         time.sleep(1.5)  # 2.5x claim_idle_s down
         server.restart()
+        late = RedisRolloutQueue(cfg, consumer="late")  # started after the restart: it saw no reconnect
         stolen = []
         deadline = time.monotonic() + 2.0
-        while time.monotonic() < deadline:  # other polls while owner trains a long step
-            stolen += other.get(4, timeout=0.1)
+        while time.monotonic() < deadline:  # the others poll while owner trains a long step
+            stolen += other.get(4, timeout=0.05) + late.get(4, timeout=0.05)
         assert ids(stolen) == []
         assert owner.ack(held) == 4 and owner.group_counters()["double_acked"] == 0
-        for queue in (producer, owner, other):
+        for queue in (producer, owner, other, late):
             queue.close()

@@ -120,8 +120,9 @@ class RedisRolloutQueue:
     and the records of a consumer that died (SIGKILL, lost node) are taken over by another consumer
     ``claim_idle_s`` after its last renewal. Lost connections are retried with exponential back-off
     for ``reconnect_timeout_s``, then :class:`QueueConnectionError` names the URL; after a
-    reconnect this consumer renews its entries at once and takes over none for ``claim_idle_s``
-    (entries age while the server is away, when nobody can renew them).
+    reconnect this consumer renews its entries at once and takes over none for ``claim_idle_s``,
+    nor while the server has been up for less than ``claim_idle_s`` (entries age while the server
+    is away, when nobody can renew them; a consumer that starts after a restart waits too).
 
     ``put`` and ``get`` / ``ack`` may run in different threads; one object should not ``get`` from
     two threads at once.
@@ -343,8 +344,9 @@ class RedisRolloutQueue:
         if count <= 0 or now < self._claim_not_before or (
                 self._claim_cursor == "0-0" and now - self._last_claim_scan < self.config.claim_idle_s / 4):
             return []
-        self._call("PING", self._redis.ping)  # a server restart noticed here starts the grace of _after_reconnect
-        if time.monotonic() < self._claim_not_before:
+        # A server that restarted less than claim_idle_s ago holds entries that aged while it was down
+        # and whose live consumers may not have renewed them yet; this also notices our own reconnect.
+        if self._server_uptime_s() < self.config.claim_idle_s or time.monotonic() < self._claim_not_before:
             return []
         reply = self._call("XAUTOCLAIM", lambda: self._redis.xautoclaim(
             self.stream, self.group, self.consumer, min_idle_time=int(1000 * self.config.claim_idle_s),
@@ -354,6 +356,13 @@ class RedisRolloutQueue:
         if cursor == "0-0":
             self._last_claim_scan = now
         return [(eid, fields) for eid, fields in reply[1] if fields]
+
+    def _server_uptime_s(self) -> float:
+        try:
+            info = self._call("INFO server", lambda: self._redis.info("server"))
+        except redis.exceptions.ResponseError:  # INFO refused (a managed server): rely on the reconnect grace
+            return float("inf")
+        return float(info.get("uptime_in_seconds", float("inf")))
 
     def _accept(self, entries: list[tuple[bytes, dict[bytes, bytes]]], redelivered: bool) -> list[RolloutRecord]:
         decoded: list[tuple[str, RolloutRecord]] = []
