@@ -51,6 +51,8 @@ def make_record(i: int, completions: int, tokens: int, rng: np.random.Generator)
         completion_token_ids=ids.tolist(), logprobs=lps.tolist(), finish_reasons=["stop"] * completions,
         rewards=rng.random(completions).tolist(), advantages=rng.standard_normal(completions).tolist(),
         media=["s3://bucket/videos/clip_000123.mp4"],
+        conversation=[{"role": "user", "content": [{"type": "video", "video": "s3://bucket/videos/clip_000123.mp4"},
+                                                   {"type": "text", "text": "Which colour is the cube?"}]}],
     )
 
 

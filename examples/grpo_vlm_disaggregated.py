@@ -89,7 +89,9 @@ def train_from_queue(cfg, info, roles, plan: QueuePlan, mesh: RoleMesh, sync_gro
     scheduler = cp.policy.build_lr_scheduler(optimizer, cfg.train, total_steps)
     tracker = cp.logging.MetricsTracker(run_dir, cfg.logging, run_config=cp.config.config_to_dict(cfg),
                                         total_steps=total_steps, prefix="[GRPO] ")
-    queue = RedisRolloutQueue(cfg.redis, url=url, consumer=f"trainer-{info.rank}")
+    # records with token ids outside the policy's embedding table are dead-lettered, not trained on
+    vocab_size = policy.hf_model.get_input_embeddings().weight.shape[0]
+    queue = RedisRolloutQueue(cfg.redis, url=url, consumer=f"trainer-{info.rank}", vocab_size=vocab_size)
     control = RunControl(queue)
     stale = StalenessFilter.from_config(grpo)
     settings = MediaSettings.from_config(dataset_cfg)
@@ -117,7 +119,8 @@ def train_from_queue(cfg, info, roles, plan: QueuePlan, mesh: RoleMesh, sync_gro
         times: dict[str, float] = {}
         t0 = time.perf_counter()
         records, groups = fetch_records(queue, stale, plan.records_per_trainer, trainer_step=step, settings=settings,
-                                        bad=bad, timeout_s=dis.get_timeout_s)
+                                        bad=bad, timeout_s=dis.get_timeout_s, processor=processor,
+                                        num_completions=grpo.num_samples_per_prompt)
         times["wait"] = time.perf_counter() - t0
         t0 = time.perf_counter()
         batch = collate_rollouts(groups, processor).to(info.device)
@@ -271,9 +274,10 @@ def main() -> None:
     if info.is_rank0:
         cp.config.dump_config(cfg, run_dir / "config.toml")
         if cfg.disaggregated.start_local_redis:
-            redis_server = RedisServer().start()  # stopped with rank 0, however it ends
+            # AOF fsynced on every write in the run dir: a resume (same run dir) gets the queued records back
+            redis_server = RedisServer(data_dir=run_dir / "redis").start()  # stopped with rank 0, however it ends
             url = redis_server.url
-            log.info(f"started a local redis-server at {url} for this run")
+            log.info(f"started a local redis-server at {url} for this run (append-only file in {run_dir / 'redis'})")
         with RedisRolloutQueue(cfg.redis, url=url) as queue, RunControl(queue) as control:
             if cfg.disaggregated.clear_stream_at_start and not cfg.train.resume:  # a resume keeps what is queued
                 control.clear_stream()

@@ -172,7 +172,8 @@ def test_records_rebuild_the_batch_of_their_groups(mcq_media, tiny_vl_processor)
 def test_record_without_conversation_or_media_is_named(mcq_media, tiny_vl_processor, tmp_path) -> None:
     _, settings, prompts = mcq_media
     group = make_groups(prompts[:1], tiny_vl_processor)[0]
-    bare = record_from_group(group, [0.0] * N_SAMPLES, [0.0] * N_SAMPLES, include_conversation=False)
+    bare = record_from_group(group, [0.0] * N_SAMPLES, [0.0] * N_SAMPLES)
+    bare.conversation = []  # emptied after construction (decode and construction refuse it)
     with pytest.raises(ValueError, match=f"record {bare.record_id} .* carries no conversation"):
         group_from_record(bare, settings)
 
@@ -215,6 +216,25 @@ def test_fetch_records_keeps_fresh_readable_records_and_acks_the_others(mcq_medi
     assert queue.pending() == 2  # the kept records are acknowledged after the step
     with pytest.raises(TimeoutError, match=r"trainer step 8 \(\[disaggregated\] get_timeout_s\)"):
         fetch_records(queue, stale, 1, trainer_step=8, settings=settings, bad=bad, timeout_s=0.1)
+
+
+def test_fetch_records_dead_letters_records_that_would_stop_the_collate(mcq_media, tiny_vl_processor) -> None:
+    _, settings, prompts = mcq_media
+    groups = make_groups(prompts, tiny_vl_processor)  # weight versions 5, 6, 7, 8
+    groups[1] = attrs.evolve(groups[1], completions=groups[1].completions[:-1])
+    short = record_from_group(groups[1], [0.0] * (N_SAMPLES - 1), [0.0] * (N_SAMPLES - 1))
+    records = [*through_the_queue(groups[:1]), short, *through_the_queue(groups[2:])]
+    records[0].prompt_token_ids = records[0].prompt_token_ids[1:]  # another tokenizer on the rollout side
+    queue = InMemoryRolloutQueue()
+    queue.put_many(records)
+    kept, rebuilt = fetch_records(queue, StalenessFilter(allowed_outdated_steps=4), 2, trainer_step=8,
+                                  settings=settings, bad=BadSampleTracker(budget=0), timeout_s=5,
+                                  processor=tiny_vl_processor, num_completions=N_SAMPLES)
+    assert [r.weight_version for r in kept] == [7, 8]
+    collate_rollouts(rebuilt, tiny_vl_processor)  # the batch the trainer would have died collating is fine
+    reasons = {r.weight_version: why for r, why in queue.rejected}
+    assert "re-encoding its prompt" in reasons[5] and f"this run samples {N_SAMPLES}" in reasons[6]
+    assert queue.metrics()["queue/malformed"] == 2
 
 
 # ------------------------------------------------------------------------------- queue capacity

@@ -91,6 +91,8 @@ def test_local_redis_server_is_started_and_stopped(assets, tmp_path: Path) -> No
     assert match, log[-3000:]
     with pytest.raises(OSError):  # nothing listens there once the job is over
         socket.create_connection(("127.0.0.1", int(match.group(1))), timeout=1).close()
+    # it ran with an append-only file in the run dir, kept for a resume of that run
+    assert any((run_dir / "redis" / "appendonlydir").glob("*.aof")), sorted((run_dir / "redis").rglob("*"))
 
 
 

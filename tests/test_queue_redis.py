@@ -37,6 +37,8 @@ def make_record(i: int, version: int = 0) -> RolloutRecord:
         prompt_token_ids=[1, 2], completions=["A", "B"], completion_token_ids=[[7, 8], [9]],
         logprobs=[[-0.1, -0.2], [-0.3]], finish_reasons=["stop", "length"], rewards=[1.0, 0.0],
         advantages=[0.5, -0.5], media=["clips/a.mp4"],
+        conversation=[{"role": "user", "content": [{"type": "video", "video": "clips/a.mp4"},
+                                                   {"type": "text", "text": f"question {i}"}]}],
     )
 
 
@@ -282,10 +284,15 @@ def test_malformed_entries_are_dead_lettered_and_the_trainer_loop_goes_on(redis_
     trainer.close()
 
 
-def test_restart_without_persistence_reconnects_and_carries_on(own_redis_server) -> None:
+def test_restart_without_persistence_reconnects_and_carries_on() -> None:
     """Documented semantics: a server without AOF / RDB forgets its data. Clients reconnect, the
     trainer recreates its consumer group and republishes its weight version; records that were in
     the stream are gone, records put after the restart are trained."""
+    with cpt.RedisServer(persistent=False) as server:
+        restart_without_persistence(server)
+
+
+def restart_without_persistence(own_redis_server) -> None:
     cfg = fast_config(own_redis_server.url)
     producer, trainer = RedisRolloutQueue(cfg), RedisRolloutQueue(cfg, consumer="trainer-0")
     trainer.publish_weight_version(3)
@@ -308,7 +315,7 @@ def test_restart_without_persistence_reconnects_and_carries_on(own_redis_server)
 
 def test_restart_mid_run_with_aof_loses_nothing_and_trains_each_record_once() -> None:
     total = 60
-    with cpt.RedisServer(extra_args=("--appendonly", "yes", "--appendfsync", "always")) as server:
+    with cpt.RedisServer() as server:  # AOF, appendfsync always: the defaults
         cfg = fast_config(server.url, max_pending=16)
         producer, trainer = RedisRolloutQueue(cfg), RedisRolloutQueue(cfg, consumer="trainer-0")
 

@@ -43,6 +43,8 @@ from cosmos_primitives.queue.errors import MalformedRecordError, QueueConnection
 from cosmos_primitives.queue.memory_queue import InMemoryRolloutQueue
 from cosmos_primitives.queue.record import (
     RolloutRecord,
+    check_record,
+    check_token_range,
     decode_record,
     encode_record,
     media_references,
@@ -65,6 +67,8 @@ __all__ = [
     "RolloutRecord",
     "RolloutThrottle",
     "StalenessFilter",
+    "check_record",
+    "check_token_range",
     "decode_record",
     "encode_record",
     "expected_staleness",
@@ -80,6 +84,7 @@ __all__ = [
 # moves records (``import cosmos_primitives.queue``) stays light.
 _LAZY = {
     "RedisServer": "local_redis",
+    "check_trainable": "record_groups",
     "collate_records": "record_groups",
     "fetch_records": "record_groups",
     "group_from_record": "record_groups",

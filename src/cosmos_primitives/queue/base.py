@@ -13,10 +13,12 @@ from cosmos_primitives.queue.record import RolloutRecord
 class RolloutQueue(Protocol):
     """What rollout workers (producers) and trainers (consumers) call.
 
-    Delivery contract: ``put`` is at-least-once (a retried put may store a record twice); the
-    trainer sees each ``record_id`` once per consumer, and records that were acknowledged are never
-    handed out again, so a record is trained on at most once as long as the trainer acknowledges
-    what it trained on (``ack``) before the claim time of the queue runs out.
+    Delivery contract: ``put`` is at-least-once (a retried put may store a record twice); a
+    ``record_id`` is handed to one consumer at a time however many copies were put, and records
+    that were acknowledged (or rejected) are never handed out again, so a record is trained on once
+    as long as the trainer acknowledges what it trained on (``ack``) before the claim time of the
+    queue runs out. Entries that are not valid records never reach the caller: they are set aside
+    with their reason and counted (``queue/malformed``).
     """
 
     def put(self, record: RolloutRecord, timeout: float | None = None) -> None:
@@ -33,6 +35,11 @@ class RolloutQueue(Protocol):
 
     def ack(self, records: Sequence[RolloutRecord]) -> int:
         """Mark delivered records as consumed (trained on or dropped); returns how many were acknowledged."""
+        ...
+
+    def reject(self, records: Sequence[RolloutRecord], reason: str) -> int:
+        """Set aside delivered records that cannot be trained on (dead-lettered with ``reason``, counted
+        as ``queue/malformed``); they are never delivered again. Returns how many."""
         ...
 
     def pending(self) -> int:

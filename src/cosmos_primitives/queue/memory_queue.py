@@ -35,9 +35,10 @@ class InMemoryRolloutQueue:
         self._ready: deque[RolloutRecord] = deque()
         self._delivered: dict[str, int] = {}  # record id -> copies delivered and not acknowledged
         self._done: set[str] = set()
+        self.rejected: list[tuple[RolloutRecord, str]] = []  # what reject() set aside, with the reason
         self._version: int | None = None
         self._counts: dict[str, float] = {"put": 0, "put_wait_s": 0.0, "delivered": 0, "acked": 0,
-                                          "duplicates_skipped": 0, "double_acked": 0}
+                                          "duplicates_skipped": 0, "double_acked": 0, "malformed": 0}
 
     def _pending_locked(self) -> int:
         return len(self._ready) + sum(self._delivered.values())
@@ -125,6 +126,25 @@ class InMemoryRolloutQueue:
             self._counts["acked"] += acked
             self._cond.notify_all()
         return acked
+
+    def reject(self, records: Sequence[RolloutRecord], reason: str) -> int:
+        """Set delivered records aside in :attr:`rejected` with ``reason``; their ids are never delivered again.
+
+        Raises:
+            ValueError: a record that this queue did not deliver, or that was acknowledged already.
+        """
+        with self._cond:
+            unknown = [r.record_id for r in records if r.record_id not in self._delivered]
+            if unknown:
+                raise ValueError(f"cannot reject records {unknown[:5]}: they were not delivered by this queue's "
+                                 "get() or were acknowledged already")
+            for record in records:
+                if self._delivered.pop(record.record_id, None) is not None:
+                    self._done.add(record.record_id)
+                    self.rejected.append((record, reason))
+                    self._counts["malformed"] += 1
+            self._cond.notify_all()
+        return len(records)
 
     def pending(self) -> int:
         with self._cond:

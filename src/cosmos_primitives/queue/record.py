@@ -22,6 +22,12 @@ if TYPE_CHECKING:  # pragma: no cover
 
 # content-part types of a Qwen2.5-VL conversation whose value is a media item
 MEDIA_PART_TYPES = ("image", "video", "audio", "image_url", "video_url")
+# what the rollout engines report (``cp.rollout``: vLLM's other reasons are mapped to these)
+FINISH_REASONS = ("stop", "length")
+# deepest list / dict nesting accepted in a conversation (a chat message is 3-4 levels deep)
+MAX_CONVERSATION_DEPTH = 32
+# a log-probability above this (nats) is not a probability; the slack absorbs float rounding
+_MAX_LOGPROB = 1e-3
 
 _JSON_SCALARS = (str, int, float, bool, type(None))
 
@@ -35,8 +41,14 @@ class RolloutRecord(msgspec.Struct, kw_only=True):
 
     With ``n`` completions and ``L_i`` generated tokens in completion ``i``:
 
-    - ``record_id``: unique id of this record (uuid4 hex by default); the trainer trains on a
-      record id at most once.
+    - ``record_id``: unique id of this record, required. It is the idempotency key of the queue:
+      the trainer trains on a record id once, however many copies of it were put (a put retried
+      after a lost reply, a producer that re-sends after a crash). The producer assigns it once,
+      when the record is made (:func:`record_from_group`: a uuid4), and every retry carries the
+      same id; a consumer never invents one, since an id made at decode would differ for each copy
+      and each would be trained. An id derived from the content was not chosen: two samplings that
+      happen to agree (same prompt, tokens and version) are different data, and the content of a
+      retried put is already the same bytes, so the producer-assigned id covers that case too.
     - ``prompt_id``: the prompt's id in the dataset; ``group_id``: id of this sampling of the prompt
       (several groups of one prompt have different group ids).
     - ``weight_version``: the policy weight version that sampled the completions (>= 0).
@@ -50,10 +62,11 @@ class RolloutRecord(msgspec.Struct, kw_only=True):
     - ``meta``: small scalar extras (e.g. the reference answer).
     - ``created_at``: Unix time (seconds) when the record was made.
 
-    Constructing or decoding a record checks that the per-completion lists agree in length.
+    Constructing or decoding a record runs :func:`check_record` (lengths that agree, finite
+    numbers, known finish reasons, a non-empty prompt and conversation).
     """
 
-    record_id: str = msgspec.field(default_factory=_new_id)
+    record_id: str
     prompt_id: str
     group_id: str = ""
     weight_version: int
@@ -70,25 +83,7 @@ class RolloutRecord(msgspec.Struct, kw_only=True):
     created_at: float = msgspec.field(default_factory=time.time)
 
     def __post_init__(self) -> None:
-        if not self.record_id:
-            raise ValueError("record_id is empty")
-        if self.weight_version < 0:
-            raise ValueError(f"weight_version is {self.weight_version}; it must be >= 0")
-        n = len(self.completions)
-        if n == 0:
-            raise ValueError("the record holds no completions")
-        for name in ("completion_token_ids", "logprobs", "finish_reasons", "rewards", "advantages"):
-            got = len(getattr(self, name))
-            if got != n:
-                raise ValueError(f"{name} has {got} entries but there are {n} completions")
-        for i, (ids, lps) in enumerate(zip(self.completion_token_ids, self.logprobs)):
-            if len(ids) != len(lps):
-                raise ValueError(f"completion {i} has {len(ids)} token ids but {len(lps)} log-probs")
-        for name in ("rewards", "advantages"):
-            for i, value in enumerate(getattr(self, name)):
-                if not math.isfinite(value):
-                    raise ValueError(f"{name}[{i}] is {value}; rewards and advantages must be finite")
-        _check_json_like(self.conversation, "conversation")
+        check_record(self)
 
     @property
     def num_completions(self) -> int:
@@ -100,23 +95,105 @@ class RolloutRecord(msgspec.Struct, kw_only=True):
         return sum(len(ids) for ids in self.completion_token_ids)
 
 
+def check_record(record: RolloutRecord, vocab_size: int | None = None) -> None:
+    """Check that ``record`` can be trained on; the one validation of records (construction and decode).
+
+    Checks: a non-empty ``record_id``; ``weight_version >= 0``; a non-empty prompt
+    (``prompt_token_ids`` and ``conversation``); at least one completion and per-completion lists of
+    one length; as many log-probs as token ids in each completion; token ids ``>= 0`` (and
+    ``< vocab_size`` when given); finite log-probs that are not positive; finite rewards,
+    advantages, ``meta`` numbers and ``created_at``; finish reasons in :data:`FINISH_REASONS`; a
+    JSON-like conversation at most :data:`MAX_CONVERSATION_DEPTH` deep with media references (not
+    media) that agree in number with ``media``.
+
+    Raises:
+        ValueError: naming the first field (and index) that is wrong and why.
+    """
+    if not record.record_id:
+        raise ValueError("record_id is empty; the producer must give every record an id (record_from_group does)")
+    if record.weight_version < 0:
+        raise ValueError(f"weight_version is {record.weight_version}; it must be >= 0")
+    if not record.prompt_token_ids:
+        raise ValueError("prompt_token_ids is empty; a record needs the prompt the engine generated from")
+    check_token_range(record, vocab_size)
+    n = len(record.completions)
+    if n == 0:
+        raise ValueError("the record holds no completions")
+    for name in ("completion_token_ids", "logprobs", "finish_reasons", "rewards", "advantages"):
+        got = len(getattr(record, name))
+        if got != n:
+            raise ValueError(f"{name} has {got} entries but there are {n} completions")
+    for i, (ids, lps) in enumerate(zip(record.completion_token_ids, record.logprobs)):
+        if len(ids) != len(lps):
+            raise ValueError(f"completion {i} has {len(ids)} token ids but {len(lps)} log-probs")
+        # sum() and max() run in C (a NaN or inf makes the sum non-finite); the slow scan only names the culprit
+        if lps and not (math.isfinite(sum(lps)) and max(lps) <= _MAX_LOGPROB):
+            bad = next((lp for lp in lps if not -math.inf < lp <= _MAX_LOGPROB), "values whose sum overflows")
+            raise ValueError(f"logprobs[{i}] holds {bad}; log-probabilities must be finite and <= 0")
+    for i, reason in enumerate(record.finish_reasons):
+        if reason not in FINISH_REASONS:
+            raise ValueError(f"finish_reasons[{i}] is {reason!r}; expected one of {list(FINISH_REASONS)}")
+    for name in ("rewards", "advantages"):
+        for i, value in enumerate(getattr(record, name)):
+            if not math.isfinite(value):
+                raise ValueError(f"{name}[{i}] is {value}; rewards and advantages must be finite")
+    for key, value in record.meta.items():
+        if isinstance(value, float) and not math.isfinite(value):
+            raise ValueError(f"meta[{key!r}] is {value}; numbers in meta must be finite")
+    if not math.isfinite(record.created_at):
+        raise ValueError(f"created_at is {record.created_at}; it must be a finite Unix time")
+    if not record.conversation:
+        raise ValueError("conversation is empty; the trainer rebuilds the prompt from it, so records carry it")
+    _check_json_like(record.conversation, "conversation")
+    refs = media_references(record.conversation)
+    if record.media and len(record.media) != len(refs):
+        raise ValueError(f"media lists {len(record.media)} references but the conversation holds {len(refs)} "
+                         "media parts")
+
+
+def check_token_range(record: RolloutRecord, vocab_size: int | None = None) -> None:
+    """Check that every token id of ``record`` is ``>= 0`` and, when ``vocab_size`` is given, below it.
+
+    Raises:
+        ValueError: naming the list and the first id out of range.
+    """
+    _check_ids(record.prompt_token_ids, "prompt_token_ids", vocab_size)
+    for i, ids in enumerate(record.completion_token_ids):
+        _check_ids(ids, f"completion_token_ids[{i}]", vocab_size)
+
+
+def _check_ids(ids: list[int], name: str, vocab_size: int | None) -> None:
+    if not ids:
+        return
+    low = min(ids)
+    if low < 0:
+        raise ValueError(f"{name} holds the token id {low}; token ids are >= 0")
+    if vocab_size is not None and (high := max(ids)) >= vocab_size:
+        raise ValueError(f"{name} holds the token id {high}, outside the vocabulary of {vocab_size} tokens "
+                         "(a different tokenizer on the rollout side?)")
+
+
 def _check_json_like(value: Any, where: str) -> None:
-    if isinstance(value, _JSON_SCALARS):
-        return
-    if isinstance(value, list):
-        for i, item in enumerate(value):
-            _check_json_like(item, f"{where}[{i}]")
-        return
-    if isinstance(value, dict):
-        for key, item in value.items():
-            if not isinstance(key, str):
-                raise ValueError(f"{where} has a non-string key {key!r}")
-            _check_json_like(item, f"{where}[{key!r}]")
-        return
-    raise ValueError(
-        f"{where} holds a {type(value).__name__}; records carry media as references (paths / URIs), "
-        "never media bytes or decoded arrays"
-    )
+    # iterative, so that a hostile nesting depth is refused with a reason instead of a RecursionError
+    stack = [(value, where, 0)]
+    while stack:
+        item, path, depth = stack.pop()
+        if isinstance(item, _JSON_SCALARS):
+            continue
+        if depth >= MAX_CONVERSATION_DEPTH:
+            raise ValueError(f"{path} is nested deeper than {MAX_CONVERSATION_DEPTH} levels")
+        if isinstance(item, list):
+            stack += [(sub, f"{path}[{i}]", depth + 1) for i, sub in enumerate(item)]
+        elif isinstance(item, dict):
+            for key, sub in item.items():
+                if not isinstance(key, str):
+                    raise ValueError(f"{path} has a non-string key {key!r}")
+                stack.append((sub, f"{path}[{key!r}]", depth + 1))
+        else:
+            raise ValueError(
+                f"{path} holds a {type(item).__name__}; records carry media as references (paths / URIs), "
+                "never media bytes or decoded arrays"
+            )
 
 
 _ENCODER = msgspec.msgpack.Encoder()
@@ -128,20 +205,33 @@ def encode_record(record: RolloutRecord) -> bytes:
     return _ENCODER.encode(record)
 
 
-def decode_record(data: bytes | bytearray | memoryview, entry_id: str = "<bytes>") -> RolloutRecord:
-    """Decode and validate one record.
+def decode_record(data: bytes | bytearray | memoryview, entry_id: str = "<bytes>",
+                  vocab_size: int | None = None) -> RolloutRecord:
+    """Decode and validate one record (:func:`check_record`, token ids against ``vocab_size`` when given).
+
+    Never raises anything but :class:`MalformedRecordError` for bad content, whatever the bytes:
+    this is the boundary where a consumer meets data it did not make.
 
     Raises:
         MalformedRecordError: naming ``entry_id`` (the stream entry) and what is wrong: not msgpack,
-            a missing or mistyped field (with its path, e.g. ``$.weight_version``), or lists of
-            different lengths.
+            nested too deep, a missing or mistyped field (with its path, e.g. ``$.weight_version``),
+            or a failed check (lists of different lengths, a NaN log-prob, ...).
     """
     try:
-        return _DECODER.decode(data)
+        record = _DECODER.decode(data)  # runs check_record without a vocabulary
+        if vocab_size is not None:
+            check_token_range(record, vocab_size)
+        return record
+    except msgspec.ValidationError as exc:  # a DecodeError (and a ValueError): caught first
+        raise MalformedRecordError(entry_id, f"not a valid RolloutRecord: {exc}") from exc
     except msgspec.DecodeError as exc:
         raise MalformedRecordError(entry_id, f"payload of {len(data)} bytes is not msgpack ({exc})") from exc
-    except msgspec.ValidationError as exc:
+    except ValueError as exc:  # check_token_range
         raise MalformedRecordError(entry_id, f"not a valid RolloutRecord: {exc}") from exc
+    except RecursionError as exc:
+        raise MalformedRecordError(entry_id, f"payload of {len(data)} bytes is nested too deep to decode") from exc
+    except Exception as exc:  # any other failure on hostile bytes is the entry's fault too
+        raise MalformedRecordError(entry_id, f"cannot decode it ({type(exc).__name__}: {exc})") from exc
 
 
 def media_references(conversation: Sequence[Mapping[str, Any]]) -> list[str]:
@@ -191,7 +281,6 @@ def record_from_group(
     advantages: Sequence[float] | Any,
     *,
     media: Sequence[str] | None = None,
-    include_conversation: bool = True,
     group_id: str | None = None,
     record_id: str | None = None,
     meta: Mapping[str, str | int | float | bool] | None = None,
@@ -203,18 +292,17 @@ def record_from_group(
         rewards, advantages: ``[n]`` floats (lists, numpy arrays or torch tensors), in completion order.
         media: references of the prompt's media; default: those found in the conversation
             (:func:`media_references`).
-        include_conversation: copy the prompt conversation into the record (it must hold
-            references, not decoded media).
         group_id: default ``"<prompt_id>:<8 hex>"``; record_id: default a fresh uuid4 hex.
         meta: small scalar extras; the prompt's ``reference`` answer is added as ``"reference"``
             when it is set.
 
     Raises:
-        ValueError: rewards / advantages of the wrong length, or decoded media in the conversation.
+        ValueError: rewards / advantages of the wrong length, decoded media in the conversation, or
+            any failed :func:`check_record` (the record would be refused by the trainer).
     """
     n = len(group.completions)
     prompt = group.prompt
-    conversation = list(prompt.conversation) if include_conversation else []
+    conversation = list(prompt.conversation)
     refs = list(media) if media is not None else media_references(prompt.conversation)
     extras: dict[str, str | int | float | bool] = dict(meta or {})
     if prompt.reference and "reference" not in extras:

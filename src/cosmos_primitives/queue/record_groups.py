@@ -18,6 +18,7 @@ import torch
 from cosmos_primitives.data.bad_samples import BadSampleError, BadSampleTracker
 from cosmos_primitives.data.conversation import load_conversation
 from cosmos_primitives.data.media import MediaSettings
+from cosmos_primitives.data.prompt_inputs import encode_prompts
 from cosmos_primitives.data.records import Completion, Prompt, RolloutGroup
 from cosmos_primitives.data.rollout_batch import RolloutBatch, collate_rollouts
 from cosmos_primitives.queue.base import RolloutQueue
@@ -43,14 +44,14 @@ def group_from_record(record: RolloutRecord, settings: MediaSettings | None = No
         (``meta["reference"]``) and re-loaded ``images`` / ``videos``; its ``row`` is empty.
 
     Raises:
-        ValueError: the record has no conversation (``include_conversation=False``), or its
+        ValueError: the record has no conversation (emptied after it was made), or its
             conversation names different media than ``record.media``.
         BadSampleError: a referenced media file is missing or unreadable (names the record).
     """
     if not record.conversation:
         raise ValueError(
             f"record {record.record_id} (prompt {record.prompt_id!r}) carries no conversation, so its prompt "
-            "cannot be rebuilt; put records with record_from_group(..., include_conversation=True)"
+            "cannot be rebuilt; put records made by record_from_group, which carry it"
         )
     settings = settings or MediaSettings()
     sample_id = f"record {record.record_id} (prompt {record.prompt_id!r})"
@@ -73,14 +74,43 @@ def group_from_record(record: RolloutRecord, settings: MediaSettings | None = No
                         weight_version=record.weight_version)
 
 
+def check_trainable(record: RolloutRecord, group: RolloutGroup, processor: Any = None,
+                    num_completions: int | None = None) -> None:
+    """Check what :func:`collate_rollouts` needs of one record beyond :func:`check_record`.
+
+    Args:
+        record, group: the record and the group :func:`group_from_record` rebuilt from it.
+        processor: when given, the prompt is re-encoded alone (one extra processor pass) and must
+            give the record's ``prompt_token_ids``.
+        num_completions: when given, the record must hold this many completions (one batch holds
+            groups of one size).
+
+    Raises:
+        ValueError: naming what differs.
+    """
+    if num_completions is not None and record.num_completions != num_completions:
+        raise ValueError(f"it holds {record.num_completions} completions; this run samples {num_completions} "
+                         "per prompt ([grpo] num_samples_per_prompt)")
+    if processor is not None:
+        encoded = encode_prompts(processor, [group.prompt])
+        ids = encoded["input_ids"][0][encoded["attention_mask"][0].bool()].tolist()
+        if ids != list(record.prompt_token_ids):
+            raise ValueError(f"re-encoding its prompt gives {len(ids)} token ids that differ from its "
+                             f"{len(record.prompt_token_ids)} prompt_token_ids; is the same processor / chat "
+                             "template used on the rollout side?")
+
+
 def fetch_records(queue: RolloutQueue, stale: StalenessFilter, want: int, *, trainer_step: int,
-                  settings: MediaSettings, bad: BadSampleTracker,
-                  timeout_s: float) -> tuple[list[RolloutRecord], list[RolloutGroup]]:
+                  settings: MediaSettings, bad: BadSampleTracker, timeout_s: float, processor: Any = None,
+                  num_completions: int | None = None) -> tuple[list[RolloutRecord], list[RolloutGroup]]:
     """``want`` records to train on at ``trainer_step``, and their groups rebuilt with ``settings``.
 
     Records over the staleness bound are acknowledged (consumed, counted by ``stale``); records
     whose media cannot be re-read (e.g. deleted since the rollout) are recorded in ``bad`` and
-    acknowledged. The kept records are not acknowledged: ack them after the step.
+    acknowledged; records that cannot be trained on (``ValueError`` of :func:`group_from_record`
+    or :func:`check_trainable` with ``processor`` / ``num_completions``) are dead-lettered with
+    that reason (``queue.reject``), so that one of them cannot stop the trainer when the batch is
+    collated. The kept records are not acknowledged: ack them after the step.
 
     Raises:
         TimeoutError: no record arrived for ``timeout_s`` seconds (names the step and the key
@@ -99,11 +129,17 @@ def fetch_records(queue: RolloutQueue, stale: StalenessFilter, want: int, *, tra
             queue.ack(dropped)
         for record in kept:
             try:
-                groups.append(group_from_record(record, settings))
-                records.append(record)
+                group = group_from_record(record, settings)
+                check_trainable(record, group, processor, num_completions)
             except BadSampleError as error:
                 bad.record(error, sample=record.record_id)
                 queue.ack([record])
+                continue
+            except ValueError as error:
+                queue.reject([record], f"cannot be trained on: {error}")
+                continue
+            groups.append(group)
+            records.append(record)
     return records, groups
 
 

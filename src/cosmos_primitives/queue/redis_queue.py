@@ -1,20 +1,30 @@
 """The rollout queue between processes: Redis Streams with a consumer group.
 
 Keys (``S`` = ``[redis] stream``): ``S`` holds one entry per record (field ``record``: msgpack);
-``S:done`` the ids of trained records; ``S:dead`` rejected entries; ``S:weight_version`` the
-trainer's current weight version; ``S:producers`` a hash of each rollout worker's resume state.
+``S:done`` the ids of trained records; ``S:owners`` which entry carries each record id being
+trained (then which consumer acknowledged it); ``S:dead`` rejected entries (with their reason);
+``S:stats`` group-wide counters; ``S:weight_version`` the trainer's current weight version;
+``S:producers`` a hash of each rollout worker's resume state.
 
 Life of a record: ``put`` appends it (a Lua script refuses while ``S`` holds ``max_pending``
 entries, so producers wait instead of trimming); ``get`` reads it with XREADGROUP (or takes it
-over with XAUTOCLAIM from a consumer that stopped renewing it for ``claim_idle_s``); ``ack`` adds
-its id to ``S:done`` and XACKs + XDELs its entry in one script. A delivered record whose id is
-already in ``S:done`` is acknowledged and skipped, so a redelivered or duplicated record is not
-trained twice.
+over with XAUTOCLAIM from a consumer that stopped renewing it for ``claim_idle_s``), validates it
+(:func:`~cosmos_primitives.queue.record.decode_record`; a bad entry goes to ``S:dead``) and takes
+it by record id in one script (``S:owners``): a copy whose id was trained already, or whose id
+another live entry carries, is acknowledged and deleted instead of delivered, for every consumer
+of the group at once. ``ack`` adds the id to ``S:done`` and XACKs + XDELs its entry in one
+script. So a record is trained once however often it was put, and a consumer that dies before
+``ack`` hands its records to another consumer, which trains them (the dead one's training died
+with it).
 
-Persistence: Redis without AOF / RDB loses everything on a restart. The clients reconnect,
-recreate the group and republish the weight version, and carry on with the records put after the
-restart; records that were in the stream are gone. Run redis-server with ``--appendonly yes``
-(``appendfsync always`` for no loss at all) to keep them.
+Persistence: the no-loss promise needs a server that keeps what it acknowledged: AOF
+(``appendonly yes``) with ``appendfsync always``, and ``maxmemory-policy noeviction`` (an evicted
+stream key loses records silently). With ``everysec`` a killed redis-server process loses nothing
+it acknowledged (its writes reached the kernel), but a crash of its machine loses up to the last
+~2 s of puts and acks: lost acks are retrained once, lost puts are gone unless the producer
+re-sends them with the same ids. :class:`RedisServer` starts a server with ``always``.
+Without persistence a restart loses everything: the clients reconnect, recreate the group and
+republish the weight version, and carry on with the records put after the restart.
 """
 
 from __future__ import annotations
@@ -109,7 +119,10 @@ class RedisRolloutQueue:
     from a background thread, so a live consumer keeps its records however long a step takes,
     and the records of a consumer that died (SIGKILL, lost node) are taken over by another consumer
     ``claim_idle_s`` after its last renewal. Lost connections are retried with exponential back-off
-    for ``reconnect_timeout_s``, then :class:`QueueConnectionError` names the URL.
+    for ``reconnect_timeout_s``, then :class:`QueueConnectionError` names the URL; after a
+    reconnect this consumer renews its entries at once and takes over none for ``claim_idle_s``,
+    nor while the server has been up for less than ``claim_idle_s`` (entries age while the server
+    is away, when nobody can renew them; a consumer that starts after a restart waits too).
 
     ``put`` and ``get`` / ``ack`` may run in different threads; one object should not ``get`` from
     two threads at once.
@@ -118,17 +131,22 @@ class RedisRolloutQueue:
         config: ``[redis]``; its ``url`` may be empty (then ``url`` or ``$COSMOS_REDIS_URL``).
         url: overrides ``config.url``.
         consumer: this consumer's name in the group; default ``<host>-<pid>-<6 hex>``.
+        vocab_size: the trainer's vocabulary (embedding rows); records holding a token id at or
+            above it are dead-lettered at :meth:`get`. None: only negative ids are refused.
     """
 
     def __init__(self, config: RedisConfig | None = None, *, url: str | None = None,
-                 consumer: str | None = None) -> None:
+                 consumer: str | None = None, vocab_size: int | None = None) -> None:
         self.config = config or RedisConfig()
         _check_config(self.config)
         self.url = resolve_redis_url(url, self.config)
         self.safe_url = redact_url(self.url)
         self.stream = self.config.stream
         self.group = self.config.group
+        self.vocab_size = vocab_size
         self.done_key = f"{self.stream}:done"
+        self.owners_key = f"{self.stream}:owners"
+        self.stats_key = f"{self.stream}:stats"
         self.dead_key = f"{self.stream}:dead"
         self.version_key = f"{self.stream}:weight_version"
         self.producers_key = f"{self.stream}:producers"
@@ -142,16 +160,18 @@ class RedisRolloutQueue:
             redis_connect_func=self._on_connect,
         )
         self._put_script = self._redis.register_script(redis_scripts.BOUNDED_PUT)
+        self._accept_script = self._redis.register_script(redis_scripts.ACCEPT)
         self._ack_script = self._redis.register_script(redis_scripts.ACK_TRAINED)
         self._dead_script = self._redis.register_script(redis_scripts.DEAD_LETTER)
         self._renew_script = self._redis.register_script(redis_scripts.RENEW)
         self._lock = threading.Lock()
         self._reconnected = threading.Event()
-        self._outstanding: dict[str, list[str]] = {}  # record id -> entry ids delivered here, not acked
+        self._outstanding: dict[str, list[str]] = {}  # record id -> its entry delivered here, not acked
         self._lost: set[str] = set()  # entry ids another consumer took over
         self._group_ready = False
         self._claim_cursor = "0-0"
         self._last_claim_scan = -float("inf")
+        self._claim_not_before = -float("inf")
         self._published_version: int | None = None
         self._renewer: threading.Thread | None = None
         self._stop = threading.Event()
@@ -212,6 +232,12 @@ class RedisRolloutQueue:
             return result
 
     def _after_reconnect(self) -> None:
+        # Pending entries kept ageing while the server was away, and no live consumer could renew
+        # them: take none over for claim_idle_s, the time every live consumer gets to renew its own
+        # (this one at once), so that an outage longer than claim_idle_s does not hand records that
+        # are still being trained to a second trainer.
+        self._claim_not_before = time.monotonic() + self.config.claim_idle_s
+        self.renew()
         # A server restarted without persistence forgot the weight version; put back the one this
         # process published (NX: a persisted or newer value wins).
         if self._published_version is not None:
@@ -315,7 +341,12 @@ class RedisRolloutQueue:
     def _claim_stale(self, count: int) -> list[tuple[bytes, dict[bytes, bytes]]]:
         """Entries idle for ``claim_idle_s`` (their consumer stopped renewing them), taken over by this one."""
         now = time.monotonic()
-        if count <= 0 or (self._claim_cursor == "0-0" and now - self._last_claim_scan < self.config.claim_idle_s / 4):
+        if count <= 0 or now < self._claim_not_before or (
+                self._claim_cursor == "0-0" and now - self._last_claim_scan < self.config.claim_idle_s / 4):
+            return []
+        # A server that restarted less than claim_idle_s ago holds entries that aged while it was down
+        # and whose live consumers may not have renewed them yet; this also notices our own reconnect.
+        if self._server_uptime_s() < self.config.claim_idle_s or time.monotonic() < self._claim_not_before:
             return []
         reply = self._call("XAUTOCLAIM", lambda: self._redis.xautoclaim(
             self.stream, self.group, self.consumer, min_idle_time=int(1000 * self.config.claim_idle_s),
@@ -326,63 +357,96 @@ class RedisRolloutQueue:
             self._last_claim_scan = now
         return [(eid, fields) for eid, fields in reply[1] if fields]
 
+    def _server_uptime_s(self) -> float:
+        try:
+            info = self._call("INFO server", lambda: self._redis.info("server"))
+        except redis.exceptions.ResponseError:  # INFO refused (a managed server): rely on the reconnect grace
+            return float("inf")
+        return float(info.get("uptime_in_seconds", float("inf")))
+
     def _accept(self, entries: list[tuple[bytes, dict[bytes, bytes]]], redelivered: bool) -> list[RolloutRecord]:
         decoded: list[tuple[str, RolloutRecord]] = []
         for raw_id, fields in entries:
             entry_id = raw_id.decode()
+            payload = fields.get(RECORD_FIELD)
+            if payload is None:
+                names = sorted(k.decode(errors="replace") for k in fields)
+                self._reject(entry_id, fields, MalformedRecordError(
+                    entry_id, f"the entry has no 'record' field (its fields: {names})"))
+                continue
             try:
-                payload = fields.get(RECORD_FIELD)
-                if payload is None:
-                    names = sorted(k.decode(errors="replace") for k in fields)
-                    raise MalformedRecordError(entry_id, f"the entry has no 'record' field (its fields: {names})")
-                decoded.append((entry_id, decode_record(payload, entry_id)))
+                decoded.append((entry_id, decode_record(payload, entry_id, self.vocab_size)))
             except MalformedRecordError as err:
                 self._reject(entry_id, fields, err)
         if not decoded:
             return []
-        scores = self._call("ZMSCORE", lambda: self._redis.zmscore(self.done_key, [r.record_id for _, r in decoded]))
+        args = [self.group] + [x for entry_id, record in decoded for x in (record.record_id, entry_id)]
+        codes = self._call("take records", lambda: self._accept_script(
+            keys=[self.stream, self.done_key, self.owners_key], args=args))
         fresh: list[RolloutRecord] = []
-        trained: list[tuple[str, list[str]]] = []
+        skipped = 0
         with self._lock:
-            for (entry_id, record), score in zip(decoded, scores):
-                rid = record.record_id
-                if score is not None:
-                    trained.append((rid, [entry_id]))
+            for (entry_id, record), code in zip(decoded, codes):
+                if code != b"new":  # trained already, or another entry of this id is being trained
+                    skipped += 1
                     continue
-                held = self._outstanding.get(rid)
-                if held is not None:  # another copy of a record this consumer is still training on
-                    if entry_id not in held:
-                        held.append(entry_id)
-                        self._counts["duplicates_skipped"] += 1
+                held = self._outstanding.setdefault(record.record_id, [])
+                if entry_id in held:  # taken back from this consumer itself
                     continue
-                self._outstanding[rid] = [entry_id]
+                held.append(entry_id)
                 fresh.append(record)
-        if trained:
-            self._ack_entries(trained)
-            self._counts["duplicates_skipped"] += len(trained)
-            log.info("skipped %d redelivered records that were already trained on", len(trained))
+        if skipped:
+            self._counts["duplicates_skipped"] += skipped
+            log.info("skipped %d delivered copies of records that were trained or are being trained", skipped)
         if redelivered:
             self._counts["redelivered"] += len(fresh)
         return fresh
 
-    def _reject(self, entry_id: str, fields: dict[bytes, bytes], err: MalformedRecordError) -> None:
+    def _reject(self, entry_id: str, fields: Mapping[bytes, bytes], err: MalformedRecordError,
+                record_id: str = "") -> None:
         self._counts["malformed"] += 1
         self.rejected.append(err)
         log.error("%s; moved it to %r", err, self.dead_key)
-        args: list[Any] = [self.group, entry_id, self.config.dead_letter_maxlen,
+        args: list[Any] = [self.group, entry_id, self.config.dead_letter_maxlen, record_id,
                            "entry_id", entry_id, "reason", err.reason, "consumer", self.consumer]
+        if record_id:
+            args += ["record_id", record_id]
         for key, value in fields.items():
             args += [b"field:" + key, value]
-        self._call("dead-letter", lambda: self._dead_script(keys=[self.stream, self.dead_key], args=args))
+        self._call("dead-letter", lambda: self._dead_script(
+            keys=[self.stream, self.dead_key, self.owners_key], args=args))
+
+    def reject(self, records: Sequence[RolloutRecord], reason: str) -> int:
+        """Move delivered records that cannot be trained on to ``<stream>:dead`` with ``reason``; counted
+        as ``queue/malformed`` and kept in :attr:`rejected`. Returns how many were moved.
+
+        For a trainer that finds a record unusable after :meth:`get` (its prompt does not re-encode
+        to its token ids, ...): the record leaves the stream instead of being redelivered forever.
+
+        Raises:
+            ValueError: a record this consumer did not deliver or acknowledged already.
+        """
+        with self._lock:
+            unknown = [r.record_id for r in records if r.record_id not in self._outstanding]
+            if unknown:
+                raise ValueError(f"cannot reject records {unknown[:5]} on consumer {self.consumer!r}: they were "
+                                 "not delivered by this queue's get() or were acknowledged already")
+            held = {r.record_id: (r, self._outstanding.pop(r.record_id)) for r in records}
+        for rid, (record, entry_ids) in held.items():
+            for entry_id in entry_ids:
+                self._reject(entry_id, {RECORD_FIELD: encode_record(record)},
+                             MalformedRecordError(entry_id, f"record {rid}: {reason}"), record_id=rid)
+        return len(held)
 
     def _ack_entries(self, items: Sequence[tuple[str, list[str]]]) -> list[str]:
         """Mark record ids trained and XACK + XDEL their entries; returns ids that were trained before."""
         already: list[str] = []
+        keys = [self.stream, self.done_key, self.owners_key, self.stats_key]
         for start in range(0, len(items), 8 * _CHUNK):
-            args: list[Any] = [self.group, time.time(), self.config.done_retention_s]
+            args: list[Any] = [self.group, time.time(), self.config.done_retention_s, self.consumer]
             for rid, entry_ids in items[start:start + 8 * _CHUNK]:
                 args += [rid, len(entry_ids), *entry_ids]
-            reply = self._call("ack", lambda args=args: self._ack_script(keys=[self.stream, self.done_key], args=args))
+            reply = self._call("ack", lambda args=args: self._ack_script(keys=keys, args=args))
             already += [r.decode() if isinstance(r, bytes) else str(r) for r in reply]
         return already
 
@@ -512,6 +576,16 @@ class RedisRolloutQueue:
         for _, fields in reply:
             out.append({k.decode(): v.decode(errors="replace") for k, v in fields.items()
                         if k in (b"entry_id", b"reason", b"consumer")})
+        return out
+
+    def group_counters(self) -> dict[str, int]:
+        """Counters kept in Redis for the whole group (``<stream>:stats``), which outlive any consumer:
+        ``double_acked`` (records acknowledged as trained twice) and ``dead_letters`` (entries in
+        ``<stream>:dead``, up to its ``dead_letter_maxlen`` cap)."""
+        raw = self._call("read group counters", lambda: self._redis.hgetall(self.stats_key))
+        out = {k.decode(): int(v) for k, v in raw.items()}
+        out.setdefault("double_acked", 0)
+        out["dead_letters"] = int(self._call("XLEN", lambda: self._redis.xlen(self.dead_key)))
         return out
 
     def metrics(self) -> dict[str, float]:

@@ -1,8 +1,8 @@
 """Lua scripts run atomically inside Redis by :class:`~cosmos_primitives.queue.RedisRolloutQueue`.
 
-Each is one server-side step that must not interleave with other clients: a bounded append, the
-"mark trained + acknowledge + delete" of a batch, moving a bad entry to the dead-letter stream,
-and renewing this consumer's hold on its entries.
+Each is one server-side step that must not interleave with other clients: a bounded append,
+taking delivered records by record id, the "mark trained + acknowledge + delete" of a batch, moving a
+bad entry to the dead-letter stream, and renewing this consumer's hold on its entries.
 """
 
 # KEYS[1] stream. ARGV[1] max pending entries, ARGV[2..] record payloads.
@@ -20,36 +20,84 @@ end
 return added
 """
 
-# KEYS[1] stream, KEYS[2] sorted set of trained record ids (score: Unix time of the ack).
-# ARGV[1] group, ARGV[2] now (s), ARGV[3] retention (s), then per record: record id, k, k entry ids.
-# Records the id as trained, acknowledges and deletes its entries; returns the record ids that were
-# already marked trained (trained twice). XACK is pcall'ed: after a restart without persistence the
-# group may be gone, and there is then nothing left to acknowledge.
+# KEYS[1] stream, KEYS[2] sorted set of trained record ids, KEYS[3] hash record id -> the entry that
+# carries it for training (its owner). ARGV[1] group, then per delivered entry: record id, entry id.
+# Decides per entry, for all consumers at once: 'done' (the id was trained: the entry is acknowledged
+# and deleted), 'dup' (another entry of the same id is still in the stream, delivered to some
+# consumer, which trains it or, if it dies, hands it on by claim: this copy is acknowledged and
+# deleted) or 'new' (this entry becomes the owner: train it). Returns one code per entry.
+ACCEPT = """
+local out = {}
+for i = 2, #ARGV, 2 do
+  local rid, eid = ARGV[i], ARGV[i + 1]
+  local code = 'new'
+  if redis.call('ZSCORE', KEYS[2], rid) then
+    code = 'done'
+  else
+    local owner = redis.call('HGET', KEYS[3], rid)
+    if owner and owner ~= eid and #redis.call('XRANGE', KEYS[1], owner, owner) > 0 then
+      code = 'dup'
+    end
+  end
+  if code == 'new' then
+    redis.call('HSET', KEYS[3], rid, eid)
+  else
+    redis.pcall('XACK', KEYS[1], ARGV[1], eid)
+    redis.call('XDEL', KEYS[1], eid)
+  end
+  out[#out + 1] = code
+end
+return out
+"""
+
+# KEYS[1] stream, KEYS[2] sorted set of trained record ids (score: Unix time of the ack), KEYS[3]
+# owner hash (see ACCEPT), KEYS[4] hash of group-wide counters. ARGV[1] group, ARGV[2] now (s),
+# ARGV[3] retention (s), ARGV[4] consumer, then per record: record id, k, k entry ids.
+# Records the id as trained (and, as its owner, 'acked:<consumer>'), acknowledges and deletes its
+# entries; returns the record ids that another consumer had marked trained already (trained twice),
+# also counted in KEYS[4] as 'double_acked' so that the count outlives the consumer. The same
+# consumer acknowledging again is its own retry after a lost reply, not a second training. Ids
+# older than the retention are forgotten (at most 1000 a call). XACK is pcall'ed: after a restart
+# without persistence the group may be gone, and there is then nothing left to acknowledge.
 ACK_TRAINED = """
 local already = {}
-local i = 4
+local mark = 'acked:' .. ARGV[4]
+local i = 5
 while i <= #ARGV do
   local rid = ARGV[i]
   local k = tonumber(ARGV[i + 1])
-  if redis.call('ZADD', KEYS[2], 'NX', ARGV[2], rid) == 0 then
+  if redis.call('ZADD', KEYS[2], 'NX', ARGV[2], rid) == 0 and redis.call('HGET', KEYS[3], rid) ~= mark then
     already[#already + 1] = rid
   end
+  redis.call('HSET', KEYS[3], rid, mark)
   for j = i + 2, i + 1 + k do
     redis.pcall('XACK', KEYS[1], ARGV[1], ARGV[j])
     redis.call('XDEL', KEYS[1], ARGV[j])
   end
   i = i + 2 + k
 end
-redis.call('ZREMRANGEBYSCORE', KEYS[2], '-inf', tonumber(ARGV[2]) - tonumber(ARGV[3]))
+if #already > 0 then
+  redis.call('HINCRBY', KEYS[4], 'double_acked', #already)
+end
+local expired = redis.call('ZRANGEBYSCORE', KEYS[2], '-inf', tonumber(ARGV[2]) - tonumber(ARGV[3]), 'LIMIT', 0, 1000)
+if #expired > 0 then
+  redis.call('ZREM', KEYS[2], unpack(expired))
+  redis.call('HDEL', KEYS[3], unpack(expired))
+end
 return already
 """
 
-# KEYS[1] stream, KEYS[2] dead-letter stream. ARGV[1] group, ARGV[2] entry id, ARGV[3] dead-letter
-# max length, ARGV[4..] field / value pairs describing the entry. Copies, acknowledges, deletes.
+# KEYS[1] stream, KEYS[2] dead-letter stream, KEYS[3] owner hash (see ACCEPT). ARGV[1] group,
+# ARGV[2] entry id, ARGV[3] dead-letter max length, ARGV[4] record id ('' when the entry has none
+# that could be read), ARGV[5..] field / value pairs describing the entry. Copies, acknowledges,
+# deletes, and forgets the owner of a record that was refused after it was taken.
 DEAD_LETTER = """
-redis.call('XADD', KEYS[2], 'MAXLEN', '~', ARGV[3], '*', unpack(ARGV, 4))
+redis.call('XADD', KEYS[2], 'MAXLEN', '~', ARGV[3], '*', unpack(ARGV, 5))
 redis.pcall('XACK', KEYS[1], ARGV[1], ARGV[2])
 redis.call('XDEL', KEYS[1], ARGV[2])
+if ARGV[4] ~= '' and redis.call('HGET', KEYS[3], ARGV[4]) == ARGV[2] then
+  redis.call('HDEL', KEYS[3], ARGV[4])
+end
 return 1
 """
 

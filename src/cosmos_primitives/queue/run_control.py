@@ -2,8 +2,8 @@
 
 Keys (``S`` = the queue's stream): ``S:stop`` holds the reason once the trainer asked the rollout
 workers to stop. :meth:`RunControl.clear_stream` deletes ``S`` (records and the consumer group),
-``S:done``, ``S:dead``, ``S:weight_version``, ``S:producers`` (rollout workers' resume state) and
-``S:stop``.
+``S:done``, ``S:owners``, ``S:dead``, ``S:stats``, ``S:weight_version``, ``S:producers`` (rollout
+workers' resume state) and ``S:stop``.
 """
 
 from __future__ import annotations
@@ -34,8 +34,8 @@ class RunControl:
         cfg = queue.config
         self.safe_url = queue.safe_url
         self.stop_key = f"{queue.stream}:stop"
-        self.keys = (queue.stream, queue.done_key, queue.dead_key, queue.version_key, queue.producers_key,
-                     self.stop_key)
+        self.keys = (queue.stream, queue.done_key, queue.owners_key, queue.dead_key, queue.stats_key,
+                     queue.version_key, queue.producers_key, self.stop_key)
         self._timeout_s = cfg.reconnect_timeout_s
         retries = max(1, math.ceil(cfg.reconnect_timeout_s / cfg.reconnect_max_backoff_s))
         self._redis = redis.Redis.from_url(
