@@ -104,7 +104,7 @@ def color_images(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
 @pytest.fixture(scope="session")
 def redis_server():
     """One real redis-server for the session (flushed per test by ``redis_url``)."""
-    with cpt.RedisServer() as server:
+    with cp.queue.RedisServer() as server:
         yield server
 
 
@@ -121,7 +121,7 @@ def redis_url(redis_server) -> str:
 @pytest.fixture
 def own_redis_server():
     """A redis-server owned by one test (for restart / kill scenarios)."""
-    with cpt.RedisServer() as server:
+    with cp.queue.RedisServer() as server:
         yield server
 
 

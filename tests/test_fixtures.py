@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 import torch
 
+import cosmos_primitives as cp
 from cosmos_primitives import testing as cpt
 from cosmos_primitives.queue.local_redis import live_servers
 
@@ -26,7 +27,7 @@ def _alive(pid: int) -> bool:
 def test_redis_server_starts_real_server_and_tears_down() -> None:
     import redis
 
-    server = cpt.RedisServer().start()
+    server = cp.queue.RedisServer().start()
     pid = server.pid
     assert pid is not None and _alive(pid)
     client = redis.Redis.from_url(server.url)

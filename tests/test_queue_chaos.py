@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 import redis
 
-from cosmos_primitives import testing as cpt
+import cosmos_primitives as cp
 
 N_RECORDS = 300
 TESTS = Path(__file__).parent
@@ -124,7 +124,7 @@ def test_sigkilled_consumers_and_redis_server_lose_nothing_and_train_each_record
     logs = tmp_path / "logs"
     logs.mkdir()
     stream = "cosmos:rollouts"
-    server = cpt.RedisServer(data_dir=tmp_path / "redis").start()  # the shipped settings: AOF, fsync always
+    server = cp.queue.RedisServer(data_dir=tmp_path / "redis").start()  # the shipped settings: AOF, fsync always
     client = redis.Redis.from_url(server.url, retry_on_error=[redis.exceptions.ConnectionError])
     consumers = Consumers(server.url, logs)
     producer_err = open(logs / "producer.err", "wb")  # noqa: SIM115 - closed in finally

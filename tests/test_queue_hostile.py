@@ -13,7 +13,7 @@ import msgspec
 import pytest
 import redis
 
-from cosmos_primitives import testing as cpt
+import cosmos_primitives as cp
 from cosmos_primitives.data import BadSampleTracker, MediaSettings
 from cosmos_primitives.queue import (
     InMemoryRolloutQueue,
@@ -207,7 +207,7 @@ def test_an_ack_retried_after_a_lost_reply_is_not_a_second_training(redis_url) -
 
 
 def test_private_server_is_persistent_and_a_sigkilled_server_keeps_its_records(tmp_path) -> None:
-    server = cpt.RedisServer(data_dir=tmp_path / "redis").start()
+    server = cp.queue.RedisServer(data_dir=tmp_path / "redis").start()
     try:
         client = redis.Redis.from_url(server.url)
         settings = {k: client.config_get(k)[k] for k in ("appendonly", "appendfsync", "maxmemory-policy")}
@@ -227,7 +227,7 @@ def test_private_server_is_persistent_and_a_sigkilled_server_keeps_its_records(t
     assert (tmp_path / "redis").is_dir()  # a given data folder is kept, for a resumed run
 
     # the next run on that folder
-    with cpt.RedisServer(data_dir=tmp_path / "redis") as again, \
+    with cp.queue.RedisServer(data_dir=tmp_path / "redis") as again, \
             RedisRolloutQueue(fast_config(again.url), consumer="trainer-1") as trainer:
         assert ids(trainer.get(20, timeout=0.5)) == []  # still delivered to trainer-0, not acked
         assert trainer.pending() == 15
@@ -236,7 +236,7 @@ def test_private_server_is_persistent_and_a_sigkilled_server_keeps_its_records(t
 def test_records_held_through_a_server_outage_longer_than_claim_idle_s_are_not_taken_over(tmp_path) -> None:
     """Pending entries age while the server is down (their owner cannot renew them); after the
     restart the other consumers leave them to their live owner instead of training them twice."""
-    with cpt.RedisServer(data_dir=tmp_path / "redis") as server:
+    with cp.queue.RedisServer(data_dir=tmp_path / "redis") as server:
         cfg = fast_config(server.url, claim_idle_s=0.6)
         producer = RedisRolloutQueue(cfg, consumer="rollout")
         owner, other = RedisRolloutQueue(cfg, consumer="owner"), RedisRolloutQueue(cfg, consumer="other")

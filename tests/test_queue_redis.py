@@ -16,8 +16,8 @@ import msgspec
 import pytest
 import redis
 
-from cosmos_primitives import testing as cpt
-from cosmos_primitives.config import RedisConfig, load_config
+import cosmos_primitives as cp
+from cosmos_primitives.config import RedisConfig, load_config, redact_url
 from cosmos_primitives.queue import (
     InMemoryRolloutQueue,
     QueueConnectionError,
@@ -26,7 +26,6 @@ from cosmos_primitives.queue import (
     RolloutQueue,
     RolloutRecord,
     encode_record,
-    redact_url,
     resolve_redis_url,
 )
 
@@ -288,7 +287,7 @@ def test_restart_without_persistence_reconnects_and_carries_on() -> None:
     """Documented semantics: a server without AOF / RDB forgets its data. Clients reconnect, the
     trainer recreates its consumer group and republishes its weight version; records that were in
     the stream are gone, records put after the restart are trained."""
-    with cpt.RedisServer(persistent=False) as server:
+    with cp.queue.RedisServer(persistent=False) as server:
         restart_without_persistence(server)
 
 
@@ -315,7 +314,7 @@ def restart_without_persistence(own_redis_server) -> None:
 
 def test_restart_mid_run_with_aof_loses_nothing_and_trains_each_record_once() -> None:
     total = 60
-    with cpt.RedisServer() as server:  # AOF, appendfsync always: the defaults
+    with cp.queue.RedisServer() as server:  # AOF, appendfsync always: the defaults
         cfg = fast_config(server.url, max_pending=16)
         producer, trainer = RedisRolloutQueue(cfg), RedisRolloutQueue(cfg, consumer="trainer-0")
 

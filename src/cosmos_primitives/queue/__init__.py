@@ -50,7 +50,7 @@ from cosmos_primitives.queue.record import (
     media_references,
     record_from_group,
 )
-from cosmos_primitives.queue.redis_queue import REDIS_URL_ENV, RedisRolloutQueue, redact_url, resolve_redis_url
+from cosmos_primitives.queue.redis_queue import REDIS_URL_ENV, RedisRolloutQueue, resolve_redis_url
 from cosmos_primitives.queue.staleness import StalenessFilter, record_staleness
 from cosmos_primitives.queue.throttle import RolloutThrottle, expected_staleness
 from cosmos_primitives.utils.lazy_exports import lazy_exports
@@ -75,7 +75,6 @@ __all__ = [
     "media_references",
     "record_from_group",
     "record_staleness",
-    "redact_url",
     "resolve_redis_url",
     "wait_for_weight_version",
 ]

@@ -39,13 +39,14 @@ import uuid
 from collections import deque
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, TypeVar
-from urllib.parse import urlsplit, urlunsplit
+from urllib.parse import urlsplit
 
 import redis
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
 from cosmos_primitives.config.redis import RedisConfig
+from cosmos_primitives.config.secrets import redact_url
 from cosmos_primitives.queue import redis_scripts
 from cosmos_primitives.queue.base import wait_for_weight_version
 from cosmos_primitives.queue.errors import MalformedRecordError, QueueConnectionError, QueueFullError
@@ -75,15 +76,6 @@ def resolve_redis_url(url: str | None = None, config: RedisConfig | None = None)
     if urlsplit(resolved).scheme not in ("redis", "rediss", "unix"):
         raise ValueError(f"Redis URL {redact_url(resolved)!r} must start with redis://, rediss:// or unix://")
     return resolved
-
-
-def redact_url(url: str) -> str:
-    """``url`` with its password replaced by ``***`` (for messages and logs)."""
-    parts = urlsplit(url)
-    if parts.password is None:
-        return url
-    netloc = parts.netloc.replace(f":{parts.password}@", ":***@", 1)
-    return urlunsplit(parts._replace(netloc=netloc))
 
 
 def _check_config(cfg: RedisConfig) -> None:
