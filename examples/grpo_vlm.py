@@ -85,8 +85,9 @@ def main() -> None:
     if info.is_rank0:
         from cosmos_primitives.testing.demo_assets import ensure_demo_assets
 
-        ensure_demo_assets(cfg)  # only acts on [custom] demo_model / demo_data (tiny configs)
+        ensure_demo_assets(cfg)  # only acts on "demo:<path>" paths (the tiny configs)
     cp.parallel.barrier()
+    cfg = cp.config.check_input_paths(cfg, args.config)  # drops "demo:"; a missing local path stops here
     cp.utils.seed_everything(cfg.train.seed)
     grpo, rollout = cfg.grpo, cfg.rollout
 

@@ -21,6 +21,7 @@ from cosmos_primitives.config.loader import (
     parse_override,
 )
 from cosmos_primitives.config.logging import LoggingConfig
+from cosmos_primitives.config.paths import DEMO_PREFIX, check_input_paths, resolve_demo_paths
 from cosmos_primitives.config.policy import DIFFUSERS_LORA_TARGETS, LoraConfig, ParallelismConfig, PolicyConfig
 from cosmos_primitives.config.redis import RedisConfig
 from cosmos_primitives.config.remote_reward import RemoteRewardConfig, RemoteRewardTerm
@@ -32,6 +33,7 @@ from cosmos_primitives.config.wfm import WFMConfig, WFMDataConfig, WFMSamplerCon
 
 __all__ = [
     "ALIASES",
+    "DEMO_PREFIX",
     "DIFFUSERS_LORA_TARGETS",
     "CheckpointConfig",
     "Config",
@@ -57,10 +59,12 @@ __all__ = [
     "WFMDataConfig",
     "WFMSamplerConfig",
     "canonical_key",
+    "check_input_paths",
     "config_from_dict",
     "config_to_dict",
     "dump_config",
     "load_config",
     "parse_override",
     "register_alias",
+    "resolve_demo_paths",
 ]

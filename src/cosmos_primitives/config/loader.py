@@ -125,7 +125,10 @@ def _has(tree: dict[str, Any], path: str) -> bool:
     return True
 
 
-def _apply_aliases(tree: dict[str, Any], source: str) -> None:
+def _apply_aliases(tree: dict[str, Any], source: str) -> list[str]:
+    """Move every alias onto its canonical key; returns the conflicts (alias and canonical key given
+    different values), one line each."""
+    problems = []
     for alias, (canonical, transform) in ALIASES.items():
         try:
             value = _get(tree, alias)
@@ -140,10 +143,9 @@ def _apply_aliases(tree: dict[str, Any], source: str) -> None:
             _set(tree, canonical, value, source)
             continue
         if existing != value:
-            raise ConfigError(
-                f"{source}: '{alias}' = {value!r} and '{canonical}' = {existing!r} are the same setting "
-                f"with different values; keep only '{canonical}'"
-            )
+            problems.append(f"{source}: '{alias}' = {value!r} and '{canonical}' = {existing!r} are the same "
+                            f"setting with different values; keep only '{canonical}'")
+    return problems
 
 
 def _apply_normalisers(tree: dict[str, Any]) -> None:
@@ -187,28 +189,81 @@ def _known_keys(struct: type[msgspec.Struct], prefix: str) -> Iterable[str]:
             yield from _known_keys(sub, path + ".")
 
 
-def _check_unknown(tree: dict[str, Any], struct: type[msgspec.Struct], prefix: str, source: str) -> None:
-    hints = typing.get_type_hints(struct)
+def _suggestion(path: str, prefix: str, fields: Iterable[str]) -> str:
+    """`` did you mean ...`` for an unknown key: a sibling (or an alias of one) whose name is close,
+    else any key or alias close to the whole path, else the valid keys of the table."""
+    siblings = [f"{prefix}{name}" for name in fields]
+    aliases_here = [a for a in ALIASES if a.startswith(prefix) and "." not in a[len(prefix):]]
+    close = difflib.get_close_matches(path, siblings + aliases_here, n=1, cutoff=0.75)
+    if not close:
+        everything = list(_known_keys(Config, "")) + list(ALIASES)
+        close = difflib.get_close_matches(path, everything, n=1, cutoff=0.8)
+    if close:
+        target = canonical_key(close[0])
+        return f"; did you mean '{close[0]}'" + (f" (= '{target}')" if target != close[0] else "") + "?"
+    return f"; valid keys here: {', '.join(siblings)}"
+
+
+def _field_problems(value: Any, tp: Any, path: str, source: str) -> list[str]:
+    """The type / range error of one value (``[]`` when it converts to ``tp``)."""
+    try:
+        msgspec.convert(value, tp)
+    except msgspec.ValidationError as exc:
+        match = _MSGSPEC_ERROR.match(str(exc))
+        inner = re.sub(r"\[(\d+)\]", r".\1", (match.group("path") or "") if match else "")
+        key = f"{path}{inner}" if inner.startswith(".") or not inner else f"{path}.{inner}"
+        sub_tp = _field_type(key) if inner else tp
+        if sub_tp is not None:
+            return [f"{source}: key '{key}' expects {_describe_type(sub_tp)} (got {_value_at(value, inner)!r})"]
+        what = match.group("what") if match else str(exc)
+        return [f"{source}: key '{key}': {what}"]
+    return []
+
+
+def _value_at(value: Any, inner: str) -> Any:
+    try:
+        return _get(value, inner.lstrip(".")) if inner else value
+    except (KeyError, TypeError):
+        return value
+
+
+def _problems(tree: dict[str, Any], struct: type[msgspec.Struct], prefix: str, source: str) -> list[str]:
+    """Every unknown key, wrong type and out-of-range value of ``tree`` read as ``struct``, one line each."""
+    hints = typing.get_type_hints(struct, include_extras=True)
     fields = {f.encode_name: f for f in msgspec.structs.fields(struct)}
+    found: list[str] = []
     for key, value in tree.items():
         path = f"{prefix}{key}"
         if key not in fields:
-            everything = list(_known_keys(Config, "")) + list(ALIASES)
-            siblings = [f"{prefix}{name}" for name in fields]
-            close = difflib.get_close_matches(path, siblings, n=1, cutoff=0.5) or difflib.get_close_matches(
-                path, everything, n=1, cutoff=0.6
-            )
-            hint = f"; did you mean '{close[0]}'?" if close else f"; valid keys here: {', '.join(siblings)}"
-            raise ConfigError(f"{source}: unknown key '{path}'{hint}")
+            found.append(f"{source}: unknown key '{path}'{_suggestion(path, prefix, fields)}")
+            continue
         field_type = hints[fields[key].name]
         sub = _struct_of(field_type)
-        if sub is not None and isinstance(value, dict):
-            _check_unknown(value, sub, path + ".", source)
         item = _struct_values_of(field_type)
-        if item is not None and isinstance(value, dict):
+        if sub is not None and isinstance(value, dict):
+            found += _problems(value, sub, path + ".", source)
+        elif item is not None and isinstance(value, dict):
             for name, entry in value.items():
                 if isinstance(entry, dict):
-                    _check_unknown(entry, item, f"{path}.{name}.", source)
+                    found += _problems(entry, item, f"{path}.{name}.", source)
+                else:
+                    found += _field_problems(entry, item, f"{path}.{name}", source)
+        else:
+            found += _field_problems(value, field_type, path, source)
+    return found
+
+
+def _raise_problems(problems: list[str], source: str) -> None:
+    if len(problems) == 1:
+        raise ConfigError(problems[0], problems)
+    if problems:
+        raise ConfigError(f"{len(problems)} problems in {source}:\n" + "\n".join(f"  - {p}" for p in problems),
+                          problems)
+
+
+def _check_unknown(tree: dict[str, Any], struct: type[msgspec.Struct], prefix: str, source: str) -> None:
+    """Raise a :class:`ConfigError` listing every problem :func:`_problems` finds."""
+    _raise_problems(_problems(tree, struct, prefix, source), source)
 
 
 def _field_type(path: str) -> Any:
@@ -222,7 +277,7 @@ def _field_type(path: str) -> Any:
         struct = _struct_of(tp)
         if struct is None:
             return None
-        hints = typing.get_type_hints(struct)
+        hints = typing.get_type_hints(struct, include_extras=True)
         names = {f.encode_name: f.name for f in msgspec.structs.fields(struct)}
         if part not in names:
             return None
@@ -231,6 +286,12 @@ def _field_type(path: str) -> Any:
 
 
 def _describe_type(tp: Any) -> str:
+    if typing.get_origin(tp) is typing.Annotated:
+        base, *metas = typing.get_args(tp)
+        bounds = [f"{op} {getattr(m, name)}" for m in metas if isinstance(m, msgspec.Meta)
+                  for name, op in (("ge", ">="), ("gt", ">"), ("le", "<="), ("lt", "<"))
+                  if getattr(m, name) is not None]
+        return _describe_type(base) + (" " + " and ".join(bounds) if bounds else "")
     if typing.get_origin(tp) is typing.Literal:
         return "one of " + ", ".join(repr(v) for v in typing.get_args(tp))
     args = typing.get_args(tp)
@@ -257,12 +318,17 @@ def _explain_validation_error(exc: msgspec.ValidationError, tree: dict[str, Any]
 
 
 def config_from_dict(tree: dict[str, Any], source: str = "<dict>") -> Config:
-    """Validate a nested dict (aliases allowed) into a :class:`Config`."""
+    """Validate a nested dict (aliases allowed) into a :class:`Config`.
+
+    Raises:
+        ConfigError: listing every problem at once (unknown keys, wrong types, values out of range,
+            conflicting spellings), one line each naming the key and ``source``.
+    """
     tree = _deepcopy(tree)
     _apply_deprecated(tree, source)
-    _apply_aliases(tree, source)
+    problems = _apply_aliases(tree, source)
     _apply_normalisers(tree)
-    _check_unknown(tree, Config, "", source)
+    _raise_problems(problems + _problems(tree, Config, "", source), source)
     try:
         return msgspec.convert(tree, Config)
     except msgspec.ValidationError as exc:
@@ -301,8 +367,7 @@ def load_config(path: str | os.PathLike[str] | None = None, overrides: Sequence[
     tree = read_toml(path) if path is not None else {}
     tree = _deepcopy(tree)
     _apply_deprecated(tree, source)
-    _apply_aliases(tree, source)
-    _check_unknown(tree, Config, "", source)
+    problems = _apply_aliases(tree, source)
     for text in overrides:
         key, value = parse_override(text)
         alias = _alias_prefix(key)
@@ -312,8 +377,14 @@ def load_config(path: str | os.PathLike[str] | None = None, overrides: Sequence[
             value = ALIASES[alias][1](value)
         single: dict[str, Any] = {}
         _set(single, canonical_key(key), value, f"override {text!r}")
-        _check_unknown(single, Config, "", f"override {text!r}")
-        _set(tree, canonical_key(key), value, f"override {text!r}")
+        _apply_normalisers(single)
+        found = _problems(single, Config, "", f"override {text!r}")
+        if found:
+            problems += found
+        else:
+            _set(tree, canonical_key(key), value, f"override {text!r}")
+    _apply_normalisers(tree)
+    _raise_problems(problems + _problems(tree, Config, "", source), source)
     return config_from_dict(tree, source if not overrides else f"{source} with overrides {list(overrides)}")
 
 
