@@ -87,7 +87,7 @@ def main() -> None:
 
         ensure_demo_assets(cfg)  # only acts on "demo:<path>" paths (the tiny configs)
     cp.parallel.barrier()
-    cfg = cp.config.check_input_paths(cfg, args.config)  # drops "demo:"; a missing local path stops here
+    cfg = cp.config.check_runnable(cfg, args.config)  # drops "demo:"; a missing path or refused key stops here
     cp.utils.seed_everything(cfg.train.seed)
     grpo, rollout = cfg.grpo, cfg.rollout
 

@@ -262,7 +262,7 @@ def main(argv: list[str] | None = None) -> Path:
     args = parser.parse_args(argv)
     try:
         cfg = cp.load_config(args.config, overrides=args.overrides)
-        return train(cp.config.check_input_paths(cfg, args.config))  # a missing local path stops here
+        return train(cp.config.check_runnable(cfg, args.config))  # a missing path or refused key stops here
     finally:
         cp.parallel.destroy_distributed()
 

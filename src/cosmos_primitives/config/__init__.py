@@ -21,7 +21,7 @@ from cosmos_primitives.config.loader import (
     parse_override,
 )
 from cosmos_primitives.config.logging import LoggingConfig
-from cosmos_primitives.config.paths import DEMO_PREFIX, check_input_paths, resolve_demo_paths
+from cosmos_primitives.config.paths import DEMO_PREFIX, check_input_paths, check_runnable, resolve_demo_paths
 from cosmos_primitives.config.policy import DIFFUSERS_LORA_TARGETS, LoraConfig, ParallelismConfig, PolicyConfig
 from cosmos_primitives.config.redis import RedisConfig
 from cosmos_primitives.config.remote_reward import RemoteRewardConfig, RemoteRewardTerm
@@ -60,6 +60,7 @@ __all__ = [
     "WFMSamplerConfig",
     "canonical_key",
     "check_input_paths",
+    "check_runnable",
     "config_from_dict",
     "config_to_dict",
     "dump_config",

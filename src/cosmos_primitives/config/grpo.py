@@ -16,7 +16,7 @@ from typing import Literal
 
 import msgspec
 
-from cosmos_primitives.config.base import AtLeastOne, NonNegative, NonNegativeInt, Section
+from cosmos_primitives.config.base import AtLeastOne, NonNegative, NonNegativeInt, Positive, Section
 
 
 class OverlongRewardConfig(Section):
@@ -84,6 +84,10 @@ class GRPOConfig(Section):
     # None: on iff ``variant = "dapo"``
     dynamic_sampling: bool | None = None
     overlong_reward: OverlongRewardConfig = msgspec.field(default_factory=OverlongRewardConfig)
+
+    # trainer-side temperature: the trainer scores tokens under ``logits / temperature``; None: the
+    # rollout's ``[rollout.sampling_config] temperature`` (cosmos-rl spells it train_policy.temperature)
+    temperature: Positive | None = None
 
     # schedule
     mu_iterations: AtLeastOne = 1

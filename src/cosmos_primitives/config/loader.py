@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import difflib
+import functools
 import os
 import re
 import types
@@ -14,6 +15,7 @@ from typing import Any
 
 import msgspec
 
+from cosmos_primitives.config import cosmos_rl
 from cosmos_primitives.config.aliases import ALIASES, DEPRECATED, DEPRECATED_DEFAULTS
 from cosmos_primitives.config.errors import ConfigError
 from cosmos_primitives.config.root import Config
@@ -38,8 +40,17 @@ def _lora_unless_disabled(value: Any) -> Any:
     return value
 
 
+def _splits_as_one(value: Any) -> Any:
+    """cosmos-rl's list of splits is their concatenation, which ``datasets`` spells ``"a+b"``."""
+    if isinstance(value, list) and all(isinstance(v, str) for v in value):
+        return "+".join(v for v in value if v)
+    return value
+
+
 # canonical dotted path -> normaliser applied to whatever value the user wrote there
 VALUE_NORMALISERS = {
+    "train.train_policy.dataset.split": _splits_as_one,
+    "validation.dataset.split": _splits_as_one,
     "grpo.reward_function": _reward_function_as_dict,
     "validation.reward_function": _reward_function_as_dict,
     "policy.lora": _lora_unless_disabled,
@@ -193,11 +204,14 @@ def _suggestion(path: str, prefix: str, fields: Iterable[str]) -> str:
     """`` did you mean ...`` for an unknown key: a sibling (or an alias of one) whose name is close,
     else any key or alias close to the whole path, else the valid keys of the table."""
     siblings = [f"{prefix}{name}" for name in fields]
-    aliases_here = [a for a in ALIASES if a.startswith(prefix) and "." not in a[len(prefix):]]
+    aliases_here = [a for a in (*ALIASES, *cosmos_rl.RULES) if a.startswith(prefix) and "." not in a[len(prefix):]]
     close = difflib.get_close_matches(path, siblings + aliases_here, n=1, cutoff=0.75)
     if not close:
         everything = list(_known_keys(Config, "")) + list(ALIASES)
         close = difflib.get_close_matches(path, everything, n=1, cutoff=0.8)
+    if close and close[0] not in ALIASES and close[0] not in siblings:  # a cosmos-rl key read otherwise here
+        rule = cosmos_rl.RULES[close[0]]
+        return f"; did you mean '{close[0]}' (cosmos-rl's key, {rule.how} here: {rule.note})?"
     if close:
         target = canonical_key(close[0])
         return f"; did you mean '{close[0]}'" + (f" (= '{target}')" if target != close[0] else "") + "?"
@@ -317,6 +331,66 @@ def _explain_validation_error(exc: msgspec.ValidationError, tree: dict[str, Any]
     return ConfigError(f"{source}: key '{key}': {what}{got}")
 
 
+@functools.cache
+def _own_keys() -> tuple[frozenset[str], frozenset[str]]:
+    """(every dotted key of :class:`Config`, those that are tables of fixed keys)."""
+    keys = frozenset(_known_keys(Config, ""))
+    return keys, frozenset(k for k in keys if _struct_of(_field_type(k)) is not None)
+
+
+def _is_ours(path: str) -> bool:
+    """Whether ``path`` is a key of this library's config, an alias of one, or lies in a free-form table."""
+    if _alias_prefix(path) is not None:
+        return True
+    keys, tables = _own_keys()
+    parts = path.split(".")
+    for i in range(len(parts), 0, -1):
+        prefix = ".".join(parts[:i])
+        if prefix in keys:
+            return i == len(parts) or prefix not in tables
+    return False
+
+
+def _read_cosmos_rl(tree: dict[str, Any]) -> cosmos_rl.CosmosRLReading | None:
+    """For a cosmos-rl style file: take its ignored / refused keys out of ``tree`` (the reading says which)."""
+    if not cosmos_rl.is_cosmos_rl_style(tree, _is_ours):
+        return None
+    return cosmos_rl.read_cosmos_rl(tree, _is_ours)
+
+
+def _finish_cosmos_rl(tree: dict[str, Any], reading: cosmos_rl.CosmosRLReading | None, explicit: set[str],
+                      source: str) -> None:
+    """cosmos-rl meanings and defaults, refused keys into ``[unsupported]``, and the one warning."""
+    if reading is None:
+        return
+    cosmos_rl.apply_cosmos_rl_meanings(tree, reading, explicit)
+    if reading.refused:
+        unsupported = tree.setdefault("unsupported", {})
+        if isinstance(unsupported, dict):
+            unsupported.update(reading.refused)
+    message = reading.warning(source)
+    if message:
+        warnings.warn(message, UserWarning, stacklevel=4)
+
+
+def read_cosmos_rl_file(path: str | os.PathLike[str]) -> tuple[list[tuple[str, str, Any]], cosmos_rl.CosmosRLReading]:
+    """How a cosmos-rl file is read, without building the config (``python -m cosmos_primitives.migrate``).
+
+    Returns:
+        ``(mapped, reading)``: ``mapped`` lists ``(key in the file, our key, value)`` for every key
+        read as one of ours (after aliases); ``reading`` the ignored / refused keys, the cosmos-rl
+        defaults given and the meanings translated (empty for a file in this library's own style).
+    """
+    tree = read_toml(path)
+    reading = _read_cosmos_rl(tree)
+    mapped = [(key, canonical_key(key), value) for key, value in cosmos_rl.leaves(tree)]
+    _apply_aliases(tree, str(path))
+    if reading is None:
+        return mapped, cosmos_rl.CosmosRLReading([], {}, {}, [])
+    cosmos_rl.apply_cosmos_rl_meanings(tree, reading, set())
+    return mapped, reading
+
+
 def config_from_dict(tree: dict[str, Any], source: str = "<dict>") -> Config:
     """Validate a nested dict (aliases allowed) into a :class:`Config`.
 
@@ -326,7 +400,9 @@ def config_from_dict(tree: dict[str, Any], source: str = "<dict>") -> Config:
     """
     tree = _deepcopy(tree)
     _apply_deprecated(tree, source)
+    reading = _read_cosmos_rl(tree)
     problems = _apply_aliases(tree, source)
+    _finish_cosmos_rl(tree, reading, set(), source)
     _apply_normalisers(tree)
     _raise_problems(problems + _problems(tree, Config, "", source), source)
     try:
@@ -367,7 +443,9 @@ def load_config(path: str | os.PathLike[str] | None = None, overrides: Sequence[
     tree = read_toml(path) if path is not None else {}
     tree = _deepcopy(tree)
     _apply_deprecated(tree, source)
+    reading = _read_cosmos_rl(tree)
     problems = _apply_aliases(tree, source)
+    explicit: set[str] = set()
     for text in overrides:
         key, value = parse_override(text)
         alias = _alias_prefix(key)
@@ -383,6 +461,8 @@ def load_config(path: str | os.PathLike[str] | None = None, overrides: Sequence[
             problems += found
         else:
             _set(tree, canonical_key(key), value, f"override {text!r}")
+            explicit.add(canonical_key(key))
+    _finish_cosmos_rl(tree, reading, explicit, source)
     _apply_normalisers(tree)
     _raise_problems(problems + _problems(tree, Config, "", source), source)
     return config_from_dict(tree, source if not overrides else f"{source} with overrides {list(overrides)}")

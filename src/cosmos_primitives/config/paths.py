@@ -74,6 +74,23 @@ def resolve_demo_paths(config: Config) -> Config:
     return config
 
 
+def check_runnable(config: Config, source: str) -> Config:
+    """What a recipe calls at start-up: :func:`check_input_paths` plus the settings the loader
+    refused (``config.unsupported``, e.g. cosmos-rl keys asking for FP8 or expert parallelism).
+
+    Raises:
+        ConfigError: every such problem at once, one line each naming the key and ``source``.
+    """
+    problems = [f"{source}: key '{key}' {what}" for key, what in config.unsupported.items()]
+    try:
+        config = check_input_paths(config, source)
+    except ConfigError as exc:
+        problems += exc.problems
+    if problems:
+        raise ConfigError("\n".join(problems), problems)
+    return config
+
+
 def check_input_paths(config: Config, source: str) -> Config:
     """Resolve ``demo:`` paths (:func:`resolve_demo_paths`) and check that every local input path
     the run reads exists.

@@ -16,8 +16,9 @@ class TrainConfig(Section):
 
     Optimizer (``cp.policy.build_optimizer`` / ``build_lr_scheduler``): AdamW with ``optm_lr``
     (peak), ``optm_betas``, ``optm_eps``, ``optm_weight_decay`` (not on biases / norm scales);
-    ``optm_warmup_steps`` of linear warmup, then ``optm_decay_type`` ``"cosine"`` / ``"linear"``
-    down to ``optm_lr * optm_min_lr_factor`` (reached at the last step), or ``"constant"``;
+    ``optm_warmup_steps`` of linear warmup (a float <= 1.0: that fraction of all steps), then
+    ``optm_decay_type`` ``"cosine"`` / ``"linear"`` down to ``optm_lr * optm_min_lr_factor``
+    (reached at the last step), or ``"constant"``;
     ``optm_grad_norm_clip`` clips the total gradient norm (``<= 0`` disables).
 
     ``nonfinite``: what ``cp.checkpoint.check_finite`` does when a step's loss or gradient norm is
@@ -36,7 +37,8 @@ class TrainConfig(Section):
     optm_weight_decay: NonNegative = 0.01
     optm_betas: list[float] = msgspec.field(default_factory=lambda: [0.9, 0.999])
     optm_eps: NonNegative = 1e-8
-    optm_warmup_steps: NonNegativeInt = 0
+    # a float up to 1.0 is a fraction of the total steps (cosmos-rl's meaning)
+    optm_warmup_steps: NonNegativeInt | NonNegative = 0
     optm_decay_type: Literal["cosine", "linear", "constant"] = "constant"
     optm_min_lr_factor: Fraction = 0.0
     optm_grad_norm_clip: float = 1.0

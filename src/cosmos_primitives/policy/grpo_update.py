@@ -90,7 +90,9 @@ def grpo_update(policy: torch.nn.Module, reference: torch.nn.Module | None, opti
     """
     grpo = cfg.grpo
     behaviour_logprobs = grpo.behav_imp_weight_cap is not None or grpo.off_policy_masking_delta is not None
-    temperature, chunk = cfg.rollout.sampling_config.temperature, cfg.policy.logprob_chunk_size
+    # the trainer-side temperature ([grpo] temperature, cosmos-rl's train_policy.temperature); unset: the sampler's
+    temperature = grpo.temperature if grpo.temperature is not None else cfg.rollout.sampling_config.temperature
+    chunk = cfg.policy.logprob_chunk_size
     micro = max(1, cfg.train.train_policy.mini_batch)
     rows = [slice(i, min(i + micro, len(batch))) for i in range(0, len(batch), micro)]
     times: dict[str, float] = {}
