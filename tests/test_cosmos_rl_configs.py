@@ -112,12 +112,12 @@ def test_reason1_rl_reads_as_cosmos_rl_means_it() -> None:
     assert cfg.grpo.old_logprobs == "recompute"  # cosmos-rl's default (use_rollout_logprobs_for_loss = false)
     assert cfg.train.train_policy.sequence_packing is False  # cosmos-rl's default
     assert cfg.rollout.backend in ("hf", "vllm") and "rollout.backend unset" in message
-    assert set(cfg.unsupported) == {"train.train_policy.prompt_column_name",
-                                    "train.train_policy.min_filter_prefix_tokens"}
+    assert cfg.grpo.min_filter_prefix_tokens == 1
+    assert set(cfg.unsupported) == {"train.train_policy.prompt_column_name"}
     with pytest.raises(ConfigError) as info:
         check_runnable(cfg, str(REASON1_RL))
-    assert len(info.value.problems) == 2
-    assert all(p.startswith(f"{REASON1_RL}: key 'train.train_policy.") for p in info.value.problems)
+    (problem,) = info.value.problems
+    assert problem.startswith(f"{REASON1_RL}: key 'train.train_policy.prompt_column_name'")
 
 
 def test_own_style_files_keep_our_defaults(tmp_path: Path) -> None:
@@ -190,7 +190,7 @@ def test_migrate_reports_maps_ignored_refused_and_defaults(capsys: pytest.Captur
     out = capsys.readouterr().out
     assert "train.epsilon = 1e-06 -> train.optm_eps" in out
     assert "train.compile: speed-only" in out
-    assert "train.train_policy.min_filter_prefix_tokens = 1: rollouts sharing a prefix" in out
+    assert "train.train_policy.prompt_column_name = 'qa_pairs': GRPO data are MCQ rows here" in out
     assert "grpo.old_logprobs = 'recompute'" in out  # a default that differs
     assert "rollout.batch_size = 4 prompts is 32 sequences here" in out
     assert out.rstrip().endswith("loads with cp.load_config")

@@ -56,6 +56,7 @@ from cosmos_primitives.algo.policy_losses import (
     sequence_mean,
     token_advantages,
 )
+from cosmos_primitives.algo.prefix_filter import mask_shared_prefixes, shared_prefix_lengths
 from cosmos_primitives.algo.registry import (
     UnknownNameError,
     advantage_names,
@@ -110,6 +111,7 @@ __all__ = [
     "kl_k1",
     "kl_k2",
     "kl_k3",
+    "mask_shared_prefixes",
     "naive_token_logprobs",
     "neg_exp_advantages",
     "noisy_latents",
@@ -131,6 +133,7 @@ __all__ = [
     "sequence_mean",
     "sft_loss",
     "sft_token_weights",
+    "shared_prefix_lengths",
     "token_advantages",
     "token_logprobs_from_hidden",
     "token_mean",

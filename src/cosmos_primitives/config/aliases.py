@@ -53,6 +53,7 @@ _GRPO_UNDER_TRAIN_POLICY = (
     "old_logprobs",
     "reward_fallback_score",
     "temperature",
+    "min_filter_prefix_tokens",
 )
 
 

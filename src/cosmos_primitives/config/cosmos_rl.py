@@ -120,7 +120,7 @@ train.train_policy.on_policy | false | mapped | - | grpo.on_policy
 train.train_policy.uncentralized_training | false | ignored | - | launcher-only: controller layout
 train.train_policy.outdated_rollout_fetch_batch_size | 0 | ignored | - | speed-only: queue fetch size
 train.train_policy.max_inflight_steps | - | ignored | - | launcher-only: controller scheduling
-train.train_policy.min_filter_prefix_tokens | - | refused | - | rollouts sharing a prefix are not filtered here; remove the key
+train.train_policy.min_filter_prefix_tokens | - | mapped | - | grpo.min_filter_prefix_tokens (cp.algo.prefix_filter)
 train.train_policy.max_retry_for_on_policy | -1 | ignored | - | launcher-only: controller retries
 train.train_policy.reference_reset_interval | - | refused | - | the KL reference is fixed here; remove the key
 train.train_policy.reset_optimizer_with_reference | true | ignored | - | only acts with reference_reset_interval

@@ -85,6 +85,11 @@ class GRPOConfig(Section):
     dynamic_sampling: bool | None = None
     overlong_reward: OverlongRewardConfig = msgspec.field(default_factory=OverlongRewardConfig)
 
+    # shared-prefix filtering (cosmos-rl's min_filter_prefix_tokens): a prefix of at least this many tokens
+    # that completions of one prompt share while earning different rewards is left out of the loss
+    # (cp.algo.prefix_filter); None: off
+    min_filter_prefix_tokens: AtLeastOne | None = None
+
     # trainer-side temperature: the trainer scores tokens under ``logits / temperature``; None: the
     # rollout's ``[rollout.sampling_config] temperature`` (cosmos-rl spells it train_policy.temperature)
     temperature: Positive | None = None
