@@ -2,9 +2,10 @@
 
 Prints what maps (and onto which key), what is ignored and why, what is refused and what to do
 instead, the cosmos-rl defaults given to keys the file leaves unset (where ours differ), the
-meanings translated (batch sizes), and whether the file loads. ``--table`` prints the whole key
-table of ``docs/from_cosmos_rl.md``. Exit status: 0 when the file loads and nothing is refused,
-1 otherwise.
+meanings translated (batch sizes), whether the file loads and whether the recipes start on it
+(``cp.config.check_runnable``: refused settings, missing local paths, prompt columns without a
+dataset plug-in). ``--table`` prints the whole key table of ``docs/from_cosmos_rl.md``. Exit
+status: 0 when the recipes start on the file, 1 otherwise.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ import sys
 import warnings
 from collections.abc import Sequence
 
-from cosmos_primitives.config import ConfigError, load_config
+from cosmos_primitives.config import ConfigError, check_runnable, load_config
 from cosmos_primitives.config.cosmos_rl import render_table, rule_for
 from cosmos_primitives.config.loader import read_cosmos_rl_file
 
@@ -40,12 +41,18 @@ def report(path: str) -> tuple[str, bool]:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         try:
-            load_config(path)
-            loads = "loads with cp.load_config"
+            config = load_config(path)
         except ConfigError as exc:
             loads = "does NOT load:\n" + "\n".join(f"  {p}" for p in exc.problems)
             return "\n".join([*lines, "", loads]) + "\n", False
-    return "\n".join([*lines, "", loads]) + "\n", not reading.refused
+    try:
+        check_runnable(config, path)
+        verdict = "loads with cp.load_config; the recipes start on it"
+    except ConfigError as exc:
+        verdict = ("loads with cp.load_config; the recipes stop at start-up on:\n"
+                   + "\n".join(f"  {p}" for p in exc.problems))
+        return "\n".join([*lines, "", verdict]) + "\n", False
+    return "\n".join([*lines, "", verdict]) + "\n", True
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -21,7 +21,13 @@ from cosmos_primitives.config.loader import (
     parse_override,
 )
 from cosmos_primitives.config.logging import LoggingConfig
-from cosmos_primitives.config.paths import DEMO_PREFIX, check_input_paths, check_runnable, resolve_demo_paths
+from cosmos_primitives.config.paths import (
+    DEMO_PREFIX,
+    check_input_paths,
+    check_runnable,
+    resolve_demo_paths,
+    with_plugins,
+)
 from cosmos_primitives.config.policy import DIFFUSERS_LORA_TARGETS, LoraConfig, ParallelismConfig, PolicyConfig
 from cosmos_primitives.config.redis import RedisConfig
 from cosmos_primitives.config.remote_reward import RemoteRewardConfig, RemoteRewardTerm
@@ -68,4 +74,5 @@ __all__ = [
     "parse_override",
     "register_alias",
     "resolve_demo_paths",
+    "with_plugins",
 ]

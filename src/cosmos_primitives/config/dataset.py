@@ -31,6 +31,9 @@ class DatasetConfig(Section):
     """
 
     name: str = ""
+    # GRPO: a dataset class (or factory) by import path, "my_pkg.data:MyDataset", used instead of the
+    # MCQ reader; cosmos-rl dataset classes run unchanged (cp.data.plugins)
+    plugin: str = ""
     subset: str = ""
     revision: str = ""
     split: str = "train"
@@ -70,6 +73,9 @@ class TrainPolicyConfig(Section):
     type: Literal["sft", "grpo"] = "sft"
     dataset: DatasetConfig = msgspec.field(default_factory=DatasetConfig)
     conversation_column_name: str = "conversations"
+    # cosmos-rl's prompt / reference-answer column names, read by a dataset plug-in ([...dataset] plugin)
+    prompt_column_name: str = ""
+    response_column_name: str = ""
     mini_batch: AtLeastOne = 1
     sequence_packing: bool = True
     packing_budget: AtLeastOne | None = None

@@ -76,12 +76,20 @@ def resolve_demo_paths(config: Config) -> Config:
 
 def check_runnable(config: Config, source: str) -> Config:
     """What a recipe calls at start-up: :func:`check_input_paths` plus the settings the loader
-    refused (``config.unsupported``, e.g. cosmos-rl keys asking for FP8 or expert parallelism).
+    refused (``config.unsupported``, e.g. cosmos-rl keys asking for FP8 or expert parallelism) and
+    prompt / response column names given without the dataset plug-in that reads them.
 
     Raises:
         ConfigError: every such problem at once, one line each naming the key and ``source``.
     """
     problems = [f"{source}: key '{key}' {what}" for key, what in config.unsupported.items()]
+    policy = config.train.train_policy
+    for key in ("prompt_column_name", "response_column_name"):
+        if getattr(policy, key) and policy.type == "grpo" and not policy.dataset.plugin:
+            problems.append(f"{source}: key 'train.train_policy.{key}' = {getattr(policy, key)!r} is read by a "
+                            "dataset plug-in, and train.train_policy.dataset.plugin is not set: give your dataset "
+                            "class ('my_pkg.data:MyDataset'), or use the MCQ reader's columns "
+                            "(train.train_policy.dataset.question_column / choices_column / answer_column)")
     try:
         config = check_input_paths(config, source)
     except ConfigError as exc:
@@ -110,4 +118,17 @@ def check_input_paths(config: Config, source: str) -> Config:
                             f"as '{DEMO_PREFIX}<path>')")
     if problems:
         raise ConfigError("\n".join(problems), problems)
+    return config
+
+
+def with_plugins(config: Config, dataset: str | None = None, rewards: list[str] | tuple[str, ...] = ()) -> Config:
+    """``config`` with the recipes' ``--dataset`` / ``--reward`` plug-ins: ``dataset`` (an import path)
+    becomes ``[train.train_policy.dataset] plugin``; ``rewards`` (import paths) replace
+    ``[grpo] reward_function``, weight 1 each (the functions handed over are the rewards, as with
+    cosmos-rl's launcher)."""
+    if dataset:
+        config = _replace(config, ["train", "train_policy", "dataset", "plugin"], dataset)
+    if rewards:
+        config = msgspec.structs.replace(config, grpo=msgspec.structs.replace(
+            config.grpo, reward_function={path: 1.0 for path in rewards}))
     return config

@@ -52,6 +52,8 @@ _EXPORTS = {
     "load_hf_dataset": "hf_conversations",
     "VideoFolderDataset": "video_folder",
     "MCQPromptDataset": "mcq",
+    "CosmosRLPromptDataset": "plugins",
+    "prompt_dataset": "plugins",
     "mcq_prompt_text": "mcq",
     "mcq_choices": "mcq",
     "answer_letter": "mcq",

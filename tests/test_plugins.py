@@ -1,0 +1,93 @@
+"""Plug-ins by import path: a cosmos-rl-shaped dataset class and reward run unchanged (cp.data.plugins,
+cp.rewards.plugins), and the recipes' --dataset / --reward flags."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+import cosmos_primitives as cp
+from cosmos_primitives.config import ConfigError, check_runnable, load_config, with_plugins
+from cosmos_primitives.data import CosmosRLPromptDataset, prompt_dataset
+from cosmos_primitives.data.bad_samples import BadSampleError
+from cosmos_primitives.rewards import RewardSet, from_cosmos_rl
+
+PLUGINS = Path(__file__).parent / "data" / "plugins"
+REASON1_RL = Path(__file__).parent / "data" / "cosmos_rl_configs" / "cosmos-reason1" / "examples" / "post_training" \
+    / "configs" / "rl.toml"
+
+
+def write_qa_pairs(root: Path, n: int = 6) -> Path:
+    """Colour-MCQ items as Cosmos-Reason1-RL ``qa_pairs`` rows (JSONL beside their images)."""
+    mcq = cp.testing.write_colour_mcq(root, n, seed=0, split="train")
+    rows = [json.loads(line) for line in mcq.read_text().splitlines()]
+    path = root / "qa_pairs.jsonl"
+    path.write_text("".join(json.dumps({"image": r["image"], "qa_pairs": {
+        "question": r["question"], "index2ans": dict(zip("ABCD", r["choices"], strict=True)),
+        "answer": r["answer"]}}) + "\n" for r in rows))
+    return path
+
+
+@pytest.fixture
+def reason1_style(monkeypatch: pytest.MonkeyPatch):
+    monkeypatch.syspath_prepend(str(PLUGINS))
+    import reason1_style
+
+    return reason1_style
+
+
+def test_cosmos_rl_dataset_class_runs_unchanged(reason1_style, tmp_path: Path, qwen_tokenizer) -> None:
+    data = write_qa_pairs(tmp_path)
+    cfg = with_plugins(load_config(REASON1_RL, [f"train.train_policy.dataset.name={data}"]),
+                       dataset="reason1_style:CosmosGRPODataset")
+    assert cfg.train.train_policy.prompt_column_name == "qa_pairs"  # cosmos-rl's key, read by the plug-in
+    check_runnable(cfg, str(REASON1_RL))  # nothing refused once a plug-in reads the column
+    dataset = prompt_dataset(cfg.train.train_policy.dataset, cfg, qwen_tokenizer)
+    assert isinstance(dataset, CosmosRLPromptDataset) and len(dataset) == 6
+    prompt = dataset[0]
+    assert prompt.conversation[0] == {"role": "system", "content": ""}  # cosmos-rl's empty system message kept
+    assert prompt.conversation[1]["content"][0]["type"] == "image" and len(prompt.images) == 1
+    assert prompt.reference == json.loads(data.read_text().splitlines()[0])["qa_pairs"]["answer"]
+    # the empty system message renders as one: the template adds no default system prompt
+    text = qwen_tokenizer.apply_chat_template([prompt.conversation[0], {"role": "user", "content": "hi"}],
+                                              tokenize=False)
+    assert "You are a helpful assistant" not in text and text.startswith("<|im_start|>system\n<|im_end|>")
+
+
+def test_cosmos_rl_reward_runs_unchanged_by_import_path(reason1_style) -> None:
+    rewards = RewardSet({"reason1_style:custom_reward_fn": 1.0})
+    batch = rewards(["<think>red</think> <answer>B</answer>", "<answer>A</answer>"], ["B", "B"])
+    assert batch.totals == [2.0, 0.0]
+    assert from_cosmos_rl(reason1_style.custom_reward_fn)(completion="<think/><answer>C</answer>", reference="C") == 1
+
+
+def test_bad_plugin_paths_and_items_are_named(reason1_style, tmp_path: Path) -> None:
+    with pytest.raises(ImportError, match=r"\[grpo\] reward_function: module 'reason1_style' has no attribute 'nope'"):
+        RewardSet({"reason1_style:nope": 1.0})
+    cfg = with_plugins(load_config(None), dataset="no_such_pkg.data:Dataset")
+    with pytest.raises(ImportError, match=r"cannot import module 'no_such_pkg.data'"):
+        prompt_dataset(cfg.train.train_policy.dataset, cfg)
+
+    class Broken:
+        def __len__(self):
+            return 2
+
+        def __getitem__(self, idx):
+            raise KeyError("qa_pairs")
+
+    with pytest.raises(BadSampleError, match=r"broken\[1\].*KeyError"):
+        CosmosRLPromptDataset(Broken(), name="broken")[1]
+
+
+def test_prompt_columns_without_a_plugin_stop_the_recipe() -> None:
+    cfg = load_config(REASON1_RL, ["train.train_policy.dataset.name=Qwen/x"])
+    with pytest.raises(ConfigError, match=r"'train.train_policy.prompt_column_name' = 'qa_pairs' is read by a "
+                                          r"dataset plug-in"):
+        check_runnable(cfg, str(REASON1_RL))
+
+
+def test_reward_flag_replaces_the_reward_table() -> None:
+    cfg = with_plugins(load_config(None), rewards=["a.b:c", "d:e"])
+    assert cfg.grpo.reward_function == {"a.b:c": 1.0, "d:e": 1.0}
