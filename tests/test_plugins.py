@@ -91,3 +91,31 @@ def test_prompt_columns_without_a_plugin_stop_the_recipe() -> None:
 def test_reward_flag_replaces_the_reward_table() -> None:
     cfg = with_plugins(load_config(None), rewards=["a.b:c", "d:e"])
     assert cfg.grpo.reward_function == {"a.b:c": 1.0, "d:e": 1.0}
+
+
+@pytest.mark.slow
+def test_reason1_rl_config_runs_on_the_tiny_model_through_the_plugin_path(tmp_path: Path) -> None:
+    """Cosmos-Reason1's rl.toml as it is, with its dataset script and reward handed over by import
+    path: only the model and data paths and the run's size (one process, one step, short answers,
+    for a CPU) are overridden."""
+    import os
+
+    from cosmos_primitives.testing.recipe_runs import finish, launch_recipe
+
+    model = cp.testing.save_tiny_qwen2_5_vl(tmp_path / "model", seed=0)
+    data = write_qa_pairs(tmp_path / "data", n=8)
+    repo = Path(__file__).resolve().parents[1]
+    overrides = ["--dataset", "reason1_style:CosmosGRPODataset", "--reward", "reason1_style:custom_reward_fn",
+                 f"policy.model_name_or_path={model}", f"train.train_policy.dataset.name={data}",
+                 f"train.output_dir={tmp_path / 'out'}",
+                 # the run's size: one process (the file shards over 2), one step of 2 prompts x 8, short answers
+                 "policy.parallelism.dp_shard_size=1", "train.max_steps=1", "grpo.rollout_batch_size=2",
+                 "rollout.max_response_length=16"]
+    env = {"PYTHONPATH": os.pathsep.join([str(repo / "src"), str(PLUGINS)]), "WANDB_MODE": "offline"}
+    log = tmp_path / "run.log"
+    text = finish(launch_recipe("examples/grpo_vlm.py", REASON1_RL, overrides, log, cwd=repo, env=env), log,
+                  timeout_s=540)
+    assert "is read as a cosmos-rl config" in text  # the one start-up warning
+    assert "[GRPO] Step: 1/1" in text
+    assert "Exported safetensors to" in text
+    assert list((tmp_path / "out").glob("*/safetensors/final/model.safetensors*"))
