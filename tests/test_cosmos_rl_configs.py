@@ -14,6 +14,7 @@ import pytest
 import cosmos_primitives as cp
 from cosmos_primitives.config import ConfigError, check_runnable, load_config
 from cosmos_primitives.config.cosmos_rl import RULES, render_table, rule_for
+from cosmos_primitives.config.engine_default import default_backend
 from cosmos_primitives.migrate import main as migrate_main
 
 DATA = Path(__file__).parent / "data" / "cosmos_rl_configs"
@@ -111,7 +112,7 @@ def test_reason1_rl_reads_as_cosmos_rl_means_it() -> None:
     assert cfg.grpo.rollout_batch_size == 8  # 64 rollouts per rank and step = 8 prompts x 8
     assert cfg.grpo.old_logprobs == "recompute"  # cosmos-rl's default (use_rollout_logprobs_for_loss = false)
     assert cfg.train.train_policy.sequence_packing is False  # cosmos-rl's default
-    assert cfg.rollout.backend in ("hf", "vllm") and "rollout.backend unset" in message
+    assert cfg.rollout.backend == default_backend()[0]  # unset in the file
     assert cfg.grpo.min_filter_prefix_tokens == 1
     assert cfg.train.train_policy.prompt_column_name == "qa_pairs"  # for the dataset plug-in
     assert cfg.unsupported == {}
@@ -197,3 +198,26 @@ def test_migrate_reports_maps_ignored_refused_and_defaults(capsys: pytest.Captur
     assert "loads with cp.load_config; the recipes stop at start-up on:" in out
     assert migrate_main([str(REASON1_SFT)]) == 1  # test_size is refused
     assert migrate_main(["--table"]) == 0 and capsys.readouterr().out.count("\n| `") == len(RULES)
+
+
+def test_unset_backend_is_vllm_only_with_vllm_and_a_gpu(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                        caplog: pytest.LogCaptureFixture) -> None:
+    import importlib.util
+
+    from cosmos_primitives.config import engine_default
+
+    path = tmp_path / "c.toml"
+    path.write_text("[train]\nepoch = 1\n")
+    real_find_spec = importlib.util.find_spec
+    monkeypatch.setattr(engine_default.importlib.util, "find_spec",
+                        lambda name, *a: object() if name == "vllm" else real_find_spec(name, *a))
+    monkeypatch.setattr(engine_default, "_gpu_present", lambda: True)
+    with caplog.at_level("INFO", logger="cosmos"):
+        assert load_config(path).rollout.backend == "vllm"
+    assert "rollout.backend unset: using 'vllm' (vLLM is installed and a GPU is present)" in caplog.text
+    monkeypatch.setattr(engine_default, "_gpu_present", lambda: False)
+    assert load_config(path).rollout.backend == "hf"
+    assert load_config(path, ["rollout.backend=vllm"]).rollout.backend == "vllm"  # said: taken as it is
+    path.write_text("[rollout]\nbackend = 'hf'\n")
+    monkeypatch.setattr(engine_default, "_gpu_present", lambda: True)
+    assert load_config(path).rollout.backend == "hf"

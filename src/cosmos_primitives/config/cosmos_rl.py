@@ -208,7 +208,7 @@ rollout.sampling_config.top_k | -1 | mapped | - | =
 rollout.sampling_config.repetition_penalty | 1.0 | mapped | - | =
 rollout.sampling_config.use_flashinfer | false | ignored | - | speed-only: sampling kernel
 rollout.vllm_use_flashinfer | false | ignored | - | speed-only: sampling kernel
-rollout.backend | "vllm" | mapped | - | = ("vllm" or "hf"; other engines are refused; unset in a cosmos-rl file: vLLM when it is installed and a GPU is present, else hf)
+rollout.backend | "vllm" | mapped | - | = ("vllm" or "hf"; other engines are refused; unset in any file: vLLM when it is installed and a GPU is present, else hf, logged)
 rollout.multi_turn_config.enable | false | refused | [false] | multi-turn rollouts are not supported; remove [rollout.multi_turn_config]
 rollout.multi_turn_config.enable_tools | false | ignored | - | only acts with multi-turn rollouts
 rollout.multi_turn_config.enable_thinking | false | ignored | - | only acts with multi-turn rollouts
@@ -469,17 +469,6 @@ def read_cosmos_rl(tree: dict[str, Any], is_ours: Any) -> CosmosRLReading:
     return reading
 
 
-def _vllm_and_gpu() -> bool:
-    """vLLM installed and a CUDA GPU visible (torch is imported only when vLLM is there)."""
-    import importlib.util
-
-    if importlib.util.find_spec("vllm") is None:
-        return False
-    import torch
-
-    return torch.cuda.is_available()
-
-
 def apply_cosmos_rl_meanings(tree: dict[str, Any], reading: CosmosRLReading, explicit: set[str]) -> None:
     """Give a cosmos-rl style ``tree`` (aliases already on their canonical keys) cosmos-rl's meanings:
     its defaults for keys the file leaves unset, ``rollout.batch_size`` in prompts, and
@@ -500,12 +489,6 @@ def apply_cosmos_rl_meanings(tree: dict[str, Any], reading: CosmosRLReading, exp
     if sft:
         _per_replica_batch(tree, reading, None, explicit)
         return
-    if not _has(tree, "rollout.backend") and "rollout.backend" not in explicit:
-        engine = "vllm" if _vllm_and_gpu() else "hf"
-        _put(tree, "rollout.backend", engine)
-        reading.translated.append(f"rollout.backend unset: {engine!r} ("
-                                  + ("vLLM is installed and a GPU is present)" if engine == "vllm"
-                                     else "vLLM is not installed or no GPU is present)"))
     n = _get(tree, "grpo.num_samples_per_prompt")
     prompts_set = isinstance(_get(tree, "rollout.batch_size"), int)
     if "rollout.batch_size" not in explicit and isinstance(n, int) and prompts_set:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import difflib
 import functools
+import logging
 import os
 import re
 import types
@@ -17,6 +18,7 @@ import msgspec
 
 from cosmos_primitives.config import cosmos_rl
 from cosmos_primitives.config.aliases import ALIASES, DEPRECATED, DEPRECATED_DEFAULTS
+from cosmos_primitives.config.engine_default import default_backend
 from cosmos_primitives.config.errors import ConfigError
 from cosmos_primitives.config.root import Config
 from cosmos_primitives.config.toml_io import dumps_toml, parse_toml_value, read_toml
@@ -391,6 +393,15 @@ def read_cosmos_rl_file(path: str | os.PathLike[str]) -> tuple[list[tuple[str, s
     return mapped, reading
 
 
+def _default_backend(tree: dict[str, Any], explicit: set[str], source: str) -> None:
+    """``rollout.backend`` left unset: vLLM when it is installed and a GPU is present, else HF; logged."""
+    if "rollout.backend" in explicit or _has(tree, "rollout.backend"):
+        return
+    engine, why = default_backend()
+    _set(tree, "rollout.backend", engine, source)
+    logging.getLogger("cosmos").info(f"{source}: rollout.backend unset: using {engine!r} ({why})")
+
+
 def config_from_dict(tree: dict[str, Any], source: str = "<dict>") -> Config:
     """Validate a nested dict (aliases allowed) into a :class:`Config`.
 
@@ -463,6 +474,7 @@ def load_config(path: str | os.PathLike[str] | None = None, overrides: Sequence[
             _set(tree, canonical_key(key), value, f"override {text!r}")
             explicit.add(canonical_key(key))
     _finish_cosmos_rl(tree, reading, explicit, source)
+    _default_backend(tree, explicit, source)
     _apply_normalisers(tree)
     _raise_problems(problems + _problems(tree, Config, "", source), source)
     return config_from_dict(tree, source if not overrides else f"{source} with overrides {list(overrides)}")

@@ -22,6 +22,7 @@ class SamplingConfig(Section):
 class RolloutConfig(Section):
     """``[rollout]``. The number of samples per prompt lives in ``[grpo]`` (alias ``n_generation``)."""
 
+    # unset in a loaded file: "vllm" when vLLM is installed and a GPU is present, else "hf" (config/engine_default.py)
     backend: Literal["hf", "vllm"] = "hf"
     parallelism: ParallelismConfig = msgspec.field(default_factory=ParallelismConfig)
     max_response_length: AtLeastOne = 1024
