@@ -143,7 +143,7 @@ train.optm_grad_norm_clip | 1.0 | mapped | - | =
 train.ema_enable | false | refused | [false] | EMA weights are not kept here; remove the key
 train.ema_decay | 0.9999 | ignored | - | only acts with ema_enable
 train.ema_update_step_interval | 0 | ignored | - | only acts with ema_enable
-train.master_dtype | "float32" | refused | ["float32"] | sharded trainers keep float32 master weights here; remove the key (more memory than bfloat16 masters)
+train.master_dtype | "float32" | mapped | - | policy.master_dtype
 train.param_dtype | "bfloat16" | mapped | - | policy.dtype
 train.transfer_dtype | - | mapped | - | disaggregated.transfer_dtype
 train.logprob_dtype | "float32" | refused | ["float32"] | log-probs are computed in float32 here; remove the key
