@@ -98,3 +98,11 @@ def test_recipe_with_a_wrong_model_path_stops_before_creating_anything(tmp_path:
     assert f"{config}: key 'policy.model_name_or_path' = '{model}': no such file" in proc.stderr
     assert not model.exists()
     assert cp.config.DEMO_PREFIX == "demo:"
+
+
+def test_sft_with_validation_enabled_is_refused_at_start_up(tmp_path: Path) -> None:
+    """The SFT recipe has no periodic validation: a file asking for it stops instead of training without it."""
+    path = tmp_path / "sft.toml"
+    path.write_text("[train.train_policy]\ntype = 'sft'\n[validation]\nenable = true\n")
+    with pytest.raises(ConfigError, match=r"key 'validation.enable' = true: periodic validation runs in the GRPO"):
+        cp.config.check_runnable(load_config(path), str(path))

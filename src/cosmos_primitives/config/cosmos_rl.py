@@ -188,7 +188,7 @@ train.max_num_steps | - | mapped | - | train.max_steps
 train.sequence_packing | false | mapped | - | train.train_policy.sequence_packing (ours defaults to true)
 train.save_ckpt_at_exit | true | ignored | - | launcher-only: signal handling
 train.signal_to_handle | ["SIGUSR1"] | ignored | - | launcher-only: signal handling
-train.enable_validation | false | mapped | - | validation.enable (older cosmos-rl spelling)
+train.enable_validation | false | mapped | - | validation.enable (older cosmos-rl spelling; see validation.enable)
 train.validation_step | 20 | mapped | - | validation.freq (older cosmos-rl spelling)
 train.validation_batch_per_replica | - | ignored | - | speed-only: validation batching (older cosmos-rl spelling)
 rollout.enforce_eager | true | mapped | - | =
@@ -256,7 +256,7 @@ logging.group_name | - | ignored | - | launcher-only: W&B grouping
 logging.experiment_name | - | mapped | - | =
 logging.report_mfu | false | ignored | - | speed-only: MFU reporting
 profiler | - | ignored | - | speed-only: profiling (use torch.profiler around a step)
-validation.enable | false | mapped | - | =
+validation.enable | false | mapped | - | = (periodic validation of the GRPO recipes; the SFT recipe has none yet and stops at start-up when it is true)
 validation.val_before_train | false | ignored | - | validation only reports: it runs before the first step here always
 validation.freq | 20 | mapped | - | =
 validation.batch_size | - | ignored | - | speed-only: validation batching

@@ -84,6 +84,10 @@ def check_runnable(config: Config, source: str) -> Config:
     """
     problems = [f"{source}: key '{key}' {what}" for key, what in config.unsupported.items()]
     policy = config.train.train_policy
+    if policy.type == "sft" and config.validation.enable:
+        problems.append(f"{source}: key 'validation.enable' = true: periodic validation runs in the GRPO recipes, "
+                        "not yet in SFT; set validation.enable = false (or train.enable_validation in a cosmos-rl "
+                        "file) and evaluate the exported model with examples/evaluate.py")
     for key in ("prompt_column_name", "response_column_name"):
         if getattr(policy, key) and policy.type == "grpo" and not policy.dataset.plugin:
             problems.append(f"{source}: key 'train.train_policy.{key}' = {getattr(policy, key)!r} is read by a "
