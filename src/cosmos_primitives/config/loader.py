@@ -20,6 +20,8 @@ from cosmos_primitives.config import cosmos_rl
 from cosmos_primitives.config.aliases import ALIASES, DEPRECATED, DEPRECATED_DEFAULTS
 from cosmos_primitives.config.engine_default import default_backend
 from cosmos_primitives.config.errors import ConfigError
+from cosmos_primitives.config.eval_yaml import SECTIONS as EVAL_SECTIONS
+from cosmos_primitives.config.eval_yaml import eval_tree, is_eval_yaml, read_yaml
 from cosmos_primitives.config.root import Config
 from cosmos_primitives.config.toml_io import dumps_toml, parse_toml_value, read_toml
 
@@ -375,6 +377,21 @@ def _finish_cosmos_rl(tree: dict[str, Any], reading: cosmos_rl.CosmosRLReading |
         warnings.warn(message, UserWarning, stacklevel=4)
 
 
+def _read_file(path: Path, source: str) -> dict[str, Any]:
+    """A TOML config, or a YAML one (the Cosmos-Reason1 evaluation layout, ``config/eval_yaml.py``)."""
+    if path.suffix.lower() not in (".yaml", ".yml"):
+        return read_toml(path)
+    tree = read_yaml(path)
+    if not is_eval_yaml(tree):
+        raise ConfigError(f"{source}: a YAML config is read in the Cosmos-Reason1 evaluation layout (top-level "
+                          f"keys {', '.join(EVAL_SECTIONS)}), got keys {sorted(tree)}; write other configs in TOML")
+    tree, ignored = eval_tree(tree, source)
+    if ignored:
+        warnings.warn(f"{source}: ignored (no effect here): " + "; ".join(f"{k} ({why})" for k, why in ignored),
+                      UserWarning, stacklevel=4)
+    return tree
+
+
 def read_cosmos_rl_file(path: str | os.PathLike[str]) -> tuple[list[tuple[str, str, Any]], cosmos_rl.CosmosRLReading]:
     """How a cosmos-rl file is read, without building the config (``python -m cosmos_primitives.migrate``).
 
@@ -451,7 +468,7 @@ def load_config(path: str | os.PathLike[str] | None = None, overrides: Sequence[
             an alias and its canonical key given different values, or a malformed override.
     """
     source = str(path) if path is not None else "<defaults>"
-    tree = read_toml(path) if path is not None else {}
+    tree = _read_file(Path(path), source) if path is not None else {}
     tree = _deepcopy(tree)
     _apply_deprecated(tree, source)
     reading = _read_cosmos_rl(tree)
