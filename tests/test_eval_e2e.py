@@ -189,3 +189,20 @@ def test_eval_yaml_keys_are_mapped_ignored_or_refused(tmp_path: Path) -> None:
     ok = tmp_path / "ok.yaml"
     ok.write_text("generation:\n  presence_penalty: 0.5\n")
     assert "generation.presence_penalty" in cp.load_config(ok).unsupported
+
+
+def test_inference_script_answers_about_one_image_or_video(exported: Path, tmp_path: Path,
+                                                           capsys: pytest.CaptureFixture) -> None:
+    spec = importlib.util.spec_from_file_location("inference_example", ROOT / "examples" / "inference.py")
+    inference = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(inference)
+    image = cpt.write_image(tmp_path / "red.png", cpt.color_image("red", size=(56, 56)))
+    answer = inference.main(["--model_name", str(exported), "--image", str(image), "--prompt", "Which colour?",
+                             "--reasoning", "--system", "", "--max-tokens", "4", "--temperature", "0"])
+    assert isinstance(answer, str) and capsys.readouterr().out.strip() == answer.strip()
+    frames = cpt.color_image("blue", size=(56, 56))[None].repeat(6, 0)
+    video = cpt.write_mp4(tmp_path / "clip.mp4", fps=4.0, frames=frames)
+    assert isinstance(inference.main(["--model", str(exported), "--video", str(video), "--prompt", "What happens?",
+                                      "--max-tokens", "3", "--fps", "2"]), str)
+    with pytest.raises(SystemExit, match="no such file"):
+        inference.main(["--model", str(exported), "--image", str(tmp_path / "nope.png"), "--prompt", "x"])
