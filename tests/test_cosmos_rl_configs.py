@@ -116,12 +116,9 @@ def test_reason1_rl_reads_as_cosmos_rl_means_it() -> None:
     assert cfg.train.train_policy.sequence_packing is False  # cosmos-rl's default
     assert cfg.rollout.backend == default_backend()[0]  # unset in the file
     assert cfg.grpo.min_filter_prefix_tokens == 1
-    assert cfg.train.train_policy.prompt_column_name == "qa_pairs"  # for the dataset plug-in
+    assert cfg.train.train_policy.prompt_column_name == "qa_pairs"  # the dataset script's column
     assert cfg.unsupported == {}
-    with pytest.raises(ConfigError) as info:  # the column is for a plug-in, and none is given
-        check_runnable(cfg, str(REASON1_RL))
-    (problem,) = info.value.problems
-    assert problem.startswith(f"{REASON1_RL}: key 'train.train_policy.prompt_column_name'")
+    check_runnable(cfg, str(REASON1_RL))  # nothing refused, a Hub dataset: the recipes start on it
 
 
 def test_own_style_files_keep_our_defaults(tmp_path: Path) -> None:
@@ -191,14 +188,14 @@ def test_every_problem_of_a_cosmos_rl_file_at_once(tmp_path: Path) -> None:
 
 
 def test_migrate_reports_maps_ignored_refused_and_defaults(capsys: pytest.CaptureFixture[str]) -> None:
-    assert migrate_main([str(REASON1_RL)]) == 1  # not runnable as it is: its prompt column needs a plug-in
+    assert migrate_main([str(REASON1_RL)]) == 0  # the recipes start on it
     out = capsys.readouterr().out
     assert "train.epsilon = 1e-06 -> train.optm_eps" in out
     assert "train.compile: speed-only" in out
-    assert "key 'train.train_policy.prompt_column_name' = 'qa_pairs' is read by a dataset plug-in" in out
+    assert "train.train_policy.prompt_column_name = 'qa_pairs'  (the prompt column" in out
     assert "grpo.old_logprobs = 'recompute'" in out  # a default that differs
     assert "rollout.batch_size = 4 prompts is 32 sequences here" in out
-    assert "loads with cp.load_config; the recipes stop at start-up on:" in out
+    assert out.rstrip().endswith("loads with cp.load_config; the recipes start on it")
     assert migrate_main([str(REASON1_SFT)]) == 1  # test_size is refused
     assert migrate_main(["--table"]) == 0 and capsys.readouterr().out.count("\n| `") == len(RULES)
 

@@ -81,11 +81,28 @@ def test_bad_plugin_paths_and_items_are_named(reason1_style, tmp_path: Path) -> 
         CosmosRLPromptDataset(Broken(), name="broken")[1]
 
 
-def test_prompt_columns_without_a_plugin_stop_the_recipe() -> None:
-    cfg = load_config(REASON1_RL, ["train.train_policy.dataset.name=Qwen/x"])
-    with pytest.raises(ConfigError, match=r"'train.train_policy.prompt_column_name' = 'qa_pairs' is read by a "
-                                          r"dataset plug-in"):
-        check_runnable(cfg, str(REASON1_RL))
+def test_prompt_and_response_columns_without_a_plugin(tmp_path: Path) -> None:
+    """cosmos-rl's prompt / reference-answer column datasets (gsm8k-like, text only, or with an image)."""
+    image = cp.testing.write_image(tmp_path / "a.png", cp.testing.color_image("red", size=(56, 56)))
+    rows = tmp_path / "rows.jsonl"
+    rows.write_text(json.dumps({"question": "2 + 3 = ?", "answer": "5"}) + "\n"
+                    + json.dumps({"question": "Which colour?", "answer": "red", "image": image.name}) + "\n"
+                    + json.dumps({"question": {"nested": 1}, "answer": "x"}) + "\n")
+    cfg = load_config(None, [f"train.train_policy.dataset.name={rows}", "train.train_policy.type=grpo",
+                             "train.train_policy.prompt_column_name=question",
+                             "train.train_policy.response_column_name=answer"])
+    check_runnable(cfg, "<overrides>")
+    dataset = prompt_dataset(cfg.train.train_policy.dataset, cfg)
+    text, pictured = dataset[0], dataset[1]
+    assert text.conversation == [{"role": "user", "content": [{"type": "text", "text": "2 + 3 = ?"}]}]
+    assert text.reference == "5" and not text.images
+    assert pictured.conversation[0]["content"][0]["type"] == "image" and len(pictured.images) == 1
+    assert pictured.reference == "red"
+    with pytest.raises(BadSampleError, match="prompt column 'question' holds a dict"):
+        dataset[2]
+    only_response = load_config(None, ["train.train_policy.response_column_name=answer"])
+    with pytest.raises(ConfigError, match="response_column_name' is set without prompt_column_name"):
+        check_runnable(only_response, "<overrides>")
 
 
 def test_reward_flag_replaces_the_reward_table() -> None:

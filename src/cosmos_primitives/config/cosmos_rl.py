@@ -85,8 +85,8 @@ train.train_policy.load_balanced_batching_strategy | "prefer_closest" | ignored 
 train.train_policy.load_balanced_batches_per_optimizer_step | 1 | ignored | - | speed-only: load balancing
 train.train_policy.dataloader_broadcast | false | ignored | - | speed-only: loader broadcast
 train.train_policy.variant | "grpo" | mapped | - | grpo.variant
-train.train_policy.prompt_column_name | "" | mapped | - | = (read by a dataset plug-in, train.train_policy.dataset.plugin; without one the recipes stop: the built-in reader takes MCQ columns, dataset.question_column / choices_column / answer_column)
-train.train_policy.response_column_name | "" | mapped | - | = (read by a dataset plug-in, as prompt_column_name)
+train.train_policy.prompt_column_name | "" | mapped | - | = (the prompt column: a string or a conversation per row, cp.data.ColumnPromptDataset; a dataset plug-in reads it itself)
+train.train_policy.response_column_name | "" | mapped | - | = (the reference answer the rewards get; read as prompt_column_name)
 train.train_policy.reward_function | ["single_choice"] | mapped | - | grpo.reward_function (a name or list: weight 1 each; ours defaults to single_choice + format)
 train.train_policy.use_remote_reward | false | refused | [false] | use [remote_reward] (the reward service client)
 train.train_policy.remote_reward | - | refused | - | use [remote_reward] (the reward service client)

@@ -76,8 +76,8 @@ def resolve_demo_paths(config: Config) -> Config:
 
 def check_runnable(config: Config, source: str) -> Config:
     """What a recipe calls at start-up: :func:`check_input_paths` plus the settings the loader
-    refused (``config.unsupported``, e.g. cosmos-rl keys asking for FP8 or expert parallelism) and
-    prompt / response column names given without the dataset plug-in that reads them.
+    refused (``config.unsupported``, e.g. cosmos-rl keys asking for FP8 or expert parallelism), an
+    SFT config asking for periodic validation, and a response column without a prompt column.
 
     Raises:
         ConfigError: every such problem at once, one line each naming the key and ``source``.
@@ -88,12 +88,9 @@ def check_runnable(config: Config, source: str) -> Config:
         problems.append(f"{source}: key 'validation.enable' = true: periodic validation runs in the GRPO recipes, "
                         "not yet in SFT; set validation.enable = false (or train.enable_validation in a cosmos-rl "
                         "file) and evaluate the exported model with examples/evaluate.py")
-    for key in ("prompt_column_name", "response_column_name"):
-        if getattr(policy, key) and policy.type == "grpo" and not policy.dataset.plugin:
-            problems.append(f"{source}: key 'train.train_policy.{key}' = {getattr(policy, key)!r} is read by a "
-                            "dataset plug-in, and train.train_policy.dataset.plugin is not set: give your dataset "
-                            "class ('my_pkg.data:MyDataset'), or use the MCQ reader's columns "
-                            "(train.train_policy.dataset.question_column / choices_column / answer_column)")
+    if policy.response_column_name and not policy.prompt_column_name and not policy.dataset.plugin:
+        problems.append(f"{source}: key 'train.train_policy.response_column_name' is set without "
+                        "prompt_column_name: name the prompt column too (or give a dataset plug-in)")
     try:
         config = check_input_paths(config, source)
     except ConfigError as exc:

@@ -53,6 +53,7 @@ _EXPORTS = {
     "VideoFolderDataset": "video_folder",
     "MCQPromptDataset": "mcq",
     "CosmosRLPromptDataset": "plugins",
+    "ColumnPromptDataset": "plugins",
     "prompt_dataset": "plugins",
     "mcq_prompt_text": "mcq",
     "mcq_choices": "mcq",

@@ -69,16 +69,83 @@ class CosmosRLPromptDataset:
                       row={"index": index})
 
 
+class ColumnPromptDataset:
+    """GRPO prompts from rows with a prompt column and a reference-answer column (cosmos-rl's
+    ``prompt_column_name`` / ``response_column_name``), text-only or with an image / video.
+
+    A string prompt becomes the user message (after the row's image or video, when it has one); a
+    prompt that is already a conversation (a list of messages) is used as it is. ``system_prompt``
+    adds a system message first. The reference answer is the response column's value as text ("" when
+    no response column is named); the rewards receive it and the row.
+    """
+
+    def __init__(self, rows: Any, prompt_column: str, response_column: str = "", media_dir: Any = None,
+                 settings: MediaSettings | None = None, image_column: str = "image", video_column: str = "video",
+                 system_prompt: str = "", name: str = "dataset") -> None:
+        self.rows = rows
+        self.prompt_column, self.response_column = prompt_column, response_column
+        self.media_dir = media_dir
+        self.settings = settings or MediaSettings()
+        self.image_column, self.video_column = image_column, video_column
+        self.system_prompt = system_prompt
+        self.name = name
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+    def __getitem__(self, index: int) -> Prompt:
+        row = dict(self.rows[index])
+        where = f"{self.name}[{index}]"
+        if self.prompt_column not in row:
+            raise BadSampleError(where, f"no prompt column {self.prompt_column!r} "
+                                        f"(train.train_policy.prompt_column_name); row has {sorted(row)}")
+        prompt = row[self.prompt_column]
+        if isinstance(prompt, str):
+            content: list[dict[str, Any]] = []
+            if row.get(self.video_column):
+                content.append({"type": "video", "video": str(row[self.video_column])})
+            elif row.get(self.image_column):
+                content.append({"type": "image", "image": str(row[self.image_column])})
+            content.append({"type": "text", "text": prompt})
+            messages = [{"role": "user", "content": content}]
+        elif isinstance(prompt, list) and all(isinstance(m, dict) and "role" in m for m in prompt):
+            messages = prompt
+        else:
+            raise BadSampleError(where, f"prompt column {self.prompt_column!r} holds a {type(prompt).__name__}, "
+                                        "not a string or a conversation: read such rows with a dataset plug-in "
+                                        "(train.train_policy.dataset.plugin) or the MCQ reader's dotted columns")
+        if self.system_prompt:
+            messages = [{"role": "system", "content": self.system_prompt}, *messages]
+        reference = row.get(self.response_column, "") if self.response_column else ""
+        loaded = load_conversation(messages, self.media_dir, self.settings, sample_id=where)
+        return Prompt(conversation=loaded.conversation, prompt_id=str(row.get("id", where)), images=loaded.images,
+                      videos=loaded.videos, video_fps=loaded.video_fps,
+                      reference="" if reference is None else str(reference), row=row)
+
+
 def prompt_dataset(dataset_cfg: Any, config: Any = None, processor: Any = None) -> Any:
     """The GRPO prompt source of a ``DatasetConfig``: its ``plugin`` (a class or factory by import path,
     called without arguments; an object with cosmos-rl's ``setup`` / ``get_reference_answer`` is
     wrapped in :class:`CosmosRLPromptDataset`, any other is taken to yield :class:`Prompt` items
-    itself) or the built-in MCQ reader. ``config`` and ``processor``'s tokenizer (or ``processor``
-    itself when it is one) go to the plug-in's ``setup``.
+    itself); else, when ``config`` names ``train.train_policy.prompt_column_name``, a
+    :class:`ColumnPromptDataset` over the dataset's rows; else the built-in MCQ reader.
+    ``config`` and ``processor``'s tokenizer (or ``processor`` itself when it is one) go to the
+    plug-in's ``setup``.
 
     Raises:
         ImportError: the plug-in does not import (naming the path and the key).
     """
+    columns = getattr(getattr(getattr(config, "train", None), "train_policy", None), "prompt_column_name", "")
+    if not dataset_cfg.plugin and columns:
+        from cosmos_primitives.data.hf_conversations import load_hf_dataset
+
+        rows = load_hf_dataset(dataset_cfg.name, split=dataset_cfg.split, subset=dataset_cfg.subset,
+                               revision=dataset_cfg.revision)
+        return ColumnPromptDataset(rows, columns, config.train.train_policy.response_column_name,
+                                   media_dir=default_media_dir(dataset_cfg),
+                                   settings=MediaSettings.from_config(dataset_cfg),
+                                   image_column=dataset_cfg.image_column, video_column=dataset_cfg.video_column,
+                                   system_prompt=dataset_cfg.system_prompt, name=dataset_cfg.name or "dataset")
     if not dataset_cfg.plugin:
         return MCQPromptDataset.from_config(dataset_cfg)
     factory = import_object(dataset_cfg.plugin, what="[train.train_policy.dataset] plugin")
