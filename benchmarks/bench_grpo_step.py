@@ -206,13 +206,14 @@ def main() -> None:
 
 
 def run(args: argparse.Namespace, work: Path, info: dict[str, Any]) -> dict[str, Any]:
-    assets = [f"policy.model_name_or_path={work / 'model'}",
-              f"train.train_policy.dataset.name={work / 'colour_mcq' / 'train.jsonl'}",
-              f"custom.demo_items={args.items}"]
+    # "demo:" asks for the generated assets at these paths; the runs then read them as plain paths
+    demo = [f"policy.model_name_or_path=demo:{work / 'model'}",
+            f"train.train_policy.dataset.name=demo:{work / 'colour_mcq' / 'train.jsonl'}"]
+    assets = [a.replace("=demo:", "=", 1) for a in demo]
     colo_cfg = cp.load_config(COLOCATED_CONFIG, [*assets, *args.overrides, f"train.max_steps={args.steps}",
                                                  "train.ckpt.export_safetensors=false"])
     start = time.perf_counter()
-    written = ensure_demo_assets(colo_cfg)
+    written = ensure_demo_assets(cp.load_config(COLOCATED_CONFIG, [*demo, f"custom.demo_items={args.items}"]))
     if written:
         print(f"demo assets written in {time.perf_counter() - start:.1f}s: {', '.join(map(str, written))}")
     grpo, rollout = colo_cfg.grpo, colo_cfg.rollout

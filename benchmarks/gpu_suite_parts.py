@@ -181,7 +181,7 @@ def grpo_step_vl3b(dry: bool, work: Path) -> Result:
     if dry:
         overrides = ["custom.demo_items=16", "grpo.rollout_batch_size=2", "grpo.num_samples_per_prompt=2",
                      "rollout.max_response_length=4", "train.max_steps=1",
-                     f"policy.model_name_or_path={work / 'tiny_vl'}"]
+                     f"policy.model_name_or_path=demo:{work / 'tiny_vl'}"]
     else:
         torch.manual_seed(0)
         with torch.device(dev):
@@ -193,7 +193,7 @@ def grpo_step_vl3b(dry: bool, work: Path) -> Result:
         del model
         overrides = ["custom.demo_items=64", "policy.dtype=bfloat16", "train.max_steps=2",
                      f"policy.model_name_or_path={model_dir}"]
-    overrides += [f"train.train_policy.dataset.name={work / 'colour_mcq' / 'train.jsonl'}",
+    overrides += [f"train.train_policy.dataset.name=demo:{work / 'colour_mcq' / 'train.jsonl'}",
                   "train.ckpt.export_safetensors=false"]
     rows = _run_recipe("grpo_vlm.py", "grpo_vlm.py", "grpo_tiny.toml", overrides, work / "grpo_out",
                        work / "grpo.log", timeout_s=100 if not dry else 60)

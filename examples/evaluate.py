@@ -5,6 +5,9 @@
     python examples/evaluate.py --config examples/configs/eval_tiny.toml --model MODEL \\
         --benchmark FILE --data-dir DIR --results-dir DIR --temperature 0 eval.fps=2
     python examples/evaluate.py --results-dir results --score-only      # table from saved predictions
+    python examples/evaluate.py --config evaluate.yaml --model_name MODEL --benchmark FILE --data_dir data \
+        --results_dir results                                 # the Cosmos-Reason1 guide's YAML and flags
+    python examples/evaluate.py --score-only --result_dir results --dataset robovqa   # its scoring command
 
 The benchmark is a JSON list or JSONL of items (``question``, ``choices``, ``answer`` letter,
 optional ``video`` / ``image`` paths relative to --data-dir, ``dataset``, ``id``); see
@@ -33,15 +36,19 @@ FLAGS = {"model": "model", "benchmark": "benchmark", "data_dir": "data_dir", "re
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--config", help="TOML file with an [eval] section, e.g. examples/configs/eval_tiny.toml")
-    parser.add_argument("--model", help="exported safetensors folder, HF model folder or hub id")
+    parser.add_argument("--config", help="TOML file with an [eval] section, e.g. examples/configs/eval_tiny.toml, "
+                        "or the Cosmos-Reason1 evaluation YAML (datasets / model / evaluation / generation)")
+    parser.add_argument("--model", "--model_name", dest="model",
+                        help="exported safetensors folder, HF model folder or hub id")
     parser.add_argument("--benchmark", help="JSON / JSONL benchmark file")
-    parser.add_argument("--data-dir", help="folder the items' media paths are relative to")
-    parser.add_argument("--results-dir", help="where predictions are saved (and found on re-runs)")
+    parser.add_argument("--data-dir", "--data_dir", dest="data_dir",
+                        help="folder the items' media paths are relative to")
+    parser.add_argument("--results-dir", "--results_dir", "--result_dir", dest="results_dir",
+                        help="where predictions are saved (and found on re-runs)")
     parser.add_argument("--temperature", type=float, help="0 for greedy decoding")
     parser.add_argument("--max-tokens", type=int)
     parser.add_argument("--answer-type", choices=["reasoning", "letter"])
-    parser.add_argument("--datasets", type=lambda text: [d for d in text.split(",") if d],
+    parser.add_argument("--datasets", "--dataset", dest="datasets", type=lambda text: [d for d in text.split(",") if d],
                         help="only these datasets, comma-separated, e.g. robovqa,av")
     parser.add_argument("--backend", choices=["hf", "vllm"])
     parser.add_argument("--batch-size", type=int)

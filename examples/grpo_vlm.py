@@ -30,6 +30,7 @@ from cosmos_primitives.data import (
     ResumableDistributedSampler,
     SamplingParams,
     collate_rollouts,
+    prompt_dataset,
     prompt_stream,
 )
 from cosmos_primitives.sync import InProcessSync
@@ -38,6 +39,11 @@ from cosmos_primitives.sync import InProcessSync
 def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--config", required=True, help="TOML config")
+    parser.add_argument("--dataset", help="your dataset class by import path, e.g. my_pkg.data:MyDataset "
+                        "(cosmos-rl dataset classes run unchanged; [train.train_policy.dataset] plugin)")
+    parser.add_argument("--reward", action="append", default=[],
+                        help="a reward function by import path, e.g. my_pkg.rewards:score (repeat for more; they "
+                        "replace [grpo] reward_function, weight 1 each; cosmos-rl's signature is accepted)")
     parser.add_argument("overrides", nargs="*", help="dotted overrides, e.g. grpo.kl_beta=0.01")
     return parser.parse_args()
 
@@ -78,15 +84,16 @@ def validate(engine, dataset: MCQPromptDataset, cfg: cp.config.Config, mesh: cp.
 
 def main() -> None:
     args = parse_args()
-    cfg = cp.load_config(args.config, args.overrides)
+    cfg = cp.config.with_plugins(cp.load_config(args.config, args.overrides), args.dataset, args.reward)
     info = cp.parallel.init_distributed()
     log = cp.logging.get_logger()
     mesh = cp.parallel.ParallelMesh(cfg.policy.parallelism, device_type=info.device.type)
     if info.is_rank0:
         from cosmos_primitives.testing.demo_assets import ensure_demo_assets
 
-        ensure_demo_assets(cfg)  # only acts on [custom] demo_model / demo_data (tiny configs)
+        ensure_demo_assets(cfg)  # only acts on "demo:<path>" paths (the tiny configs)
     cp.parallel.barrier()
+    cfg = cp.config.check_runnable(cfg, args.config)  # drops "demo:"; a missing path or refused key stops here
     cp.utils.seed_everything(cfg.train.seed)
     grpo, rollout = cfg.grpo, cfg.rollout
 
@@ -111,7 +118,7 @@ def main() -> None:
     sync.sync(version=0)
 
     # Prompts, rewards, optimizer, checkpoints, metrics.
-    dataset = MCQPromptDataset.from_config(cfg.train.train_policy.dataset)
+    dataset = prompt_dataset(cfg.train.train_policy.dataset, cfg, processor)
     sampler = ResumableDistributedSampler(len(dataset), rank=mesh.dp_rank, world_size=mesh.dp_size,
                                           seed=cfg.train.seed)
     bad = BadSampleTracker(cfg.train.train_policy.dataset.bad_sample_budget)
@@ -132,7 +139,7 @@ def main() -> None:
     dp_group = mesh.group("dp")
     log.info(f"run dir {run_dir}; {total_steps} steps x {grpo.rollout_batch_size} prompts x "
              f"{grpo.num_samples_per_prompt} samples per rank; {mesh}")
-    val_dataset = MCQPromptDataset.from_config(cfg.validation.dataset) if cfg.validation.enable else None
+    val_dataset = prompt_dataset(cfg.validation.dataset, cfg, processor) if cfg.validation.enable else None
     if val_dataset is not None and step == 0:
         tracker.log_metrics(validate(engine, val_dataset, cfg, mesh, bad), 0)
 

@@ -40,11 +40,11 @@ from cosmos_primitives.checkpoint import CheckpointManager, export_safetensors
 from cosmos_primitives.checkpoint.layout import SAFETENSORS_DIR
 from cosmos_primitives.data import (
     BadSampleTracker,
-    MCQPromptDataset,
     MediaSettings,
     ResumableDistributedSampler,
     SamplingParams,
     collate_rollouts,
+    prompt_dataset,
     prompt_stream,
 )
 from cosmos_primitives.parallel.roles import RoleMesh, split_roles
@@ -66,6 +66,11 @@ from cosmos_primitives.sync import WeightBroadcaster, WeightReceiver, new_sync_g
 def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--config", required=True, help="TOML config")
+    parser.add_argument("--dataset", help="your dataset class by import path, e.g. my_pkg.data:MyDataset "
+                        "(cosmos-rl dataset classes run unchanged; [train.train_policy.dataset] plugin)")
+    parser.add_argument("--reward", action="append", default=[],
+                        help="a reward function by import path, e.g. my_pkg.rewards:score (repeat for more; they "
+                        "replace [grpo] reward_function, weight 1 each; cosmos-rl's signature is accepted)")
     parser.add_argument("overrides", nargs="*", help="dotted overrides, e.g. grpo.kl_beta=0.01")
     return parser.parse_args()
 
@@ -83,7 +88,7 @@ def train_from_queue(cfg, info, roles, plan: QueuePlan, mesh: RoleMesh, sync_gro
     processor = cp.policy.load_processor(cfg.policy.model_name_or_path)
     policy = cp.policy.build_policy(cfg.policy, mesh)
     reference = cp.policy.grpo_reference(cfg, policy, info.device)  # None without [grpo] kl_beta
-    steps_per_epoch = math.ceil(len(MCQPromptDataset.from_config(dataset_cfg)) / plan.records_per_step)
+    steps_per_epoch = math.ceil(len(prompt_dataset(dataset_cfg, cfg, processor)) / plan.records_per_step)
     total_steps = cfg.train.max_steps or cfg.train.epoch * steps_per_epoch
     optimizer = cp.policy.build_optimizer(policy, cfg.train)
     scheduler = cp.policy.build_lr_scheduler(optimizer, cfg.train, total_steps)
@@ -184,7 +189,7 @@ def generate_into_queue(cfg, info, roles, plan: QueuePlan, sync_group, url: str)
                               engine=engine if engine_model is not None else None)
     receiver.sync()  # the trainer's weights at its start, checked bit for bit
 
-    dataset = MCQPromptDataset.from_config(cfg.train.train_policy.dataset)
+    dataset = prompt_dataset(cfg.train.train_policy.dataset, cfg, processor)
     sampler = ResumableDistributedSampler(len(dataset), rank=roles.index, world_size=roles.num_rollouts,
                                           seed=cfg.train.seed)
     bad = BadSampleTracker(cfg.train.train_policy.dataset.bad_sample_budget)
@@ -245,7 +250,7 @@ def generate_into_queue(cfg, info, roles, plan: QueuePlan, sync_group, url: str)
 
 def main() -> None:
     args = parse_args()
-    cfg = cp.load_config(args.config, args.overrides)
+    cfg = cp.config.with_plugins(cp.load_config(args.config, args.overrides), args.dataset, args.reward)
     info = cp.parallel.init_distributed()
     log = cp.logging.get_logger()
     if cfg.validation.enable:
@@ -263,8 +268,9 @@ def main() -> None:
     if info.is_rank0:
         from cosmos_primitives.testing.demo_assets import ensure_demo_assets
 
-        ensure_demo_assets(cfg)  # only acts on [custom] demo_model / demo_data (tiny configs)
+        ensure_demo_assets(cfg)  # only acts on "demo:<path>" paths (the tiny configs)
     cp.parallel.barrier()
+    cfg = cp.config.check_runnable(cfg, args.config)  # drops "demo:"; a missing path or refused key stops here
     cp.utils.seed_everything(cfg.train.seed)
 
     # Run directory (shared by all ranks), resolved config, the queue's Redis (clean for a fresh run).

@@ -45,8 +45,9 @@ def main() -> None:
     if info.is_rank0:
         from cosmos_primitives.testing.demo_assets import ensure_demo_assets
 
-        ensure_demo_assets(cfg)  # only acts on [custom] demo_model / demo_data (tiny configs)
+        ensure_demo_assets(cfg)  # only acts on "demo:<path>" paths (the tiny configs)
     cp.parallel.barrier()
+    cfg = cp.config.check_runnable(cfg, args.config)  # drops "demo:"; a missing path or refused key stops here
     cp.utils.seed_everything(cfg.train.seed)
 
     # Run directory (shared by all ranks), resolved config, metrics.

@@ -278,7 +278,8 @@ def main(argv: list[str] | None = None) -> Path:
     parser.add_argument("overrides", nargs="*", help="dotted overrides, e.g. train.max_steps=5 wfm.clip_range=1e-3")
     args = parser.parse_args(argv)
     try:
-        return train(cp.load_config(args.config, overrides=args.overrides))
+        cfg = cp.load_config(args.config, overrides=args.overrides)
+        return train(cp.config.check_runnable(cfg, args.config))  # a missing path or refused key stops here
     finally:
         cp.parallel.destroy_distributed()
 

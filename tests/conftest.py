@@ -153,7 +153,8 @@ def grpo_assets(tmp_path_factory: pytest.TempPathFactory):
             root = tmp_path_factory.mktemp("grpo_assets")
             paths = [f"policy.model_name_or_path={root / 'model'}",
                      f"train.train_policy.dataset.name={root / 'colour_mcq' / 'train.jsonl'}"]
-            ensure_demo_assets(cp.load_config(config, [*paths, "custom.demo_items=16"]))
+            demo = [path.replace("=", "=demo:", 1) for path in paths]  # asks for the assets there
+            ensure_demo_assets(cp.load_config(config, [*demo, "custom.demo_items=16"]))
             made[config] = [*paths, "custom={}"]
         return made[config]
 

@@ -72,6 +72,15 @@ def test_unknown_key_names_key_file_and_suggestion(tmp_path: Path, text: str, ex
         ("[train.ckpt]\nsave_mode = 'sometimes'\n", "train.ckpt.save_mode", "expects one of 'async', 'sync'"),
         ("[policy]\nmodel_gradient_checkpointing = 1\n", "policy.model_gradient_checkpointing", "expects bool"),
         ("[train.ckpt]\nupload_s3 = 'weekly'\n", "train.ckpt.upload_s3", "one of 'final', 'all'"),
+        # out of range: checked at load time (these divided by zero or trained 0 steps, exit 0)
+        ("[train]\ntrain_batch_per_replica = 0\n", "train.train_batch_per_replica", "expects int >= 1"),
+        ("[train.train_policy]\nmini_batch = 0\n", "train.train_policy.mini_batch", "expects int >= 1"),
+        ("[train]\nepoch = -1\n", "train.epoch", "expects int >= 1 (got -1)"),
+        ("[train]\nmax_steps = -5\n", "train.max_steps", "expects int >= 1 or None"),
+        ("[grpo]\nrollout_batch_size = -2\n", "grpo.rollout_batch_size", ">= 1"),
+        ("[rollout]\nn_generation = 0\n", "grpo.num_samples_per_prompt", ">= 1"),
+        ("[train]\noptm_lr = -1e-5\n", "train.optm_lr", "expects float >= 0"),
+        ("[rollout.sampling_config]\ntop_p = 1.5\n", "rollout.sampling_config.top_p", ">= 0 and <= 1"),
     ],
 )
 def test_wrong_type_names_key_and_expected_type(tmp_path: Path, text: str, key: str, expected: str) -> None:

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+import cosmos_primitives as cp
 from cosmos_primitives import testing as cpt
 from cosmos_primitives.checkpoint.safetensors_export import export_safetensors
 from cosmos_primitives.config.evaluation import EvalConfig
@@ -151,3 +152,58 @@ def test_vllm_backend_against_standin(standin_vllm, tiny_qwen2_dir: Path, qwen_t
     assert llm_kwargs["gpu_memory_utilization"] == 0.9  # standalone: no trainer shares the GPU
     assert ("generate", 2) in vllm.CALLS
     assert report.table["overall"]["total"] == 2 and report.generated == 2
+
+
+def test_reason1_guide_yaml_and_flags_run_on_the_tiny_model(exported: Path, colour_bench, tmp_path: Path,
+                                                             capsys: pytest.CaptureFixture) -> None:
+    """The Cosmos-Reason1 guide's evaluation YAML (datasets / model / evaluation / generation) with its
+    flags (--model_name, --data_dir, --results_dir), then its scoring command (--result_dir --dataset)."""
+    path, data = colour_bench
+    guide = (ROOT / "tests/data/cosmos_rl_configs/cosmos-reason1/examples/benchmark/configs/evaluate.yaml").read_text()
+    yaml_path = tmp_path / "evaluate.yaml"
+    yaml_path.write_text(guide.replace("  - robovqa\n  - av\n", "  - colour_mcq\n")
+                         .replace("max_tokens: 1024", "max_tokens: 3").replace("max_retries: 10", "max_retries: 0"))
+    example = _load_example()
+    results = tmp_path / "results"
+    with pytest.warns(UserWarning, match=r"ignored \(no effect here\): model.tokenizer_model_name"):
+        table = example.main(["--config", str(yaml_path), "--model_name", str(exported), "--benchmark", str(path),
+                              "--data_dir", str(data), "--results_dir", str(results), "eval.dtype=float32"])
+    assert table["overall"]["total"] == 2 and set(table) == {"colour_mcq", "overall"}
+    saved = json.loads((results / "colour_mcq" / "test-0.json").read_text())
+    assert saved["settings"]["temperature"] == 0.6 and saved["settings"]["fps"] == 4  # from the YAML
+    capsys.readouterr()
+    assert example.main(["--score-only", "--result_dir", str(results), "--dataset", "colour_mcq"]) == table
+    assert "colour_mcq" in capsys.readouterr().out
+
+
+def test_eval_yaml_keys_are_mapped_ignored_or_refused(tmp_path: Path) -> None:
+    guide = ROOT / "tests/data/cosmos_rl_configs/cosmos-reason1/examples/benchmark/configs/evaluate.yaml"
+    with pytest.warns(UserWarning, match="evaluation.num_processes"):
+        cfg = cp.load_config(guide)
+    assert cfg.eval.datasets == ["robovqa", "av"] and cfg.eval.model == "nvidia/Cosmos-Reason1-7B"
+    assert (cfg.eval.max_model_len, cfg.eval.max_retries, cfg.eval.skip_saved) == (128000, 10, False)
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("model:\n  model_nme: x\ngeneration:\n  presence_penalty: 0.5\n  max_tokns: 3\n")
+    with pytest.raises(cp.ConfigError) as info:
+        cp.load_config(bad)
+    assert len(info.value.problems) == 2 and "unknown key 'model.model_nme'" in info.value.problems[0]
+    ok = tmp_path / "ok.yaml"
+    ok.write_text("generation:\n  presence_penalty: 0.5\n")
+    assert "generation.presence_penalty" in cp.load_config(ok).unsupported
+
+
+def test_inference_script_answers_about_one_image_or_video(exported: Path, tmp_path: Path,
+                                                           capsys: pytest.CaptureFixture) -> None:
+    spec = importlib.util.spec_from_file_location("inference_example", ROOT / "examples" / "inference.py")
+    inference = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(inference)
+    image = cpt.write_image(tmp_path / "red.png", cpt.color_image("red", size=(56, 56)))
+    answer = inference.main(["--model_name", str(exported), "--image", str(image), "--prompt", "Which colour?",
+                             "--reasoning", "--system", "", "--max-tokens", "4", "--temperature", "0"])
+    assert isinstance(answer, str) and capsys.readouterr().out.strip() == answer.strip()
+    frames = cpt.color_image("blue", size=(56, 56))[None].repeat(6, 0)
+    video = cpt.write_mp4(tmp_path / "clip.mp4", fps=4.0, frames=frames)
+    assert isinstance(inference.main(["--model", str(exported), "--video", str(video), "--prompt", "What happens?",
+                                      "--max-tokens", "3", "--fps", "2"]), str)
+    with pytest.raises(SystemExit, match="no such file"):
+        inference.main(["--model", str(exported), "--image", str(tmp_path / "nope.png"), "--prompt", "x"])

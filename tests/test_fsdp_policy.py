@@ -137,6 +137,15 @@ def _worker(text_dir: str, vl_dir: str) -> dict:
     policy = cp.policy.build_policy(cfg, mesh)
     result["bf16_param_dtypes"] = sorted({str(p.dtype) for p in policy.parameters()})
     result["bf16_logprobs"] = cp.policy.token_logprobs(policy, batch).logprobs.detach()
+
+    # bf16 master weights ([policy] master_dtype, cosmos-rl's train.master_dtype)
+    cfg = PolicyConfig(model_name_or_path=text_dir, dtype="bfloat16", master_dtype="bfloat16",
+                       parallelism=ParallelismConfig(dp_shard_size=2))
+    policy = cp.policy.build_policy(cfg, mesh)
+    result["bf16_master_param_dtypes"] = sorted({str(p.dtype) for p in policy.parameters()})
+    out = cp.policy.token_logprobs(policy, batch)
+    out.logprobs.sum().backward()
+    result["bf16_master_grad_dtypes"] = sorted({str(p.grad.dtype) for p in policy.parameters() if p.grad is not None})
     return result
 
 
@@ -206,6 +215,12 @@ def test_vl_fsdp_units_frozen_vision_and_logprobs(runs: dict) -> None:
     expected = cp.policy.token_logprobs(hf, _vl_batch()).logprobs
     for rank_result in runs["ranks"]:
         torch.testing.assert_close(rank_result["vl_logprobs"], expected, atol=1e-5, rtol=1e-5)
+
+
+def test_master_dtype_sets_the_stored_weights(runs: dict) -> None:
+    result = runs["ranks"][0]
+    assert result["bf16_master_param_dtypes"] == ["torch.bfloat16"]
+    assert result["bf16_master_grad_dtypes"] == ["torch.bfloat16"]
 
 
 def test_bf16_compute_keeps_float32_master_weights(runs: dict, single_process: dict) -> None:

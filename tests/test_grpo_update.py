@@ -35,10 +35,10 @@ def rollouts(tiny_qwen2_model, qwen_tokenizer):
     return tiny_qwen2_model, collate_rollouts(groups, qwen_tokenizer)
 
 
-def update(model, batch, old_logprobs: str) -> tuple[dict, dict]:
+def update(model, batch, old_logprobs: str, *extra: str) -> tuple[dict, dict]:
     """One update of a copy of ``model``; returns the loss metrics and the updated weights."""
     cfg = cp.load_config(CONFIG, [f"grpo.old_logprobs={old_logprobs}", "rollout.sampling_config.temperature=1.0",
-                                  "train.train_policy.mini_batch=8", "train.optm_warmup_steps=0"])
+                                  "train.train_policy.mini_batch=8", "train.optm_warmup_steps=0", *extra])
     policy = CausalLMPolicy(copy.deepcopy(model))
     # plain SGD: the step is the gradient itself (Adam's first step is its sign, so float noise on a
     # gradient of ~0 would decide a full-size step)
@@ -100,3 +100,13 @@ def test_a_nan_advantage_stops_the_update_or_skips_its_step(rollouts) -> None:
         after = dict(policy.hf_model.named_parameters())
         for name, before in model.named_parameters():
             assert torch.equal(after[name].detach(), before.detach()), name
+
+
+def test_trainer_side_temperature_scores_the_tokens(rollouts) -> None:
+    """``[grpo] temperature`` (cosmos-rl's train_policy.temperature): the trainer scores tokens under
+    logits / T whatever the sampler's temperature; unset, the sampler's (1.0 here: ratio 1, nothing clipped)."""
+    model, batch = rollouts
+    same, _ = update(model, batch, "rollout")
+    sharper, _ = update(model, batch, "rollout", "grpo.temperature=0.25")
+    assert same["clip_fraction"] == 0.0
+    assert sharper["clip_fraction"] > 0.1  # trainer log-probs at T = 0.25 differ from the engine's at T = 1

@@ -29,7 +29,7 @@ import cosmos_primitives
 PACKAGE_DIR = Path(cosmos_primitives.__file__).resolve().parent
 
 LAYERS: tuple[tuple[str, ...], ...] = (
-    ("config", "utils"),
+    ("config", "utils", "migrate"),  # migrate: the CLI of config.cosmos_rl
     ("algo", "data", "rewards", "parallel", "checkpoint", "logging", "plot"),  # plot: the CLI of logging.plot
     ("policy", "rollout", "sync", "queue"),
     ("eval",),

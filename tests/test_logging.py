@@ -79,3 +79,25 @@ def test_progress_yields_everything_and_hides_off_rank0(monkeypatch: pytest.Monk
     monkeypatch.setenv("RANK", "0")
     assert list(progress(range(3), total=3, desc="rank0bar")) == [0, 1, 2]
     assert "rank0bar" in capfd.readouterr().err
+
+
+def test_terminal_gets_a_progress_bar_with_eta_instead_of_step_lines(tmp_path: Path,
+                                                                    capfd: pytest.CaptureFixture[str]) -> None:
+    import io
+
+    terminal = io.StringIO()
+    with MetricsTracker(tmp_path, LoggingConfig(), rank=0, total_steps=10, prefix="[SFT] ", terminal=terminal) as t:
+        for step in (4, 5, 6):  # a resumed run: its first step is 4
+            t.log_metrics({"loss": 0.5 / step}, step=step)
+        t.log_text("Exported safetensors to x")
+    bar = terminal.getvalue()
+    assert "6/10" in bar and "loss: 0.0833" in bar and "<" in bar  # tqdm's "elapsed<remaining"
+    assert "Exported safetensors to x" in bar  # messages printed above the bar
+    assert "Step: 4/10" not in capfd.readouterr().err  # the bar replaces the per-step lines
+    assert [r["step"] for r in read_metrics(tmp_path)] == [4, 5, 6]  # every step still in the file
+
+
+def test_files_and_pipes_keep_the_step_lines(tmp_path: Path, capfd: pytest.CaptureFixture[str]) -> None:
+    with MetricsTracker(tmp_path, LoggingConfig(), rank=0, total_steps=10, prefix="[SFT] ") as t:
+        t.log_metrics({"loss": 0.25}, step=1)  # stderr is a pipe under pytest
+    assert "[SFT] Step: 1/10, loss: 0.2500" in capfd.readouterr().err

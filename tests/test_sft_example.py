@@ -33,10 +33,10 @@ ONE_THREAD = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
 def assets(tmp_path_factory: pytest.TempPathFactory) -> list[str]:
     """Overrides pointing the tiny config at a tiny random Qwen2.5-VL and generated clips written once."""
     root = tmp_path_factory.mktemp("sft_assets")
-    overrides = [f"policy.model_name_or_path={root / 'model'}",
-                 f"train.train_policy.dataset.name={root / 'video_qa'}", f"custom.demo_items={ITEMS}"]
-    ensure_demo_assets(cp.load_config(CONFIG, overrides))
-    return overrides
+    paths = [f"policy.model_name_or_path={root / 'model'}", f"train.train_policy.dataset.name={root / 'video_qa'}"]
+    demo = [path.replace("=", "=demo:", 1) for path in paths]  # asks for the assets there
+    ensure_demo_assets(cp.load_config(CONFIG, [*demo, f"custom.demo_items={ITEMS}"]))
+    return paths
 
 
 def launch(overrides: list[str], log: Path, *, nproc: int = 1, env: dict[str, str] | None = None) -> subprocess.Popen:

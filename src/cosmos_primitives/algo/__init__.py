@@ -49,6 +49,7 @@ from cosmos_primitives.algo.policy_losses import (
     sequence_mean,
     token_advantages,
 )
+from cosmos_primitives.algo.prefix_filter import mask_shared_prefixes, shared_prefix_lengths
 from cosmos_primitives.algo.registry import (
     UnknownNameError,
     advantage_names,
@@ -100,6 +101,7 @@ __all__ = [
     "kl_k1",
     "kl_k2",
     "kl_k3",
+    "mask_shared_prefixes",
     "naive_token_logprobs",
     "neg_exp_advantages",
     "noisy_latents",
@@ -119,6 +121,7 @@ __all__ = [
     "sequence_mean",
     "sft_loss",
     "sft_token_weights",
+    "shared_prefix_lengths",
     "token_advantages",
     "token_logprobs_from_hidden",
     "token_mean",

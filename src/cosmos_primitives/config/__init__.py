@@ -14,6 +14,13 @@ from cosmos_primitives.config.evaluation import EvalConfig
 from cosmos_primitives.config.grpo import GRPOConfig, OverlongRewardConfig
 from cosmos_primitives.config.loader import config_from_dict, config_to_dict, dump_config, load_config
 from cosmos_primitives.config.logging import LoggingConfig
+from cosmos_primitives.config.paths import (
+    DEMO_PREFIX,
+    check_input_paths,
+    check_runnable,
+    resolve_demo_paths,
+    with_plugins,
+)
 from cosmos_primitives.config.policy import DIFFUSERS_LORA_TARGETS, LoraConfig, ParallelismConfig, PolicyConfig
 from cosmos_primitives.config.redis import RedisConfig
 from cosmos_primitives.config.remote_reward import RemoteRewardConfig, RemoteRewardTerm
@@ -26,6 +33,7 @@ from cosmos_primitives.config.wfm import WFMConfig, WFMDataConfig, WFMSamplerCon
 
 __all__ = [
     "ALIASES",
+    "DEMO_PREFIX",
     "DIFFUSERS_LORA_TARGETS",
     "CheckpointConfig",
     "Config",
@@ -50,6 +58,8 @@ __all__ = [
     "WFMConfig",
     "WFMDataConfig",
     "WFMSamplerConfig",
+    "check_input_paths",
+    "check_runnable",
     "config_from_dict",
     "config_to_dict",
     "dump_config",
@@ -57,4 +67,6 @@ __all__ = [
     "redact_secrets",
     "redact_url",
     "register_alias",
+    "resolve_demo_paths",
+    "with_plugins",
 ]

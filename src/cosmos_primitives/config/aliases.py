@@ -52,24 +52,51 @@ _GRPO_UNDER_TRAIN_POLICY = (
     "mu_iterations",
     "old_logprobs",
     "reward_fallback_score",
+    "temperature",
+    "min_filter_prefix_tokens",
 )
 
 
-def _unbiased_advantage_to_estimator(value: object) -> object:
-    """cosmos-rl's ``unbiased_advantage = true`` (do not divide by the std) is the Dr.GRPO estimator."""
-    if isinstance(value, bool):
-        return "drgrpo" if value else "grpo"
-    return value  # left for the type check to reject with the key's name
+def _bool_as(if_true: str, if_false: str) -> Callable[[Any], Any]:
+    """A transform reading a switch as one of two values of a choice key (non-bools are left for the
+    type check to reject with the key's name)."""
+    def transform(value: Any) -> Any:
+        return (if_true if value else if_false) if isinstance(value, bool) else value
+
+    return transform
 
 
 # GRPO knobs that older configs spell differently: old name -> field of [grpo], value transform
 _GRPO_RENAMED = {
-    "unbiased_advantage": ("advantage_estimator", _unbiased_advantage_to_estimator),
+    # cosmos-rl's ``unbiased_advantage = true`` (do not divide by the std) is the Dr.GRPO estimator
+    "unbiased_advantage": ("advantage_estimator", _bool_as("drgrpo", "grpo")),
     "lower_bound_ratio": ("dual_clip_c", None),
     "kl_penalty": ("kl_beta", None),
 }
 
+def _as_list(value: object) -> object:
+    """cosmos-rl's ``freeze_pattern`` / ``trainable_pattern`` take one regex or a list."""
+    return [value] if isinstance(value, str) else value
+
+
+# cosmos-rl's spellings of keys that exist here under another name (cosmos_rl/policy/config/__init__.py)
+COSMOS_RL_ALIASES = {
+    "train.epsilon": ("train.optm_eps", None),
+    "train.master_dtype": ("policy.master_dtype", None),
+    "train.max_num_steps": ("train.max_steps", None),
+    "train.sequence_packing": ("train.train_policy.sequence_packing", None),
+    "train.enable_validation": ("validation.enable", None),
+    "train.validation_step": ("validation.freq", None),
+    "train.transfer_dtype": ("disaggregated.transfer_dtype", None),
+    "train.train_policy.system_prompt": ("train.train_policy.dataset.system_prompt", None),
+    # the engine's log-probs (true) or the trainer's (false) as the PPO "old" policy
+    "train.train_policy.use_rollout_logprobs_for_loss": ("grpo.old_logprobs", _bool_as("rollout", "recompute")),
+    "policy.freeze_pattern": ("policy.freeze_patterns", _as_list),
+    "policy.trainable_pattern": ("policy.trainable_patterns", _as_list),
+}
+
 ALIASES: dict[str, tuple[str, Callable[[Any], Any] | None]] = {
+    **COSMOS_RL_ALIASES,
     "rollout.n_generation": ("grpo.num_samples_per_prompt", None),
     **{
         f"{section}.{old}": (f"grpo.{field}", transform)

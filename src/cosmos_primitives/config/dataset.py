@@ -6,7 +6,7 @@ from typing import Literal
 
 import msgspec
 
-from cosmos_primitives.config.base import Section
+from cosmos_primitives.config.base import AtLeastOne, NonNegativeInt, Positive, Section
 
 
 class DatasetConfig(Section):
@@ -31,17 +31,20 @@ class DatasetConfig(Section):
     """
 
     name: str = ""
+    # GRPO: a dataset class (or factory) by import path, "my_pkg.data:MyDataset", used instead of the
+    # MCQ reader; cosmos-rl dataset classes run unchanged (cp.data.plugins)
+    plugin: str = ""
     subset: str = ""
     revision: str = ""
     split: str = "train"
     kind: Literal["auto", "hf", "video_folder"] = "auto"
     media_dir: str = ""
-    fps: float = 2.0
-    max_pixels: int = 81920
-    min_pixels: int = 3136
-    max_frames: int = 32
+    fps: Positive = 2.0
+    max_pixels: AtLeastOne = 81920
+    min_pixels: AtLeastOne = 3136
+    max_frames: AtLeastOne = 32
     video_backend: Literal["auto", "decord", "pyav"] = "auto"
-    bad_sample_budget: int = 100
+    bad_sample_budget: NonNegativeInt = 100
     # video folder adapter
     video_suffix: str = ""
     label_field: str = ""
@@ -70,7 +73,10 @@ class TrainPolicyConfig(Section):
     type: Literal["sft", "grpo"] = "sft"
     dataset: DatasetConfig = msgspec.field(default_factory=DatasetConfig)
     conversation_column_name: str = "conversations"
-    mini_batch: int = 1
+    # cosmos-rl's prompt / reference-answer column names, read by a dataset plug-in ([...dataset] plugin)
+    prompt_column_name: str = ""
+    response_column_name: str = ""
+    mini_batch: AtLeastOne = 1
     sequence_packing: bool = True
-    packing_budget: int | None = None
-    packing_buffer: int = 32
+    packing_budget: AtLeastOne | None = None
+    packing_buffer: AtLeastOne = 32

@@ -11,7 +11,7 @@ from typing import Literal
 
 import msgspec
 
-from cosmos_primitives.config.base import Section
+from cosmos_primitives.config.base import AtLeastOne, Section
 
 
 class EvalConfig(Section):
@@ -49,13 +49,13 @@ class EvalConfig(Section):
     dtype: Literal["auto", "bfloat16", "float16", "float32"] = "auto"
     tp_size: int = 1
     max_model_len: int | None = None
-    batch_size: int = 8
+    batch_size: AtLeastOne = 8
     # generation
     temperature: float = 0.6
     top_p: float = 0.95
     top_k: int = -1
     repetition_penalty: float = 1.0
-    max_tokens: int = 1024
+    max_tokens: AtLeastOne = 1024
     seed: int = 1
     max_retries: int = 0
     # media

@@ -16,7 +16,7 @@ from typing import Literal
 
 import msgspec
 
-from cosmos_primitives.config.base import Section
+from cosmos_primitives.config.base import AtLeastOne, NonNegative, NonNegativeInt, Positive, Section
 
 
 class OverlongRewardConfig(Section):
@@ -48,8 +48,8 @@ class GRPOConfig(Section):
     ``"ppo_clip"`` with dynamic sampling on (set ``epsilon_high = 0.28`` for DAPO's clip-higher).
     """
 
-    num_samples_per_prompt: int = 8
-    rollout_batch_size: int = 8
+    num_samples_per_prompt: AtLeastOne = 8
+    rollout_batch_size: AtLeastOne = 8
     variant: Literal["grpo", "gspo", "dapo"] = "grpo"
     policy_loss: str | None = None
 
@@ -59,8 +59,8 @@ class GRPOConfig(Section):
     advantage_epsilon: float = 1e-6
 
     # policy loss
-    epsilon_low: float = 0.2
-    epsilon_high: float = 0.2
+    epsilon_low: NonNegative = 0.2
+    epsilon_high: NonNegative = 0.2
     # dual-clip bound for negative advantages: the per-token loss is capped at ``c * |A|``; 0 disables it
     dual_clip_c: float = 3.0
     aipo_rho: float | None = None
@@ -70,7 +70,7 @@ class GRPOConfig(Section):
     off_policy_masking_delta: float | None = None
 
     # regularisers
-    kl_beta: float = 0.0
+    kl_beta: NonNegative = 0.0
     kl_estimator: str = "k3"
     entropy_coeff: float = 0.0
     positive_nll_coef: float | None = None
@@ -85,8 +85,17 @@ class GRPOConfig(Section):
     dynamic_sampling: bool | None = None
     overlong_reward: OverlongRewardConfig = msgspec.field(default_factory=OverlongRewardConfig)
 
+    # shared-prefix filtering (cosmos-rl's min_filter_prefix_tokens): a prefix of at least this many tokens
+    # that completions of one prompt share while earning different rewards is left out of the loss
+    # (cp.algo.prefix_filter); None: off
+    min_filter_prefix_tokens: AtLeastOne | None = None
+
+    # trainer-side temperature: the trainer scores tokens under ``logits / temperature``; None: the
+    # rollout's ``[rollout.sampling_config] temperature`` (cosmos-rl spells it train_policy.temperature)
+    temperature: Positive | None = None
+
     # schedule
-    mu_iterations: int = 1
+    mu_iterations: AtLeastOne = 1
     # the "old" policy of the PPO ratio: "rollout" = the engine's log-probs of the sampled tokens (the
     # behaviour policy: the clip bounds each update relative to the weights that generated the data,
     # however stale), "recompute" = the trainer's own log-probs at the start of the update (for an
@@ -95,7 +104,7 @@ class GRPOConfig(Section):
     # (behav_imp_weight_cap / off_policy_masking_delta) always recomputes: the engine's log-probs go
     # to its behaviour weights.
     old_logprobs: Literal["rollout", "recompute"] = "rollout"
-    allowed_outdated_steps: int = 4
+    allowed_outdated_steps: NonNegativeInt = 4
     on_policy: bool = False
 
     # rewards

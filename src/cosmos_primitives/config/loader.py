@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import difflib
+import functools
+import logging
 import os
 import re
 import types
@@ -14,8 +16,12 @@ from typing import Any
 
 import msgspec
 
+from cosmos_primitives.config import cosmos_rl
 from cosmos_primitives.config.aliases import ALIASES, DEPRECATED, DEPRECATED_DEFAULTS
+from cosmos_primitives.config.engine_default import default_backend
 from cosmos_primitives.config.errors import ConfigError
+from cosmos_primitives.config.eval_yaml import SECTIONS as EVAL_SECTIONS
+from cosmos_primitives.config.eval_yaml import eval_tree, is_eval_yaml, read_yaml
 from cosmos_primitives.config.root import Config
 from cosmos_primitives.config.secrets import redact_secrets
 from cosmos_primitives.config.toml_io import dumps_toml, parse_toml_value, read_toml
@@ -39,8 +45,17 @@ def _lora_unless_disabled(value: Any) -> Any:
     return value
 
 
+def _splits_as_one(value: Any) -> Any:
+    """cosmos-rl's list of splits is their concatenation, which ``datasets`` spells ``"a+b"``."""
+    if isinstance(value, list) and all(isinstance(v, str) for v in value):
+        return "+".join(v for v in value if v)
+    return value
+
+
 # canonical dotted path -> normaliser applied to whatever value the user wrote there
 VALUE_NORMALISERS = {
+    "train.train_policy.dataset.split": _splits_as_one,
+    "validation.dataset.split": _splits_as_one,
     "grpo.reward_function": _reward_function_as_dict,
     "validation.reward_function": _reward_function_as_dict,
     "policy.lora": _lora_unless_disabled,
@@ -126,7 +141,10 @@ def _has(tree: dict[str, Any], path: str) -> bool:
     return True
 
 
-def _apply_aliases(tree: dict[str, Any], source: str) -> None:
+def _apply_aliases(tree: dict[str, Any], source: str) -> list[str]:
+    """Move every alias onto its canonical key; returns the conflicts (alias and canonical key given
+    different values), one line each."""
+    problems = []
     for alias, (canonical, transform) in ALIASES.items():
         try:
             value = _get(tree, alias)
@@ -141,10 +159,9 @@ def _apply_aliases(tree: dict[str, Any], source: str) -> None:
             _set(tree, canonical, value, source)
             continue
         if existing != value:
-            raise ConfigError(
-                f"{source}: '{alias}' = {value!r} and '{canonical}' = {existing!r} are the same setting "
-                f"with different values; keep only '{canonical}'"
-            )
+            problems.append(f"{source}: '{alias}' = {value!r} and '{canonical}' = {existing!r} are the same "
+                            f"setting with different values; keep only '{canonical}'")
+    return problems
 
 
 def _apply_normalisers(tree: dict[str, Any]) -> None:
@@ -188,28 +205,84 @@ def _known_keys(struct: type[msgspec.Struct], prefix: str) -> Iterable[str]:
             yield from _known_keys(sub, path + ".")
 
 
-def _check_unknown(tree: dict[str, Any], struct: type[msgspec.Struct], prefix: str, source: str) -> None:
-    hints = typing.get_type_hints(struct)
+def _suggestion(path: str, prefix: str, fields: Iterable[str]) -> str:
+    """`` did you mean ...`` for an unknown key: a sibling (or an alias of one) whose name is close,
+    else any key or alias close to the whole path, else the valid keys of the table."""
+    siblings = [f"{prefix}{name}" for name in fields]
+    aliases_here = [a for a in (*ALIASES, *cosmos_rl.RULES) if a.startswith(prefix) and "." not in a[len(prefix):]]
+    close = difflib.get_close_matches(path, siblings + aliases_here, n=1, cutoff=0.75)
+    if not close:
+        everything = list(_known_keys(Config, "")) + list(ALIASES)
+        close = difflib.get_close_matches(path, everything, n=1, cutoff=0.8)
+    if close and close[0] not in ALIASES and close[0] not in siblings:  # a cosmos-rl key read otherwise here
+        rule = cosmos_rl.RULES[close[0]]
+        return f"; did you mean '{close[0]}' (cosmos-rl's key, {rule.how} here: {rule.note})?"
+    if close:
+        target = canonical_key(close[0])
+        return f"; did you mean '{close[0]}'" + (f" (= '{target}')" if target != close[0] else "") + "?"
+    return f"; valid keys here: {', '.join(siblings)}"
+
+
+def _field_problems(value: Any, tp: Any, path: str, source: str) -> list[str]:
+    """The type / range error of one value (``[]`` when it converts to ``tp``)."""
+    try:
+        msgspec.convert(value, tp)
+    except msgspec.ValidationError as exc:
+        match = _MSGSPEC_ERROR.match(str(exc))
+        inner = re.sub(r"\[(\d+)\]", r".\1", (match.group("path") or "") if match else "")
+        key = f"{path}{inner}" if inner.startswith(".") or not inner else f"{path}.{inner}"
+        sub_tp = _field_type(key) if inner else tp
+        if sub_tp is not None:
+            return [f"{source}: key '{key}' expects {_describe_type(sub_tp)} (got {_value_at(value, inner)!r})"]
+        what = match.group("what") if match else str(exc)
+        return [f"{source}: key '{key}': {what}"]
+    return []
+
+
+def _value_at(value: Any, inner: str) -> Any:
+    try:
+        return _get(value, inner.lstrip(".")) if inner else value
+    except (KeyError, TypeError):
+        return value
+
+
+def _problems(tree: dict[str, Any], struct: type[msgspec.Struct], prefix: str, source: str) -> list[str]:
+    """Every unknown key, wrong type and out-of-range value of ``tree`` read as ``struct``, one line each."""
+    hints = typing.get_type_hints(struct, include_extras=True)
     fields = {f.encode_name: f for f in msgspec.structs.fields(struct)}
+    found: list[str] = []
     for key, value in tree.items():
         path = f"{prefix}{key}"
         if key not in fields:
-            everything = list(_known_keys(Config, "")) + list(ALIASES)
-            siblings = [f"{prefix}{name}" for name in fields]
-            close = difflib.get_close_matches(path, siblings, n=1, cutoff=0.5) or difflib.get_close_matches(
-                path, everything, n=1, cutoff=0.6
-            )
-            hint = f"; did you mean '{close[0]}'?" if close else f"; valid keys here: {', '.join(siblings)}"
-            raise ConfigError(f"{source}: unknown key '{path}'{hint}")
+            found.append(f"{source}: unknown key '{path}'{_suggestion(path, prefix, fields)}")
+            continue
         field_type = hints[fields[key].name]
         sub = _struct_of(field_type)
-        if sub is not None and isinstance(value, dict):
-            _check_unknown(value, sub, path + ".", source)
         item = _struct_values_of(field_type)
-        if item is not None and isinstance(value, dict):
+        if sub is not None and isinstance(value, dict):
+            found += _problems(value, sub, path + ".", source)
+        elif item is not None and isinstance(value, dict):
             for name, entry in value.items():
                 if isinstance(entry, dict):
-                    _check_unknown(entry, item, f"{path}.{name}.", source)
+                    found += _problems(entry, item, f"{path}.{name}.", source)
+                else:
+                    found += _field_problems(entry, item, f"{path}.{name}", source)
+        else:
+            found += _field_problems(value, field_type, path, source)
+    return found
+
+
+def _raise_problems(problems: list[str], source: str) -> None:
+    if len(problems) == 1:
+        raise ConfigError(problems[0], problems)
+    if problems:
+        raise ConfigError(f"{len(problems)} problems in {source}:\n" + "\n".join(f"  - {p}" for p in problems),
+                          problems)
+
+
+def _check_unknown(tree: dict[str, Any], struct: type[msgspec.Struct], prefix: str, source: str) -> None:
+    """Raise a :class:`ConfigError` listing every problem :func:`_problems` finds."""
+    _raise_problems(_problems(tree, struct, prefix, source), source)
 
 
 def _field_type(path: str) -> Any:
@@ -223,7 +296,7 @@ def _field_type(path: str) -> Any:
         struct = _struct_of(tp)
         if struct is None:
             return None
-        hints = typing.get_type_hints(struct)
+        hints = typing.get_type_hints(struct, include_extras=True)
         names = {f.encode_name: f.name for f in msgspec.structs.fields(struct)}
         if part not in names:
             return None
@@ -232,6 +305,12 @@ def _field_type(path: str) -> Any:
 
 
 def _describe_type(tp: Any) -> str:
+    if typing.get_origin(tp) is typing.Annotated:
+        base, *metas = typing.get_args(tp)
+        bounds = [f"{op} {getattr(m, name)}" for m in metas if isinstance(m, msgspec.Meta)
+                  for name, op in (("ge", ">="), ("gt", ">"), ("le", "<="), ("lt", "<"))
+                  if getattr(m, name) is not None]
+        return _describe_type(base) + (" " + " and ".join(bounds) if bounds else "")
     if typing.get_origin(tp) is typing.Literal:
         return "one of " + ", ".join(repr(v) for v in typing.get_args(tp))
     args = typing.get_args(tp)
@@ -257,13 +336,104 @@ def _explain_validation_error(exc: msgspec.ValidationError, tree: dict[str, Any]
     return ConfigError(f"{source}: key '{key}': {what}{got}")
 
 
+@functools.cache
+def _own_keys() -> tuple[frozenset[str], frozenset[str]]:
+    """(every dotted key of :class:`Config`, those that are tables of fixed keys)."""
+    keys = frozenset(_known_keys(Config, ""))
+    return keys, frozenset(k for k in keys if _struct_of(_field_type(k)) is not None)
+
+
+def _is_ours(path: str) -> bool:
+    """Whether ``path`` is a key of this library's config, an alias of one, or lies in a free-form table."""
+    if _alias_prefix(path) is not None:
+        return True
+    keys, tables = _own_keys()
+    parts = path.split(".")
+    for i in range(len(parts), 0, -1):
+        prefix = ".".join(parts[:i])
+        if prefix in keys:
+            return i == len(parts) or prefix not in tables
+    return False
+
+
+def _read_cosmos_rl(tree: dict[str, Any]) -> cosmos_rl.CosmosRLReading | None:
+    """For a cosmos-rl style file: take its ignored / refused keys out of ``tree`` (the reading says which)."""
+    if not cosmos_rl.is_cosmos_rl_style(tree, _is_ours):
+        return None
+    return cosmos_rl.read_cosmos_rl(tree, _is_ours)
+
+
+def _finish_cosmos_rl(tree: dict[str, Any], reading: cosmos_rl.CosmosRLReading | None, explicit: set[str],
+                      source: str) -> None:
+    """cosmos-rl meanings and defaults, refused keys into ``[unsupported]``, and the one warning."""
+    if reading is None:
+        return
+    cosmos_rl.apply_cosmos_rl_meanings(tree, reading, explicit)
+    if reading.refused:
+        unsupported = tree.setdefault("unsupported", {})
+        if isinstance(unsupported, dict):
+            unsupported.update(reading.refused)
+    message = reading.warning(source)
+    if message:
+        warnings.warn(message, UserWarning, stacklevel=4)
+
+
+def _read_file(path: Path, source: str) -> dict[str, Any]:
+    """A TOML config, or a YAML one (the Cosmos-Reason1 evaluation layout, ``config/eval_yaml.py``)."""
+    if path.suffix.lower() not in (".yaml", ".yml"):
+        return read_toml(path)
+    tree = read_yaml(path)
+    if not is_eval_yaml(tree):
+        raise ConfigError(f"{source}: a YAML config is read in the Cosmos-Reason1 evaluation layout (top-level "
+                          f"keys {', '.join(EVAL_SECTIONS)}), got keys {sorted(tree)}; write other configs in TOML")
+    tree, ignored = eval_tree(tree, source)
+    if ignored:
+        warnings.warn(f"{source}: ignored (no effect here): " + "; ".join(f"{k} ({why})" for k, why in ignored),
+                      UserWarning, stacklevel=4)
+    return tree
+
+
+def read_cosmos_rl_file(path: str | os.PathLike[str]) -> tuple[list[tuple[str, str, Any]], cosmos_rl.CosmosRLReading]:
+    """How a cosmos-rl file is read, without building the config (``python -m cosmos_primitives.migrate``).
+
+    Returns:
+        ``(mapped, reading)``: ``mapped`` lists ``(key in the file, our key, value)`` for every key
+        read as one of ours (after aliases); ``reading`` the ignored / refused keys, the cosmos-rl
+        defaults given and the meanings translated (empty for a file in this library's own style).
+    """
+    tree = read_toml(path)
+    reading = _read_cosmos_rl(tree)
+    mapped = [(key, canonical_key(key), value) for key, value in cosmos_rl.leaves(tree)]
+    _apply_aliases(tree, str(path))
+    if reading is None:
+        return mapped, cosmos_rl.CosmosRLReading([], {}, {}, [])
+    cosmos_rl.apply_cosmos_rl_meanings(tree, reading, set())
+    return mapped, reading
+
+
+def _default_backend(tree: dict[str, Any], explicit: set[str], source: str) -> None:
+    """``rollout.backend`` left unset: vLLM when it is installed and a GPU is present, else HF; logged."""
+    if "rollout.backend" in explicit or _has(tree, "rollout.backend"):
+        return
+    engine, why = default_backend()
+    _set(tree, "rollout.backend", engine, source)
+    logging.getLogger("cosmos").info(f"{source}: rollout.backend unset: using {engine!r} ({why})")
+
+
 def config_from_dict(tree: dict[str, Any], source: str = "<dict>") -> Config:
-    """Validate a nested dict (aliases allowed) into a :class:`Config`."""
+    """Validate a nested dict (aliases allowed) into a :class:`Config`.
+
+    Raises:
+        ConfigError: listing every problem at once (unknown keys, wrong types, values out of range,
+            conflicting spellings), one line each naming the key and ``source``.
+    """
     tree = _deepcopy(tree)
     _apply_deprecated(tree, source)
-    _apply_aliases(tree, source)
+    reading = _read_cosmos_rl(tree)
+    problems = _apply_aliases(tree, source)
+    _finish_cosmos_rl(tree, reading, set(), source)
     _apply_normalisers(tree)
-    _check_unknown(tree, Config, "", source)
+    _raise_problems(problems + _problems(tree, Config, "", source), source)
     try:
         return msgspec.convert(tree, Config)
     except msgspec.ValidationError as exc:
@@ -299,11 +469,12 @@ def load_config(path: str | os.PathLike[str] | None = None, overrides: Sequence[
             an alias and its canonical key given different values, or a malformed override.
     """
     source = str(path) if path is not None else "<defaults>"
-    tree = read_toml(path) if path is not None else {}
+    tree = _read_file(Path(path), source) if path is not None else {}
     tree = _deepcopy(tree)
     _apply_deprecated(tree, source)
-    _apply_aliases(tree, source)
-    _check_unknown(tree, Config, "", source)
+    reading = _read_cosmos_rl(tree)
+    problems = _apply_aliases(tree, source)
+    explicit: set[str] = set()
     for text in overrides:
         key, value = parse_override(text)
         alias = _alias_prefix(key)
@@ -313,8 +484,17 @@ def load_config(path: str | os.PathLike[str] | None = None, overrides: Sequence[
             value = ALIASES[alias][1](value)
         single: dict[str, Any] = {}
         _set(single, canonical_key(key), value, f"override {text!r}")
-        _check_unknown(single, Config, "", f"override {text!r}")
-        _set(tree, canonical_key(key), value, f"override {text!r}")
+        _apply_normalisers(single)
+        found = _problems(single, Config, "", f"override {text!r}")
+        if found:
+            problems += found
+        else:
+            _set(tree, canonical_key(key), value, f"override {text!r}")
+            explicit.add(canonical_key(key))
+    _finish_cosmos_rl(tree, reading, explicit, source)
+    _default_backend(tree, explicit, source)
+    _apply_normalisers(tree)
+    _raise_problems(problems + _problems(tree, Config, "", source), source)
     return config_from_dict(tree, source if not overrides else f"{source} with overrides {list(overrides)}")
 
 

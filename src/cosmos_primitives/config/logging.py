@@ -6,7 +6,7 @@ from typing import Literal
 
 import msgspec
 
-from cosmos_primitives.config.base import Section
+from cosmos_primitives.config.base import AtLeastOne, Section
 
 
 class LoggingConfig(Section):
@@ -15,4 +15,4 @@ class LoggingConfig(Section):
     logger: list[Literal["console", "wandb"]] = msgspec.field(default_factory=lambda: ["console"])
     project_name: str = "cosmos_primitives"
     experiment_name: str = ""
-    log_freq: int = 1
+    log_freq: AtLeastOne = 1

@@ -6,7 +6,7 @@ from typing import Literal
 
 import msgspec
 
-from cosmos_primitives.config.base import Section
+from cosmos_primitives.config.base import AtLeastOne, Fraction, Section
 
 
 class ParallelismConfig(Section):
@@ -16,11 +16,11 @@ class ParallelismConfig(Section):
     group; ``dp_shard_size = -1`` takes whatever is left.
     """
 
-    dp_replicate_size: int = 1
+    dp_replicate_size: AtLeastOne = 1
     dp_shard_size: int = -1
-    cp_size: int = 1
-    tp_size: int = 1
-    pp_size: int = 1
+    cp_size: AtLeastOne = 1
+    tp_size: AtLeastOne = 1
+    pp_size: AtLeastOne = 1
 
 
 DIFFUSERS_LORA_TARGETS = ("to_q", "to_k", "to_v", "to_out.0")
@@ -42,9 +42,9 @@ class LoraConfig(Section):
     """
 
     enabled: bool = True
-    r: int = 32
+    r: AtLeastOne = 32
     lora_alpha: float = 64.0
-    lora_dropout: float = 0.0
+    lora_dropout: Fraction = 0.0
     target_modules: list[str] = msgspec.field(default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj"])
     init_lora_weights: bool | str = True
 
@@ -55,8 +55,10 @@ class PolicyConfig(Section):
     - ``model_name_or_path`` / ``model_revision``: HF model folder or Hub repo (Qwen2-family causal
       LM or Qwen2.5-VL); for world-model RL (``examples/wfm_rl.py``) a diffusers folder holding
       ``transformer/``, ``vae/`` and ``scheduler/``, or ``"tiny"`` for the random test model.
-    - ``dtype``: compute dtype. Sharded trainers keep float32 master weights and compute in this
+    - ``dtype``: compute dtype. Sharded trainers keep ``master_dtype`` weights and compute in this
       dtype through FSDP2 mixed precision; unsharded models are loaded in it.
+    - ``master_dtype``: dtype of the sharded trainer's stored weights and optimizer state
+      (cosmos-rl's ``train.master_dtype``); ``bfloat16`` halves their memory at some precision.
     - ``model_gradient_checkpointing``: recompute each decoder layer / vision block (transformer
       block of a diffusion model) in backward.
     - ``trainable_patterns`` / ``freeze_patterns``: regexes searched in parameter names (e.g.
@@ -69,11 +71,12 @@ class PolicyConfig(Section):
 
     model_name_or_path: str = ""
     model_revision: str | None = None
-    model_max_length: int = 4096
+    model_max_length: AtLeastOne = 4096
     model_gradient_checkpointing: bool = False
     dtype: Literal["bfloat16", "float32", "float16"] = "bfloat16"
+    master_dtype: Literal["float32", "bfloat16", "float16"] = "float32"
     parallelism: ParallelismConfig = msgspec.field(default_factory=ParallelismConfig)
     freeze_patterns: list[str] = msgspec.field(default_factory=list)
     trainable_patterns: list[str] = msgspec.field(default_factory=list)
-    logprob_chunk_size: int = 1024
+    logprob_chunk_size: AtLeastOne = 1024
     lora: LoraConfig | None = None

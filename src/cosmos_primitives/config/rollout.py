@@ -6,15 +6,15 @@ from typing import Literal
 
 import msgspec
 
-from cosmos_primitives.config.base import Section
+from cosmos_primitives.config.base import AtLeastOne, Fraction, NonNegative, Section
 from cosmos_primitives.config.policy import ParallelismConfig
 
 
 class SamplingConfig(Section):
     """``[rollout.sampling_config]``."""
 
-    temperature: float = 1.0
-    top_p: float = 1.0
+    temperature: NonNegative = 1.0
+    top_p: Fraction = 1.0
     top_k: int = -1
     repetition_penalty: float = 1.0
 
@@ -22,12 +22,13 @@ class SamplingConfig(Section):
 class RolloutConfig(Section):
     """``[rollout]``. The number of samples per prompt lives in ``[grpo]`` (alias ``n_generation``)."""
 
+    # unset in a loaded file: "vllm" when vLLM is installed and a GPU is present, else "hf" (config/engine_default.py)
     backend: Literal["hf", "vllm"] = "hf"
     parallelism: ParallelismConfig = msgspec.field(default_factory=ParallelismConfig)
-    max_response_length: int = 1024
-    batch_size: int = 8
+    max_response_length: AtLeastOne = 1024
+    batch_size: AtLeastOne = 8
     seed: int | None = None
-    gpu_memory_utilization: float = 0.3
+    gpu_memory_utilization: Fraction = 0.3
     enforce_eager: bool = True
     include_stop_str_in_output: bool = False
     sampling_config: SamplingConfig = msgspec.field(default_factory=SamplingConfig)

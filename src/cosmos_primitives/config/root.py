@@ -21,7 +21,8 @@ from cosmos_primitives.config.wfm import WFMConfig
 
 
 class Config(Section):
-    """The whole config. ``[custom]`` is a free-form table for users' own recipes."""
+    """The whole config. ``[custom]`` is a free-form table for users' own recipes; ``[unsupported]``
+    lists settings the loader refused (see ``config/cosmos_rl.py``)."""
 
     policy: PolicyConfig = msgspec.field(default_factory=PolicyConfig)
     train: TrainConfig = msgspec.field(default_factory=TrainConfig)
@@ -35,3 +36,6 @@ class Config(Section):
     remote_reward: RemoteRewardConfig = msgspec.field(default_factory=RemoteRewardConfig)
     eval: EvalConfig = msgspec.field(default_factory=EvalConfig)
     custom: dict[str, Any] = msgspec.field(default_factory=dict)
+    # settings of another system's config that cannot be honoured here (key -> what to do instead),
+    # filled by the loader (cosmos-rl's refused keys); recipes stop on them (cp.config.check_runnable)
+    unsupported: dict[str, str] = msgspec.field(default_factory=dict)

@@ -29,6 +29,13 @@ def read_toml(path: str | Path) -> dict[str, Any]:
         raise ConfigError(f"config file not found: {path}") from None
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(f"{path}: invalid TOML: {exc}") from None
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"{path}: not a TOML text file (byte {exc.start} is not UTF-8); "
+                          f"give the path of a .toml config") from None
+    except IsADirectoryError:
+        raise ConfigError(f"{path}: is a folder; give the path of a .toml config file") from None
+    except PermissionError:
+        raise ConfigError(f"{path}: cannot read the config file (permission denied)") from None
 
 
 def parse_toml_value(text: str) -> Any:

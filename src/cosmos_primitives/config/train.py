@@ -6,7 +6,7 @@ from typing import Literal
 
 import msgspec
 
-from cosmos_primitives.config.base import Section
+from cosmos_primitives.config.base import AtLeastOne, Fraction, NonNegative, NonNegativeInt, Section
 from cosmos_primitives.config.checkpoint import CheckpointConfig
 from cosmos_primitives.config.dataset import TrainPolicyConfig
 
@@ -16,8 +16,9 @@ class TrainConfig(Section):
 
     Optimizer (``cp.policy.build_optimizer`` / ``build_lr_scheduler``): AdamW with ``optm_lr``
     (peak), ``optm_betas``, ``optm_eps``, ``optm_weight_decay`` (not on biases / norm scales);
-    ``optm_warmup_steps`` of linear warmup, then ``optm_decay_type`` ``"cosine"`` / ``"linear"``
-    down to ``optm_lr * optm_min_lr_factor`` (reached at the last step), or ``"constant"``;
+    ``optm_warmup_steps`` of linear warmup (a float <= 1.0: that fraction of all steps), then
+    ``optm_decay_type`` ``"cosine"`` / ``"linear"`` down to ``optm_lr * optm_min_lr_factor``
+    (reached at the last step), or ``"constant"``;
     ``optm_grad_norm_clip`` clips the total gradient norm (``<= 0`` disables).
 
     ``nonfinite``: what ``cp.checkpoint.check_finite`` does when a step's loss or gradient norm is
@@ -25,22 +26,23 @@ class TrainConfig(Section):
     drops that step's update (the loop zeroes the gradients and goes on) and logs it.
     """
 
-    epoch: int = 1
-    max_steps: int | None = None
+    epoch: AtLeastOne = 1
+    max_steps: AtLeastOne | None = None
     output_dir: str = "./outputs"
     resume: bool | str = False
     seed: int = 42
-    train_batch_per_replica: int = 8
+    train_batch_per_replica: AtLeastOne = 8
     optm_name: Literal["AdamW"] = "AdamW"
-    optm_lr: float = 1e-5
-    optm_weight_decay: float = 0.01
+    optm_lr: NonNegative = 1e-5
+    optm_weight_decay: NonNegative = 0.01
     optm_betas: list[float] = msgspec.field(default_factory=lambda: [0.9, 0.999])
-    optm_eps: float = 1e-8
-    optm_warmup_steps: int = 0
+    optm_eps: NonNegative = 1e-8
+    # a float up to 1.0 is a fraction of the total steps (cosmos-rl's meaning)
+    optm_warmup_steps: NonNegativeInt | NonNegative = 0
     optm_decay_type: Literal["cosine", "linear", "constant"] = "constant"
-    optm_min_lr_factor: float = 0.0
+    optm_min_lr_factor: Fraction = 0.0
     optm_grad_norm_clip: float = 1.0
     nonfinite: Literal["stop", "skip"] = "stop"
-    sync_weight_interval: int = 1
+    sync_weight_interval: AtLeastOne = 1
     ckpt: CheckpointConfig = msgspec.field(default_factory=CheckpointConfig)
     train_policy: TrainPolicyConfig = msgspec.field(default_factory=TrainPolicyConfig)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import msgspec
 
-from cosmos_primitives.config.base import Section
+from cosmos_primitives.config.base import AtLeastOne, Section
 from cosmos_primitives.config.dataset import DatasetConfig
 
 
@@ -19,8 +19,8 @@ class ValidationConfig(Section):
     """
 
     enable: bool = False
-    freq: int = 20
+    freq: AtLeastOne = 20
     dataset: DatasetConfig = msgspec.field(default_factory=DatasetConfig)
     reward_function: dict[str, float] = msgspec.field(default_factory=lambda: {"single_choice": 1.0})
     temperature: float = 0.0
-    max_items: int | None = None
+    max_items: AtLeastOne | None = None

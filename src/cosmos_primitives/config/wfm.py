@@ -41,7 +41,7 @@ from typing import Literal
 
 import msgspec
 
-from cosmos_primitives.config.base import Section
+from cosmos_primitives.config.base import AtLeastOne, Section
 
 
 class WFMSamplerConfig(Section):
@@ -89,7 +89,7 @@ class WFMDataConfig(Section):
 
     kind: Literal["mock", "clip_folder"] = "mock"
     path: str = ""
-    num_frames: int = 5
+    num_frames: AtLeastOne = 5
     height: int = 16
     width: int = 16
     fps: float = 16.0
@@ -97,9 +97,9 @@ class WFMDataConfig(Section):
     text_dim: int = 32
     text_encoder: Literal["hash", "none"] = "hash"
     allow_pickle: bool = False
-    mock_num_samples: int = 8
+    mock_num_samples: AtLeastOne = 8
     # prompts per rank per update; each is rolled out [wfm] num_samples_per_prompt times
-    prompts_per_step: int = 1
+    prompts_per_step: AtLeastOne = 1
     # precomputed embedding of [wfm] negative_prompt (.npy / .safetensors), needed for guidance
     # with text_encoder = "none"; the hashing embedder embeds the negative prompt itself
     negative_embedding: str = ""
@@ -127,8 +127,8 @@ class WFMConfig(Section):
     """
 
     algorithm: Literal["flow_grpo", "ddrl"] = "flow_grpo"
-    num_samples_per_prompt: int = 8
-    num_inference_steps: int = 20
+    num_samples_per_prompt: AtLeastOne = 8
+    num_inference_steps: AtLeastOne = 20
     eval_num_inference_steps: int = 40
     guidance_scale: float = 1.0
     guidance_convention: Literal["diffusers", "cosmos"] = "diffusers"
@@ -147,7 +147,7 @@ class WFMConfig(Section):
     ddrl_loss_weighting: Literal["velocity", "x0"] = "velocity"
     train_step_fraction: float = 1.0
     # optimizer steps per rollout batch (the rollout batch is split into this many mini-batches)
-    num_minibatches: int = 1
+    num_minibatches: AtLeastOne = 1
 
     # true: every rank starts the reference reward server on loopback and points the [remote_reward]
     # client at it (rewards must be ones it hosts: brightness, contrast, colorfulness, media_stats);

@@ -5,10 +5,11 @@ from __future__ import annotations
 import json
 import math
 import os
+import sys
 import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, TextIO
 
 from cosmos_primitives.config.logging import LoggingConfig
 from cosmos_primitives.config.secrets import redact_secrets
@@ -50,15 +51,29 @@ class MetricsTracker:
             (:func:`~cosmos_primitives.config.secrets.redact_secrets`).
         rank: this process's global rank.
         total_steps: printed as ``step N/total`` when known.
+        terminal: the stream a progress bar goes to; None: ``sys.stderr`` when it is a terminal
+            (and ``COSMOS_NO_PROGRESS`` is not ``1``).
+
+    On a terminal (rank 0, ``total_steps`` known, ``"console"`` logging) the per-step console lines
+    give way to a progress bar with the step, the ETA and the last metrics; written to a file or a
+    pipe, the lines stay (``metrics.jsonl`` has every step either way).
     """
 
     def __init__(self, run_dir: str | Path, config: LoggingConfig | None = None, *,
                  run_config: Mapping[str, Any] | None = None, rank: int | None = None,
-                 total_steps: int | None = None, prefix: str = "") -> None:
+                 total_steps: int | None = None, prefix: str = "", terminal: TextIO | None = None) -> None:
         self.config = config or LoggingConfig()
         self.run_dir = Path(run_dir)
         self.rank = int(os.environ.get("RANK", "0")) if rank is None else rank
         self.total_steps = total_steps
+        if terminal is None and sys.stderr.isatty() and os.environ.get("COSMOS_NO_PROGRESS") != "1":
+            terminal = sys.stderr
+        self._bar = None
+        if terminal is not None and self.rank == 0 and total_steps and "console" in self.config.logger:
+            from tqdm.auto import tqdm
+
+            self._bar = tqdm(total=total_steps, desc=prefix.strip() or None, file=terminal, dynamic_ncols=True,
+                             unit="step")
         self.prefix = prefix
         self.log = get_logger()
         self._jsonl = None
@@ -96,7 +111,13 @@ class MetricsTracker:
         record = {"step": step, "time": time.time(), **values}
         if self._jsonl is not None:
             self._jsonl.write(json.dumps(record) + "\n")
-        if "console" in self.config.logger and step % max(self.config.log_freq, 1) == 0:
+        if self._bar is not None:
+            if self._bar.n == 0 and step > 1:  # a resumed run: the ETA counts from here, not from step 0
+                self._bar.n = self._bar.last_print_n = step - 1
+                self._bar.start_t = self._bar.last_print_t = time.time()
+            self._bar.update(max(step - self._bar.n, 0))
+            self._bar.set_postfix_str(", ".join(f"{k}: {_fmt(v)}" for k, v in list(values.items())[:4]))
+        elif "console" in self.config.logger and step % max(self.config.log_freq, 1) == 0:
             where = f"{step}/{self.total_steps}" if self.total_steps else str(step)
             body = ", ".join(f"{k}: {_fmt(v)}" for k, v in values.items())
             self.log.info(f"{self.prefix}Step: {where}, {body}")
@@ -105,10 +126,16 @@ class MetricsTracker:
 
     def log_text(self, message: str) -> None:
         if self.rank == 0:
-            self.log.info(message)
+            if self._bar is not None:
+                self._bar.write(message, file=self._bar.fp)
+            else:
+                self.log.info(message)
 
     def finish(self) -> None:
-        """Flush and close the JSONL file and the W&B run."""
+        """Flush and close the progress bar, the JSONL file and the W&B run."""
+        if self._bar is not None:
+            self._bar.close()
+            self._bar = None
         if self._jsonl is not None:
             self._jsonl.close()
             self._jsonl = None

@@ -38,15 +38,16 @@ def build_policy(
     Qwen2 layers over ``mesh["tp"]`` when ``tp_size > 1``, and shard with FSDP2 over
     ``mesh.fsdp_mesh`` (HSDP when ``dp_replicate_size > 1``).
 
-    Precision: with a mesh, master weights (and AdamW state) are float32 and forward / backward
-    compute in ``[policy] dtype`` (FSDP mixed precision, float32 gradient reduction). Without a
+    Precision: with a mesh, master weights (and AdamW state) are ``[policy] master_dtype`` (float32
+    by default; cosmos-rl's ``train.master_dtype``) and forward / backward compute in ``[policy]
+    dtype`` (FSDP mixed precision, float32 gradient reduction). Without a
     mesh the weights are loaded directly in ``[policy] dtype`` and moved to ``device``.
 
     Args:
         cfg: ``[policy]``.
         mesh: the trainer's mesh; None = no sharding (single process, e.g. a reference model).
         hf_model: an already built HF model to use instead of loading ``model_name_or_path``
-            (cast to float32 master weights with a mesh, to ``[policy] dtype`` without).
+            (cast to ``master_dtype`` master weights with a mesh, to ``[policy] dtype`` without).
         device: target device without a mesh (with one, FSDP places shards on the mesh device).
 
     Context parallel (``cp_size > 1``): the policy splits every row over ``mesh.group("cp")``
@@ -64,13 +65,14 @@ def build_policy(
             "use dp_shard_size / dp_replicate_size / tp_size / cp_size"
         )
     compute_dtype = resolve_dtype(cfg.dtype)
+    master_dtype = resolve_dtype(cfg.master_dtype)
     if hf_model is None:
         if not cfg.model_name_or_path:
             raise ValueError("[policy] model_name_or_path is empty: set it to a model folder or Hub repo id")
         hf_model = load_hf_model(cfg.model_name_or_path, revision=cfg.model_revision,
-                                 dtype=torch.float32 if mesh is not None else compute_dtype)
+                                 dtype=master_dtype if mesh is not None else compute_dtype)
     else:
-        hf_model = hf_model.to(torch.float32 if mesh is not None else compute_dtype)
+        hf_model = hf_model.to(master_dtype if mesh is not None else compute_dtype)
     if cfg.lora is not None and cfg.lora.enabled:
         # adapters on the [policy.lora] target modules; they train, plus whatever trainable_patterns add
         apply_lora(hf_model, cfg.lora)
@@ -85,12 +87,12 @@ def build_policy(
     policy.trainable_summary = summary
     if mesh is not None and mesh.enabled("tp"):
         apply_tensor_parallel(hf_model, mesh["tp"])
-    if mesh is not None and (mesh.fsdp_mesh.size() > 1 or compute_dtype != torch.float32):
-        apply_fsdp(policy, mesh, param_dtype=compute_dtype)
+    if mesh is not None and (mesh.fsdp_mesh.size() > 1 or compute_dtype != master_dtype):
+        apply_fsdp(policy, mesh, param_dtype=compute_dtype if compute_dtype != master_dtype else None)
     elif mesh is not None:
-        # one FSDP rank shards nothing and float32 needs no mixed precision: plain module, no
-        # per-step all-gather / reduce-scatter copies
-        log.info("FSDP2 skipped: a single data-parallel rank in float32")
+        # one FSDP rank shards nothing and computing in the stored dtype needs no mixed precision:
+        # plain module, no per-step all-gather / reduce-scatter copies
+        log.info(f"FSDP2 skipped: a single data-parallel rank computing in its {cfg.master_dtype} weights")
         policy.to(mesh.device_type)
     elif device is not None:
         policy.to(device)

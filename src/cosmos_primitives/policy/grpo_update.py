@@ -15,11 +15,13 @@ import contextlib
 import time
 from typing import TYPE_CHECKING, Any, NamedTuple
 
+import attrs
 import torch
 
 from cosmos_primitives.algo.aggregation import dp_mean_token_count
 from cosmos_primitives.algo.grpo_loss import grpo_loss
 from cosmos_primitives.algo.logprobs import TokenLogProbs
+from cosmos_primitives.algo.prefix_filter import mask_shared_prefixes
 from cosmos_primitives.checkpoint.nonfinite import check_finite
 from cosmos_primitives.data.rollout_batch import RolloutBatch
 from cosmos_primitives.parallel.grad_norm import clip_grad_norm_
@@ -90,11 +92,18 @@ def grpo_update(policy: torch.nn.Module, reference: torch.nn.Module | None, opti
     """
     grpo = cfg.grpo
     behaviour_logprobs = grpo.behav_imp_weight_cap is not None or grpo.off_policy_masking_delta is not None
-    temperature, chunk = cfg.rollout.sampling_config.temperature, cfg.policy.logprob_chunk_size
+    # the trainer-side temperature ([grpo] temperature, cosmos-rl's train_policy.temperature); unset: the sampler's
+    temperature = grpo.temperature if grpo.temperature is not None else cfg.rollout.sampling_config.temperature
+    chunk = cfg.policy.logprob_chunk_size
     micro = max(1, cfg.train.train_policy.mini_batch)
     rows = [slice(i, min(i + micro, len(batch))) for i in range(0, len(batch), micro)]
     times: dict[str, float] = {}
     t0 = time.perf_counter()
+    if grpo.min_filter_prefix_tokens is not None:  # shared prefixes of differently rewarded completions
+        ends = getattr(getattr(policy.hf_model, "generation_config", None), "eos_token_id", None)
+        batch = attrs.evolve(batch, completion_mask=mask_shared_prefixes(
+            batch.completion_mask, batch.inputs["input_ids"], batch.group_index, advantages,
+            grpo.min_filter_prefix_tokens, [ends] if isinstance(ends, int) else list(ends or ())))
     token_count = dp_mean_token_count(batch.completion_mask, dp_group)
     if float(token_count) == 0.0:  # every group of every rank was dropped (all-reduced: all ranks agree)
         return GRPOUpdate({}, 0.0, {"logprobs": time.perf_counter() - t0, "update": 0.0})

@@ -111,11 +111,21 @@ def build_optimizer(model: torch.nn.Module, train: TrainConfig) -> torch.optim.A
 def build_lr_scheduler(optimizer: torch.optim.Optimizer, train: TrainConfig,
                        total_steps: int | None = None) -> WarmupDecayLR:
     """:class:`WarmupDecayLR` from ``[train]``: ``optm_warmup_steps``, ``optm_decay_type``,
-    ``optm_min_lr_factor``; ``total_steps`` defaults to ``[train] max_steps``."""
+    ``optm_min_lr_factor``; ``total_steps`` defaults to ``[train] max_steps``.
+
+    ``optm_warmup_steps`` written as a float up to 1.0 (``0.03``) is a fraction of the total steps
+    (cosmos-rl's meaning): ``int(fraction * total_steps)`` warmup steps."""
+    total = total_steps if total_steps is not None else train.max_steps
+    warmup = train.optm_warmup_steps
+    if isinstance(warmup, float) and warmup <= 1.0:
+        if total is None:
+            raise ValueError(f"[train] optm_warmup_steps = {warmup} is a fraction of the total steps, which are "
+                             "unknown here: pass total_steps or set [train] max_steps")
+        warmup = int(warmup * total)
     return WarmupDecayLR(
         optimizer,
-        warmup_steps=train.optm_warmup_steps,
-        total_steps=total_steps if total_steps is not None else train.max_steps,
+        warmup_steps=int(warmup),
+        total_steps=total,
         decay_type=train.optm_decay_type,
         min_lr_factor=train.optm_min_lr_factor,
     )

@@ -11,6 +11,7 @@
 from __future__ import annotations
 
 from cosmos_primitives.rewards.compose import REWARD_ARGUMENTS, RewardBatch, RewardError, RewardSet, SampleReward
+from cosmos_primitives.rewards.plugins import from_cosmos_rl, load_reward
 from cosmos_primitives.rewards.registry import UnknownRewardError, get_reward, register_reward, reward_names
 from cosmos_primitives.rewards.rule_based import (
     ANSWER_PATTERN,
@@ -38,7 +39,9 @@ __all__ = [
     "extract_answer",
     "extract_boxed",
     "format_reward",
+    "from_cosmos_rl",
     "get_reward",
+    "load_reward",
     "register_reward",
     "reward_names",
     "single_choice_reward",

@@ -35,6 +35,14 @@ def register_reward(name: str, *, override: bool = False) -> Callable[[F], F]:
 
 
 def get_reward(name: str) -> Callable[..., Any]:
+    """The reward registered as ``name``; a ``"package.module:function"`` import path is imported
+    (``cp.rewards.plugins``; cosmos-rl's reward signature is adapted)."""
+    from cosmos_primitives.utils.imports import is_import_path
+
+    if name not in REWARDS and is_import_path(name):
+        from cosmos_primitives.rewards.plugins import load_reward
+
+        return load_reward(name)
     return REWARDS.get(name)
 
 

@@ -1,11 +1,16 @@
 """Materialise the small assets the tiny example configs point at (a random tiny model, generated
 clips and images), so that ``examples/*.py --config examples/configs/*_tiny.toml`` runs on a fresh
-machine with nothing downloaded. Driven by ``[custom]`` keys of the config:
+machine with nothing downloaded.
 
-- ``demo_model = "tiny_qwen2_5_vl"`` (or ``"tiny_qwen2"``): write that model + processor to
-  ``[policy] model_name_or_path`` when the folder does not exist yet.
-- ``demo_data = "video_qa"``: write a local video folder (``videos/<id>.mp4`` + ``metas/<id>.label.json``)
-  at ``[train.train_policy.dataset] name``; ``"colour_mcq"``: colour-MCQ images + JSONL files.
+Only paths written ``demo:<path>`` are ever written to (``cp.config.paths``): a config copied from a
+tiny one whose path was changed to the user's own model or data never gets a random model or
+generated data there. ``[custom]`` keys say what to generate:
+
+- ``demo_model = "tiny_qwen2_5_vl"`` (or ``"tiny_qwen2"``): that model + processor, at
+  ``[policy] model_name_or_path = "demo:<folder>"``, when the folder does not exist yet.
+- ``demo_data = "video_qa"``: a local video folder (``videos/<id>.mp4`` + ``metas/<id>.label.json``)
+  at ``[train.train_policy.dataset] name = "demo:<folder>"``; ``"colour_mcq"``: colour-MCQ images +
+  JSONL files (``name = "demo:<folder>/train.jsonl"``).
 - ``demo_items``: how many items (default 32).
 """
 
@@ -17,6 +22,7 @@ from typing import Any
 
 import numpy as np
 
+from cosmos_primitives.config.paths import DEMO_PREFIX, demo_target
 from cosmos_primitives.testing.colour_mcq import write_colour_mcq, write_colour_mcq_sft
 from cosmos_primitives.testing.media import COLOURS, write_mp4
 from cosmos_primitives.testing.models import save_tiny_qwen2, save_tiny_qwen2_5_vl
@@ -42,23 +48,34 @@ def write_video_qa(root: str | Path, n: int = 32, seed: int = 0) -> Path:
     return root
 
 
-def ensure_demo_assets(config: Any) -> list[Path]:
-    """Create the demo model / data a config asks for in ``[custom]`` (no-op when they exist).
+def _kind(custom: dict[str, Any], key: str, path_key: str, value: str) -> str:
+    kind = custom.get(key)
+    if not kind:
+        raise ValueError(f"{path_key} = {value!r} asks for a demo asset, but [custom] {key} does not say which; "
+                         f"set it, or drop the '{DEMO_PREFIX}' prefix to read your own")
+    return str(kind)
 
-    Call it on one rank (e.g. rank 0) and barrier afterwards. Returns the paths written.
+
+def ensure_demo_assets(config: Any) -> list[Path]:
+    """Create the demo model / data at the config's ``demo:<path>`` input paths (no-op when they exist).
+
+    Call it on one rank (e.g. rank 0), barrier, then ``cp.config.check_input_paths`` on every rank
+    (which drops the prefixes). Paths without the prefix are left alone. Returns the paths written.
     """
     custom = config.custom or {}
     written: list[Path] = []
-    model_kind = custom.get("demo_model")
-    if model_kind:
+    model_value = config.policy.model_name_or_path
+    path = demo_target(model_value)
+    if path is not None:
+        model_kind = _kind(custom, "demo_model", "policy.model_name_or_path", model_value)
         if model_kind not in DEMO_MODELS:
             raise ValueError(f"[custom] demo_model = {model_kind!r}: known demo models are {sorted(DEMO_MODELS)}")
-        path = Path(config.policy.model_name_or_path)
         if not (path / "config.json").is_file():
             written.append(DEMO_MODELS[model_kind](path, seed=int(custom.get("demo_seed", 0))))
-    data_kind = custom.get("demo_data")
-    if data_kind:
-        root = Path(config.train.train_policy.dataset.name)
+    data_value = config.train.train_policy.dataset.name
+    root = demo_target(data_value)
+    if root is not None:
+        data_kind = _kind(custom, "demo_data", "train.train_policy.dataset.name", data_value)
         n = int(custom.get("demo_items", 32))
         if data_kind == "video_qa":
             if not (root / "metas").is_dir():

@@ -11,6 +11,8 @@ from cosmos_primitives.utils.lazy_exports import lazy_exports
 _EXPORTS = {
     "MissingExtraError": "cosmos_primitives.utils.extras",
     "require": "cosmos_primitives.utils.extras",
+    "import_object": "cosmos_primitives.utils.imports",
+    "is_import_path": "cosmos_primitives.utils.imports",
     "make_run_dir": "cosmos_primitives.utils.run_dir",
     "latest_run_dir": "cosmos_primitives.utils.run_dir",
     "seed_everything": "cosmos_primitives.utils.seeding",

@@ -1,0 +1,29 @@
+"""The rollout engine a config gets when it does not name one: vLLM when it is installed and a GPU
+is present, HF otherwise (cosmos-rl's default is vLLM; it needs a GPU)."""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import sys
+from pathlib import Path
+
+
+def _gpu_present() -> bool:
+    """A CUDA GPU is visible. Loading a config imports no torch: torch is asked only when it is
+    already imported, else the NVIDIA device files are looked for."""
+    if os.environ.get("CUDA_VISIBLE_DEVICES", None) in ("", "-1"):
+        return False
+    torch = sys.modules.get("torch")
+    if torch is not None:
+        return bool(torch.cuda.is_available())
+    return any(Path("/dev").glob("nvidia[0-9]*"))
+
+
+def default_backend() -> tuple[str, str]:
+    """``(engine, why)``: ``"vllm"`` when vLLM is installed and a GPU is present, else ``"hf"``."""
+    if importlib.util.find_spec("vllm") is None:
+        return "hf", "vLLM is not installed"
+    if not _gpu_present():
+        return "hf", "no GPU is present"
+    return "vllm", "vLLM is installed and a GPU is present"

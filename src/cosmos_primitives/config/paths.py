@@ -1,0 +1,135 @@
+"""The input paths of a config: demo assets asked for explicitly, and local paths that must exist.
+
+A path written ``demo:<path>`` (``model_name_or_path = "demo:./outputs/demo_models/tiny_qwen2_5_vl"``)
+asks for a generated demo asset at ``<path>`` (``cp.testing.ensure_demo_assets`` writes it when it is
+missing; ``[custom] demo_model`` / ``demo_data`` say which). Any other path is one the user means to
+read: nothing is ever generated there, and :func:`check_input_paths` stops the run with an error
+naming the key, the config file and the path when a local one does not exist.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import msgspec
+
+from cosmos_primitives.config.errors import ConfigError
+from cosmos_primitives.config.root import Config
+
+DEMO_PREFIX = "demo:"
+
+# dotted key -> how to reach its value (and rebuild the config with another one)
+INPUT_PATH_KEYS = (
+    "policy.model_name_or_path",
+    "train.train_policy.dataset.name",
+    "train.train_policy.dataset.media_dir",
+    "validation.dataset.name",
+    "validation.dataset.media_dir",
+)
+
+
+def demo_target(value: str) -> Path | None:
+    """The path a ``demo:<path>`` value asks a demo asset for, or None for any other value."""
+    return Path(value[len(DEMO_PREFIX):]) if value.startswith(DEMO_PREFIX) else None
+
+
+def looks_local(value: str) -> bool:
+    """Whether ``value`` names a local file or folder rather than a Hub id (``owner/name``) or a
+    built-in name (``tiny``): absolute, ``./`` / ``../`` / ``~``-relative, more than one ``/``, or a
+    data-file suffix."""
+    if not value:
+        return False
+    return (value.startswith(("/", "./", "../", "~", ".\\")) or value.count("/") >= 2
+            or Path(value).suffix in {".json", ".jsonl", ".parquet", ".arrow", ".csv", ".safetensors"})
+
+
+def _get(config: Config, key: str) -> str:
+    node: object = config
+    for part in key.split("."):
+        node = getattr(node, part)
+    return node  # type: ignore[return-value]
+
+
+def _replace(node: msgspec.Struct, parts: list[str], value: str) -> msgspec.Struct:
+    if len(parts) == 1:
+        return msgspec.structs.replace(node, **{parts[0]: value})
+    child = getattr(node, parts[0])
+    return msgspec.structs.replace(node, **{parts[0]: _replace(child, parts[1:], value)})
+
+
+def _keys_in_use(config: Config) -> tuple[str, ...]:
+    keys = INPUT_PATH_KEYS if config.validation.enable else INPUT_PATH_KEYS[:3]
+    if config.wfm.data.kind == "clip_folder":
+        keys += ("wfm.data.path",)
+    return keys
+
+
+def resolve_demo_paths(config: Config) -> Config:
+    """``config`` with every ``demo:<path>`` input path replaced by ``<path>`` (run this after the
+    assets were written, e.g. by ``cp.testing.ensure_demo_assets`` on rank 0 and a barrier)."""
+    for key in (*INPUT_PATH_KEYS, "wfm.data.path"):
+        target = demo_target(_get(config, key))
+        if target is not None:
+            config = _replace(config, key.split("."), str(target))
+    return config
+
+
+def check_runnable(config: Config, source: str) -> Config:
+    """What a recipe calls at start-up: :func:`check_input_paths` plus the settings the loader
+    refused (``config.unsupported``, e.g. cosmos-rl keys asking for FP8 or expert parallelism), an
+    SFT config asking for periodic validation, and a response column without a prompt column.
+
+    Raises:
+        ConfigError: every such problem at once, one line each naming the key and ``source``.
+    """
+    problems = [f"{source}: key '{key}' {what}" for key, what in config.unsupported.items()]
+    policy = config.train.train_policy
+    if policy.type == "sft" and config.validation.enable:
+        problems.append(f"{source}: key 'validation.enable' = true: periodic validation runs in the GRPO recipes, "
+                        "not yet in SFT; set validation.enable = false (or train.enable_validation in a cosmos-rl "
+                        "file) and evaluate the exported model with examples/evaluate.py")
+    if policy.response_column_name and not policy.prompt_column_name and not policy.dataset.plugin:
+        problems.append(f"{source}: key 'train.train_policy.response_column_name' is set without "
+                        "prompt_column_name: name the prompt column too (or give a dataset plug-in)")
+    try:
+        config = check_input_paths(config, source)
+    except ConfigError as exc:
+        problems += exc.problems
+    if problems:
+        raise ConfigError("\n".join(problems), problems)
+    return config
+
+
+def check_input_paths(config: Config, source: str) -> Config:
+    """Resolve ``demo:`` paths (:func:`resolve_demo_paths`) and check that every local input path
+    the run reads exists.
+
+    Raises:
+        ConfigError: one line per missing path, naming the key, ``source`` (the config file) and the
+            path; nothing is created there.
+    """
+    config = resolve_demo_paths(config)
+    problems = []
+    for key in _keys_in_use(config):
+        value = _get(config, key)
+        local = bool(value) if key.endswith(("media_dir", "data.path")) else looks_local(value)
+        if local and not Path(value).expanduser().exists():
+            problems.append(f"{source}: key '{key}' = {value!r}: no such file or folder ({Path(value).resolve()}); "
+                            f"fix the path (nothing is generated at a path you read; a demo asset is asked for "
+                            f"as '{DEMO_PREFIX}<path>')")
+    if problems:
+        raise ConfigError("\n".join(problems), problems)
+    return config
+
+
+def with_plugins(config: Config, dataset: str | None = None, rewards: list[str] | tuple[str, ...] = ()) -> Config:
+    """``config`` with the recipes' ``--dataset`` / ``--reward`` plug-ins: ``dataset`` (an import path)
+    becomes ``[train.train_policy.dataset] plugin``; ``rewards`` (import paths) replace
+    ``[grpo] reward_function``, weight 1 each (the functions handed over are the rewards, as with
+    cosmos-rl's launcher)."""
+    if dataset:
+        config = _replace(config, ["train", "train_policy", "dataset", "plugin"], dataset)
+    if rewards:
+        config = msgspec.structs.replace(config, grpo=msgspec.structs.replace(
+            config.grpo, reward_function={path: 1.0 for path in rewards}))
+    return config

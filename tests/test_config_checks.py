@@ -1,0 +1,108 @@
+"""Config checks at load time and start-up: ranges, every problem of a file at once, binary files,
+and input paths (demo assets only where asked for with ``demo:``, missing paths stop the run)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import cosmos_primitives as cp
+from cosmos_primitives.config import ConfigError, check_input_paths, load_config
+from cosmos_primitives.testing.demo_assets import ensure_demo_assets
+
+REPO = Path(__file__).resolve().parents[1]
+CONFIGS = REPO / "examples" / "configs"
+
+
+def write(tmp_path: Path, text: str) -> Path:
+    path = tmp_path / "cfg.toml"
+    path.write_text(text)
+    return path
+
+
+def test_out_of_range_override_names_the_override(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match=r"override 'train.train_batch_per_replica=0'.*expects int >= 1"):
+        load_config(write(tmp_path, ""), ["train.train_batch_per_replica=0"])
+    # an override may fix a file's value
+    fixed = load_config(write(tmp_path, "[train]\nepoch = 0\n"), ["train.epoch=2"])
+    assert fixed.train.epoch == 2
+
+
+def test_every_problem_of_a_file_is_reported_at_once(tmp_path: Path) -> None:
+    path = write(tmp_path, "[train]\nepoch = -1\ntrain_batch_per_replica = 0\nsave_frq = 3\n"
+                           "[train.train_policy]\nmini_batch = 0\n[policy]\ndtype = 'fp8'\n")
+    with pytest.raises(ConfigError) as info:
+        load_config(path)
+    problems = info.value.problems
+    assert len(problems) == 5, problems
+    for key in ("train.epoch", "train.train_batch_per_replica", "train.save_frq", "train.train_policy.mini_batch",
+                "policy.dtype"):
+        line = next(p for p in problems if f"'{key}'" in p)
+        assert line.startswith(str(path))
+    assert str(info.value).startswith(f"5 problems in {path}")
+
+
+def test_binary_file_as_config_names_the_file(tmp_path: Path) -> None:
+    path = tmp_path / "model.safetensors"
+    path.write_bytes(b"\x89PNG\r\n\x1a\n\xff\xfe\x00\x01" * 8)
+    with pytest.raises(ConfigError, match=rf"{path}: not a TOML text file"):
+        load_config(path)
+    with pytest.raises(ConfigError, match="is a folder"):
+        load_config(tmp_path)
+
+
+def test_demo_assets_are_written_only_at_demo_paths(tmp_path: Path) -> None:
+    """A config copied from a tiny one, its paths pointed at the user's own (mistyped) data: nothing
+    is generated there, and the start-up check names key, file and path."""
+    config = CONFIGS / "grpo_tiny.toml"
+    mine = tmp_path / "my_data" / "train.jsonl"
+    model = tmp_path / "my_model"
+    cfg = load_config(config, [f"policy.model_name_or_path={model}", f"train.train_policy.dataset.name={mine}"])
+    assert cfg.custom["demo_model"] == "tiny_qwen2_5_vl"  # still in the copied [custom]
+    assert ensure_demo_assets(cfg) == []
+    assert not mine.parent.exists() and not model.exists()
+    with pytest.raises(ConfigError) as info:
+        check_input_paths(cfg, str(config))
+    assert len(info.value.problems) == 2
+    model_line, data_line = info.value.problems
+    assert f"{config}: key 'policy.model_name_or_path' = '{model}'" in model_line
+    assert f"key 'train.train_policy.dataset.name' = '{mine}'" in data_line and "no such file" in data_line
+
+    asked = load_config(config, [f"train.train_policy.dataset.name=demo:{mine}", "custom.demo_items=4",
+                                 "policy.model_name_or_path=Qwen/Qwen2.5-VL-3B-Instruct"])
+    assert ensure_demo_assets(asked) == [mine.parent]
+    resolved = check_input_paths(asked, str(config))  # a Hub id is not a local path
+    assert resolved.train.train_policy.dataset.name == str(mine) and mine.is_file()
+
+
+def test_demo_path_without_a_kind_is_refused(tmp_path: Path) -> None:
+    cfg = load_config(CONFIGS / "grpo_tiny.toml", [f"policy.model_name_or_path=demo:{tmp_path / 'm'}", "custom={}"])
+    with pytest.raises(ValueError, match=r"\[custom\] demo_model does not say which"):
+        ensure_demo_assets(cfg)
+
+
+def test_recipe_with_a_wrong_model_path_stops_before_creating_anything(tmp_path: Path) -> None:
+    """examples/sft.py with the tiny config and the user's model path: exit 1 naming key, file and
+    path; the path is not created (it used to get a random model, then train and exit 0)."""
+    model = tmp_path / "models" / "my_qwen"
+    config = CONFIGS / "sft_tiny.toml"
+    env = {**os.environ, "PYTHONPATH": str(REPO / "src")}
+    proc = subprocess.run([sys.executable, "examples/sft.py", "--config", str(config),
+                           f"policy.model_name_or_path={model}", f"train.output_dir={tmp_path / 'out'}"],
+                          cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode != 0
+    assert f"{config}: key 'policy.model_name_or_path' = '{model}': no such file" in proc.stderr
+    assert not model.exists()
+    assert cp.config.DEMO_PREFIX == "demo:"
+
+
+def test_sft_with_validation_enabled_is_refused_at_start_up(tmp_path: Path) -> None:
+    """The SFT recipe has no periodic validation: a file asking for it stops instead of training without it."""
+    path = tmp_path / "sft.toml"
+    path.write_text("[train.train_policy]\ntype = 'sft'\n[validation]\nenable = true\n")
+    with pytest.raises(ConfigError, match=r"key 'validation.enable' = true: periodic validation runs in the GRPO"):
+        cp.config.check_runnable(load_config(path), str(path))

@@ -1,0 +1,223 @@
+"""cosmos-rl configs as users have them: every vendored file loads, every key of cosmos-rl's config
+class is mapped / ignored / refused in one table (code and docs agree), cosmos-rl meanings and
+defaults, and the migration report."""
+
+from __future__ import annotations
+
+import ast
+import re
+import warnings
+from pathlib import Path
+
+import pytest
+
+import cosmos_primitives as cp
+from cosmos_primitives.config import ConfigError, check_runnable, load_config
+from cosmos_primitives.config.cosmos_rl import RULES, render_table, rule_for
+from cosmos_primitives.config.engine_default import default_backend
+from cosmos_primitives.migrate import main as migrate_main
+
+DATA = Path(__file__).parent / "data" / "cosmos_rl_configs"
+CONFIGS = sorted(DATA.rglob("*.toml"))
+REASON1_RL = DATA / "cosmos-reason1" / "examples" / "post_training" / "configs" / "rl.toml"
+REASON1_SFT = DATA / "cosmos-reason1" / "examples" / "post_training" / "configs" / "sft.toml"
+DOC = Path(__file__).parents[1] / "docs" / "from_cosmos_rl.md"
+# the one file with a real mistake: a misspelt key that cosmos-rl (pydantic, extra keys ignored) never read
+MISTAKES = {"cosmos-rl/configs/qwen3/qwen3-32b-tp8-sft.toml": "policy.model_gradient_checkpointig"}
+
+
+def load_quietly(path: Path, overrides: list[str] | None = None) -> cp.Config:
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)
+        return load_config(path, overrides or [])
+
+
+def test_every_vendored_config_loads_or_names_its_mistake(tmp_path: Path) -> None:
+    assert len(CONFIGS) == 40
+    loaded, failed = 0, {}
+    for i, path in enumerate(CONFIGS):
+        try:
+            cfg = load_quietly(path)
+            # the resolved config (cosmos-rl meanings translated) is written to the run folder and loads back equal
+            assert load_config(cp.config.dump_config(cfg, tmp_path / f"{i}.toml")) == cfg, path
+            loaded += 1
+        except ConfigError as exc:
+            failed[str(path.relative_to(DATA))] = exc.problems
+    assert loaded == 39
+    assert list(failed) == list(MISTAKES)
+    (problem,) = failed[next(iter(MISTAKES))]
+    assert "unknown key 'policy.model_gradient_checkpointig'; did you mean 'policy.model_gradient_checkpointing'" \
+        in problem
+
+
+def _class_keys() -> list[str]:
+    """Every dotted key of cosmos-rl's config class (the vendored copy), walked from ``Config``."""
+    tree = ast.parse((DATA / "cosmos-rl" / "cosmos_rl" / "policy" / "config" / "__init__.py.txt").read_text())
+    classes = {node.name: node for node in tree.body if isinstance(node, ast.ClassDef)}
+
+    def fields(name: str) -> list[tuple[str, str]]:
+        node = classes[name]
+        own = [(b.target.id, ast.unparse(b.annotation)) for b in node.body
+               if isinstance(b, ast.AnnAssign) and isinstance(b.target, ast.Name)]
+        bases = [ast.unparse(b) for b in node.bases if ast.unparse(b) in classes]
+        return own + [f for base in bases for f in fields(base)]
+
+    keys: list[str] = []
+
+    def walk(name: str, prefix: str) -> None:
+        for field, annotation in fields(name):
+            path = prefix + field
+            nested = [c for c in re.findall(r"\w+", annotation) if c in classes and c != name]
+            if field == "train_policy":
+                nested = ["SFTDataConfig", "GrpoConfig"]
+            if nested and path not in RULES:  # a sub-table: its keys (a whole-section rule covers all)
+                for c in nested:
+                    walk(c, path + ".")
+            else:
+                keys.append(path)
+
+    walk("Config", "")
+    return keys
+
+
+def test_every_key_of_the_cosmos_rl_class_has_one_rule() -> None:
+    keys = _class_keys()
+    assert len(keys) > 200  # the walk really went through the class
+    missing = [k for k in keys if rule_for(k) is None]
+    assert not missing, f"add these cosmos-rl keys to config/cosmos_rl.py: {missing}"
+    assert {rule.how for rule in RULES.values()} == {"mapped", "ignored", "refused"}
+    for rule in RULES.values():
+        if rule.how == "mapped" and not rule.note.startswith("="):
+            target = rule.note.split(" ")[0]
+            assert cp.config.canonical_key(rule.key) == target, rule.key  # the loader reads it as the table says
+
+
+def test_doc_table_is_the_code_table() -> None:
+    doc = DOC.read_text()
+    start = doc.index("<!-- cosmos-rl key table: generated, do not edit -->\n") + len(
+        "<!-- cosmos-rl key table: generated, do not edit -->\n")
+    end = doc.index("<!-- end of cosmos-rl key table -->")
+    assert doc[start:end] == render_table(), "regenerate with: python -m cosmos_primitives.migrate --table"
+
+
+def test_reason1_rl_reads_as_cosmos_rl_means_it() -> None:
+    with pytest.warns(UserWarning) as caught:
+        cfg = load_config(REASON1_RL)
+    (message,) = [str(w.message) for w in caught if "read as a cosmos-rl config" in str(w.message)]
+    assert "train.compile (speed-only" in message and "redis (launcher-only" in message
+    assert cfg.train.optm_eps == 1e-6  # train.epsilon
+    assert cfg.train.optm_lr == 2e-6 and cfg.train.optm_warmup_steps == 20
+    assert cfg.grpo.temperature == 0.9  # trainer-side temperature
+    assert cfg.grpo.num_samples_per_prompt == 8
+    assert cfg.rollout.batch_size == 4 * 8  # 4 prompts per generate call there
+    assert cfg.train.train_batch_per_replica == 64  # 128 per replica of dp_shard 2
+    assert cfg.grpo.rollout_batch_size == 8  # 64 rollouts per rank and step = 8 prompts x 8
+    assert cfg.grpo.old_logprobs == "recompute"  # cosmos-rl's default (use_rollout_logprobs_for_loss = false)
+    assert cfg.train.train_policy.sequence_packing is False  # cosmos-rl's default
+    assert cfg.rollout.backend == default_backend()[0]  # unset in the file
+    assert cfg.grpo.min_filter_prefix_tokens == 1
+    assert cfg.train.train_policy.prompt_column_name == "qa_pairs"  # the dataset script's column
+    assert cfg.unsupported == {}
+    check_runnable(cfg, str(REASON1_RL))  # nothing refused, a Hub dataset: the recipes start on it
+
+
+def test_own_style_files_keep_our_defaults(tmp_path: Path) -> None:
+    path = tmp_path / "ours.toml"
+    path.write_text("[train]\nepoch = 2\n[rollout]\nbatch_size = 4\n")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", UserWarning)  # no cosmos-rl warning for our own file
+        cfg = load_config(path)
+    assert (cfg.train.optm_lr, cfg.rollout.batch_size, cfg.grpo.num_samples_per_prompt) == (1e-5, 4, 8)
+    assert cfg.unsupported == {}
+
+
+@pytest.mark.parametrize(
+    ("text", "check"),
+    [
+        ('redis = "12800"\n[train]\nepoch = 2\n', lambda c: c.redis.url == "" and c.train.epoch == 2),
+        ("[train]\nepsilon = 1e-7\n", lambda c: c.train.optm_eps == 1e-7),
+        ("[train]\nmax_num_steps = 7\n", lambda c: c.train.max_steps == 7),
+        ("[train]\nsequence_packing = true\n", lambda c: c.train.train_policy.sequence_packing is True),
+        ("[train]\noptm_warmup_steps = 0.03\n", lambda c: c.train.optm_warmup_steps == 0.03),
+        ("[train.train_policy.dataset]\nsplit = ['train', 'validation']\n",
+         lambda c: c.train.train_policy.dataset.split == "train+validation"),
+        ("[policy]\nfreeze_pattern = 'visual'\n", lambda c: c.policy.freeze_patterns == ["visual"]),
+    ],
+)
+def test_loader_reads_cosmos_rl_spellings(tmp_path: Path, text: str, check) -> None:
+    path = tmp_path / "c.toml"
+    path.write_text(text)
+    assert check(load_quietly(path))
+
+
+def test_fractional_warmup_is_a_fraction_of_the_steps() -> None:
+    import torch
+
+    cfg = cp.config.config_from_dict({"train": {"optm_warmup_steps": 0.03, "optm_decay_type": "linear"}})
+    optimizer = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=1.0)
+    scheduler = cp.policy.build_lr_scheduler(optimizer, cfg.train, total_steps=200)
+    assert scheduler.warmup_steps == 6  # int(0.03 * 200), as cosmos-rl
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("[train]\nepsilonn = 1e-6\n", "did you mean 'train.epsilon' (= 'train.optm_eps')?"),
+        ("[train]\nmaster_dtyp = 'float32'\n", "did you mean 'train.master_dtype' (= 'policy.master_dtype')?"),
+        ("[train]\nfsdp_offlaod = true\n", "did you mean 'train.fsdp_offload' (cosmos-rl's key, refused here: CPU"),
+        ("[train.train_policy]\nkl_betta = 0.1\n", "did you mean 'train.train_policy.kl_beta' (= 'grpo.kl_beta')?"),
+    ],
+)
+def test_suggestions_know_aliases_and_cosmos_rl_keys(tmp_path: Path, text: str, expected: str) -> None:
+    path = tmp_path / "c.toml"
+    path.write_text(text)
+    with pytest.raises(ConfigError) as info:
+        load_quietly(path)
+    assert expected in str(info.value)
+    assert "max_steps" not in str(info.value) and "'train.epoch'" not in str(info.value)
+
+
+def test_every_problem_of_a_cosmos_rl_file_at_once(tmp_path: Path) -> None:
+    path = tmp_path / "c.toml"
+    path.write_text('redis = "1"\n[train]\ncompile = false\nepoc = 1\ntrain_batch_per_replica = 0\n'
+                    "[policy]\nmodel_gradient_checkpointig = true\n")
+    with pytest.raises(ConfigError) as info:
+        load_quietly(path)
+    assert len(info.value.problems) == 3
+    assert all(p.startswith(str(path)) for p in info.value.problems)
+
+
+def test_migrate_reports_maps_ignored_refused_and_defaults(capsys: pytest.CaptureFixture[str]) -> None:
+    assert migrate_main([str(REASON1_RL)]) == 0  # the recipes start on it
+    out = capsys.readouterr().out
+    assert "train.epsilon = 1e-06 -> train.optm_eps" in out
+    assert "train.compile: speed-only" in out
+    assert "train.train_policy.prompt_column_name = 'qa_pairs'  (the prompt column" in out
+    assert "grpo.old_logprobs = 'recompute'" in out  # a default that differs
+    assert "rollout.batch_size = 4 prompts is 32 sequences here" in out
+    assert out.rstrip().endswith("loads with cp.load_config; the recipes start on it")
+    assert migrate_main([str(REASON1_SFT)]) == 1  # test_size is refused
+    assert migrate_main(["--table"]) == 0 and capsys.readouterr().out.count("\n| `") == len(RULES)
+
+
+def test_unset_backend_is_vllm_only_with_vllm_and_a_gpu(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                        caplog: pytest.LogCaptureFixture) -> None:
+    import importlib.util
+
+    from cosmos_primitives.config import engine_default
+
+    path = tmp_path / "c.toml"
+    path.write_text("[train]\nepoch = 1\n")
+    real_find_spec = importlib.util.find_spec
+    monkeypatch.setattr(engine_default.importlib.util, "find_spec",
+                        lambda name, *a: object() if name == "vllm" else real_find_spec(name, *a))
+    monkeypatch.setattr(engine_default, "_gpu_present", lambda: True)
+    with caplog.at_level("INFO", logger="cosmos"):
+        assert load_config(path).rollout.backend == "vllm"
+    assert "rollout.backend unset: using 'vllm' (vLLM is installed and a GPU is present)" in caplog.text
+    monkeypatch.setattr(engine_default, "_gpu_present", lambda: False)
+    assert load_config(path).rollout.backend == "hf"
+    assert load_config(path, ["rollout.backend=vllm"]).rollout.backend == "vllm"  # said: taken as it is
+    path.write_text("[rollout]\nbackend = 'hf'\n")
+    monkeypatch.setattr(engine_default, "_gpu_present", lambda: True)
+    assert load_config(path).rollout.backend == "hf"
