@@ -15,6 +15,7 @@ import cosmos_primitives as cp
 from cosmos_primitives.config import ConfigError, check_runnable, load_config
 from cosmos_primitives.config.cosmos_rl import RULES, render_table, rule_for
 from cosmos_primitives.config.engine_default import default_backend
+from cosmos_primitives.config.loader import canonical_key
 from cosmos_primitives.migrate import main as migrate_main
 
 DATA = Path(__file__).parent / "data" / "cosmos_rl_configs"
@@ -89,7 +90,7 @@ def test_every_key_of_the_cosmos_rl_class_has_one_rule() -> None:
     for rule in RULES.values():
         if rule.how == "mapped" and not rule.note.startswith("="):
             target = rule.note.split(" ")[0]
-            assert cp.config.canonical_key(rule.key) == target, rule.key  # the loader reads it as the table says
+            assert canonical_key(rule.key) == target, rule.key  # the loader reads it as the table says
 
 
 def test_doc_table_is_the_code_table() -> None:
