@@ -16,7 +16,10 @@ Under torchrun every rank rolls out its own prompts and the transformer is FSDP2
 
 With ``[train.ckpt] enable_checkpoint`` the trainable weights (not LoRA's frozen base), AdamW and the
 LR schedule, the prompt order's position and the RNGs are saved every ``save_freq`` steps (DCP, under
-``checkpoints/``), and the trained weights go to ``trained_weights.safetensors`` at the end.
+``checkpoints/``), and the trained weights go to ``trained_weights.safetensors`` at the end. With
+``export_safetensors`` a diffusers folder (``transformer/`` with the LoRA merged, ``lora/`` the
+adapters alone, ``vae/``, ``scheduler/``, ``model_index.json``) goes to ``safetensors/step_N`` at each
+save and ``safetensors/final`` at the end.
 ``train.resume=true`` goes on from the latest checkpoint exactly as if never stopped: each step
 draws its randomness (SDE noise, SDE window, trained steps, DDRL noise) from generators seeded by
 ``(seed, step, rank)``, and the rewards are functions of the videos.
@@ -26,6 +29,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import functools
 import math
 import os
 import time
@@ -181,8 +185,10 @@ def train(cfg: cp.Config) -> Path:
     optimizer = cp.policy.build_optimizer(policy.transformer, cfg.train)
     lr_scheduler = cp.policy.build_lr_scheduler(optimizer, cfg.train, total_steps)
     # LoRA's frozen base weights stay out of the checkpoints: a resumed run loads them from the model's source
+    # exports (export_safetensors): a diffusers folder, LoRA merged into transformer/, the adapters in lora/
+    exporter = functools.partial(cp.checkpoint.export_diffusers, components={"vae": vae, "scheduler": noise_scheduler})
     ckpt = CheckpointManager(cfg.train.ckpt, run_dir, model=policy.transformer, optimizer=optimizer,
-                             scheduler=lr_scheduler, sampler=sampler, frozen_params=False)
+                             scheduler=lr_scheduler, sampler=sampler, frozen_params=False, exporter=exporter)
     state = ckpt.resume(cfg.train.resume, output_dir=cfg.train.output_dir)
     step = state.step if state else 0
 
@@ -248,7 +254,7 @@ def train(cfg: cp.Config) -> Path:
                 from safetensors.torch import save_file
 
                 save_file(weights, str(run_dir / "trained_weights.safetensors"))
-        ckpt.export_final()  # with export_safetensors: the adapters folded in, under the transformer's names
+        ckpt.export_final()  # with export_safetensors: safetensors/final, a diffusers folder
         failures = ckpt.close()
     if failures:
         raise SystemExit(f"{len(failures)} upload(s) failed: {failures}")
