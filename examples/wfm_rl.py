@@ -11,7 +11,10 @@ recorded), decode them with the VAE, score them with the reward service, turn re
 advantages, then update the LoRA adapters (``[policy.lora]``; without it all weights) with the
 FlowGRPO loss on a fraction of the stochastic steps (+ ``data_beta`` times the flow-matching loss on
 the prompts' real clips for DDRL). With ``[wfm] start_reward_server = true`` the reference reward
-server is started on loopback for the run. Metrics go to ``<output_dir>/<timestamp>/metrics.jsonl``.
+server is started on loopback for the run. Metrics go to ``<output_dir>/<timestamp>/metrics.jsonl``;
+before the first step, every ``[wfm] eval_freq`` steps and after the last, deterministic rollouts of
+fixed prompts and seeds are scored and written to ``samples/step_N/`` (mp4s named by reward,
+``rewards.json``; W&B ``eval/videos`` when W&B is on), and ``curves.png`` is redrawn.
 Under torchrun every rank rolls out its own prompts and the transformer is FSDP2-sharded.
 
 With ``[train.ckpt] enable_checkpoint`` the trainable weights (not LoRA's frozen base), AdamW and the
@@ -45,6 +48,9 @@ from cosmos_primitives.policy import DiffusionPolicy
 from cosmos_primitives.rewards.remote import RemoteRewardClient
 from cosmos_primitives.rollout.flow_sampler import FlowTrajectory, VelocityFn, recompute_step, sample_flow
 from cosmos_primitives.utils import derived_generator, derived_seed
+
+CURVES = ["reward_mean", "eval/reward_mean", "reward_std", "policy_loss", "kl", "data_loss"]
+"""The metrics drawn into ``<run_dir>/curves.png`` (those the run has)."""
 
 
 def build_models(policy: PolicyConfig, text_dim: int, device: torch.device, dtype: torch.dtype) -> tuple[Any, Any, Any]:
@@ -81,10 +87,11 @@ def reward_client(remote: RemoteRewardConfig, start_server: bool, stack: context
     return RemoteRewardClient(remote, enqueue_url=server.enqueue_url, fetch_url=server.fetch_url, token=token)
 
 
-def score(client: RemoteRewardClient, vae: Any, latents: torch.Tensor, captions: list[str], fps: float) -> torch.Tensor:
-    """Decode latents and score the videos: ``[B]`` float32 rewards."""
-    video = cp.rollout.video_to_uint8(cp.rollout.decode_video(vae, latents)).cpu().numpy()  # [B, 3, T, H, W]
-    return torch.from_numpy(client.score_sync(captions, video, "video", video_fps=fps).total).float()
+def score(client: RemoteRewardClient, vae: Any, latents: torch.Tensor, captions: list[str],
+          fps: float) -> tuple[torch.Tensor, Any]:
+    """Decode latents and score the videos: ``[B]`` float32 rewards, the ``[B, 3, T, H, W]`` uint8 videos."""
+    video = cp.rollout.video_to_uint8(cp.rollout.decode_video(vae, latents)).cpu().numpy()
+    return torch.from_numpy(client.score_sync(captions, video, "video", video_fps=fps).total).float(), video
 
 
 def next_prompts(dataset: Any, sampler: cp.data.ResumableDistributedSampler, count: int) -> dict[str, Any]:
@@ -202,18 +209,27 @@ def train(cfg: cp.Config) -> Path:
                          f"steps {step + 1}..{total_steps}; run dir {run_dir}")
 
         def evaluate(at_step: int) -> None:
-            """Deterministic (ODE) rollouts with the evaluation step count, on fixed prompts and seeds."""
-            first = info.rank * per_step
-            batch = cp.data.collate_clips([dataset[(first + i) % len(dataset)] for i in range(per_step)])
+            """Deterministic (ODE) rollouts with the evaluation step count, on fixed prompts and seeds;
+            their mp4s and rewards under samples/step_N, the curves in curves.png."""
+            prompt_ids = [(info.rank * per_step + i) % len(dataset) for i in range(per_step)]
+            batch = cp.data.collate_clips([dataset[i] for i in prompt_ids])
             text = batch["text"].to(device).repeat_interleave(group, 0)
             seeds = [derived_seed("eval", info.rank, i) for i in range(text.shape[0])]  # the same every time
             traj = sample_flow(velocity, text, latent_shape=latent_shape, sigmas=eval_sigmas,
                                timesteps=eval_timesteps, seeds=seeds, negative_text=negative,
                                guidance_scale=w.guidance_scale, guidance_convention=w.guidance_convention)
-            rewards = score(client, vae, traj.samples, [c for c in batch["caption"] for _ in range(group)], w.data.fps)
+            captions = [c for c in batch["caption"] for _ in range(group)]
+            rewards, video = score(client, vae, traj.samples, captions, w.data.fps)
             tracker.log_metrics({"eval/reward_mean": rewards.mean()}, at_step)
+            ids = [p for p in prompt_ids for _ in range(group)]
+            cp.logging.save_video_samples(run_dir, at_step, video, prompt_ids=ids, captions=captions, seeds=seeds,
+                                          rewards=rewards.tolist(), fps=w.data.fps, rank=info.rank, tracker=tracker,
+                                          videos_per_prompt=w.eval_videos_per_prompt)
+            if info.is_rank0:
+                cp.logging.plot_run(run_dir, keys=CURVES)
 
-        if w.eval_num_inference_steps > 0 and step == 0:
+        evaluating = w.eval_num_inference_steps > 0
+        if evaluating and step == 0:
             evaluate(0)
         while step < total_steps:
             step += 1
@@ -231,7 +247,7 @@ def train(cfg: cp.Config) -> Path:
             traj = sample_flow(velocity, text, latent_shape=latent_shape, sigmas=sigmas, timesteps=timesteps,
                                seeds=seeds, negative_text=negative, guidance_scale=w.guidance_scale,
                                guidance_convention=w.guidance_convention, sde=sde, sde_steps=window)
-            rewards = score(client, vae, traj.samples, captions, w.data.fps)
+            rewards, _ = score(client, vae, traj.samples, captions, w.data.fps)
             advantages = cp.algo.flow_grpo_advantages(rewards, group_ids, std_scope=w.advantage_std_scope).to(device)
             if w.advantage_transform == "neg_exp":
                 advantages = cp.algo.neg_exp_advantages(advantages, clip=w.adv_clip_max)
@@ -246,8 +262,10 @@ def train(cfg: cp.Config) -> Path:
                           lr=lr_scheduler.get_last_lr()[0])
             tracker.log_metrics(logged, step)
             ckpt.maybe_save(step, epoch=sampler.epoch, force=step == total_steps)
-        if w.eval_num_inference_steps > 0:
-            evaluate(total_steps)
+            if evaluating and (step == total_steps or (w.eval_freq > 0 and step % w.eval_freq == 0)):
+                evaluate(step)
+        if info.is_rank0:
+            cp.logging.plot_run(run_dir, keys=CURVES)
         if cfg.train.ckpt.enable_checkpoint:
             weights = policy.adapter_state_dict()  # collective under FSDP2: every rank takes part
             if info.is_rank0:

@@ -128,6 +128,11 @@ class WFMConfig(Section):
     num_samples_per_prompt: int = 8
     num_inference_steps: int = 20
     eval_num_inference_steps: int = 40
+    # evaluate (deterministic rollouts of fixed prompts and seeds) every eval_freq steps, and before the
+    # first and after the last step; 0: only those two (eval_num_inference_steps = 0: never)
+    eval_freq: int = 0
+    # mp4 files per eval prompt under <run_dir>/samples/step_N/ (rewards of every sample in rewards.json)
+    eval_videos_per_prompt: int = 2
     guidance_scale: float = 1.0
     guidance_convention: Literal["diffusers", "cosmos"] = "diffusers"
     negative_prompt: str = ""
