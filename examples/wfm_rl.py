@@ -186,7 +186,9 @@ def train(cfg: cp.Config) -> Path:
     sampler = cp.data.ResumableDistributedSampler(len(dataset), rank=info.rank, world_size=info.world_size, seed=seed)
     guided = cp.rollout.to_diffusers_guidance(w.guidance_scale, w.guidance_convention) != 1.0
     negative = cp.data.negative_prompt_embedding(w.data, w.negative_prompt)[0].to(device) if guided else None
-    latent_shape = tuple(cp.rollout.encode_video(vae, dataset[0]["video"][None].to(device)).shape[1:])
+    first = dataset[0]
+    cp.policy.check_text_width(transformer, first["text"].shape[-1])  # e.g. 100352 for Cosmos-Predict2.5
+    latent_shape = tuple(cp.rollout.encode_video(vae, first["video"][None].to(device)).shape[1:])
     group, per_step = w.num_samples_per_prompt, w.data.prompts_per_step
     total_steps = cfg.train.max_steps or cfg.train.epoch * math.ceil(len(sampler) / per_step)
     optimizer = cp.policy.build_optimizer(policy.transformer, cfg.train)

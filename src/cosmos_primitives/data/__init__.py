@@ -72,6 +72,8 @@ _EXPORTS = {
     "all_ranks_have_batch": "sft_loader",
     "build_sft_dataset": "sft_loader",
     "build_sft_loader": "sft_loader",
+    "precompute_clip_folder": "precompute_text_embeddings",
+    "reason_text_embeddings": "precompute_text_embeddings",
 }
 
 __all__ = sorted(_EXPORTS)
@@ -103,6 +105,10 @@ if TYPE_CHECKING:  # pragma: no cover
         model_inputs,
         padding_stats,
         plan_rows,
+    )
+    from cosmos_primitives.data.precompute_text_embeddings import (  # noqa: F401
+        precompute_clip_folder,
+        reason_text_embeddings,
     )
     from cosmos_primitives.data.prompt_inputs import encode_prompts, render_prompt, repeat_batch  # noqa: F401
     from cosmos_primitives.data.prompt_stream import prompt_stream  # noqa: F401

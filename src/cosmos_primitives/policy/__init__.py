@@ -22,7 +22,13 @@ from cosmos_primitives.algo.logprobs import TokenLogProbs
 from cosmos_primitives.checkpoint.hf_loading import is_vision_language, load_hf_model, resolve_dtype
 from cosmos_primitives.checkpoint.lora_merge import has_lora, merge_lora_state_dict
 from cosmos_primitives.policy.build import build_policy
-from cosmos_primitives.policy.diffusion import DiffusionPolicy, shard_transformer, transformer_blocks
+from cosmos_primitives.policy.diffusion import (
+    DiffusionPolicy,
+    check_text_width,
+    shard_transformer,
+    text_width,
+    transformer_blocks,
+)
 from cosmos_primitives.policy.grpo_update import GRPOUpdate, grpo_reference, grpo_update
 from cosmos_primitives.policy.lm_policy import MODEL_INPUT_KEYS, CausalLMPolicy, backbone_of, token_logprobs
 from cosmos_primitives.policy.lora import adapters_disabled, apply_lora
@@ -50,6 +56,7 @@ __all__ = [
     "build_lr_scheduler",
     "build_optimizer",
     "build_policy",
+    "check_text_width",
     "grpo_reference",
     "grpo_update",
     "has_lora",
@@ -60,6 +67,7 @@ __all__ = [
     "optimizer_param_groups",
     "resolve_dtype",
     "shard_transformer",
+    "text_width",
     "token_logprobs",
     "trainable_summary",
     "transformer_blocks",
