@@ -1,4 +1,4 @@
-"""World-model RL: FlowGRPO or DDRL on a diffusers flow-matching video transformer.
+"""World-model RL: FlowGRPO, DDRL or DiffusionNFT on a diffusers flow-matching video transformer.
 
     python examples/wfm_rl.py --config examples/configs/wfm_flowgrpo_tiny.toml
     python examples/wfm_rl.py --config examples/configs/wfm_ddrl_tiny.toml train.max_steps=5
@@ -10,7 +10,9 @@ order), roll out ``num_samples_per_prompt`` videos per prompt with the SDE sampl
 recorded), decode them with the VAE, score them with the reward service, turn rewards into group
 advantages, then update the LoRA adapters (``[policy.lora]``; without it all weights) with the
 FlowGRPO loss on a fraction of the stochastic steps (+ ``data_beta`` times the flow-matching loss on
-the prompts' real clips for DDRL). With ``[wfm] start_reward_server = true`` the reference reward
+the prompts' real clips for DDRL; ``cp.policy.flow_grpo_update``). DiffusionNFT (``algorithm =
+"diffusion_nft"``) rolls out with plain ODE steps instead and trains on the clean samples alone
+(``cp.policy.diffusion_nft_update``). With ``[wfm] start_reward_server = true`` the reference reward
 server is started on loopback for the run. Metrics go to ``<output_dir>/<timestamp>/metrics.jsonl``;
 before the first step, every ``[wfm] eval_freq`` steps and after the last, deterministic rollouts of
 fixed prompts and seeds are scored and written to ``samples/step_N/`` (mp4s named by reward,
@@ -43,10 +45,9 @@ import torch
 
 import cosmos_primitives as cp
 from cosmos_primitives.checkpoint import CheckpointManager
-from cosmos_primitives.config import PolicyConfig, RemoteRewardConfig, WFMConfig
-from cosmos_primitives.policy import DiffusionPolicy
+from cosmos_primitives.config import PolicyConfig, RemoteRewardConfig
 from cosmos_primitives.rewards.remote import RemoteRewardClient
-from cosmos_primitives.rollout.flow_sampler import FlowTrajectory, VelocityFn, recompute_step, sample_flow
+from cosmos_primitives.rollout.flow_sampler import sample_flow
 from cosmos_primitives.utils import derived_generator, derived_seed
 
 CURVES = ["reward_mean", "eval/reward_mean", "reward_std", "policy_loss", "kl", "data_loss"]
@@ -104,50 +105,6 @@ def next_prompts(dataset: Any, sampler: cp.data.ResumableDistributedSampler, cou
     return cp.data.collate_clips(items)
 
 
-def update_policy(policy: DiffusionPolicy, velocity: VelocityFn, optimizer: torch.optim.Optimizer,
-                  traj: FlowTrajectory, text: torch.Tensor, negative: torch.Tensor | None, advantages: torch.Tensor,
-                  clips: torch.Tensor | None, w: WFMConfig, grad_clip: float,
-                  rng: dict[str, torch.Generator], *, step: int, nonfinite: str) -> dict[str, float]:
-    """One optimizer step per mini-batch of ``traj``: the FlowGRPO loss over the trained steps
-    (+ ``data_beta`` x the DDRL data loss on ``clips`` [B, C, T, H, W]); the mean of each metric."""
-    num_train_timesteps = policy.num_train_timesteps
-    positions = cp.algo.select_train_steps(traj.sde_steps.numel(), w.train_step_fraction, generator=rng["train_steps"])
-    metrics: dict[str, list[float]] = {}
-    for mb in torch.arange(traj.batch_size).chunk(w.num_minibatches):
-        sub, sub_text, sub_adv = traj.select(mb), text[mb], advantages[mb]
-        optimizer.zero_grad(set_to_none=True)
-        mb_loss = torch.zeros((), device=text.device)
-        for pos in positions.tolist():
-            now = recompute_step(velocity, sub, int(sub.sde_steps[pos]), sub_text, negative)
-            kl = None
-            if w.kl_beta > 0:
-                with policy.reference() as ref_velocity:
-                    ref = recompute_step(ref_velocity, sub, int(sub.sde_steps[pos]), sub_text, negative)
-                kl = cp.rollout.gaussian_mean_kl(now.mean, ref.mean, now.std, reduction=w.kl_reduction)
-            out = cp.algo.flow_grpo_loss(now.log_prob, sub.log_probs[:, pos], sub_adv, clip_range=w.clip_range,
-                                         adv_clip_max=w.adv_clip_max, kl=kl, kl_beta=w.kl_beta)
-            loss = out.loss
-            if clips is not None:
-                with torch.set_grad_enabled(w.data_beta > 0):  # with data_beta = 0 it is only measured
-                    data = cp.algo.ddrl_data_loss(velocity, clips[mb], sub_text,
-                                                  noise=sub.initial_noise if w.ddrl_rollout_noise else None,
-                                                  sigma=now.sigma if w.ddrl_rollout_sigma else None,
-                                                  generator=rng["ddrl"], num_train_timesteps=num_train_timesteps,
-                                                  weighting=w.ddrl_loss_weighting)
-                loss = loss + w.data_beta * data.loss
-                metrics.setdefault("data_loss", []).append(data.loss.item())
-            (loss / len(positions)).backward()
-            mb_loss += loss.detach() / len(positions)
-            for key in ("policy_loss", "kl", "clip_fraction", "approx_kl", "ratio_mean"):
-                metrics.setdefault(key, []).append(getattr(out, key).item())
-        grad_norm = cp.parallel.clip_grad_norm_(policy.trainable_parameters(), grad_clip)
-        # a NaN / inf loss or gradient stops the run ([train] nonfinite = "stop") or skips the update
-        if cp.checkpoint.check_finite(mb_loss, grad_norm, step=step, mode=nonfinite):
-            optimizer.step()
-        metrics.setdefault("grad_norm", []).append(float(grad_norm))
-    return {k: sum(v) / len(v) for k, v in metrics.items()}
-
-
 def train(cfg: cp.Config) -> Path:
     """Run the whole loop; returns the run directory."""
     info = cp.parallel.init_distributed()
@@ -164,9 +121,9 @@ def train(cfg: cp.Config) -> Path:
     # under FSDP2 the weights stay float32 and are gathered in [policy] dtype (mixed precision)
     transformer, vae, noise_scheduler = build_models(cfg.policy, w.data.text_dim, device,
                                                      torch.float32 if sharded else dtype)
-    policy = DiffusionPolicy(transformer, lora=cfg.policy.lora, keep_reference=w.kl_beta > 0,
-                             gradient_checkpointing=cfg.policy.model_gradient_checkpointing,
-                             num_train_timesteps=float(noise_scheduler.config.num_train_timesteps))
+    policy = cp.policy.DiffusionPolicy(transformer, lora=cfg.policy.lora, keep_reference=w.kl_beta > 0,
+                                       gradient_checkpointing=cfg.policy.model_gradient_checkpointing,
+                                       num_train_timesteps=float(noise_scheduler.config.num_train_timesteps))
     for p in policy.trainable_parameters():
         p.data = p.data.float()  # float32 master weights for AdamW (LoRA; full fine-tuning without FSDP2)
     cp.utils.seed_everything(seed + info.rank)  # after the model builders, which seed torch themselves
@@ -190,6 +147,7 @@ def train(cfg: cp.Config) -> Path:
     cp.policy.check_text_width(transformer, first["text"].shape[-1])  # e.g. 100352 for Cosmos-Predict2.5
     latent_shape = tuple(cp.rollout.encode_video(vae, first["video"][None].to(device)).shape[1:])
     group, per_step = w.num_samples_per_prompt, w.data.prompts_per_step
+    nft = w.algorithm == "diffusion_nft"
     total_steps = cfg.train.max_steps or cfg.train.epoch * math.ceil(len(sampler) / per_step)
     optimizer = cp.policy.build_optimizer(policy.transformer, cfg.train)
     lr_scheduler = cp.policy.build_lr_scheduler(optimizer, cfg.train, total_steps)
@@ -237,7 +195,8 @@ def train(cfg: cp.Config) -> Path:
             step += 1
             # every random draw of this step comes from (seed, step, rank): a resumed run repeats it
             rng = {"train_steps": derived_generator(seed, step, info.rank, "train_steps"),
-                   "ddrl": derived_generator(seed, step, info.rank, "ddrl", device=device)}  # where the clips are
+                   "ddrl": derived_generator(seed, step, info.rank, "ddrl", device=device),  # where the clips are
+                   "nft": derived_generator(seed, step, info.rank, "nft")}
             batch = next_prompts(dataset, sampler, per_step)
             text = batch["text"].to(device).repeat_interleave(group, 0)  # [B, L, D], B = per_step * group
             captions = [c for c in batch["caption"] for _ in range(group)]
@@ -248,7 +207,8 @@ def train(cfg: cp.Config) -> Path:
                                            derived_generator(seed, step, "sde_window"))
             traj = sample_flow(velocity, text, latent_shape=latent_shape, sigmas=sigmas, timesteps=timesteps,
                                seeds=seeds, negative_text=negative, guidance_scale=w.guidance_scale,
-                               guidance_convention=w.guidance_convention, sde=sde, sde_steps=window)
+                               guidance_convention=w.guidance_convention, sde=None if nft else sde,
+                               sde_steps=None if nft else window)  # DiffusionNFT: plain ODE rollouts
             rewards, _ = score(client, vae, traj.samples, captions, w.data.fps)
             advantages = cp.algo.flow_grpo_advantages(rewards, group_ids, std_scope=w.advantage_std_scope).to(device)
             if w.advantage_transform == "neg_exp":
@@ -257,8 +217,14 @@ def train(cfg: cp.Config) -> Path:
             if w.algorithm == "ddrl":
                 clips = cp.rollout.encode_video(vae, batch["video"].to(device)).repeat_interleave(group, 0)
 
-            logged = update_policy(policy, velocity, optimizer, traj, text, negative, advantages, clips, w,
-                                   cfg.train.optm_grad_norm_clip, rng, step=step, nonfinite=cfg.train.nonfinite)
+            if nft:  # DiffusionNFT: the clean samples alone
+                logged = cp.policy.diffusion_nft_update(policy, velocity, optimizer, traj.samples, text, advantages, w,
+                                                        cfg.train.optm_grad_norm_clip, rng["nft"], step=step,
+                                                        nonfinite=cfg.train.nonfinite)
+            else:
+                logged = cp.policy.flow_grpo_update(policy, velocity, optimizer, traj, text, negative, advantages,
+                                                    clips, w, cfg.train.optm_grad_norm_clip, rng, step=step,
+                                                    nonfinite=cfg.train.nonfinite)
             lr_scheduler.step()
             logged.update(reward_mean=rewards.mean(), reward_std=rewards.std(unbiased=False),
                           lr=lr_scheduler.get_last_lr()[0])

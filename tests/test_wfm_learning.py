@@ -61,6 +61,15 @@ def test_flow_grpo_raises_the_brightness_reward(run_recipe):
     assert s["eval_after"] - s["eval_before"] > 5 * s["std0"]
 
 
+def test_diffusion_nft_raises_the_brightness_reward(run_recipe):
+    s = _summary(run_recipe("wfm_nft_tiny.toml"))
+    print(f"DiffusionNFT: reward {s['first']:.4f} -> {s['last']:.4f} (std0 {s['std0']:.4f}); "
+          f"eval {s['eval_before']:.4f} -> {s['eval_after']:.4f}")
+    # seed 0, 30 steps: +12 std (training and evaluation); the test runs the recipe's 60
+    assert s["last"] - s["first"] > 5 * s["std0"]
+    assert s["eval_after"] - s["eval_before"] > 5 * s["std0"]
+
+
 @pytest.fixture(scope="module")
 def ddrl_and_unregularised(run_recipe):
     return run_recipe("wfm_ddrl_tiny.toml"), run_recipe("wfm_ddrl_tiny.toml", "wfm.data_beta=0")

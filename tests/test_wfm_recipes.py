@@ -41,7 +41,7 @@ def test_cosmos_predict_recipe_has_the_reference_values():
     assert ddrl.wfm.algorithm == "ddrl" and ddrl.wfm.data_beta == 0.01
 
 
-@pytest.mark.parametrize("name", ["wfm_flowgrpo_tiny.toml", "wfm_ddrl_tiny.toml"])
+@pytest.mark.parametrize("name", ["wfm_flowgrpo_tiny.toml", "wfm_ddrl_tiny.toml", "wfm_nft_tiny.toml"])
 def test_tiny_recipes_load(name):
     cfg = cp.load_config(CONFIGS / name)
     assert cfg.policy.model_name_or_path == "tiny" and cfg.policy.dtype == "float32" and cfg.wfm.start_reward_server

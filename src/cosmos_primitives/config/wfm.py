@@ -13,7 +13,7 @@ Example (the tiny CPU recipe; the Cosmos-Predict2.5-2B values are in
     target_modules = ["to_q", "to_k", "to_v", "to_out.0"]
 
     [wfm]
-    algorithm = "flow_grpo"       # or "ddrl"
+    algorithm = "flow_grpo"       # or "ddrl", "diffusion_nft"
     num_samples_per_prompt = 8
     num_inference_steps = 10
     guidance_scale = 1.0          # read in the convention named by guidance_convention
@@ -122,9 +122,14 @@ class WFMConfig(Section):
     DDRL (``algorithm = "ddrl"``): adds ``data_beta`` times the flow-matching loss on real clips,
     ``ddrl_rollout_noise`` / ``ddrl_rollout_sigma`` reuse the rollout's initial noise / the trained
     step's sigma for it, and ``advantage_transform = "neg_exp"`` maps ``A -> -exp(-A)`` (then clamps).
+
+    DiffusionNFT (``algorithm = "diffusion_nft"``, ``cp.algo.diffusion_nft_loss``): ODE rollouts, then
+    per sample ``nft_num_timesteps`` forward-process points with ``t`` uniform in ``[nft_t_min,
+    nft_t_max]``; ``nft_beta`` is the implicit-policy step, ``adv_clip_max`` maps advantages to the
+    optimality probability, ``kl_beta`` weighs the velocity KL to the reference; no guidance.
     """
 
-    algorithm: Literal["flow_grpo", "ddrl"] = "flow_grpo"
+    algorithm: Literal["flow_grpo", "ddrl", "diffusion_nft"] = "flow_grpo"
     num_samples_per_prompt: int = 8
     num_inference_steps: int = 20
     eval_num_inference_steps: int = 40
@@ -151,6 +156,11 @@ class WFMConfig(Section):
     train_step_fraction: float = 1.0
     # optimizer steps per rollout batch (the rollout batch is split into this many mini-batches)
     num_minibatches: int = 1
+    # DiffusionNFT: the implicit-policy step beta, forward-process points per sample, their t range
+    nft_beta: float = 1.0
+    nft_num_timesteps: int = 1
+    nft_t_min: float = 0.0
+    nft_t_max: float = 1.0
 
     # true: every rank starts the reference reward server on loopback and points the [remote_reward]
     # client at it (rewards must be ones it hosts: brightness, contrast, colorfulness, media_stats);

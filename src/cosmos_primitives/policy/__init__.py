@@ -29,6 +29,7 @@ from cosmos_primitives.policy.diffusion import (
     text_width,
     transformer_blocks,
 )
+from cosmos_primitives.policy.flow_update import diffusion_nft_update, flow_grpo_update
 from cosmos_primitives.policy.grpo_update import GRPOUpdate, grpo_reference, grpo_update
 from cosmos_primitives.policy.lm_policy import MODEL_INPUT_KEYS, CausalLMPolicy, backbone_of, token_logprobs
 from cosmos_primitives.policy.lora import adapters_disabled, apply_lora
@@ -57,6 +58,8 @@ __all__ = [
     "build_optimizer",
     "build_policy",
     "check_text_width",
+    "diffusion_nft_update",
+    "flow_grpo_update",
     "grpo_reference",
     "grpo_update",
     "has_lora",
