@@ -203,8 +203,12 @@ def train(cfg: cp.Config) -> Path:
             group_ids = torch.arange(per_step).repeat_interleave(group)
             seeds = [derived_seed(seed, step, info.rank, "rollout", i) for i in range(text.shape[0])]
             # one SDE window for the whole batch, the same on every rank
-            window = cp.rollout.sde_window(w.num_inference_steps, s.sde_window_size, s.sde_window_range,
-                                           derived_generator(seed, step, "sde_window"))
+            window = (cp.rollout.sliding_sde_window(w.num_inference_steps, s.sde_window_size, step - 1,
+                                                    shift_interval=s.sde_window_shift_interval,
+                                                    stride=s.sde_window_stride, window_range=s.sde_window_range)
+                      if s.sde_window_mode == "sliding" else
+                      cp.rollout.sde_window(w.num_inference_steps, s.sde_window_size, s.sde_window_range,
+                                            derived_generator(seed, step, "sde_window")))
             traj = sample_flow(velocity, text, latent_shape=latent_shape, sigmas=sigmas, timesteps=timesteps,
                                seeds=seeds, negative_text=negative, guidance_scale=w.guidance_scale,
                                guidance_convention=w.guidance_convention, sde=None if nft else sde,

@@ -70,6 +70,16 @@ def test_diffusion_nft_raises_the_brightness_reward(run_recipe):
     assert s["eval_after"] - s["eval_before"] > 5 * s["std0"]
 
 
+def test_flow_grpo_with_a_sliding_sde_window_raises_the_brightness_reward(run_recipe):
+    # MixGRPO: a window of 3 stochastic (and trained) steps moving through the first 6 of 10 every 10 updates
+    s = _summary(run_recipe("wfm_flowgrpo_tiny.toml", "wfm.sampler.sde_window_mode=sliding",
+                            "wfm.sampler.sde_window_shift_interval=10"))
+    print(f"FlowGRPO + sliding window: reward {s['first']:.4f} -> {s['last']:.4f} (std0 {s['std0']:.4f}); "
+          f"eval {s['eval_before']:.4f} -> {s['eval_after']:.4f}")
+    assert s["last"] - s["first"] > 5 * s["std0"]
+    assert s["eval_after"] - s["eval_before"] > 5 * s["std0"]
+
+
 @pytest.fixture(scope="module")
 def ddrl_and_unregularised(run_recipe):
     return run_recipe("wfm_ddrl_tiny.toml"), run_recipe("wfm_ddrl_tiny.toml", "wfm.data_beta=0")

@@ -59,6 +59,9 @@ class WFMSamplerConfig(Section):
     steps. ``sde_window_size = 0`` makes every step stochastic. Otherwise the window's first step is
     drawn per rollout batch, uniformly so that the window lies inside ``sde_window_range = [lo, hi)``
     (step indices; empty: all steps). Flow-GRPO-Fast uses e.g. size 2 within the first half.
+    ``sde_window_mode = "sliding"`` (MixGRPO) instead starts the window at the range's first step and
+    moves it ``sde_window_stride`` steps later every ``sde_window_shift_interval`` training steps,
+    back to the start once it has passed the end (``cp.rollout.sliding_sde_window``).
     """
 
     sde_type: Literal["flow_grpo", "linear", "cps"] = "flow_grpo"
@@ -67,6 +70,10 @@ class WFMSamplerConfig(Section):
     noise_max: float = 0.7
     sde_window_size: int = 0
     sde_window_range: list[int] = msgspec.field(default_factory=list)
+    # "random": a new window position per rollout batch; "sliding": MixGRPO's progressive window
+    sde_window_mode: Literal["random", "sliding"] = "random"
+    sde_window_shift_interval: int = 25
+    sde_window_stride: int = 1
     # scheduler shift of the sigma grid; None: the model's scheduler config (3.0 for the tiny one)
     shift: float | None = None
 
