@@ -74,6 +74,8 @@ _EXPORTS = {
     "build_sft_loader": "sft_loader",
     "precompute_clip_folder": "precompute_text_embeddings",
     "reason_text_embeddings": "precompute_text_embeddings",
+    "WebDatasetClips": "wfm_webdataset",
+    "list_shards": "wfm_webdataset",
 }
 
 __all__ = sorted(_EXPORTS)
@@ -135,6 +137,7 @@ if TYPE_CHECKING:  # pragma: no cover
         plan_frame_indices,
         sample_video,
     )
+    from cosmos_primitives.data.wfm_webdataset import WebDatasetClips, list_shards  # noqa: F401
 
 
 def __getattr__(name: str) -> Any:
