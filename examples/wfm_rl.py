@@ -1,4 +1,4 @@
-"""World-model RL: FlowGRPO or DDRL on a diffusers flow-matching video transformer.
+"""World-model RL: FlowGRPO, DDRL or DiffusionNFT on a diffusers flow-matching video transformer.
 
     python examples/wfm_rl.py --config examples/configs/wfm_flowgrpo_tiny.toml
     python examples/wfm_rl.py --config examples/configs/wfm_ddrl_tiny.toml train.max_steps=5
@@ -10,15 +10,23 @@ order), roll out ``num_samples_per_prompt`` videos per prompt with the SDE sampl
 recorded), decode them with the VAE, score them with the reward service, turn rewards into group
 advantages, then update the LoRA adapters (``[policy.lora]``; without it all weights) with the
 FlowGRPO loss on a fraction of the stochastic steps (+ ``data_beta`` times the flow-matching loss on
-the prompts' real clips for DDRL). With ``[wfm] start_reward_server = true`` the reference reward
-server is started on loopback for the run. Metrics go to ``<output_dir>/<timestamp>/metrics.jsonl``.
+the prompts' real clips for DDRL; ``cp.policy.flow_grpo_update``). DiffusionNFT (``algorithm =
+"diffusion_nft"``) rolls out with plain ODE steps instead and trains on the clean samples alone
+(``cp.policy.diffusion_nft_update``). With ``[wfm] start_reward_server = true`` the reference reward
+server is started on loopback for the run. Metrics go to ``<output_dir>/<timestamp>/metrics.jsonl``;
+before the first step, every ``[wfm] eval_freq`` steps and after the last, deterministic rollouts of
+fixed prompts and seeds are scored and written to ``samples/step_N/`` (mp4s named by reward,
+``rewards.json``; W&B ``eval/videos`` when W&B is on), and ``curves.png`` is redrawn.
 A bad clip (empty or undecodable video, unreadable caption or embedding) is skipped, counted and
 logged by name, within ``[train.train_policy.dataset] bad_sample_budget`` (the same budget as SFT).
 Under torchrun every rank rolls out its own prompts and the transformer is FSDP2-sharded.
 
 With ``[train.ckpt] enable_checkpoint`` the trainable weights (not LoRA's frozen base), AdamW and the
 LR schedule, the prompt order's position and the RNGs are saved every ``save_freq`` steps (DCP, under
-``checkpoints/``), and the trained weights go to ``trained_weights.safetensors`` at the end.
+``checkpoints/``), and the trained weights go to ``trained_weights.safetensors`` at the end. With
+``export_safetensors`` a diffusers folder (``transformer/`` with the LoRA merged, ``lora/`` the
+adapters alone, ``vae/``, ``scheduler/``, ``model_index.json``) goes to ``safetensors/step_N`` at each
+save and ``safetensors/final`` at the end.
 ``train.resume=true`` goes on from the latest checkpoint exactly as if never stopped: each step
 draws its randomness (SDE noise, SDE window, trained steps, DDRL noise) from generators seeded by
 ``(seed, step, rank)``, and the rewards are functions of the videos.
@@ -28,6 +36,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import functools
 import math
 import os
 import time
@@ -38,11 +47,13 @@ import torch
 
 import cosmos_primitives as cp
 from cosmos_primitives.checkpoint import CheckpointManager
-from cosmos_primitives.config import PolicyConfig, RemoteRewardConfig, WFMConfig
-from cosmos_primitives.policy import DiffusionPolicy
+from cosmos_primitives.config import PolicyConfig, RemoteRewardConfig
 from cosmos_primitives.rewards.remote import RemoteRewardClient
-from cosmos_primitives.rollout.flow_sampler import FlowTrajectory, VelocityFn, recompute_step, sample_flow
+from cosmos_primitives.rollout.flow_sampler import sample_flow
 from cosmos_primitives.utils import derived_generator, derived_seed
+
+CURVES = ["reward_mean", "eval/reward_mean", "reward_std", "policy_loss", "kl", "data_loss"]
+"""The metrics drawn into ``<run_dir>/curves.png`` (those the run has)."""
 
 
 def build_models(policy: PolicyConfig, text_dim: int, device: torch.device, dtype: torch.dtype) -> tuple[Any, Any, Any]:
@@ -79,15 +90,18 @@ def reward_client(remote: RemoteRewardConfig, start_server: bool, stack: context
     return RemoteRewardClient(remote, enqueue_url=server.enqueue_url, fetch_url=server.fetch_url, token=token)
 
 
-def score(client: RemoteRewardClient, vae: Any, latents: torch.Tensor, captions: list[str], fps: float) -> torch.Tensor:
-    """Decode latents and score the videos: ``[B]`` float32 rewards."""
-    video = cp.rollout.video_to_uint8(cp.rollout.decode_video(vae, latents)).cpu().numpy()  # [B, 3, T, H, W]
-    return torch.from_numpy(client.score_sync(captions, video, "video", video_fps=fps).total).float()
+def score(client: RemoteRewardClient, vae: Any, latents: torch.Tensor, captions: list[str],
+          fps: float) -> tuple[torch.Tensor, Any]:
+    """Decode latents and score the videos: ``[B]`` float32 rewards, the ``[B, 3, T, H, W]`` uint8 videos."""
+    video = cp.rollout.video_to_uint8(cp.rollout.decode_video(vae, latents)).cpu().numpy()
+    return torch.from_numpy(client.score_sync(captions, video, "video", video_fps=fps).total).float(), video
 
 
-def eval_prompts(dataset: Any, first: int, count: int, bad: cp.data.BadSampleTracker) -> dict[str, Any]:
-    """``count`` fixed items from index ``first`` on (wrapping), collated; bad items are recorded and passed over."""
-    items = []
+def eval_prompts(dataset: Any, first: int, count: int,
+                 bad: cp.data.BadSampleTracker) -> tuple[dict[str, Any], list[int]]:
+    """``count`` fixed items from index ``first`` on (wrapping), collated, and their indices; bad items
+    are recorded and passed over."""
+    items, indices = [], []
     for offset in range(len(dataset)):
         if len(items) == count:
             break
@@ -95,55 +109,13 @@ def eval_prompts(dataset: Any, first: int, count: int, bad: cp.data.BadSampleTra
         try:
             with cp.data.bad_sample_boundary(f"sample {index}"):
                 items.append(dataset[index])
+            indices.append(index)
         except cp.data.BadSampleError as error:
             bad.record(error, sample=f"evaluation {index}")
     if not items:
         raise cp.data.BadSampleBudgetExceeded(f"no good item for the evaluation prompts.\n{bad.report()}")
-    return cp.data.collate_clips([items[i % len(items)] for i in range(count)])
-
-
-def update_policy(policy: DiffusionPolicy, velocity: VelocityFn, optimizer: torch.optim.Optimizer,
-                  traj: FlowTrajectory, text: torch.Tensor, negative: torch.Tensor | None, advantages: torch.Tensor,
-                  clips: torch.Tensor | None, w: WFMConfig, grad_clip: float,
-                  rng: dict[str, torch.Generator], *, step: int, nonfinite: str) -> dict[str, float]:
-    """One optimizer step per mini-batch of ``traj``: the FlowGRPO loss over the trained steps
-    (+ ``data_beta`` x the DDRL data loss on ``clips`` [B, C, T, H, W]); the mean of each metric."""
-    num_train_timesteps = policy.num_train_timesteps
-    positions = cp.algo.select_train_steps(traj.sde_steps.numel(), w.train_step_fraction, generator=rng["train_steps"])
-    metrics: dict[str, list[float]] = {}
-    for mb in torch.arange(traj.batch_size).chunk(w.num_minibatches):
-        sub, sub_text, sub_adv = traj.select(mb), text[mb], advantages[mb]
-        optimizer.zero_grad(set_to_none=True)
-        mb_loss = torch.zeros((), device=text.device)
-        for pos in positions.tolist():
-            now = recompute_step(velocity, sub, int(sub.sde_steps[pos]), sub_text, negative)
-            kl = None
-            if w.kl_beta > 0:
-                with policy.reference() as ref_velocity:
-                    ref = recompute_step(ref_velocity, sub, int(sub.sde_steps[pos]), sub_text, negative)
-                kl = cp.rollout.gaussian_mean_kl(now.mean, ref.mean, now.std, reduction=w.kl_reduction)
-            out = cp.algo.flow_grpo_loss(now.log_prob, sub.log_probs[:, pos], sub_adv, clip_range=w.clip_range,
-                                         adv_clip_max=w.adv_clip_max, kl=kl, kl_beta=w.kl_beta)
-            loss = out.loss
-            if clips is not None:
-                with torch.set_grad_enabled(w.data_beta > 0):  # with data_beta = 0 it is only measured
-                    data = cp.algo.ddrl_data_loss(velocity, clips[mb], sub_text,
-                                                  noise=sub.initial_noise if w.ddrl_rollout_noise else None,
-                                                  sigma=now.sigma if w.ddrl_rollout_sigma else None,
-                                                  generator=rng["ddrl"], num_train_timesteps=num_train_timesteps,
-                                                  weighting=w.ddrl_loss_weighting)
-                loss = loss + w.data_beta * data.loss
-                metrics.setdefault("data_loss", []).append(data.loss.item())
-            (loss / len(positions)).backward()
-            mb_loss += loss.detach() / len(positions)
-            for key in ("policy_loss", "kl", "clip_fraction", "approx_kl", "ratio_mean"):
-                metrics.setdefault(key, []).append(getattr(out, key).item())
-        grad_norm = cp.parallel.clip_grad_norm_(policy.trainable_parameters(), grad_clip)
-        # a NaN / inf loss or gradient stops the run ([train] nonfinite = "stop") or skips the update
-        if cp.checkpoint.check_finite(mb_loss, grad_norm, step=step, mode=nonfinite):
-            optimizer.step()
-        metrics.setdefault("grad_norm", []).append(float(grad_norm))
-    return {k: sum(v) / len(v) for k, v in metrics.items()}
+    picks = [i % len(items) for i in range(count)]
+    return cp.data.collate_clips([items[i] for i in picks]), [indices[i] for i in picks]
 
 
 def train(cfg: cp.Config) -> Path:
@@ -162,9 +134,9 @@ def train(cfg: cp.Config) -> Path:
     # under FSDP2 the weights stay float32 and are gathered in [policy] dtype (mixed precision)
     transformer, vae, noise_scheduler = build_models(cfg.policy, w.data.text_dim, device,
                                                      torch.float32 if sharded else dtype)
-    policy = DiffusionPolicy(transformer, lora=cfg.policy.lora, keep_reference=w.kl_beta > 0,
-                             gradient_checkpointing=cfg.policy.model_gradient_checkpointing,
-                             num_train_timesteps=float(noise_scheduler.config.num_train_timesteps))
+    policy = cp.policy.DiffusionPolicy(transformer, lora=cfg.policy.lora, keep_reference=w.kl_beta > 0,
+                                       gradient_checkpointing=cfg.policy.model_gradient_checkpointing,
+                                       num_train_timesteps=float(noise_scheduler.config.num_train_timesteps))
     for p in policy.trainable_parameters():
         p.data = p.data.float()  # float32 master weights for AdamW (LoRA; full fine-tuning without FSDP2)
     cp.utils.seed_everything(seed + info.rank)  # after the model builders, which seed torch themselves
@@ -189,12 +161,17 @@ def train(cfg: cp.Config) -> Path:
     blank = torch.zeros(1, 3, w.data.num_frames, w.data.height, w.data.width, device=device)  # every item's shape
     latent_shape = tuple(cp.rollout.encode_video(vae, blank).shape[1:])
     group, per_step = w.num_samples_per_prompt, w.data.prompts_per_step
+    eval_batch, eval_ids = eval_prompts(dataset, info.rank * per_step, per_step, bad)  # fixed for the run
+    cp.policy.check_text_width(transformer, eval_batch["text"].shape[-1])  # e.g. 100352 for Cosmos-Predict2.5
+    nft = w.algorithm == "diffusion_nft"
     total_steps = cfg.train.max_steps or cfg.train.epoch * math.ceil(len(sampler) / per_step)
     optimizer = cp.policy.build_optimizer(policy.transformer, cfg.train)
     lr_scheduler = cp.policy.build_lr_scheduler(optimizer, cfg.train, total_steps)
     # LoRA's frozen base weights stay out of the checkpoints: a resumed run loads them from the model's source
+    # exports (export_safetensors): a diffusers folder, LoRA merged into transformer/, the adapters in lora/
+    exporter = functools.partial(cp.checkpoint.export_diffusers, components={"vae": vae, "scheduler": noise_scheduler})
     ckpt = CheckpointManager(cfg.train.ckpt, run_dir, model=policy.transformer, optimizer=optimizer,
-                             scheduler=lr_scheduler, sampler=sampler, frozen_params=False)
+                             scheduler=lr_scheduler, sampler=sampler, frozen_params=False, exporter=exporter)
     state = ckpt.resume(cfg.train.resume, output_dir=cfg.train.output_dir)
     step = state.step if state else 0
 
@@ -207,42 +184,52 @@ def train(cfg: cp.Config) -> Path:
                          f"{group} x {per_step} rollouts of {w.num_inference_steps} steps per update; "
                          f"steps {step + 1}..{total_steps}; run dir {run_dir}")
 
-        eval_batch = None
-
         def evaluate(at_step: int) -> None:
-            """Deterministic (ODE) rollouts with the evaluation step count, on fixed prompts and seeds."""
-            nonlocal eval_batch
-            if eval_batch is None:
-                eval_batch = eval_prompts(dataset, info.rank * per_step, per_step, bad)
-            batch = eval_batch
+            """Deterministic (ODE) rollouts with the evaluation step count, on fixed prompts and seeds;
+            their mp4s and rewards under samples/step_N, the curves in curves.png."""
+            batch, prompt_ids = eval_batch, eval_ids
             text = batch["text"].to(device).repeat_interleave(group, 0)
             seeds = [derived_seed("eval", info.rank, i) for i in range(text.shape[0])]  # the same every time
             traj = sample_flow(velocity, text, latent_shape=latent_shape, sigmas=eval_sigmas,
                                timesteps=eval_timesteps, seeds=seeds, negative_text=negative,
                                guidance_scale=w.guidance_scale, guidance_convention=w.guidance_convention)
-            rewards = score(client, vae, traj.samples, [c for c in batch["caption"] for _ in range(group)], w.data.fps)
+            captions = [c for c in batch["caption"] for _ in range(group)]
+            rewards, video = score(client, vae, traj.samples, captions, w.data.fps)
             tracker.log_metrics({"eval/reward_mean": rewards.mean()}, at_step)
+            ids = [p for p in prompt_ids for _ in range(group)]
+            cp.logging.save_video_samples(run_dir, at_step, video, prompt_ids=ids, captions=captions, seeds=seeds,
+                                          rewards=rewards.tolist(), fps=w.data.fps, rank=info.rank, tracker=tracker,
+                                          videos_per_prompt=w.eval_videos_per_prompt)
+            if info.is_rank0:
+                cp.logging.plot_run(run_dir, keys=CURVES)
 
-        if w.eval_num_inference_steps > 0 and step == 0:
+        evaluating = w.eval_num_inference_steps > 0
+        if evaluating and step == 0:
             evaluate(0)
         prompts = cp.data.prompt_stream(dataset, sampler, bad)  # from the sampler's (resumed) position
         while step < total_steps:
             step += 1
             # every random draw of this step comes from (seed, step, rank): a resumed run repeats it
             rng = {"train_steps": derived_generator(seed, step, info.rank, "train_steps"),
-                   "ddrl": derived_generator(seed, step, info.rank, "ddrl", device=device)}  # where the clips are
+                   "ddrl": derived_generator(seed, step, info.rank, "ddrl", device=device),  # where the clips are
+                   "nft": derived_generator(seed, step, info.rank, "nft")}
             batch = cp.data.collate_clips([next(prompts) for _ in range(per_step)])
             text = batch["text"].to(device).repeat_interleave(group, 0)  # [B, L, D], B = per_step * group
             captions = [c for c in batch["caption"] for _ in range(group)]
             group_ids = torch.arange(per_step).repeat_interleave(group)
             seeds = [derived_seed(seed, step, info.rank, "rollout", i) for i in range(text.shape[0])]
             # one SDE window for the whole batch, the same on every rank
-            window = cp.rollout.sde_window(w.num_inference_steps, s.sde_window_size, s.sde_window_range,
-                                           derived_generator(seed, step, "sde_window"))
+            window = (cp.rollout.sliding_sde_window(w.num_inference_steps, s.sde_window_size, step - 1,
+                                                    shift_interval=s.sde_window_shift_interval,
+                                                    stride=s.sde_window_stride, window_range=s.sde_window_range)
+                      if s.sde_window_mode == "sliding" else
+                      cp.rollout.sde_window(w.num_inference_steps, s.sde_window_size, s.sde_window_range,
+                                            derived_generator(seed, step, "sde_window")))
             traj = sample_flow(velocity, text, latent_shape=latent_shape, sigmas=sigmas, timesteps=timesteps,
                                seeds=seeds, negative_text=negative, guidance_scale=w.guidance_scale,
-                               guidance_convention=w.guidance_convention, sde=sde, sde_steps=window)
-            rewards = score(client, vae, traj.samples, captions, w.data.fps)
+                               guidance_convention=w.guidance_convention, sde=None if nft else sde,
+                               sde_steps=None if nft else window)  # DiffusionNFT: plain ODE rollouts
+            rewards, _ = score(client, vae, traj.samples, captions, w.data.fps)
             advantages = cp.algo.flow_grpo_advantages(rewards, group_ids, std_scope=w.advantage_std_scope).to(device)
             if w.advantage_transform == "neg_exp":
                 advantages = cp.algo.neg_exp_advantages(advantages, clip=w.adv_clip_max)
@@ -250,22 +237,30 @@ def train(cfg: cp.Config) -> Path:
             if w.algorithm == "ddrl":
                 clips = cp.rollout.encode_video(vae, batch["video"].to(device)).repeat_interleave(group, 0)
 
-            logged = update_policy(policy, velocity, optimizer, traj, text, negative, advantages, clips, w,
-                                   cfg.train.optm_grad_norm_clip, rng, step=step, nonfinite=cfg.train.nonfinite)
+            if nft:  # DiffusionNFT: the clean samples alone
+                logged = cp.policy.diffusion_nft_update(policy, velocity, optimizer, traj.samples, text, advantages, w,
+                                                        cfg.train.optm_grad_norm_clip, rng["nft"], step=step,
+                                                        nonfinite=cfg.train.nonfinite)
+            else:
+                logged = cp.policy.flow_grpo_update(policy, velocity, optimizer, traj, text, negative, advantages,
+                                                    clips, w, cfg.train.optm_grad_norm_clip, rng, step=step,
+                                                    nonfinite=cfg.train.nonfinite)
             lr_scheduler.step()
             logged.update(reward_mean=rewards.mean(), reward_std=rewards.std(unbiased=False),
                           lr=lr_scheduler.get_last_lr()[0], bad_samples=bad.count)
             tracker.log_metrics(logged, step)
             ckpt.maybe_save(step, epoch=sampler.epoch, force=step == total_steps)
-        if w.eval_num_inference_steps > 0:
-            evaluate(total_steps)
+            if evaluating and (step == total_steps or (w.eval_freq > 0 and step % w.eval_freq == 0)):
+                evaluate(step)
+        if info.is_rank0:
+            cp.logging.plot_run(run_dir, keys=CURVES)
         if cfg.train.ckpt.enable_checkpoint:
             weights = policy.adapter_state_dict()  # collective under FSDP2: every rank takes part
             if info.is_rank0:
                 from safetensors.torch import save_file
 
                 save_file(weights, str(run_dir / "trained_weights.safetensors"))
-        ckpt.export_final()  # with export_safetensors: the adapters folded in, under the transformer's names
+        ckpt.export_final()  # with export_safetensors: safetensors/final, a diffusers folder
         failures = ckpt.close()
     if failures:
         raise SystemExit(f"{len(failures)} upload(s) failed: {failures}")

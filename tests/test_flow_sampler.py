@@ -290,3 +290,21 @@ def test_cosmos_velocity_feeds_sigma_and_the_masks_the_pipeline_uses():
     assert not torch.allclose(got, other_sigma)
     # a Wan transformer keeps the plain diffusers call (timestep in [0, 1000])
     assert flow_velocity_fn(tiny_wan_transformer(seed=0)).__qualname__.startswith("diffusers_velocity_fn")
+
+
+def test_sliding_sde_window_moves_like_mixgrpo_and_rolls_back():
+    from cosmos_primitives.rollout.flow_sampler import sliding_sde_window
+
+    # MixGRPO's defaults: 25 sampling steps, windows inside the first 23, 4 steps, moved by 1 every 25 iterations
+    def window(k):
+        return sliding_sde_window(25, 4, k, shift_interval=25, stride=1, window_range=[0, 23])
+
+    assert window(0) == window(24) == [0, 1, 2, 3]
+    assert window(25) == [1, 2, 3, 4]
+    assert window(25 * 19) == [19, 20, 21, 22]  # the last window that fits
+    assert window(25 * 20) == [0, 1, 2, 3]  # rolled back
+    assert sliding_sde_window(10, 3, 7, shift_interval=2, stride=2) == [6, 7, 8]  # (7 // 2) * 2
+    with pytest.raises(ValueError, match="sde_window_shift_interval"):
+        sliding_sde_window(10, 3, 0, shift_interval=0)
+    with pytest.raises(ValueError, match="does not fit"):
+        sliding_sde_window(10, 3, 0, shift_interval=1, window_range=[8, 10])

@@ -20,6 +20,7 @@ from cosmos_primitives.testing import (
     tiny_wan_vae,
 )
 
+diffusers = pytest.importorskip("diffusers")
 ROOT = Path(__file__).resolve().parents[1]
 CONFIGS = ROOT / "examples" / "configs"
 
@@ -40,7 +41,7 @@ def test_cosmos_predict_recipe_has_the_reference_values():
     assert ddrl.wfm.algorithm == "ddrl" and ddrl.wfm.data_beta == 0.01
 
 
-@pytest.mark.parametrize("name", ["wfm_flowgrpo_tiny.toml", "wfm_ddrl_tiny.toml"])
+@pytest.mark.parametrize("name", ["wfm_flowgrpo_tiny.toml", "wfm_ddrl_tiny.toml", "wfm_nft_tiny.toml"])
 def test_tiny_recipes_load(name):
     cfg = cp.load_config(CONFIGS / name)
     assert cfg.policy.model_name_or_path == "tiny" and cfg.policy.dtype == "float32" and cfg.wfm.start_reward_server
@@ -98,13 +99,26 @@ def test_recipe_runs_from_a_diffusers_folder_with_kl_guidance_and_minibatches(di
 
     weights = load_file(str(run_dir / "trained_weights.safetensors"))
     assert weights and all("lora_" in name for name in weights)
-    # the export: the transformer's own names, each adapter folded into its layer's weight
-    exported = load_file(str(run_dir / "safetensors" / "final" / "model-00001-of-00001.safetensors"))
-    base = tiny_wan_transformer(seed=0).state_dict()
-    assert exported.keys() == base.keys()
-    adapted = [name for name in base if not torch.equal(exported[name], base[name])]
-    targets = resolved.policy.lora.target_modules
-    assert adapted and all(any(f".{name}".endswith(f".{t}.weight") for t in targets) for name in adapted)
+    # the export: a diffusers folder whose transformer (LoRA merged) and lora/ (on the base model) both
+    # give the trained policy's velocity; the trained policy = base + the adapters of trained_weights
+    final = run_dir / "safetensors" / "final"
+    assert {"model_index.json", "transformer", "lora", "vae", "scheduler"} <= {p.name for p in final.iterdir()}
+    policy = cp.policy.DiffusionPolicy(tiny_wan_transformer(seed=0), lora=resolved.policy.lora)
+    missing = policy.transformer.load_state_dict(weights, strict=False)
+    assert not missing.unexpected_keys
+    x, text = torch.randn(2, 4, 1, 8, 8), torch.randn(2, 8, 32)
+    timestep = torch.tensor([800.0, 300.0])
+    with torch.no_grad():
+        trained = policy.velocity_fn()(x, timestep, text)
+        merged = cp.rollout.flow_sampler.flow_velocity_fn(
+            diffusers.WanTransformer3DModel.from_pretrained(final, subfolder="transformer"))(x, timestep, text)
+        base = tiny_wan_transformer(seed=0)
+        untrained = cp.rollout.flow_sampler.flow_velocity_fn(base)(x, timestep, text)
+        base.load_lora_adapter(str(final / "lora"), prefix="transformer", use_safetensors=True)
+        adapted = cp.rollout.flow_sampler.flow_velocity_fn(base)(x, timestep, text)
+    assert (trained - untrained).abs().max() > 1e-4  # training moved the velocity
+    torch.testing.assert_close(merged, trained, atol=1e-5, rtol=0)
+    torch.testing.assert_close(adapted, trained, atol=1e-5, rtol=0)
 
 
 @pytest.fixture

@@ -27,6 +27,7 @@ from cosmos_primitives.algo.dapo import (
     overlong_penalty,
 )
 from cosmos_primitives.algo.ddrl import DataLoss, ddrl_data_loss, neg_exp_advantages, noisy_latents
+from cosmos_primitives.algo.diffusion_nft import DiffusionNFTOutput, diffusion_nft_loss, optimality_probability
 from cosmos_primitives.algo.entropy import entropy_bonus
 from cosmos_primitives.algo.flow_grpo import FlowGRPOLoss, flow_grpo_advantages, flow_grpo_loss, select_train_steps
 from cosmos_primitives.algo.fused_logprob_loss import fused_weighted_logprob_sum, weighted_logprobs_from_hidden
@@ -69,6 +70,7 @@ from cosmos_primitives.algo.sft_loss import sft_loss, sft_token_weights, trained
 
 __all__ = [
     "DataLoss",
+    "DiffusionNFTOutput",
     "DynamicSamplingResult",
     "FlowGRPOLoss",
     "PolicyLossOutput",
@@ -82,6 +84,7 @@ __all__ = [
     "chunked_selective_log_softmax",
     "compute_advantages",
     "ddrl_data_loss",
+    "diffusion_nft_loss",
     "drgrpo_advantages",
     "dynamic_sampling",
     "dynamic_sampling_enabled",
@@ -106,6 +109,7 @@ __all__ = [
     "neg_exp_advantages",
     "noisy_latents",
     "off_policy_sequence_mask",
+    "optimality_probability",
     "overlong_penalty",
     "policy_loss_names",
     "ppo_clip_loss",

@@ -1,6 +1,7 @@
 """Resume checkpoints (DCP, sharded, atomic, checksummed, rotated in save order, sync or async),
-Hugging Face safetensors export, background uploads to S3 and the Hugging Face Hub, and the guard
-that stops (or skips) a step with a non-finite loss or gradient before it can be saved.
+Hugging Face safetensors export (diffusers folders for flow transformers), background uploads to S3
+and the Hugging Face Hub, and the guard that stops (or skips) a step with a non-finite loss or
+gradient before it can be saved.
 
 Names load on first use, so ``import cosmos_primitives.checkpoint`` stays cheap; boto3 and
 huggingface_hub (extras ``s3`` and ``hub``) are imported only when an upload is configured.
@@ -15,6 +16,7 @@ _EXPORTS = {
     "PAUSE_ENV": "cosmos_primitives.checkpoint.manager",
     "TrainState": "cosmos_primitives.checkpoint.train_state",
     "export_safetensors": "cosmos_primitives.checkpoint.safetensors_export",
+    "export_diffusers": "cosmos_primitives.checkpoint.diffusers_export",
     "find_latest_checkpoint": "cosmos_primitives.checkpoint.layout",
     "list_checkpoints": "cosmos_primitives.checkpoint.layout",
     "verify_checkpoint": "cosmos_primitives.checkpoint.manifest",
@@ -40,6 +42,7 @@ __all__ = [
     "Uploader",
     "Verification",
     "check_finite",
+    "export_diffusers",
     "export_safetensors",
     "find_latest_checkpoint",
     "list_checkpoints",

@@ -33,6 +33,7 @@ import os
 import time
 import warnings
 import weakref
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -88,6 +89,9 @@ class CheckpointManager:
         process_group: the ranks that save together (default: the whole job), e.g. the trainer ranks
             of a disaggregated job; its first rank writes the metadata. Construct the manager on
             those ranks only.
+        exporter: writes the exports instead of :func:`export_safetensors`, called on every rank as
+            ``exporter(model, out_dir, max_shard_size_gb=..., dtype=...)`` (e.g. a
+            ``functools.partial`` of ``cp.checkpoint.export_diffusers`` with the VAE and scheduler).
         async_group: with ``process_group`` and ``save_mode = "async"``: a gloo group over the same
             ranks for the background saves, made by every rank of the job beforehand
             (``dist.new_group(ranks, backend="gloo")`` is collective over the job).
@@ -112,6 +116,7 @@ class CheckpointManager:
         process_group: dist.ProcessGroup | None = None,
         async_group: dist.ProcessGroup | None = None,
         frozen_params: bool = True,
+        exporter: Callable[..., Path] | None = None,
     ) -> None:
         if config.max_keep == 0 or config.max_keep < -1:
             raise ValueError(f"[train.ckpt] max_keep must be -1 (keep all) or >= 1, got {config.max_keep}")
@@ -125,6 +130,7 @@ class CheckpointManager:
         self.sampler = sampler
         self.processor = processor
         self.tokenizer = tokenizer
+        self.exporter = exporter
         self._options = StateDictOptions(ignore_frozen_params=not frozen_params, strict=frozen_params)
         self._dist = dist.is_initialized()
         if not self._dist:
@@ -457,15 +463,20 @@ class CheckpointManager:
 
     # ------------------------------------------------------------------------- export / upload
     def export(self, step: int | None = None) -> Path:
-        """Export a Hugging Face folder: ``safetensors/step_<step>``, or ``safetensors/final`` when ``step`` is None.
+        """Export a Hugging Face folder (or the ``exporter``'s): ``safetensors/step_<step>``, or
+        ``safetensors/final`` when ``step`` is None.
 
         Collective. Queues the uploads the config asks for (S3 ``"all"``: every export; ``"final"``:
         the final one; the Hub: the final one).
         """
         final = step is None
         out = self.safetensors_dir / ("final" if final else layout.step_dir_name(step))
-        export_safetensors(self.model, out, processor=self.processor, tokenizer=self.tokenizer,
-                           max_shard_size_gb=self.config.max_shard_size_gb, dtype=self.config.export_dtype)
+        if self.exporter is not None:
+            self.exporter(self.model, out, max_shard_size_gb=self.config.max_shard_size_gb,
+                          dtype=self.config.export_dtype)
+        else:
+            export_safetensors(self.model, out, processor=self.processor, tokenizer=self.tokenizer,
+                               max_shard_size_gb=self.config.max_shard_size_gb, dtype=self.config.export_dtype)
         if self.rank == 0:
             if not final:
                 self._rotate()

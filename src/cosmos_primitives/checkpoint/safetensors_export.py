@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import copy
 import json
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -73,42 +74,58 @@ def export_safetensors(
     Raises:
         RuntimeError: on every rank, when rank 0 failed to write (its error is in the message).
     """
-    if dtype != "auto" and dtype not in _DTYPES:
-        raise ValueError(f"export dtype must be 'auto' or one of {sorted(_DTYPES)}, got {dtype!r}")
     if max_shard_size_gb <= 0:
         raise ValueError(f"[train.ckpt] max_shard_size_gb must be > 0, got {max_shard_size_gb}")
-    out_dir = Path(out_dir)
-    log = get_logger()
     # a training wrapper (e.g. cp.policy.CausalLMPolicy) exposes the transformers model it owns
     model = getattr(model, "hf_model", model)
+
+    def write(full_sd: dict[str, torch.Tensor], tmp: Path) -> None:
+        _write_folder(model, full_sd, tmp, processor, tokenizer, int(max_shard_size_gb * GB))
+
+    return export_folder(model, out_dir, write, dtype=dtype, kind="safetensors")
+
+
+def export_folder(model: nn.Module, out_dir: str | Path, write: Callable[[dict[str, torch.Tensor], Path], None], *,
+                  dtype: str = "auto", kind: str = "safetensors") -> Path:
+    """The collective part of an export: gather ``model``'s full state dict (cast to ``dtype``), let rank
+    0 ``write(state_dict, tmp_dir)``, rename ``<out_dir>.tmp`` into place, log ``Exported <kind> to <out_dir>``.
+
+    Raises:
+        RuntimeError: on every rank, when rank 0 failed to write (its error is in the message).
+    """
+    if dtype != "auto" and dtype not in _DTYPES:
+        raise ValueError(f"export dtype must be 'auto' or one of {sorted(_DTYPES)}, got {dtype!r}")
+    out_dir = Path(out_dir)
+    log = get_logger()
     if get_rank() == 0:
-        log.info("Prepare to export safetensors to %s at rank 0", out_dir)
+        log.info("Prepare to export %s to %s at rank 0", kind, out_dir)
     full_sd = gather_full_state_dict(model)
     error: str | None = None
     if get_rank() == 0:
         try:
-            _write_folder(model, full_sd, out_dir, processor, tokenizer, int(max_shard_size_gb * GB), dtype)
+            if dtype != "auto":
+                target = _DTYPES[dtype]
+                full_sd = {k: v.to(target) if v.is_floating_point() else v for k, v in full_sd.items()}
+            tmp = out_dir.with_name(out_dir.name + TMP_SUFFIX)
+            remove_tree(tmp)
+            tmp.mkdir(parents=True)
+            write(full_sd, tmp)
+            publish(tmp, out_dir)
         except Exception as exc:  # reported to every rank below, then raised everywhere
             error = f"{type(exc).__name__}: {exc}"
-            log.exception("Safetensors export to %s failed", out_dir)
+            log.exception("Export of %s to %s failed", kind, out_dir)
     del full_sd
     if dist.is_initialized() and dist.get_world_size() > 1:
         error = broadcast_object(error)
     if error is not None:
-        raise RuntimeError(f"exporting safetensors to {out_dir} failed on rank 0: {error}")
+        raise RuntimeError(f"exporting {kind} to {out_dir} failed on rank 0: {error}")
     if get_rank() == 0:
-        log.info("Exported safetensors to %s", out_dir)
+        log.info("Exported %s to %s", kind, out_dir)
     return out_dir
 
 
-def _write_folder(model: nn.Module, full_sd: dict[str, torch.Tensor], out_dir: Path, processor: Any,
-                  tokenizer: Any, max_shard_bytes: int, dtype: str) -> None:
-    tmp = out_dir.with_name(out_dir.name + TMP_SUFFIX)
-    remove_tree(tmp)
-    tmp.mkdir(parents=True)
-    if dtype != "auto":
-        target = _DTYPES[dtype]
-        full_sd = {k: v.to(target) if v.is_floating_point() else v for k, v in full_sd.items()}
+def _write_folder(model: nn.Module, full_sd: dict[str, torch.Tensor], tmp: Path, processor: Any,
+                  tokenizer: Any, max_shard_bytes: int) -> None:
     # LoRA adapters are folded into the base weights: the folder is a plain model of the base class
     full_sd = merge_lora_state_dict(full_sd, model)
     hf_class = _transformers_class(model)
@@ -124,7 +141,6 @@ def _write_folder(model: nn.Module, full_sd: dict[str, torch.Tensor], out_dir: P
     log = get_logger()
     for i, shard in enumerate(sorted(tmp.glob("*.safetensors"))):
         log.info("Saved chunk %d to %s (%.2f GB)", i, shard.name, shard.stat().st_size / GB)
-    publish(tmp, out_dir)
 
 
 def _transformers_class(model: nn.Module) -> type | None:
@@ -181,8 +197,10 @@ def _index_single_file(out: Path) -> None:
     (out / INDEX_FILE).write_text(json.dumps(index, indent=2, sort_keys=True))
 
 
-def write_safetensors_shards(state_dict: dict[str, torch.Tensor], out: Path, max_shard_bytes: int) -> list[Path]:
-    """Write ``state_dict`` as ``model-0000i-of-0000n.safetensors`` + ``model.safetensors.index.json``.
+def write_safetensors_shards(state_dict: dict[str, torch.Tensor], out: Path, max_shard_bytes: int, *,
+                             stem: str = "model") -> list[Path]:
+    """Write ``state_dict`` as ``<stem>-0000i-of-0000n.safetensors`` + ``<stem>.safetensors.index.json``
+    (``stem = "diffusion_pytorch_model"`` gives the names diffusers models load).
 
     Tensors are packed in order into shards of at most ``max_shard_bytes``; a larger tensor gets a
     shard of its own. Used for modules that are not ``transformers`` models.
@@ -203,12 +221,12 @@ def write_safetensors_shards(state_dict: dict[str, torch.Tensor], out: Path, max
     weight_map: dict[str, str] = {}
     paths = []
     for i, shard in enumerate(shards, start=1):
-        name = f"model-{i:05d}-of-{total:05d}.safetensors"
+        name = f"{stem}-{i:05d}-of-{total:05d}.safetensors"
         save_file(shard, str(out / name), metadata={"format": "pt"})
         weight_map.update(dict.fromkeys(shard, name))
         paths.append(out / name)
     index = {"metadata": {"total_size": sum(sizes)}, "weight_map": weight_map}
-    (out / INDEX_FILE).write_text(json.dumps(index, indent=2, sort_keys=True))
+    (out / f"{stem}.safetensors.index.json").write_text(json.dumps(index, indent=2, sort_keys=True))
     return paths
 
 

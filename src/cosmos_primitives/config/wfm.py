@@ -13,7 +13,7 @@ Example (the tiny CPU recipe; the Cosmos-Predict2.5-2B values are in
     target_modules = ["to_q", "to_k", "to_v", "to_out.0"]
 
     [wfm]
-    algorithm = "flow_grpo"       # or "ddrl"
+    algorithm = "flow_grpo"       # or "ddrl", "diffusion_nft"
     num_samples_per_prompt = 8
     num_inference_steps = 10
     guidance_scale = 1.0          # read in the convention named by guidance_convention
@@ -59,6 +59,9 @@ class WFMSamplerConfig(Section):
     steps. ``sde_window_size = 0`` makes every step stochastic. Otherwise the window's first step is
     drawn per rollout batch, uniformly so that the window lies inside ``sde_window_range = [lo, hi)``
     (step indices; empty: all steps). Flow-GRPO-Fast uses e.g. size 2 within the first half.
+    ``sde_window_mode = "sliding"`` (MixGRPO) instead starts the window at the range's first step and
+    moves it ``sde_window_stride`` steps later every ``sde_window_shift_interval`` training steps,
+    back to the start once it has passed the end (``cp.rollout.sliding_sde_window``).
     """
 
     sde_type: Literal["flow_grpo", "linear", "cps"] = "flow_grpo"
@@ -67,6 +70,10 @@ class WFMSamplerConfig(Section):
     noise_max: float = 0.7
     sde_window_size: int = 0
     sde_window_range: list[int] = msgspec.field(default_factory=list)
+    # "random": a new window position per rollout batch; "sliding": MixGRPO's progressive window
+    sde_window_mode: Literal["random", "sliding"] = "random"
+    sde_window_shift_interval: int = 25
+    sde_window_stride: int = 1
     # scheduler shift of the sigma grid; None: the model's scheduler config (3.0 for the tiny one)
     shift: float | None = None
 
@@ -124,12 +131,22 @@ class WFMConfig(Section):
     DDRL (``algorithm = "ddrl"``): adds ``data_beta`` times the flow-matching loss on real clips,
     ``ddrl_rollout_noise`` / ``ddrl_rollout_sigma`` reuse the rollout's initial noise / the trained
     step's sigma for it, and ``advantage_transform = "neg_exp"`` maps ``A -> -exp(-A)`` (then clamps).
+
+    DiffusionNFT (``algorithm = "diffusion_nft"``, ``cp.algo.diffusion_nft_loss``): ODE rollouts, then
+    per sample ``nft_num_timesteps`` forward-process points with ``t`` uniform in ``[nft_t_min,
+    nft_t_max]``; ``nft_beta`` is the implicit-policy step, ``adv_clip_max`` maps advantages to the
+    optimality probability, ``kl_beta`` weighs the velocity KL to the reference; no guidance.
     """
 
-    algorithm: Literal["flow_grpo", "ddrl"] = "flow_grpo"
+    algorithm: Literal["flow_grpo", "ddrl", "diffusion_nft"] = "flow_grpo"
     num_samples_per_prompt: AtLeastOne = 8
     num_inference_steps: AtLeastOne = 20
     eval_num_inference_steps: int = 40
+    # evaluate (deterministic rollouts of fixed prompts and seeds) every eval_freq steps, and before the
+    # first and after the last step; 0: only those two (eval_num_inference_steps = 0: never)
+    eval_freq: int = 0
+    # mp4 files per eval prompt under <run_dir>/samples/step_N/ (rewards of every sample in rewards.json)
+    eval_videos_per_prompt: int = 2
     guidance_scale: float = 1.0
     guidance_convention: Literal["diffusers", "cosmos"] = "diffusers"
     negative_prompt: str = ""
@@ -148,6 +165,11 @@ class WFMConfig(Section):
     train_step_fraction: float = 1.0
     # optimizer steps per rollout batch (the rollout batch is split into this many mini-batches)
     num_minibatches: AtLeastOne = 1
+    # DiffusionNFT: the implicit-policy step beta, forward-process points per sample, their t range
+    nft_beta: float = 1.0
+    nft_num_timesteps: int = 1
+    nft_t_min: float = 0.0
+    nft_t_max: float = 1.0
 
     # true: every rank starts the reference reward server on loopback and points the [remote_reward]
     # client at it (rewards must be ones it hosts: brightness, contrast, colorfulness, media_stats);

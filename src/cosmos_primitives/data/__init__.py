@@ -69,6 +69,10 @@ _EXPORTS = {
     "all_ranks_have_batch": "sft_loader",
     "build_sft_dataset": "sft_loader",
     "build_sft_loader": "sft_loader",
+    "precompute_clip_folder": "precompute_text_embeddings",
+    "reason_text_embeddings": "precompute_text_embeddings",
+    "WebDatasetClips": "wfm_webdataset",
+    "list_shards": "wfm_webdataset",
 }
 
 __all__ = sorted(_EXPORTS)
@@ -90,6 +94,10 @@ if TYPE_CHECKING:  # pragma: no cover
     from cosmos_primitives.data.media import MediaSettings, load_image  # noqa: F401
     from cosmos_primitives.data.mrope import MRopeSpec, mrope_position_ids  # noqa: F401
     from cosmos_primitives.data.packing import collate_packed, collate_padded, model_inputs, padding_stats  # noqa: F401
+    from cosmos_primitives.data.precompute_text_embeddings import (  # noqa: F401
+        precompute_clip_folder,
+        reason_text_embeddings,
+    )
     from cosmos_primitives.data.prompt_inputs import encode_prompts, render_prompt, repeat_batch  # noqa: F401
     from cosmos_primitives.data.prompt_streaming import prompt_stream  # noqa: F401
     from cosmos_primitives.data.qwen_vl_encoding import (  # noqa: F401
@@ -109,5 +117,6 @@ if TYPE_CHECKING:  # pragma: no cover
     )
     from cosmos_primitives.data.video_folder import VideoFolderDataset  # noqa: F401
     from cosmos_primitives.data.video_sampling import SampledVideo, VideoDecodeError, sample_video  # noqa: F401
+    from cosmos_primitives.data.wfm_webdataset import WebDatasetClips, list_shards  # noqa: F401
 
 __getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)

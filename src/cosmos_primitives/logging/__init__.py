@@ -1,8 +1,10 @@
-"""Metrics to console, JSONL and W&B; progress bars; plots of a run."""
+"""Metrics to console, JSONL and W&B; progress bars; plots of a run; sample videos."""
 
 from cosmos_primitives.logging.console import get_logger
 from cosmos_primitives.logging.plot import plot_run
 from cosmos_primitives.logging.progress import progress
+from cosmos_primitives.logging.samples import save_video_samples
 from cosmos_primitives.logging.tracker import MetricsTracker, metric_series, read_metrics
 
-__all__ = ["MetricsTracker", "get_logger", "metric_series", "plot_run", "progress", "read_metrics"]
+__all__ = ["MetricsTracker", "get_logger", "metric_series", "plot_run", "progress", "read_metrics",
+           "save_video_samples"]

@@ -124,6 +124,15 @@ class MetricsTracker:
         if self._wandb_run is not None:
             self._wandb_run.log(values, step=step)
 
+    def log_videos(self, key: str, paths: Sequence[str | Path], captions: Sequence[str], step: int) -> None:
+        """Send mp4 files to W&B under ``key`` at ``step`` (offline runs keep them under
+        ``<run_dir>/wandb/.../files/media/videos``); nothing without W&B."""
+        if self._wandb_run is None:
+            return
+        wandb = require("wandb", "logging videos to Weights & Biases")
+        self._wandb_run.log({key: [wandb.Video(str(p), caption=c, format="mp4") for p, c in zip(paths, captions)]},
+                            step=step)
+
     def log_text(self, message: str) -> None:
         if self.rank == 0:
             if self._bar is not None:

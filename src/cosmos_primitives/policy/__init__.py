@@ -21,7 +21,14 @@ LM head's forward (one GEMM less per chunk). A GRPO update on a rollout batch is
 from cosmos_primitives.checkpoint.hf_loading import is_vision_language, load_hf_model, load_processor, resolve_dtype
 from cosmos_primitives.checkpoint.lora_merge import has_lora, merge_lora_state_dict
 from cosmos_primitives.policy.build import build_policy
-from cosmos_primitives.policy.diffusion import DiffusionPolicy, shard_transformer, transformer_blocks
+from cosmos_primitives.policy.diffusion import (
+    DiffusionPolicy,
+    check_text_width,
+    shard_transformer,
+    text_width,
+    transformer_blocks,
+)
+from cosmos_primitives.policy.flow_update import diffusion_nft_update, flow_grpo_update
 from cosmos_primitives.policy.grpo_update import GRPOUpdate, grpo_reference, grpo_update
 from cosmos_primitives.policy.lm_policy import MODEL_INPUT_KEYS, CausalLMPolicy, token_logprobs
 from cosmos_primitives.policy.lora import adapters_disabled, apply_lora
@@ -41,6 +48,9 @@ __all__ = [
     "build_lr_scheduler",
     "build_optimizer",
     "build_policy",
+    "check_text_width",
+    "diffusion_nft_update",
+    "flow_grpo_update",
     "grpo_reference",
     "grpo_update",
     "has_lora",
@@ -50,6 +60,7 @@ __all__ = [
     "merge_lora_state_dict",
     "resolve_dtype",
     "shard_transformer",
+    "text_width",
     "token_logprobs",
     "trainable_summary",
     "transformer_blocks",

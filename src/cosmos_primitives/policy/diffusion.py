@@ -34,6 +34,35 @@ def transformer_blocks(transformer: torch.nn.Module) -> list[torch.nn.Module]:
                      "shard it yourself with torch.distributed.fsdp.fully_shard")
 
 
+def text_width(transformer: Any) -> int | None:
+    """The width ``D`` of the text embeddings ``[B, L, D]`` that ``transformer`` takes, from its config.
+
+    Cosmos-Predict2.5's ``CosmosTransformer3DModel`` projects the Cosmos-Reason1 embeddings (every
+    layer's hidden states, concatenated: 28 x 3584 = 100352 wide) to ``text_embed_dim``
+    (``use_crossattn_projection``), so it takes ``crossattn_proj_in_channels``; Cosmos-Predict2 takes
+    ``text_embed_dim`` (T5), Wan ``text_dim``. None for a class it does not know.
+    """
+    config = getattr(transformer, "config", None)
+    if config is None:
+        return None
+    if config.get("use_crossattn_projection"):
+        return int(config["crossattn_proj_in_channels"])
+    for key in ("text_embed_dim", "text_dim"):
+        if config.get(key) is not None:
+            return int(config[key])
+    return None
+
+
+def check_text_width(transformer: Any, width: int, *, source: str = "[wfm.data] text_dim") -> None:
+    """Raise ``ValueError`` when ``width`` (of the embeddings named by ``source``) is not :func:`text_width`."""
+    expected = text_width(transformer)
+    if expected is not None and expected != width:
+        raise ValueError(
+            f"{source} is {width} wide but {type(transformer).__name__} takes text embeddings {expected} wide; "
+            f"set [wfm.data] text_dim = {expected} and precompute the embeddings with the model's text encoder "
+            "(python -m cosmos_primitives.data.precompute_text_embeddings)")
+
+
 def shard_transformer(transformer: torch.nn.Module, mesh: Any = None, *, param_dtype: torch.dtype | None = None,
                       reshard_after_forward: bool = True) -> torch.nn.Module:
     """FSDP2: ``fully_shard`` every transformer block, then the root (in place).

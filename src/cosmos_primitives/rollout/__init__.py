@@ -34,6 +34,7 @@ _EXPORTS = {
     "recompute_step": "flow_sampler",
     "sample_flow": "flow_sampler",
     "sde_window": "flow_sampler",
+    "sliding_sde_window": "flow_sampler",
     "to_diffusers_guidance": "flow_sampler",
     "decode_video": "flow_vae",
     "encode_video": "flow_vae",

@@ -210,6 +210,26 @@ def sde_window(num_steps: int, window_size: int = 0, window_range: Sequence[int]
     return list(range(start, start + window_size))
 
 
+def sliding_sde_window(num_steps: int, window_size: int, iteration: int, *, shift_interval: int, stride: int = 1,
+                       window_range: Sequence[int] = ()) -> list[int]:
+    """MixGRPO's progressive window: ``window_size`` stochastic steps starting at the first step of
+    ``window_range = [lo, hi)`` (empty: all steps), moved ``stride`` steps later every ``shift_interval``
+    training iterations (``iteration`` counts from 0), and back to ``lo`` once it has passed the last
+    position that fits (MixGRPO's ``roll_back``). Every step outside the window is an ODE step.
+    """
+    if window_size <= 0 or shift_interval <= 0 or stride <= 0:
+        raise ValueError(f"a sliding SDE window needs window_size, shift_interval and stride > 0; got {window_size}, "
+                         f"{shift_interval}, {stride} ([wfm.sampler] sde_window_size / sde_window_shift_interval / "
+                         "sde_window_stride)")
+    lo, hi = (0, num_steps) if not window_range else (int(window_range[0]), int(window_range[1]))
+    if not 0 <= lo < hi <= num_steps or hi - lo < window_size:
+        raise ValueError(f"SDE window of {window_size} steps does not fit in sde_window_range [{lo}, {hi}) of a "
+                         f"{num_steps}-step rollout ([wfm.sampler] sde_window_size / sde_window_range)")
+    positions = hi - lo - window_size + 1
+    start = lo + ((iteration // shift_interval) * stride) % positions
+    return list(range(start, start + window_size))
+
+
 def _noise(generators: Sequence[torch.Generator], shape: Sequence[int], device: torch.device) -> torch.Tensor:
     return torch.stack([torch.randn(tuple(shape), generator=g, device=device, dtype=torch.float32)
                         for g in generators])

@@ -21,6 +21,8 @@ from cosmos_primitives.testing.media import (
     write_mp4,
 )
 from cosmos_primitives.testing.models import (
+    COSMOS_PREDICT2_5_2B_TRANSFORMER,
+    cosmos_predict2_5_2b_transformer,
     save_tiny_qwen2,
     save_tiny_qwen2_5_vl,
     tiny_cosmos_transformer,
@@ -37,9 +39,11 @@ from cosmos_primitives.testing.tokenizer import qwen2_5_vl_chat_template, qwen_t
 
 __all__ = [
     "COLOURS",
+    "COSMOS_PREDICT2_5_2B_TRANSFORMER",
     "color_image",
     "colour_mcq_rows",
     "colour_mcq_sft_rows",
+    "cosmos_predict2_5_2b_transformer",
     "decode_frame_index",
     "ensure_demo_assets",
     "frame_index_pattern",

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import numpy as np
 
-from cosmos_primitives.utils.extras import require
+from cosmos_primitives.logging.samples import write_mp4 as encode_mp4
 
 COLOURS: dict[str, tuple[int, int, int]] = {
     "red": (220, 30, 30),
@@ -63,24 +63,9 @@ def write_mp4(path: str | Path, num_frames: int = 16, fps: float = 8.0, size: tu
         frames: ``[T, H, W, 3]`` uint8; default: ``num_frames`` frames of :func:`frame_index_pattern`.
         size: ``(H, W)``, both even (yuv420p).
     """
-    av = require("av", "writing mp4 clips")
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
     if frames is None:
         frames = np.stack([frame_index_pattern(i, size) for i in range(num_frames)])
-    _, h, w, _ = frames.shape
-    from fractions import Fraction
-
-    with av.open(str(path), mode="w") as container:
-        stream = container.add_stream("libx264", rate=Fraction(fps).limit_denominator(1000))
-        stream.width, stream.height, stream.pix_fmt = w, h, "yuv420p"
-        stream.options = {"crf": "10", "preset": "ultrafast"}
-        for frame in frames:
-            for packet in stream.encode(av.VideoFrame.from_ndarray(np.ascontiguousarray(frame), format="rgb24")):
-                container.mux(packet)
-        for packet in stream.encode():
-            container.mux(packet)
-    return path
+    return encode_mp4(path, frames, fps, crf=10)
 
 
 def write_corrupt_mp4(path: str | Path, num_bytes: int = 2048, seed: int = 0) -> Path:

@@ -194,6 +194,43 @@ def tiny_cosmos_transformer(seed: int = 0, latent_channels: int = 4, text_dim: i
     )
 
 
+COSMOS_PREDICT2_5_2B_TRANSFORMER: dict[str, Any] = {
+    "in_channels": 16 + 1,  # the Wan2.1 VAE's 16 latent channels + the condition-mask channel
+    "out_channels": 16,
+    "num_attention_heads": 16,
+    "attention_head_dim": 128,
+    "num_layers": 28,
+    "mlp_ratio": 4.0,
+    "text_embed_dim": 1024,
+    "adaln_lora_dim": 256,
+    "max_size": (128, 240, 240),
+    "patch_size": (1, 2, 2),
+    "rope_scale": (1.0, 3.0, 3.0),
+    "concat_padding_mask": True,
+    "extra_pos_embed_type": None,
+    "use_crossattn_projection": True,
+    "crossattn_proj_in_channels": 100352,  # Cosmos-Reason1-7B: 28 layers x 3584, concatenated
+    "encoder_hidden_states_channels": 1024,
+}
+"""The ``CosmosTransformer3DModel`` config of Cosmos-Predict2.5-2B as published (diffusers'
+``Cosmos-2.5-Predict-Base-2B`` conversion config; 2.06e9 weights)."""
+
+
+def cosmos_predict2_5_2b_transformer(device: str | torch.device = "meta", dtype: torch.dtype = torch.bfloat16) -> Any:
+    """A ``CosmosTransformer3DModel`` of Cosmos-Predict2.5-2B's shape with random weights, by default on
+    the meta device (no memory: for shape checks of what a recipe feeds it)."""
+    diffusers = require("diffusers", "the Cosmos-Predict2.5 transformer")
+    with torch.device(device):
+        model = diffusers.CosmosTransformer3DModel(**COSMOS_PREDICT2_5_2B_TRANSFORMER)
+    # as from_pretrained(torch_dtype=...) does: the learnable position embedding stays float32
+    keep = set(getattr(model, "_keep_in_fp32_modules", None) or [])
+    for name, module in model.named_modules():
+        if not any(name == k or name.startswith(k + ".") or name.endswith("." + k) for k in keep):
+            for param in module.parameters(recurse=False):
+                param.data = param.data.to(dtype)
+    return model
+
+
 def tiny_unipc_flow_scheduler(flow_shift: float = 5.0) -> Any:
     """A flow-sigma ``UniPCMultistepScheduler``, the scheduler kind of Cosmos-Predict2.5 in diffusers."""
     diffusers = require("diffusers", "the flow-matching scheduler")
