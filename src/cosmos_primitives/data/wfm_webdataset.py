@@ -165,8 +165,8 @@ class WebDatasetClips:
             rng = np.random.default_rng((self.seed, self.epoch, self.rank, self.shard_pos, index))
             try:
                 frames = read_clip(f.name, self.num_frames, rng)
-            except ValueError as exc:
-                raise BadSampleError(where, str(exc).replace(f.name, "video")) from exc
+            except BadSampleError as exc:  # it names the temporary file: name the shard member instead
+                raise BadSampleError(where, exc.reason.replace(f.name, "video")) from exc
         if "safetensors" in parts:
             from safetensors.numpy import load as load_safetensors
 
