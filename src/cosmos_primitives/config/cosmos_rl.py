@@ -284,7 +284,7 @@ vla | - | refused | - | vision-language-action training is not supported here
 _PARALLELISM = r"""
 {s}.parallelism.n_init_replicas | 1 | ignored | - | launcher-only: torchrun starts the ranks; replicas are data-parallel ranks here
 {s}.parallelism.tp_size | 2 | mapped | - | = (ours defaults to 1)
-{s}.parallelism.cp_size | 1 | mapped | - | = (above 1 is refused when the mesh is built: context parallelism is not implemented)
+{s}.parallelism.cp_size | 1 | mapped | - | = (policy: Ulysses context parallel over the decoder, heads divisible by cp_size; rollout engines do not split sequences)
 {s}.parallelism.ep_size | 1 | refused | [1] | expert parallelism is not supported; remove the key
 {s}.parallelism.dp_shard_size | 1 | mapped | - | = (ours defaults to -1: all remaining ranks)
 {s}.parallelism.pp_size | 1 | mapped | - | = (above 1 is refused when the mesh is built: pipeline parallelism is not implemented)
