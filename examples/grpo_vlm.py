@@ -15,7 +15,6 @@ With ``[validation] enable`` the engine also answers held-out items every ``freq
 
 from __future__ import annotations
 
-import argparse
 import math
 import time
 
@@ -34,18 +33,6 @@ from cosmos_primitives.data import (
     prompt_stream,
 )
 from cosmos_primitives.sync import InProcessSync
-
-
-def parse_args() -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--config", required=True, help="TOML config")
-    parser.add_argument("--dataset", help="your dataset class by import path, e.g. my_pkg.data:MyDataset "
-                        "(cosmos-rl dataset classes run unchanged; [train.train_policy.dataset] plugin)")
-    parser.add_argument("--reward", action="append", default=[],
-                        help="a reward function by import path, e.g. my_pkg.rewards:score (repeat for more; they "
-                        "replace [grpo] reward_function, weight 1 each; cosmos-rl's signature is accepted)")
-    parser.add_argument("overrides", nargs="*", help="dotted overrides, e.g. grpo.kl_beta=0.01")
-    return parser.parse_args()
 
 
 def validate(engine, dataset: MCQPromptDataset, cfg: cp.config.Config, mesh: cp.parallel.ParallelMesh,
@@ -83,8 +70,7 @@ def validate(engine, dataset: MCQPromptDataset, cfg: cp.config.Config, mesh: cp.
 
 
 def main() -> None:
-    args = parse_args()
-    cfg = cp.config.with_plugins(cp.load_config(args.config, args.overrides), args.dataset, args.reward)
+    cfg, config_path = cp.config.load_recipe_config(__doc__, plugins=True)  # --config, --dataset, --reward
     info = cp.parallel.init_distributed()
     log = cp.logging.get_logger()
     mesh = cp.parallel.ParallelMesh(cfg.policy.parallelism, device_type=info.device.type)
@@ -93,7 +79,7 @@ def main() -> None:
 
         ensure_demo_assets(cfg)  # only acts on "demo:<path>" paths (the tiny configs)
     cp.parallel.barrier()
-    cfg = cp.config.check_runnable(cfg, args.config)  # drops "demo:"; a missing path or refused key stops here
+    cfg = cp.config.check_runnable(cfg, config_path)  # drops "demo:"; a missing path or refused key stops here
     cp.utils.seed_everything(cfg.train.seed)
     grpo, rollout = cfg.grpo, cfg.rollout
 

@@ -27,7 +27,6 @@ weight broadcast. The colocated recipe, every rank doing both, is ``examples/grp
 
 from __future__ import annotations
 
-import argparse
 import math
 import time
 
@@ -61,18 +60,6 @@ from cosmos_primitives.queue import (
 from cosmos_primitives.queue.disaggregated_plan import QueuePlan, plan_disaggregated
 from cosmos_primitives.queue.run_control import RunControl
 from cosmos_primitives.sync import WeightBroadcaster, WeightReceiver, new_sync_group
-
-
-def parse_args() -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--config", required=True, help="TOML config")
-    parser.add_argument("--dataset", help="your dataset class by import path, e.g. my_pkg.data:MyDataset "
-                        "(cosmos-rl dataset classes run unchanged; [train.train_policy.dataset] plugin)")
-    parser.add_argument("--reward", action="append", default=[],
-                        help="a reward function by import path, e.g. my_pkg.rewards:score (repeat for more; they "
-                        "replace [grpo] reward_function, weight 1 each; cosmos-rl's signature is accepted)")
-    parser.add_argument("overrides", nargs="*", help="dotted overrides, e.g. grpo.kl_beta=0.01")
-    return parser.parse_args()
 
 
 def train_from_queue(cfg, info, roles, plan: QueuePlan, mesh: RoleMesh, sync_group, url: str, run_dir,
@@ -249,8 +236,7 @@ def generate_into_queue(cfg, info, roles, plan: QueuePlan, sync_group, url: str)
 
 
 def main() -> None:
-    args = parse_args()
-    cfg = cp.config.with_plugins(cp.load_config(args.config, args.overrides), args.dataset, args.reward)
+    cfg, config_path = cp.config.load_recipe_config(__doc__, plugins=True)  # --config, --dataset, --reward
     info = cp.parallel.init_distributed()
     log = cp.logging.get_logger()
     if cfg.validation.enable:
@@ -270,7 +256,7 @@ def main() -> None:
 
         ensure_demo_assets(cfg)  # only acts on "demo:<path>" paths (the tiny configs)
     cp.parallel.barrier()
-    cfg = cp.config.check_runnable(cfg, args.config)  # drops "demo:"; a missing path or refused key stops here
+    cfg = cp.config.check_runnable(cfg, config_path)  # drops "demo:"; a missing path or refused key stops here
     cp.utils.seed_everything(cfg.train.seed)
 
     # Run directory (shared by all ranks), resolved config, the queue's Redis (clean for a fresh run).

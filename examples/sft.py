@@ -12,7 +12,6 @@ is the token mean over every micro-batch of every data-parallel rank.
 
 from __future__ import annotations
 
-import argparse
 import math
 import time
 
@@ -29,16 +28,8 @@ def without_labels(batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     return {**batch, "labels": torch.full_like(batch["labels"], -100)}
 
 
-def parse_args() -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--config", required=True, help="TOML config")
-    parser.add_argument("overrides", nargs="*", help="dotted overrides, e.g. train.epoch=2")
-    return parser.parse_args()
-
-
 def main() -> None:
-    args = parse_args()
-    cfg = cp.load_config(args.config, args.overrides)
+    cfg, config_path = cp.config.load_recipe_config(__doc__)  # --config FILE [dotted overrides]
     info = cp.parallel.init_distributed()
     log = cp.logging.get_logger()
     mesh = cp.parallel.ParallelMesh(cfg.policy.parallelism, device_type=info.device.type)
@@ -47,7 +38,7 @@ def main() -> None:
 
         ensure_demo_assets(cfg)  # only acts on "demo:<path>" paths (the tiny configs)
     cp.parallel.barrier()
-    cfg = cp.config.check_runnable(cfg, args.config)  # drops "demo:"; a missing path or refused key stops here
+    cfg = cp.config.check_runnable(cfg, config_path)  # drops "demo:"; a missing path or refused key stops here
     cp.utils.seed_everything(cfg.train.seed)
 
     # Run directory (shared by all ranks), resolved config, metrics.

@@ -106,3 +106,15 @@ def test_sft_with_validation_enabled_is_refused_at_start_up(tmp_path: Path) -> N
     path.write_text("[train.train_policy]\ntype = 'sft'\n[validation]\nenable = true\n")
     with pytest.raises(ConfigError, match=r"key 'validation.enable' = true: periodic validation runs in the GRPO"):
         cp.config.check_runnable(load_config(path), str(path))
+
+
+def test_recipe_command_line_loads_overrides_and_plugins(tmp_path: Path) -> None:
+    path = write(tmp_path, "[train]\nepoch = 2\n")
+    cfg, source = cp.config.load_recipe_config("doc", argv=["--config", str(path), "train.epoch=3"])
+    assert (cfg.train.epoch, source) == (3, str(path))
+    cfg, _ = cp.config.load_recipe_config("doc", plugins=True, argv=[
+        "--config", str(path), "--dataset", "my_pkg.data:MyDataset", "--reward", "my_pkg.rewards:score"])
+    assert cfg.train.train_policy.dataset.plugin == "my_pkg.data:MyDataset"
+    assert dict(cfg.grpo.reward_function) == {"my_pkg.rewards:score": 1.0}
+    with pytest.raises(SystemExit):  # plug-in flags only where the recipe takes them
+        cp.config.load_recipe_config("doc", argv=["--config", str(path), "--dataset", "x:y"])

@@ -22,6 +22,7 @@ from cosmos_primitives.config.paths import (
     with_plugins,
 )
 from cosmos_primitives.config.policy import DIFFUSERS_LORA_TARGETS, LoraConfig, ParallelismConfig, PolicyConfig
+from cosmos_primitives.config.recipe_cli import load_recipe_config
 from cosmos_primitives.config.redis import RedisConfig
 from cosmos_primitives.config.remote_reward import RemoteRewardConfig, RemoteRewardTerm
 from cosmos_primitives.config.rollout import RolloutConfig, SamplingConfig
@@ -64,6 +65,7 @@ __all__ = [
     "config_to_dict",
     "dump_config",
     "load_config",
+    "load_recipe_config",
     "redact_secrets",
     "redact_url",
     "register_alias",

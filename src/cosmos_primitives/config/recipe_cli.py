@@ -1,0 +1,40 @@
+"""The command line the recipes share: ``--config FILE``, dotted overrides, and for the GRPO recipes
+the plug-in flags ``--dataset`` / ``--reward``."""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Sequence
+
+from cosmos_primitives.config.loader import load_config
+from cosmos_primitives.config.paths import with_plugins
+from cosmos_primitives.config.root import Config
+
+
+def load_recipe_config(description: str | None, *, plugins: bool = False,
+                       argv: Sequence[str] | None = None) -> tuple[Config, str]:
+    """Parse the recipe's command line and load its config.
+
+    Args:
+        description: the recipe's ``__doc__`` (``--help`` prints it).
+        plugins: accept ``--dataset my_pkg.data:MyDataset`` and ``--reward my_pkg.rewards:score``
+            (repeatable; see :func:`cosmos_primitives.config.with_plugins`).
+        argv: the arguments (default ``sys.argv[1:]``).
+
+    Returns:
+        ``(config, config_path)``; the path is what start-up errors name.
+    """
+    parser = argparse.ArgumentParser(description=description, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--config", required=True, help="TOML config")
+    if plugins:
+        parser.add_argument("--dataset", help="your dataset class by import path, e.g. my_pkg.data:MyDataset "
+                            "(cosmos-rl dataset classes run unchanged; [train.train_policy.dataset] plugin)")
+        parser.add_argument("--reward", action="append", default=[],
+                            help="a reward function by import path, e.g. my_pkg.rewards:score (repeat for more; "
+                            "they replace [grpo] reward_function, weight 1 each; cosmos-rl's signature is accepted)")
+    parser.add_argument("overrides", nargs="*", help="dotted overrides, e.g. train.epoch=2 grpo.kl_beta=0.01")
+    args = parser.parse_args(argv)
+    cfg = load_config(args.config, args.overrides)
+    if plugins:
+        cfg = with_plugins(cfg, args.dataset, args.reward)
+    return cfg, args.config
