@@ -459,3 +459,17 @@ def test_media_stats_functions():
     ]
     rgba = np.concatenate([np.moveaxis(red[:, :, 0], 1, -1), np.zeros((1, 2, 2, 1), np.uint8)], axis=-1)
     assert media_stats.brightness(rgba, media_type="image")["brightness"] == [pytest.approx(1 / 3)]
+
+
+def test_the_seed_guides_environment_variables_reach_the_service(server, monkeypatch):
+    """The world-model RL guide sets WFM_REWARD_TOKEN / _ENQUEUE_URL / _FETCH_URL: they work as they are."""
+    for name in ("REMOTE_REWARD_TOKEN", "REMOTE_REWARD_ENQUEUE_URL", "REMOTE_REWARD_FETCH_URL"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("WFM_REWARD_TOKEN", TOKEN)
+    monkeypatch.setenv("WFM_REWARD_ENQUEUE_URL", server.enqueue_url)
+    monkeypatch.setenv("WFM_REWARD_FETCH_URL", server.fetch_url)
+    client = RemoteRewardClient(RemoteRewardConfig(poll_interval_s=0.01, request_timeout_s=10.0),
+                                rewards={"brightness": 1.0})
+    assert (client.enqueue_url, client.fetch_url, client.token) == (server.enqueue_url, server.fetch_url, TOKEN)
+    video = video_batch([100])
+    np.testing.assert_allclose(client.score_sync(["p"], video, "video").total, mean_level(video), rtol=1e-5)

@@ -40,9 +40,10 @@ class RemoteRewardTerm(Section):
 class RemoteRewardConfig(Section):
     """``[remote_reward]``. Per sample: ``total = scale * sum(weight * clip(score))`` over ``rewards``.
 
-    Empty URLs are read from ``REMOTE_REWARD_ENQUEUE_URL`` / ``REMOTE_REWARD_FETCH_URL``; the bearer
-    token always comes from the environment variable named by ``token_env`` (tokens do not belong in
-    config files). Times are in seconds.
+    Empty URLs are read from ``REMOTE_REWARD_ENQUEUE_URL`` / ``REMOTE_REWARD_FETCH_URL`` (else the
+    guide's ``WFM_REWARD_ENQUEUE_URL`` / ``WFM_REWARD_FETCH_URL``); the bearer token always comes from
+    the environment variable named by ``token_env`` (else ``WFM_REWARD_TOKEN``; tokens do not belong
+    in config files). Times are in seconds.
     """
 
     enqueue_url: str = ""

@@ -41,6 +41,9 @@ from cosmos_primitives.rewards.remote_protocol import (
     ENV_ENQUEUE_URL,
     ENV_FETCH_URL,
     FETCH_PATH,
+    SEED_ENV_ENQUEUE_URL,
+    SEED_ENV_FETCH_URL,
+    SEED_ENV_TOKEN,
     ProtocolError,
     check_media,
     encode_enqueue_body,
@@ -136,8 +139,10 @@ class RemoteRewardClient:
         self._connect_timeout = getattr(self._aiohttp, "ConnectionTimeoutError", ())
         self.config = config if config is not None else RemoteRewardConfig()
         cfg = self.config
-        self.enqueue_url = enqueue_url or cfg.enqueue_url or os.environ.get(ENV_ENQUEUE_URL, "")
-        self.fetch_url = fetch_url or cfg.fetch_url or os.environ.get(ENV_FETCH_URL, "")
+        self.enqueue_url = (enqueue_url or cfg.enqueue_url or os.environ.get(ENV_ENQUEUE_URL)
+                            or os.environ.get(SEED_ENV_ENQUEUE_URL, ""))
+        self.fetch_url = (fetch_url or cfg.fetch_url or os.environ.get(ENV_FETCH_URL)
+                          or os.environ.get(SEED_ENV_FETCH_URL, ""))
         if not self.enqueue_url:
             raise ValueError(
                 f"no reward-service enqueue URL: set [remote_reward].enqueue_url or the environment variable "
@@ -150,7 +155,9 @@ class RemoteRewardClient:
                 f"no reward-service fetch URL: set [remote_reward].fetch_url or the environment variable "
                 f"{ENV_FETCH_URL} (e.g. http://host:8080{FETCH_PATH})"
             )
-        self.token = token if token is not None else os.environ.get(cfg.token_env) or None
+        if token is None:
+            token = os.environ.get(cfg.token_env) or os.environ.get(SEED_ENV_TOKEN)
+        self.token = token or None
         self.terms = _terms_from(rewards if rewards is not None else cfg.rewards)
         if not self.terms:
             raise ValueError(

@@ -26,6 +26,10 @@ PING_PATH = "/api/reward/ping"
 ENV_TOKEN = "REMOTE_REWARD_TOKEN"
 ENV_ENQUEUE_URL = "REMOTE_REWARD_ENQUEUE_URL"
 ENV_FETCH_URL = "REMOTE_REWARD_FETCH_URL"
+# the names the world-model RL guide (cosmos-rl) tells users to set; read when ours are unset
+SEED_ENV_ENQUEUE_URL = "WFM_REWARD_ENQUEUE_URL"
+SEED_ENV_FETCH_URL = "WFM_REWARD_FETCH_URL"
+SEED_ENV_TOKEN = "WFM_REWARD_TOKEN"
 
 # media_type -> (layout, number of dims)
 MEDIA_LAYOUTS = {
