@@ -314,6 +314,30 @@ def test_mcq_dataset_reads_nested_rl_style_rows(video_clips) -> None:
     assert missing.value.path == "rl[0]"
 
 
+def test_system_prompt_unset_empty_or_set_renders_as_cosmos_rl_does(tiny_vl_processor) -> None:
+    """Unset: no system message (the Qwen template adds its default); "": an empty system message,
+    which is what a cosmos-rl config (whose default is "") sends; a cosmos-rl file gets "" by default."""
+    import cosmos_primitives as cp
+    from cosmos_primitives.data.prompt_inputs import render_prompt
+
+    rows = [{"question": "Which?", "choices": {"A": "red", "B": "blue"}, "answer": "A"}]
+    rendered = {key: render_prompt(tiny_vl_processor, MCQPromptDataset(rows, system_prompt=key)[0])
+                for key in (None, "", "Think first.")}
+    assert "<|im_start|>system\nYou are a helpful assistant.<|im_end|>" in rendered[None]
+    assert rendered[""].startswith("<|im_start|>system\n<|im_end|>\n<|im_start|>user")
+    assert "<|im_start|>system\nThink first.<|im_end|>" in rendered["Think first."]
+    assert DatasetConfig().system_prompt is None
+    reason1 = Path(__file__).parent / "data" / "cosmos_rl_configs" / "cosmos-reason1"
+    rl_configs = sorted(reason1.rglob("*rl*.toml"))
+    assert rl_configs, "vendored Cosmos-Reason1 RL configs"
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        cfg = cp.load_config(rl_configs[0])
+    assert cfg.train.train_policy.dataset.system_prompt == ""
+
+
 def test_build_sft_loader_from_config_keys(video_folder, tiny_vl_processor) -> None:
     import cosmos_primitives as cp
     from cosmos_primitives.data.sft_loader import build_sft_loader

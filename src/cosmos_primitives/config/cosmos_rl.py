@@ -339,6 +339,7 @@ COSMOS_RL_DEFAULTS: dict[str, Any] = {
     "train.optm_warmup_steps": 20,
     "train.train_policy.mini_batch": 2,
     "train.train_policy.sequence_packing": False,
+    "train.train_policy.dataset.system_prompt": "",  # an empty system message, not the template's default
     "train.ckpt.save_freq": 20,
     "train.ckpt.max_keep": 5,
     "grpo.num_samples_per_prompt": 16,

@@ -49,7 +49,9 @@ class DatasetConfig(Section):
     video_suffix: str = ""
     label_field: str = ""
     prompt: str = "Describe what happens in this video."
-    system_prompt: str = ""
+    # unset: no system message (a chat template may add its own default); "" : an empty system message,
+    # as cosmos-rl sends (a cosmos-rl file renders token for token the same)
+    system_prompt: str | None = None
     # MCQ prompt adapter (Cosmos-Reason1-RL style rows)
     question_column: str = "question"
     choices_column: str = "choices"

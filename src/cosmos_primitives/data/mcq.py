@@ -88,7 +88,8 @@ class MCQPromptDataset:
         question_column, choices_column, answer_column, video_column, image_column: field names
             (dotted for nested fields, e.g. ``"qa_pairs.index2ans"``). A row uses its video when it
             has one, else its image, else it is text only.
-        system_prompt: optional system message.
+        system_prompt: the system message; None: none (the chat template may add its default), "": an
+            empty one (what cosmos-rl sends).
 
     ``dataset[i]`` is a :class:`~cosmos_primitives.data.records.Prompt` whose conversation is
     ``[system?], user: [media part, prompt text]`` with media loaded, ``reference`` the answer letter
@@ -98,7 +99,7 @@ class MCQPromptDataset:
     def __init__(self, rows: Sequence[dict[str, Any]] | Any, media_dir: str | Path | None = None,
                  settings: MediaSettings | None = None, question_column: str = "question",
                  choices_column: str = "choices", answer_column: str = "answer", video_column: str = "video",
-                 image_column: str = "image", system_prompt: str = "", name: str = "dataset") -> None:
+                 image_column: str = "image", system_prompt: str | None = None, name: str = "dataset") -> None:
         self.rows = rows
         self.media_dir = media_dir
         self.settings = settings or MediaSettings()
@@ -142,7 +143,7 @@ class MCQPromptDataset:
             content.append({"type": "image", "image": str(image)})
         mcq_choices(choices, where)  # raises naming this row when the choices are malformed
         content.append({"type": "text", "text": mcq_prompt_text(str(question), choices)})
-        messages = [{"role": "system", "content": self.system_prompt}] if self.system_prompt else []
+        messages = [] if self.system_prompt is None else [{"role": "system", "content": self.system_prompt}]
         messages.append({"role": "user", "content": content})
         return messages, answer_letter(answer, choices, where), row
 

@@ -75,13 +75,14 @@ class ColumnPromptDataset:
 
     A string prompt becomes the user message (after the row's image or video, when it has one); a
     prompt that is already a conversation (a list of messages) is used as it is. ``system_prompt``
-    adds a system message first. The reference answer is the response column's value as text ("" when
-    no response column is named); the rewards receive it and the row.
+    (unless None) adds a system message first; ``""`` is an empty one, as cosmos-rl sends. The
+    reference answer is the response column's value as text ("" when no response column is named);
+    the rewards receive it and the row.
     """
 
     def __init__(self, rows: Any, prompt_column: str, response_column: str = "", media_dir: Any = None,
                  settings: MediaSettings | None = None, image_column: str = "image", video_column: str = "video",
-                 system_prompt: str = "", name: str = "dataset") -> None:
+                 system_prompt: str | None = None, name: str = "dataset") -> None:
         self.rows = rows
         self.prompt_column, self.response_column = prompt_column, response_column
         self.media_dir = media_dir
@@ -114,7 +115,7 @@ class ColumnPromptDataset:
             raise BadSampleError(where, f"prompt column {self.prompt_column!r} holds a {type(prompt).__name__}, "
                                         "not a string or a conversation: read such rows with a dataset plug-in "
                                         "(train.train_policy.dataset.plugin) or the MCQ reader's dotted columns")
-        if self.system_prompt:
+        if self.system_prompt is not None:
             messages = [{"role": "system", "content": self.system_prompt}, *messages]
         reference = row.get(self.response_column, "") if self.response_column else ""
         loaded = load_conversation(messages, self.media_dir, self.settings, sample_id=where)

@@ -26,14 +26,15 @@ class VideoFolderDataset:
             ``"caption.short"``; non-string values are written as JSON); ``""`` uses the whole file's
             text.
         prompt: the user's text after the video.
-        system_prompt: optional system message.
+        system_prompt: the system message; None: none (the chat template may add its default), "": an
+            empty one (what cosmos-rl sends).
 
     ``dataset[i]`` is a :class:`ConversationSample` ``[system?], user: [video, prompt], assistant:
     label``, or raises :class:`BadSampleError` (missing / undecodable video, unreadable label).
     """
 
     def __init__(self, root: str | Path, video_suffix: str = "", label_field: str = "",
-                 prompt: str = "Describe what happens in this video.", system_prompt: str = "",
+                 prompt: str = "Describe what happens in this video.", system_prompt: str | None = None,
                  settings: MediaSettings | None = None) -> None:
         self.root = Path(root).expanduser()
         self.video_dir, self.meta_dir = self.root / "videos", self.root / "metas"
@@ -88,7 +89,7 @@ class VideoFolderDataset:
         return value if isinstance(value, str) else json.dumps(value, ensure_ascii=False)
 
     def conversation(self, index: int) -> list[dict[str, Any]]:
-        messages = [{"role": "system", "content": self.system_prompt}] if self.system_prompt else []
+        messages = [] if self.system_prompt is None else [{"role": "system", "content": self.system_prompt}]
         messages.append({"role": "user", "content": [{"type": "video", "video": str(self.video_path(index))},
                                                      {"type": "text", "text": self.prompt}]})
         messages.append({"role": "assistant", "content": self.label_text(index)})
