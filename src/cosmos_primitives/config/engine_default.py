@@ -22,7 +22,11 @@ def _gpu_present() -> bool:
 
 def default_backend() -> tuple[str, str]:
     """``(engine, why)``: ``"vllm"`` when vLLM is installed and a GPU is present, else ``"hf"``."""
-    if importlib.util.find_spec("vllm") is None:
+    try:
+        found = importlib.util.find_spec("vllm") is not None
+    except (ImportError, ValueError):  # a finder that refuses it, or a half-installed package
+        found = False
+    if not found:
         return "hf", "vLLM is not installed"
     if not _gpu_present():
         return "hf", "no GPU is present"
