@@ -81,8 +81,8 @@ def train_from_queue(cfg, info, roles, plan: QueuePlan, mesh: RoleMesh, sync_gro
     log = cp.logging.get_logger()
     grpo, dis, dataset_cfg = cfg.grpo, cfg.disaggregated, cfg.train.train_policy.dataset
     processor = cp.policy.load_processor(cfg.policy.model_name_or_path)
-    policy = cp.policy.build_policy(cfg.policy, mesh)
-    reference = cp.policy.grpo_reference(cfg, policy, info.device)  # None without [grpo] kl_beta
+    policy = cp.policy.build_policy(cfg.policy, mesh, train=cfg.train)
+    reference = cp.policy.grpo_reference(cfg, policy, info.device, mesh)  # None without [grpo] kl_beta
     steps_per_epoch = math.ceil(len(MCQPromptDataset.from_config(dataset_cfg)) / plan.records_per_step)
     total_steps = cfg.train.max_steps or cfg.train.epoch * steps_per_epoch
     optimizer = cp.policy.build_optimizer(policy, cfg.train)

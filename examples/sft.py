@@ -57,7 +57,7 @@ def main() -> None:
 
     # Model, data, optimizer.
     processor = cp.policy.load_processor(cfg.policy.model_name_or_path)
-    policy = cp.policy.build_policy(cfg.policy, mesh)
+    policy = cp.policy.build_policy(cfg.policy, mesh, train=cfg.train)
     loader = build_sft_loader(cfg, processor, policy.config, rank=mesh.dp_rank, world_size=mesh.dp_size)
     steps_per_epoch = math.ceil(len(loader.sampler) / cfg.train.train_batch_per_replica)
     total_steps = cfg.train.max_steps or cfg.train.epoch * steps_per_epoch
