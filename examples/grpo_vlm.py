@@ -87,6 +87,7 @@ def main() -> None:
 
         ensure_demo_assets(cfg)  # only acts on [custom] demo_model / demo_data (tiny configs)
     cp.parallel.barrier()
+    cp.plan.log_memory_plan(cfg, mesh.world_size, info.device, mode="colocated")  # rank 0 logs bytes per GPU
     cp.utils.seed_everything(cfg.train.seed)
     grpo, rollout = cfg.grpo, cfg.rollout
 

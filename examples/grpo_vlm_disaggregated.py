@@ -261,6 +261,7 @@ def main() -> None:
 
         ensure_demo_assets(cfg)  # only acts on [custom] demo_model / demo_data (tiny configs)
     cp.parallel.barrier()
+    cp.plan.log_memory_plan(cfg, len(roles.trainer_ranks), info.device, mode="disaggregated")  # rank 0 logs
     cp.utils.seed_everything(cfg.train.seed)
 
     # Run directory (shared by all ranks), resolved config, the queue's Redis (clean for a fresh run).

@@ -47,6 +47,7 @@ def main() -> None:
 
         ensure_demo_assets(cfg)  # only acts on [custom] demo_model / demo_data (tiny configs)
     cp.parallel.barrier()
+    cp.plan.log_memory_plan(cfg, mesh.world_size, info.device, mode="sft")  # rank 0 logs bytes per GPU
     cp.utils.seed_everything(cfg.train.seed)
 
     # Run directory (shared by all ranks), resolved config, metrics.
