@@ -100,7 +100,7 @@ def test_plan_command_prints_the_plan_and_warns(tiny_qwen2_dir: Path, capsys: py
 
 SMALL = {"vocab_size": 32000, "hidden_size": 256, "intermediate_size": 1024, "num_hidden_layers": 4,
          "num_attention_heads": 4, "num_key_value_heads": 2, "tie_word_embeddings": True}
-TOKENS = 512
+TOKENS = 128
 MEASURED = {  # [train] options, model_gradient_checkpointing
     "plain": ({}, False),
     "checkpointing": ({}, True),
@@ -111,7 +111,7 @@ MEASURED = {  # [train] options, model_gradient_checkpointing
 def small_config(name: str) -> Config:
     train_options, checkpointing = MEASURED[name]
     return Config(policy=PolicyConfig(dtype="bfloat16", model_gradient_checkpointing=checkpointing,
-                                      parallelism=ParallelismConfig(dp_shard_size=2), logprob_chunk_size=256),
+                                      parallelism=ParallelismConfig(dp_shard_size=2), logprob_chunk_size=128),
                   train=TrainConfig(**train_options))
 
 
@@ -125,7 +125,7 @@ def _measure(name: str) -> int:
 @pytest.mark.slow
 @pytest.mark.parametrize("name", list(MEASURED))
 def test_estimate_within_25_percent_of_the_measured_cpu_peak(name: str) -> None:
-    measured = max(cp.testing.run_distributed(_measure, 2, args=(name,)))
+    measured = max(cp.testing.run_distributed(_measure, 2, args=(name,), timeout_s=900))
     estimate = estimate_memory(small_config(name), ModelShape.from_hf_config(SMALL), world_size=2, device="cpu",
                                tokens=TOKENS)
     error = (estimate.total - measured) / measured
