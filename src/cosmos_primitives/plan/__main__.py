@@ -1,4 +1,4 @@
-"""``python -m cosmos_primitives.plan CONFIG [overrides] [--gpus N] [--gpu-memory-gb 80]``: the memory
+"""``python -m cosmos_primitives.plan CONFIG [overrides] [--gpus N] [--gpu-memory-gb 80] [--tokens T]``: the memory
 plan of a config without a GPU (reads only the model's ``config.json``)."""
 
 from __future__ import annotations
@@ -20,6 +20,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--gpu-memory-gb", type=float, default=80.0, help="memory of one GPU in GB (default 80)")
     parser.add_argument("--mode", choices=["sft", "colocated", "disaggregated"], default=None,
                         help="default: sft for [train.train_policy] type = sft, else colocated")
+    parser.add_argument("--tokens", type=int, default=None,
+                        help="tokens per micro-batch (default: SFT mini_batch x packing_budget; GRPO mini_batch x "
+                             "model_max_length, an upper bound: real rows are prompt + response)")
     args = parser.parse_args(argv)
     try:
         cfg = load_config(args.config, args.overrides)
@@ -31,7 +34,7 @@ def main(argv: list[str] | None = None) -> int:
     gpus = args.gpus or (fixed * par.dp_shard_size if par.dp_shard_size > 0 else fixed)
     device_memory = int(args.gpu_memory_gb * 1e9)
     try:
-        estimate = plan_for_config(cfg, gpus, mode=args.mode, device_memory=device_memory)
+        estimate = plan_for_config(cfg, gpus, mode=args.mode, device_memory=device_memory, tokens=args.tokens)
     except (OSError, ValueError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

@@ -14,14 +14,16 @@ from cosmos_primitives.plan.shape import ModelShape, read_hf_config
 
 def plan_for_config(cfg: Config, world_size: int, *, mode: Literal["sft", "colocated", "disaggregated"] | None = None,
                     device: Literal["cuda", "cpu"] = "cuda", device_memory: int | None = None,
-                    hf_config: dict[str, Any] | None = None) -> MemoryEstimate:
+                    hf_config: dict[str, Any] | None = None, tokens: int | None = None) -> MemoryEstimate:
     """:func:`estimate_memory` of ``cfg`` with the shape of ``[policy] model_name_or_path``
-    (its ``config.json``, or ``hf_config``) trained as ``[policy]`` says (patterns, LoRA)."""
+    (its ``config.json``, or ``hf_config``) trained as ``[policy]`` says (patterns, LoRA);
+    ``tokens``: tokens per micro-batch (default: from the config, an upper bound for GRPO)."""
     if hf_config is None:
         hf_config = read_hf_config(cfg.policy.model_name_or_path, cfg.policy.model_revision)
     shape = ModelShape.from_hf_config(hf_config, freeze_patterns=cfg.policy.freeze_patterns,
                                       trainable_patterns=cfg.policy.trainable_patterns, lora=cfg.policy.lora)
-    return estimate_memory(cfg, shape, world_size=world_size, mode=mode, device=device, device_memory=device_memory)
+    return estimate_memory(cfg, shape, world_size=world_size, mode=mode, device=device, device_memory=device_memory,
+                           tokens=tokens)
 
 
 def log_memory_plan(cfg: Config, world_size: int, device: torch.device | str,
