@@ -20,7 +20,8 @@ micro-batch; ``N`` parameters, ``N_t`` trainable, ``R`` outside the blocks, ``B`
   ``c`` buffer of ``min(chunk, T) x V``.
 - **optimizer step**: ``torch.optim.AdamW`` on GPU (foreach) holds one float32 copy of the
   trainable shard (``sqrt(exp_avg_sq)``) while it steps; on CPU tensors it steps one tensor at a
-  time, as ``BFloat16AdamW`` does (a few float32 temporaries of the largest tensor, the embedding).
+  time (a few float32 temporaries of the largest tensor, the embedding); ``BFloat16AdamW`` updates
+  slices of 4 M elements.
 - **reference** (GRPO, ``kl_beta > 0`` without LoRA): ``N c / (S tp)``, sharded like the policy.
 - **rollout engine** (colocated GRPO): vLLM takes ``gpu_memory_utilization`` of the device; the
   HF engine holds a full copy ``N c`` and the KV cache of one generate call.
@@ -155,7 +156,7 @@ def estimate_memory(cfg: Config, shape: ModelShape, *, world_size: int,
 
     largest_tensor = math.ceil(shape.vocab * shape.hidden / split)  # the embedding shard
     if cfg.train.master_dtype == "bfloat16":
-        step = 3 * 4 * largest_tensor  # one tensor at a time: float32 weight, gradient, update
+        step = 8 * 4 * min(largest_tensor, 1 << 22)  # float32 temporaries of one slice (BFloat16AdamW)
     elif device == "cuda":
         step = math.ceil(shape.trainable_params * 4 / split)  # foreach: sqrt(exp_avg_sq) of every tensor at once
     else:

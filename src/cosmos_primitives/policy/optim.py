@@ -111,6 +111,10 @@ def round_stochastic_(target: torch.Tensor, value: torch.Tensor, generator: torc
     target.copy_(((bits + noise) & -65536).view(torch.float32))
 
 
+UPDATE_CHUNK = 1 << 22
+"""Elements per slice of a :class:`BFloat16AdamW` update (its float32 temporaries: 16 MiB each)."""
+
+
 class BFloat16AdamW(torch.optim.Optimizer):
     """AdamW for bfloat16 master weights (``[train] master_dtype = "bfloat16"``).
 
@@ -122,7 +126,9 @@ class BFloat16AdamW(torch.optim.Optimizer):
     step (1.2e-4), which round-to-nearest would drop every time. The formulas are
     ``torch.optim.AdamW``'s, and the state has its names (``step``, ``exp_avg``, ``exp_avg_sq``;
     DTensors sharded like the weights), so distributed checkpoints save it the same way. The
-    rounding noise comes from a per-rank generator seeded with ``seed + rank``.
+    rounding noise comes from a per-rank generator seeded with ``seed + rank``. Each tensor is
+    updated in slices of :data:`UPDATE_CHUNK` elements, so the float32 temporaries stay a few
+    tens of MiB however large the tensor (the embedding).
 
     Memory per trainable parameter: 2 (weight) + 2 (gradient) + 8 (moments) = 12 bytes, against
     16 with float32 master weights.
@@ -139,6 +145,22 @@ class BFloat16AdamW(torch.optim.Optimizer):
             self._generators[device] = torch.Generator(device=device).manual_seed(self._seed)
         return self._generators[device]
 
+    def _update(self, weight: torch.Tensor, grad: torch.Tensor, exp_avg: torch.Tensor, exp_avg_sq: torch.Tensor, *,
+                group: dict[str, Any], step: float) -> None:
+        """AdamW on one slice of a weight (in place), from its gradient and float32 moments."""
+        beta1, beta2 = group["betas"]
+        lr, eps, weight_decay = group["lr"], group["eps"], group["weight_decay"]
+        grad = grad.float()
+        exp_avg.lerp_(grad, 1.0 - beta1)
+        exp_avg_sq.mul_(beta2).addcmul_(grad, grad, value=1.0 - beta2)
+        denom = (exp_avg_sq.sqrt() / math.sqrt(1.0 - beta2**step)).add_(eps)
+        updated = weight.float().mul_(1.0 - lr * weight_decay)
+        updated.addcdiv_(exp_avg, denom, value=-lr / (1.0 - beta1**step))
+        if weight.dtype == torch.bfloat16:
+            round_stochastic_(weight, updated, self._generator(weight.device))
+        else:
+            weight.copy_(updated)
+
     @torch.no_grad()
     def step(self, closure: Any = None) -> Any:  # type: ignore[override]
         loss = None
@@ -146,8 +168,6 @@ class BFloat16AdamW(torch.optim.Optimizer):
             with torch.enable_grad():
                 loss = closure()
         for group in self.param_groups:
-            beta1, beta2 = group["betas"]
-            lr, eps, weight_decay = group["lr"], group["eps"], group["weight_decay"]
             for param in group["params"]:
                 if param.grad is None:
                     continue
@@ -158,17 +178,14 @@ class BFloat16AdamW(torch.optim.Optimizer):
                     state["exp_avg_sq"] = torch.zeros_like(param, dtype=torch.float32)
                 state["step"] += 1
                 step = float(state["step"])
-                weight, grad = _local(param), _local(param.grad).float()
-                exp_avg, exp_avg_sq = _local(state["exp_avg"]), _local(state["exp_avg_sq"])
-                exp_avg.lerp_(grad, 1.0 - beta1)
-                exp_avg_sq.mul_(beta2).addcmul_(grad, grad, value=1.0 - beta2)
-                denom = (exp_avg_sq.sqrt() / math.sqrt(1.0 - beta2**step)).add_(eps)
-                updated = weight.float().mul_(1.0 - lr * weight_decay)
-                updated.addcdiv_(exp_avg, denom, value=-lr / (1.0 - beta1**step))
-                if weight.dtype == torch.bfloat16:
-                    round_stochastic_(weight, updated, self._generator(weight.device))
+                tensors = [_local(t) for t in (param, param.grad, state["exp_avg"], state["exp_avg_sq"])]
+                if all(t.is_contiguous() for t in tensors):
+                    # slices of UPDATE_CHUNK elements: the float32 temporaries stay small for the embedding
+                    flat = [t.view(-1) for t in tensors]
+                    for start in range(0, flat[0].numel(), UPDATE_CHUNK):
+                        self._update(*(t[start:start + UPDATE_CHUNK] for t in flat), group=group, step=step)
                 else:
-                    weight.copy_(updated)
+                    self._update(*tensors, group=group, step=step)
         return loss
 
 
