@@ -80,6 +80,7 @@ def main() -> None:
         ensure_demo_assets(cfg)  # only acts on "demo:<path>" paths (the tiny configs)
     cp.parallel.barrier()
     cfg = cp.config.check_runnable(cfg, config_path)  # drops "demo:"; a missing path or refused key stops here
+    cp.plan.log_memory_plan(cfg, mesh.world_size, info.device, mode="colocated")  # rank 0 logs bytes per GPU
     cp.utils.seed_everything(cfg.train.seed)
     grpo, rollout = cfg.grpo, cfg.rollout
 
@@ -91,8 +92,8 @@ def main() -> None:
 
     # Policy (trained, FSDP2 over dp_shard), KL reference, rollout engine and weight sync.
     processor = cp.policy.load_processor(cfg.policy.model_name_or_path)
-    policy = cp.policy.build_policy(cfg.policy, mesh)
-    reference = cp.policy.grpo_reference(cfg, policy, info.device)  # None without [grpo] kl_beta
+    policy = cp.policy.build_policy(cfg.policy, mesh, train=cfg.train)
+    reference = cp.policy.grpo_reference(cfg, policy, info.device, mesh)  # None without [grpo] kl_beta
     engine, engine_model = cp.rollout.build_rollout_engine(
         rollout, cfg.policy.model_name_or_path, processor, dtype=cfg.policy.dtype, device=info.device,
         seed=cfg.train.seed + info.rank, max_model_len=cfg.policy.model_max_length)

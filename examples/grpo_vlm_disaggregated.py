@@ -73,8 +73,8 @@ def train_from_queue(cfg, info, roles, plan: QueuePlan, mesh: RoleMesh, sync_gro
     log = cp.logging.get_logger()
     grpo, dis, dataset_cfg = cfg.grpo, cfg.disaggregated, cfg.train.train_policy.dataset
     processor = cp.policy.load_processor(cfg.policy.model_name_or_path)
-    policy = cp.policy.build_policy(cfg.policy, mesh)
-    reference = cp.policy.grpo_reference(cfg, policy, info.device)  # None without [grpo] kl_beta
+    policy = cp.policy.build_policy(cfg.policy, mesh, train=cfg.train)
+    reference = cp.policy.grpo_reference(cfg, policy, info.device, mesh)  # None without [grpo] kl_beta
     steps_per_epoch = math.ceil(len(prompt_dataset(dataset_cfg, cfg, processor)) / plan.records_per_step)
     total_steps = cfg.train.max_steps or cfg.train.epoch * steps_per_epoch
     optimizer = cp.policy.build_optimizer(policy, cfg.train)
@@ -257,6 +257,7 @@ def main() -> None:
         ensure_demo_assets(cfg)  # only acts on "demo:<path>" paths (the tiny configs)
     cp.parallel.barrier()
     cfg = cp.config.check_runnable(cfg, config_path)  # drops "demo:"; a missing path or refused key stops here
+    cp.plan.log_memory_plan(cfg, len(roles.trainer_ranks), info.device, mode="disaggregated")  # rank 0 logs
     cp.utils.seed_everything(cfg.train.seed)
 
     # Run directory (shared by all ranks), resolved config, the queue's Redis (clean for a fresh run).

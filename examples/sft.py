@@ -39,6 +39,7 @@ def main() -> None:
         ensure_demo_assets(cfg)  # only acts on "demo:<path>" paths (the tiny configs)
     cp.parallel.barrier()
     cfg = cp.config.check_runnable(cfg, config_path)  # drops "demo:"; a missing path or refused key stops here
+    cp.plan.log_memory_plan(cfg, mesh.world_size, info.device, mode="sft")  # rank 0 logs bytes per GPU
     cp.utils.seed_everything(cfg.train.seed)
 
     # Run directory (shared by all ranks), resolved config, metrics.
@@ -49,7 +50,7 @@ def main() -> None:
 
     # Model, data, optimizer.
     processor = cp.policy.load_processor(cfg.policy.model_name_or_path)
-    policy = cp.policy.build_policy(cfg.policy, mesh)
+    policy = cp.policy.build_policy(cfg.policy, mesh, train=cfg.train)
     loader = build_sft_loader(cfg, processor, policy.config, rank=mesh.dp_rank, world_size=mesh.dp_size)
     steps_per_epoch = math.ceil(len(loader.sampler) / cfg.train.train_batch_per_replica)
     total_steps = cfg.train.max_steps or cfg.train.epoch * steps_per_epoch

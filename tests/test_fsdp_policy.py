@@ -138,10 +138,9 @@ def _worker(text_dir: str, vl_dir: str) -> dict:
     result["bf16_param_dtypes"] = sorted({str(p.dtype) for p in policy.parameters()})
     result["bf16_logprobs"] = cp.policy.token_logprobs(policy, batch).logprobs.detach()
 
-    # bf16 master weights ([policy] master_dtype, cosmos-rl's train.master_dtype)
-    cfg = PolicyConfig(model_name_or_path=text_dir, dtype="bfloat16", master_dtype="bfloat16",
-                       parallelism=ParallelismConfig(dp_shard_size=2))
-    policy = cp.policy.build_policy(cfg, mesh)
+    # bf16 master weights ([train] master_dtype, cosmos-rl's key)
+    cfg = PolicyConfig(model_name_or_path=text_dir, dtype="bfloat16", parallelism=ParallelismConfig(dp_shard_size=2))
+    policy = cp.policy.build_policy(cfg, mesh, train=TrainConfig(master_dtype="bfloat16"))
     result["bf16_master_param_dtypes"] = sorted({str(p.dtype) for p in policy.parameters()})
     out = cp.policy.token_logprobs(policy, batch)
     out.logprobs.sum().backward()

@@ -30,7 +30,7 @@ PACKAGE_DIR = Path(cosmos_primitives.__file__).resolve().parent
 
 LAYERS: tuple[tuple[str, ...], ...] = (
     ("config", "utils", "migrate"),  # migrate: the CLI of config.cosmos_rl
-    ("algo", "data", "rewards", "parallel", "checkpoint", "logging", "plot"),  # plot: the CLI of logging.plot
+    ("algo", "data", "rewards", "parallel", "checkpoint", "logging", "plot", "plan"),  # plot: the CLI of logging.plot
     ("policy", "rollout", "sync", "queue"),
     ("eval",),
     ("testing",),

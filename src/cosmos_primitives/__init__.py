@@ -19,6 +19,7 @@ _SUBPACKAGES = (
     "eval",
     "logging",
     "parallel",
+    "plan",
     "policy",
     "queue",
     "rewards",

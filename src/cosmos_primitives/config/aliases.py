@@ -82,7 +82,6 @@ def _as_list(value: object) -> object:
 # cosmos-rl's spellings of keys that exist here under another name (cosmos_rl/policy/config/__init__.py)
 COSMOS_RL_ALIASES = {
     "train.epsilon": ("train.optm_eps", None),
-    "train.master_dtype": ("policy.master_dtype", None),
     "train.max_num_steps": ("train.max_steps", None),
     "train.sequence_packing": ("train.train_policy.sequence_packing", None),
     "train.enable_validation": ("validation.enable", None),

@@ -143,12 +143,12 @@ train.optm_grad_norm_clip | 1.0 | mapped | - | =
 train.ema_enable | false | refused | [false] | EMA weights are not kept here; remove the key
 train.ema_decay | 0.9999 | ignored | - | only acts with ema_enable
 train.ema_update_step_interval | 0 | ignored | - | only acts with ema_enable
-train.master_dtype | "float32" | mapped | - | policy.master_dtype
+train.master_dtype | "float32" | mapped | - | = ("bfloat16": bf16 master weights, float32 AdamW math with stochastic rounding)
 train.param_dtype | "bfloat16" | mapped | - | policy.dtype
 train.transfer_dtype | - | mapped | - | disaggregated.transfer_dtype
 train.logprob_dtype | "float32" | refused | ["float32"] | log-probs are computed in float32 here; remove the key
 train.fsdp_reduce_dtype | "float32" | ignored | - | speed-only: gradient reduce dtype
-train.fsdp_offload | false | refused | [false] | CPU offload is not supported; use more data-parallel ranks or LoRA
+train.fsdp_offload | false | mapped | - | = (FSDP2 CPUOffloadPolicy: parameters, gradients and optimizer state in host memory)
 train.fsdp_reshard_after_forward | "default" | ignored | - | speed-only: FSDP resharding
 train.train_batch_per_replica | 8 | mapped | - | = (a cosmos-rl file's value is per replica: divided by its data-parallel size; in GRPO it counts rollouts, so grpo.rollout_batch_size = it / n_generation)
 train.fp8.enable_fp8 | false | refused | [false] | FP8 training is not supported; remove [train.fp8]

@@ -55,10 +55,8 @@ class PolicyConfig(Section):
     - ``model_name_or_path`` / ``model_revision``: HF model folder or Hub repo (Qwen2-family causal
       LM or Qwen2.5-VL); for world-model RL (``examples/wfm_rl.py``) a diffusers folder holding
       ``transformer/``, ``vae/`` and ``scheduler/``, or ``"tiny"`` for the random test model.
-    - ``dtype``: compute dtype. Sharded trainers keep ``master_dtype`` weights and compute in this
-      dtype through FSDP2 mixed precision; unsharded models are loaded in it.
-    - ``master_dtype``: dtype of the sharded trainer's stored weights and optimizer state
-      (cosmos-rl's ``train.master_dtype``); ``bfloat16`` halves their memory at some precision.
+    - ``dtype``: compute dtype. Sharded trainers keep ``[train] master_dtype`` weights and compute in
+      this dtype through FSDP2 mixed precision; unsharded models are loaded in it.
     - ``model_gradient_checkpointing``: recompute each decoder layer / vision block (transformer
       block of a diffusion model) in backward.
     - ``trainable_patterns`` / ``freeze_patterns``: regexes searched in parameter names (e.g.
@@ -74,7 +72,6 @@ class PolicyConfig(Section):
     model_max_length: AtLeastOne = 4096
     model_gradient_checkpointing: bool = False
     dtype: Literal["bfloat16", "float32", "float16"] = "bfloat16"
-    master_dtype: Literal["float32", "bfloat16", "float16"] = "float32"
     parallelism: ParallelismConfig = msgspec.field(default_factory=ParallelismConfig)
     freeze_patterns: list[str] = msgspec.field(default_factory=list)
     trainable_patterns: list[str] = msgspec.field(default_factory=list)

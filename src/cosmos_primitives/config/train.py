@@ -24,6 +24,19 @@ class TrainConfig(Section):
     ``nonfinite``: what ``cp.checkpoint.check_finite`` does when a step's loss or gradient norm is
     NaN / inf: ``"stop"`` raises before the optimizer step (nothing damaged is saved), ``"skip"``
     drops that step's update (the loop zeroes the gradients and goes on) and logs it.
+
+    Memory options (cosmos-rl's key names; they compose with each other and with ``[policy]
+    model_gradient_checkpointing``):
+
+    - ``fsdp_offload``: FSDP2 CPU offload (torch ``CPUOffloadPolicy``): the sharded parameters,
+      gradients and AdamW state live in host memory, each unit is copied to the GPU for its
+      forward / backward, and the optimizer steps on the CPU. Saves ~16 bytes per parameter /
+      ``dp_shard`` of GPU memory (float32 master weights) for host-device copies every step.
+    - ``master_dtype``: dtype of the sharded master weights (and their gradients). ``"float32"``
+      (default) or ``"bfloat16"`` (half the weight and gradient memory; needs ``[policy] dtype =
+      "bfloat16"``). The AdamW moments and the update stay float32 either way, and the update is
+      rounded stochastically into the bfloat16 weights, so updates smaller than a bfloat16 step
+      are not lost (``cp.policy.build_optimizer``).
     """
 
     epoch: AtLeastOne = 1
@@ -43,6 +56,8 @@ class TrainConfig(Section):
     optm_min_lr_factor: Fraction = 0.0
     optm_grad_norm_clip: float = 1.0
     nonfinite: Literal["stop", "skip"] = "stop"
+    fsdp_offload: bool = False
+    master_dtype: Literal["float32", "bfloat16"] = "float32"
     sync_weight_interval: AtLeastOne = 1
     ckpt: CheckpointConfig = msgspec.field(default_factory=CheckpointConfig)
     train_policy: TrainPolicyConfig = msgspec.field(default_factory=TrainPolicyConfig)

@@ -1,4 +1,5 @@
-"""FSDP2 (``fully_shard``) applied per transformer block and at the root, with mixed precision."""
+"""FSDP2 (``fully_shard``) applied per transformer block and at the root, with mixed precision and
+optional CPU offload."""
 
 from __future__ import annotations
 
@@ -6,7 +7,7 @@ from collections.abc import Iterable
 
 import torch
 from torch.distributed.device_mesh import DeviceMesh
-from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
+from torch.distributed.fsdp import CPUOffloadPolicy, FSDPModule, MixedPrecisionPolicy, OffloadPolicy, fully_shard
 
 from cosmos_primitives.parallel.mesh import ParallelMesh
 
@@ -50,6 +51,7 @@ def apply_fsdp(
     reduce_dtype: torch.dtype = torch.float32,
     block_classes: Iterable[str | type] | None = None,
     reshard_after_forward: bool = True,
+    offload: bool = False,
 ) -> torch.nn.Module:
     """Shard ``model`` in place with FSDP2: one ``fully_shard`` unit per block, then the root.
 
@@ -69,6 +71,10 @@ def apply_fsdp(
         block_classes: block class names or types; default: the HF ``_no_split_modules``.
         reshard_after_forward: free gathered block parameters after forward (re-gather in
             backward); False trades memory for one all-gather less per block.
+        offload: FSDP2 ``CPUOffloadPolicy`` (``[train] fsdp_offload``): sharded parameters,
+            gradients and optimizer state live in host memory (pinned when the mesh is on an
+            accelerator), each unit's shard is copied to the device for its all-gather and its
+            gradient back after the reduce-scatter; the optimizer then steps on the CPU.
 
     Returns:
         ``model`` (now also an ``FSDPModule``). Gradients of sharded parameters are averaged over
@@ -78,10 +84,13 @@ def apply_fsdp(
     if param_dtype == torch.float32:
         param_dtype = None
     policy = MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=reduce_dtype)
-    blocks = find_blocks(model, block_classes)
-    for block in blocks:
-        fully_shard(block, mesh=fsdp_mesh, mp_policy=policy, reshard_after_forward=reshard_after_forward)
-    fully_shard(model, mesh=fsdp_mesh, mp_policy=policy, reshard_after_forward=reshard_after_forward)
+    # pinned host memory needs an accelerator; a CPU mesh offloads to where it already is
+    offload_policy = CPUOffloadPolicy(pin_memory=fsdp_mesh.device_type != "cpu") if offload else OffloadPolicy()
+    for block in find_blocks(model, block_classes):
+        fully_shard(block, mesh=fsdp_mesh, mp_policy=policy, reshard_after_forward=reshard_after_forward,
+                    offload_policy=offload_policy)
+    fully_shard(model, mesh=fsdp_mesh, mp_policy=policy, reshard_after_forward=reshard_after_forward,
+                offload_policy=offload_policy)
     return model
 
 

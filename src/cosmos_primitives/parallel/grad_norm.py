@@ -44,12 +44,15 @@ def total_grad_norm(parameters: Iterable[torch.Tensor], norm_type: float = 2.0) 
     device = grads[0].device if grads else torch.device("cpu")
     total = _local_power_sum(plain, norm_type).to(device)
     for key, locals_ in by_layout.items():
-        part = _local_power_sum(locals_, norm_type).to(device)
         mesh, placements = meshes[key], key[1]
+        # CPU-offloaded FSDP2 gradients live on the host while their mesh (NCCL) is on the GPU
+        comm_device = device if mesh.device_type == "cpu" else torch.device(mesh.device_type)
+        part = _local_power_sum(locals_, norm_type).to(comm_device)
         for dim, placement in enumerate(placements):
             if isinstance(placement, Shard) and mesh.size(dim) > 1:
                 op = dist.ReduceOp.MAX if math.isinf(norm_type) else dist.ReduceOp.SUM
                 dist.all_reduce(part, op=op, group=mesh.get_group(dim))
+        part = part.to(device)
         total = torch.maximum(total, part) if math.isinf(norm_type) else total + part
     return total if math.isinf(norm_type) else total.pow(1.0 / norm_type)
 

@@ -1,4 +1,5 @@
-"""``[policy]`` -> a ready-to-train :class:`CausalLMPolicy`: load, freeze, checkpointing, TP, FSDP2."""
+"""``[policy]`` -> a ready-to-train :class:`CausalLMPolicy`: load, freeze, checkpointing, TP, FSDP2
+(with the ``[train]`` memory options: CPU offload, bfloat16 master weights)."""
 
 from __future__ import annotations
 
@@ -6,6 +7,7 @@ import torch
 
 from cosmos_primitives.checkpoint.hf_loading import load_hf_model, resolve_dtype
 from cosmos_primitives.config.policy import PolicyConfig
+from cosmos_primitives.config.train import TrainConfig
 from cosmos_primitives.logging.console import get_logger
 from cosmos_primitives.parallel.activation_checkpoint import apply_activation_checkpointing
 from cosmos_primitives.parallel.fsdp import apply_fsdp
@@ -13,7 +15,7 @@ from cosmos_primitives.parallel.mesh import ParallelMesh
 from cosmos_primitives.parallel.tensor_parallel import apply_tensor_parallel
 from cosmos_primitives.policy.lm_policy import CausalLMPolicy
 from cosmos_primitives.policy.lora import apply_lora
-from cosmos_primitives.policy.trainable import apply_trainable_patterns
+from cosmos_primitives.policy.trainable import apply_trainable_patterns, trainable_summary
 
 log = get_logger()
 
@@ -27,6 +29,8 @@ def build_policy(
     *,
     hf_model: torch.nn.Module | None = None,
     device: torch.device | str | None = None,
+    train: TrainConfig | None = None,
+    frozen: bool = False,
 ) -> CausalLMPolicy:
     """Build the trainable policy described by ``[policy]``.
 
@@ -38,10 +42,17 @@ def build_policy(
     Qwen2 layers over ``mesh["tp"]`` when ``tp_size > 1``, and shard with FSDP2 over
     ``mesh.fsdp_mesh`` (HSDP when ``dp_replicate_size > 1``).
 
-    Precision: with a mesh, master weights (and AdamW state) are ``[policy] master_dtype`` (float32
-    by default; cosmos-rl's ``train.master_dtype``) and forward / backward compute in ``[policy]
-    dtype`` (FSDP mixed precision, float32 gradient reduction). Without a
+    Precision: with a mesh, master weights are ``[train] master_dtype`` (float32 by default; AdamW
+    state is float32 either way, see :func:`~cosmos_primitives.policy.build_optimizer`) and
+    forward / backward compute in ``[policy] dtype`` (FSDP mixed precision, float32 gradient
+    reduction). ``[train] fsdp_offload`` keeps the sharded parameters, gradients and optimizer
+    state in host memory (FSDP2 ``CPUOffloadPolicy``; the optimizer steps on the CPU). Without a
     mesh the weights are loaded directly in ``[policy] dtype`` and moved to ``device``.
+
+    ``frozen=True`` builds a model to evaluate, not to train (the GRPO KL reference): no adapters,
+    no gradients, no checkpointing, weights stored in ``[policy] dtype`` and, with a mesh, sharded
+    like the policy (TP, then FSDP2 over the same mesh, offloaded with ``fsdp_offload``), so each
+    rank holds ``1 / dp_shard`` of it.
 
     Args:
         cfg: ``[policy]``.
@@ -49,6 +60,8 @@ def build_policy(
         hf_model: an already built HF model to use instead of loading ``model_name_or_path``
             (cast to ``master_dtype`` master weights with a mesh, to ``[policy] dtype`` without).
         device: target device without a mesh (with one, FSDP places shards on the mesh device).
+        train: ``[train]``, for ``fsdp_offload`` and ``master_dtype`` (None: their defaults).
+        frozen: build an evaluation-only copy (see above).
 
     Context parallel (``cp_size > 1``): the policy splits every row over ``mesh.group("cp")``
     (:mod:`cosmos_primitives.policy.cp_logprobs`; all ranks of a cp group take the same batch) and
@@ -57,6 +70,7 @@ def build_policy(
 
     Raises:
         NotImplementedError: ``pp_size`` > 1.
+        ValueError: ``master_dtype = "bfloat16"`` with a float32 ``[policy] dtype``.
         MissingExtraError: ``[policy.lora]`` without peft installed (the ``lora`` extra).
     """
     if mesh is not None and mesh.enabled("pp"):
@@ -65,37 +79,44 @@ def build_policy(
             "use dp_shard_size / dp_replicate_size / tp_size / cp_size"
         )
     compute_dtype = resolve_dtype(cfg.dtype)
-    master_dtype = resolve_dtype(cfg.master_dtype)
+    train = train if train is not None else TrainConfig()
+    master_dtype = compute_dtype if frozen else resolve_dtype(train.master_dtype)
+    if master_dtype.itemsize < compute_dtype.itemsize:
+        raise ValueError(
+            f"[train] master_dtype = {train.master_dtype!r} is narrower than [policy] dtype = {cfg.dtype!r}: "
+            "master weights must hold at least the compute precision; set train.master_dtype=float32"
+        )
+    load_dtype = master_dtype if mesh is not None else compute_dtype
     if hf_model is None:
         if not cfg.model_name_or_path:
             raise ValueError("[policy] model_name_or_path is empty: set it to a model folder or Hub repo id")
-        hf_model = load_hf_model(cfg.model_name_or_path, revision=cfg.model_revision,
-                                 dtype=master_dtype if mesh is not None else compute_dtype)
+        hf_model = load_hf_model(cfg.model_name_or_path, revision=cfg.model_revision, dtype=load_dtype)
     else:
-        hf_model = hf_model.to(master_dtype if mesh is not None else compute_dtype)
-    if cfg.lora is not None and cfg.lora.enabled:
+        hf_model = hf_model.to(load_dtype)
+    if frozen:
+        hf_model.requires_grad_(False)
+        summary = trainable_summary(hf_model)
+    elif cfg.lora is not None and cfg.lora.enabled:
         # adapters on the [policy.lora] target modules; they train, plus whatever trainable_patterns add
         apply_lora(hf_model, cfg.lora)
         summary = apply_trainable_patterns(hf_model, cfg.freeze_patterns, [LORA_PARAMETERS, *cfg.trainable_patterns])
     else:
         summary = apply_trainable_patterns(hf_model, cfg.freeze_patterns, cfg.trainable_patterns)
-    log.info(f"policy {type(hf_model).__name__}: {summary}")
-    if cfg.model_gradient_checkpointing:
+    log.info(f"{'frozen ' if frozen else ''}policy {type(hf_model).__name__}: {summary}")
+    if cfg.model_gradient_checkpointing and not frozen:
         apply_activation_checkpointing(hf_model)
     cp_group = mesh.group("cp") if mesh is not None and mesh.enabled("cp") else None
     policy = CausalLMPolicy(hf_model, chunk_size=cfg.logprob_chunk_size, cp_group=cp_group)
     policy.trainable_summary = summary
     if mesh is not None and mesh.enabled("tp"):
         apply_tensor_parallel(hf_model, mesh["tp"])
-    if mesh is not None and (mesh.fsdp_mesh.size() > 1 or compute_dtype != master_dtype):
-        apply_fsdp(policy, mesh, param_dtype=compute_dtype if compute_dtype != master_dtype else None)
+    if mesh is not None and (mesh.fsdp_mesh.size() > 1 or compute_dtype != master_dtype or train.fsdp_offload):
+        apply_fsdp(policy, mesh, param_dtype=compute_dtype, offload=train.fsdp_offload)
     elif mesh is not None:
-        # one FSDP rank shards nothing and computing in the stored dtype needs no mixed precision:
-        # plain module, no per-step all-gather / reduce-scatter copies
-        log.info(f"FSDP2 skipped: a single data-parallel rank computing in its {cfg.master_dtype} weights")
+        # one FSDP rank shards nothing, and master weights already in the compute dtype need no
+        # mixed precision: plain module, no per-step all-gather / reduce-scatter copies
+        log.info(f"FSDP2 skipped: a single data-parallel rank with {master_dtype} weights and compute")
         policy.to(mesh.device_type)
     elif device is not None:
         policy.to(device)
-    policy.train()
-    return policy
-
+    return policy.eval() if frozen else policy.train()

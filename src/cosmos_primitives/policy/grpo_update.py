@@ -4,7 +4,7 @@ log-probs, the ``[grpo]`` loss, optimizer steps and the loss metrics to log.
 It needs the policy's log-probs, so it sits in ``policy`` (``algo`` holds the loss it calls).
 Colocated and disaggregated trainers run the same update::
 
-    reference = cp.policy.grpo_reference(cfg, policy, device)            # None without a KL term
+    reference = cp.policy.grpo_reference(cfg, policy, device, mesh)      # None without a KL term
     update = cp.policy.grpo_update(policy, reference, optimizer, batch, advantages, cfg, mesh.group("dp"))
     tracker.log_metrics({**update.metrics, "grad_norm": update.grad_norm}, step)
 """
@@ -25,6 +25,7 @@ from cosmos_primitives.algo.prefix_filter import mask_shared_prefixes
 from cosmos_primitives.checkpoint.nonfinite import check_finite
 from cosmos_primitives.data.rollout_batch import RolloutBatch
 from cosmos_primitives.parallel.grad_norm import clip_grad_norm_
+from cosmos_primitives.parallel.mesh import ParallelMesh
 from cosmos_primitives.policy.build import build_policy
 from cosmos_primitives.policy.lm_policy import token_logprobs
 from cosmos_primitives.policy.lora import adapters_disabled
@@ -45,14 +46,18 @@ class GRPOUpdate(NamedTuple):
     times: dict[str, float]  # seconds: "logprobs" (old / reference), "update" (forward, backward, steps)
 
 
-def grpo_reference(cfg: Config, policy: torch.nn.Module, device: torch.device | str) -> torch.nn.Module | None:
+def grpo_reference(cfg: Config, policy: torch.nn.Module, device: torch.device | str,
+                   mesh: ParallelMesh | None = None) -> torch.nn.Module | None:
     """The KL reference of ``[grpo] kl_beta``: None without a KL term; with ``[policy.lora]`` the
-    policy itself (run with its adapters off, no memory); else a frozen unsharded copy on ``device``."""
+    policy itself (run with its adapters off, no memory); else a frozen copy of the starting
+    weights in ``[policy] dtype``, sharded like the policy over ``mesh`` (TP, FSDP2 with
+    ``[train] fsdp_offload``: ``1 / dp_shard`` of the model per rank), or whole on ``device``
+    without a mesh."""
     if not cfg.grpo.kl_beta:
         return None
     if cfg.policy.lora is not None:
         return policy
-    return build_policy(cfg.policy, None, device=device).eval().requires_grad_(False)
+    return build_policy(cfg.policy, mesh, device=device, train=cfg.train, frozen=True)
 
 
 def _logprobs(model: torch.nn.Module, batch: RolloutBatch, rows: slice, *, temperature: float, chunk_size: int,

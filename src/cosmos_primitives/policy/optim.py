@@ -1,4 +1,5 @@
-"""AdamW and the warmup + cosine / linear / constant learning-rate schedule (``[train] optm_*``)."""
+"""AdamW (float32 moments also for bfloat16 master weights) and the warmup + cosine / linear /
+constant learning-rate schedule (``[train] optm_*``)."""
 
 from __future__ import annotations
 
@@ -6,6 +7,8 @@ import math
 from typing import Any
 
 import torch
+import torch.distributed as dist
+from torch.distributed.tensor import DTensor
 from torch.optim.lr_scheduler import LRScheduler
 
 from cosmos_primitives.config.train import TrainConfig
@@ -89,9 +92,107 @@ def optimizer_param_groups(model: torch.nn.Module, weight_decay: float) -> list[
     return groups
 
 
-def build_optimizer(model: torch.nn.Module, train: TrainConfig) -> torch.optim.AdamW:
+def _local(tensor: torch.Tensor) -> torch.Tensor:
+    """This rank's shard of a DTensor (sharing its storage), or the tensor itself."""
+    return tensor.to_local() if isinstance(tensor, DTensor) else tensor
+
+
+def round_stochastic_(target: torch.Tensor, value: torch.Tensor, generator: torch.Generator | None = None) -> None:
+    """Write float32 ``value`` into bfloat16 ``target`` rounded up or down at random, with the
+    probability of rounding up equal to the fraction of the bfloat16 step that ``value`` covers,
+    so the rounding is exact in expectation (``E[target] = value``).
+
+    bfloat16 is the upper half of a float32: adding uniform noise in ``[0, 2**16)`` to the lower
+    16 bits of the pattern and clearing them rounds the magnitude up with that probability
+    (inf stays inf, a carry moves to the next exponent as it should).
+    """
+    bits = value.contiguous().view(torch.int32)
+    noise = torch.randint(0, 1 << 16, bits.shape, dtype=torch.int32, device=bits.device, generator=generator)
+    target.copy_(((bits + noise) & -65536).view(torch.float32))
+
+
+UPDATE_CHUNK = 1 << 22
+"""Elements per slice of a :class:`BFloat16AdamW` update (its float32 temporaries: 16 MiB each)."""
+
+
+class BFloat16AdamW(torch.optim.Optimizer):
+    """AdamW for bfloat16 master weights (``[train] master_dtype = "bfloat16"``).
+
+    The two moments are float32 (``exp_avg_sq`` in bfloat16 would stop decaying: ``0.999 * v``
+    rounds back to ``v``, as bfloat16 has 8 bits of mantissa) and the update
+    ``w <- w (1 - lr wd) - lr m_hat / (sqrt(v_hat) + eps)`` is computed in float32 from the
+    weight and gradient upcast, then rounded stochastically (:func:`round_stochastic_`) into the
+    bfloat16 weight: a learning rate of 1e-6 moves a weight of 0.02 by far less than its bfloat16
+    step (1.2e-4), which round-to-nearest would drop every time. The formulas are
+    ``torch.optim.AdamW``'s, and the state has its names (``step``, ``exp_avg``, ``exp_avg_sq``;
+    DTensors sharded like the weights), so distributed checkpoints save it the same way. The
+    rounding noise comes from a per-rank generator seeded with ``seed + rank``. Each tensor is
+    updated in slices of :data:`UPDATE_CHUNK` elements, so the float32 temporaries stay a few
+    tens of MiB however large the tensor (the embedding).
+
+    Memory per trainable parameter: 2 (weight) + 2 (gradient) + 8 (moments) = 12 bytes, against
+    16 with float32 master weights.
+    """
+
+    def __init__(self, params: Any, lr: float = 1e-3, betas: tuple[float, float] = (0.9, 0.999), eps: float = 1e-8,
+                 weight_decay: float = 0.01, *, seed: int = 0) -> None:
+        super().__init__(params, {"lr": lr, "betas": betas, "eps": eps, "weight_decay": weight_decay})
+        self._seed = seed + (dist.get_rank() if dist.is_initialized() else 0)
+        self._generators: dict[torch.device, torch.Generator] = {}
+
+    def _generator(self, device: torch.device) -> torch.Generator:
+        if device not in self._generators:
+            self._generators[device] = torch.Generator(device=device).manual_seed(self._seed)
+        return self._generators[device]
+
+    def _update(self, weight: torch.Tensor, grad: torch.Tensor, exp_avg: torch.Tensor, exp_avg_sq: torch.Tensor, *,
+                group: dict[str, Any], step: float) -> None:
+        """AdamW on one slice of a weight (in place), from its gradient and float32 moments."""
+        beta1, beta2 = group["betas"]
+        lr, eps, weight_decay = group["lr"], group["eps"], group["weight_decay"]
+        grad = grad.float()
+        exp_avg.lerp_(grad, 1.0 - beta1)
+        exp_avg_sq.mul_(beta2).addcmul_(grad, grad, value=1.0 - beta2)
+        denom = (exp_avg_sq.sqrt() / math.sqrt(1.0 - beta2**step)).add_(eps)
+        updated = weight.float().mul_(1.0 - lr * weight_decay)
+        updated.addcdiv_(exp_avg, denom, value=-lr / (1.0 - beta1**step))
+        if weight.dtype == torch.bfloat16:
+            round_stochastic_(weight, updated, self._generator(weight.device))
+        else:
+            weight.copy_(updated)
+
+    @torch.no_grad()
+    def step(self, closure: Any = None) -> Any:  # type: ignore[override]
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        for group in self.param_groups:
+            for param in group["params"]:
+                if param.grad is None:
+                    continue
+                state = self.state[param]
+                if not state:
+                    state["step"] = torch.zeros((), dtype=torch.float32)
+                    state["exp_avg"] = torch.zeros_like(param, dtype=torch.float32)
+                    state["exp_avg_sq"] = torch.zeros_like(param, dtype=torch.float32)
+                state["step"] += 1
+                step = float(state["step"])
+                tensors = [_local(t) for t in (param, param.grad, state["exp_avg"], state["exp_avg_sq"])]
+                if all(t.is_contiguous() for t in tensors):
+                    # slices of UPDATE_CHUNK elements: the float32 temporaries stay small for the embedding
+                    flat = [t.view(-1) for t in tensors]
+                    for start in range(0, flat[0].numel(), UPDATE_CHUNK):
+                        self._update(*(t[start:start + UPDATE_CHUNK] for t in flat), group=group, step=step)
+                else:
+                    self._update(*tensors, group=group, step=step)
+        return loss
+
+
+def build_optimizer(model: torch.nn.Module, train: TrainConfig) -> torch.optim.Optimizer:
     """AdamW over the trainable parameters from ``[train]``: ``optm_lr``, ``optm_betas``,
-    ``optm_weight_decay`` (not applied to 1-D tensors), ``optm_eps``.
+    ``optm_weight_decay`` (not applied to 1-D tensors), ``optm_eps``: ``torch.optim.AdamW``, or
+    :class:`BFloat16AdamW` (float32 moments, stochastic rounding) with ``master_dtype = "bfloat16"``.
 
     Build it after ``apply_fsdp`` so that it holds the sharded parameters.
     """
@@ -99,13 +200,13 @@ def build_optimizer(model: torch.nn.Module, train: TrainConfig) -> torch.optim.A
         raise ValueError(f"[train] optm_name = {train.optm_name!r} is not supported; use 'AdamW'")
     if len(train.optm_betas) != 2:
         raise ValueError(f"[train] optm_betas must hold two numbers, got {train.optm_betas}")
-    return torch.optim.AdamW(
-        optimizer_param_groups(model, train.optm_weight_decay),
-        lr=train.optm_lr,
-        betas=(float(train.optm_betas[0]), float(train.optm_betas[1])),
-        eps=train.optm_eps,
-        weight_decay=train.optm_weight_decay,
-    )
+    groups = optimizer_param_groups(model, train.optm_weight_decay)
+    betas = (float(train.optm_betas[0]), float(train.optm_betas[1]))
+    if train.master_dtype == "bfloat16":
+        return BFloat16AdamW(groups, lr=train.optm_lr, betas=betas, eps=train.optm_eps,
+                             weight_decay=train.optm_weight_decay, seed=train.seed)
+    return torch.optim.AdamW(groups, lr=train.optm_lr, betas=betas, eps=train.optm_eps,
+                             weight_decay=train.optm_weight_decay)
 
 
 def build_lr_scheduler(optimizer: torch.optim.Optimizer, train: TrainConfig,
