@@ -164,8 +164,9 @@ def test_fractional_warmup_is_a_fraction_of_the_steps() -> None:
     ("text", "expected"),
     [
         ("[train]\nepsilonn = 1e-6\n", "did you mean 'train.epsilon' (= 'train.optm_eps')?"),
-        ("[train]\nmaster_dtyp = 'float32'\n", "did you mean 'train.master_dtype' (= 'policy.master_dtype')?"),
-        ("[train]\nfsdp_offlaod = true\n", "did you mean 'train.fsdp_offload' (cosmos-rl's key, refused here: CPU"),
+        ("[train]\nmaster_dtyp = 'float32'\n", "did you mean 'train.master_dtype'?"),
+        ("[train.train_policy]\ndataloader_shufle = false\n",
+         "did you mean 'train.train_policy.dataloader_shuffle' (cosmos-rl's key, refused here: the sampler"),
         ("[train.train_policy]\nkl_betta = 0.1\n", "did you mean 'train.train_policy.kl_beta' (= 'grpo.kl_beta')?"),
     ],
 )
