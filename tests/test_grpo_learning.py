@@ -22,7 +22,8 @@ import cosmos_primitives as cp
 from cosmos_primitives.config import EvalConfig
 from cosmos_primitives.logging.tracker import read_metrics
 
-pytestmark = pytest.mark.slow
+# the module fixture runs the whole quickstart (SFT, evaluation, GRPO) in the first test: ~8 min quiet
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(1800)]
 
 REPO = Path(__file__).resolve().parents[1]
 RUN_TIMEOUT_S = 900
