@@ -23,22 +23,10 @@ from cosmos_primitives.data.mrope import MRopeSpec
 from cosmos_primitives.data.packing import collate_packed
 from cosmos_primitives.data.qwen_vl_encoding import encode_conversation
 from cosmos_primitives.policy.lm_policy import CausalLMPolicy
+from test_data_packing import IMAGE_CONV, PAD, TEXT_CONV, VIDEO_CONV
 
 pytestmark = pytest.mark.slow
 
-PAD = 151643
-VIDEO_CONV = [
-    {"role": "user", "content": [{"type": "video", "video": "clip.mp4"}, {"type": "text", "text": "What happens?"}]},
-    {"role": "assistant", "content": "A car turns left, then it stops."},
-]
-IMAGE_CONV = [
-    {"role": "user", "content": [{"type": "image", "image": "red.png"}, {"type": "text", "text": "Which colour?"}]},
-    {"role": "assistant", "content": "<think>It is red.</think>\n\n<answer>A</answer>"},
-]
-TEXT_CONV = [
-    {"role": "user", "content": "Say hello."},
-    {"role": "assistant", "content": "Hello! Nice to meet you."},
-]
 WATCHED = ("embed_tokens.weight", "layers.0.self_attn.q_proj.weight", "layers.1.self_attn.k_proj.weight",
            "layers.1.mlp.down_proj.weight", "visual.blocks.0.attn.qkv.weight")
 
