@@ -29,7 +29,7 @@ from cosmos_primitives.parallel.context_parallel import (
 
 def _pad(x: torch.Tensor | None, extra: int, value: float | int) -> torch.Tensor | None:
     """Right-pad the last (sequence) dim of ``x`` by ``extra``."""
-    return None if x is None or extra == 0 else F.pad(x, (0, extra), value=value)
+    return x if x is None or extra == 0 else F.pad(x, (0, extra), value=value)
 
 
 def context_parallel_token_logprobs(
@@ -71,7 +71,7 @@ def context_parallel_token_logprobs(
         model_inputs["attention_mask"] = _pad(model_inputs["attention_mask"], extra, 0)
     if model_inputs.get("mm_token_type_ids") is not None:
         model_inputs["mm_token_type_ids"] = _pad(model_inputs["mm_token_type_ids"], extra, 0)
-    ids = _pad(input_ids, extra, 0) if extra else input_ids
+    ids = _pad(input_ids, extra, 0)
 
     enable_context_parallel(hf_model, backbone)
     with context_parallel_split(group, padded, positions, model_inputs.get("attention_mask")) as split:
