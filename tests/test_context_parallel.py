@@ -24,6 +24,7 @@ from cosmos_primitives.data.packing import collate_packed
 from cosmos_primitives.data.qwen_vl_encoding import encode_conversation
 from cosmos_primitives.policy.lm_policy import CausalLMPolicy
 from test_data_packing import IMAGE_CONV, PAD, TEXT_CONV, VIDEO_CONV
+from test_fsdp_policy import rank_batches
 
 pytestmark = pytest.mark.slow
 
@@ -121,19 +122,6 @@ def test_context_parallel_matches_one_process(setup, cp_size: int) -> None:
                     torch.testing.assert_close(got[key][w], g, rtol=1e-4, atol=1e-5, msg=f"{where} {key} {w}")
 
 
-def _dp_batches() -> list[dict[str, torch.Tensor]]:
-    """Two data-parallel batches with different trained-token counts (6 and 17)."""
-    g = torch.Generator().manual_seed(11)
-    batches = []
-    for trained_per_row in ((3, 3), (10, 7)):
-        ids = torch.randint(0, 3000, (2, 13), generator=g)
-        labels = torch.full_like(ids, -100)
-        for row, n in enumerate(trained_per_row):
-            labels[row, -n:] = ids[row, -n:]
-        batches.append({"input_ids": ids, "labels": labels})
-    return batches
-
-
 def _fsdp_cp_worker(text_dir: str) -> dict:
     from torch.distributed.tensor import DTensor
 
@@ -144,7 +132,7 @@ def _fsdp_cp_worker(text_dir: str) -> dict:
     mesh = cp.parallel.ParallelMesh(parallelism, device_type="cpu")
     policy = cp.policy.build_policy(PolicyConfig(model_name_or_path=text_dir, dtype="float32",
                                                  parallelism=parallelism), mesh)
-    batch = _dp_batches()[mesh.dp_rank]
+    batch = rank_batches()[mesh.dp_rank]
     out = cp.policy.token_logprobs(policy, batch)
     loss, stats = sft_loss(out.logprobs, batch["labels"], group=mesh.group("dp"))
     loss.backward()
@@ -158,7 +146,7 @@ def test_fsdp_times_context_parallel_matches_one_process(tiny_qwen2_dir: Path) -
     """dp_shard=2 x cp=2 on 4 ranks: the global token-mean SFT loss, gradient norm and gradients of
     one process training on both batches."""
     policy = CausalLMPolicy(cp.policy.load_hf_model(tiny_qwen2_dir, dtype="float32"), chunk_size=16)
-    batches = _dp_batches()
+    batches = rank_batches()
     total = sum(int((b["labels"] != -100).sum()) for b in batches)
     loss = sum(-(cp.policy.token_logprobs(policy, b).logprobs * (b["labels"] != -100)).sum() for b in batches) / total
     loss.backward()
