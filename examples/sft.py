@@ -7,7 +7,10 @@ Read top to bottom: set up, train, save. Every block comes from cosmos_primitive
 and edit it for your own recipe. One optimizer step takes ``[train] train_batch_per_replica``
 samples per data-parallel rank, packed into rows of at most ``packing_budget`` tokens (when
 ``sequence_packing``) and run as micro-batches of ``[train.train_policy] mini_batch`` rows; the loss
-is the token mean over every micro-batch of every data-parallel rank.
+is the token mean over every micro-batch of every data-parallel rank. With ``[validation] enable``,
+the mean token loss of the validation split (``[validation.dataset]``, or the part of the training
+data ``[train.train_policy.dataset] test_size`` holds out) is logged as ``val/avg_loss`` every
+``freq`` steps, after the last and, with ``val_before_train``, before the first.
 """
 
 from __future__ import annotations
@@ -20,12 +23,13 @@ import torch
 import cosmos_primitives as cp
 from cosmos_primitives.algo.sft_loss import sft_loss, sft_token_weights, trained_mask
 from cosmos_primitives.checkpoint import CheckpointManager
-from cosmos_primitives.data import all_ranks_have_batch, build_sft_loader
-
-
-def without_labels(batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    """A copy of ``batch`` whose loss is zero (same shapes, so the same collectives run)."""
-    return {**batch, "labels": torch.full_like(batch["labels"], -100)}
+from cosmos_primitives.data import (
+    all_ranks_have_batch,
+    build_sft_datasets,
+    build_sft_loader,
+    build_sft_validation_loader,
+)
+from cosmos_primitives.policy import sft_validation_loss, without_labels
 
 
 def main() -> None:
@@ -51,7 +55,11 @@ def main() -> None:
     # Model, data, optimizer.
     processor = cp.policy.load_processor(cfg.policy.model_name_or_path)
     policy = cp.policy.build_policy(cfg.policy, mesh, train=cfg.train)
-    loader = build_sft_loader(cfg, processor, policy.config, rank=mesh.dp_rank, world_size=mesh.dp_size)
+    train_set, val_set = build_sft_datasets(cfg)  # val_set: None unless [validation] enable
+    loader = build_sft_loader(cfg, processor, policy.config, rank=mesh.dp_rank, world_size=mesh.dp_size,
+                              dataset=train_set)
+    val_loader = None if val_set is None else build_sft_validation_loader(
+        cfg, processor, policy.config, val_set, rank=mesh.dp_rank, world_size=mesh.dp_size)
     steps_per_epoch = math.ceil(len(loader.sampler) / cfg.train.train_batch_per_replica)
     total_steps = cfg.train.max_steps or cfg.train.epoch * steps_per_epoch
     optimizer = cp.policy.build_optimizer(policy, cfg.train)
@@ -65,6 +73,20 @@ def main() -> None:
     log.info(f"run dir {run_dir}; {total_steps} steps of {cfg.train.train_batch_per_replica} samples per rank; {mesh}")
 
     dp_group = mesh.group("dp")
+    validated_at = None
+
+    def validate(at: int) -> None:
+        """Every rank scores its share of the validation split; rank 0 logs the token-mean loss."""
+        nonlocal validated_at
+        result = sft_validation_loss(policy, val_loader, samples_per_pass=cfg.train.train_batch_per_replica,
+                                     device=info.device, group=dp_group, chunk_size=cfg.policy.logprob_chunk_size)
+        tracker.log_metrics({"val/avg_loss": result.loss, "val/tokens": result.tokens}, at)
+        tracker.log_text(f"[SFT] Validation loss: {result.loss} for train step {at}/{total_steps}, "
+                         f"epoch {loader.epoch}")
+        validated_at = at
+
+    if val_loader is not None and step == 0 and cfg.validation.val_before_train:
+        validate(0)
     done = step >= total_steps
     while not done and loader.epoch < cfg.train.epoch:
         start = time.perf_counter()
@@ -105,9 +127,13 @@ def main() -> None:
                              "lr": scheduler.get_last_lr()[0], "tokens": global_tokens, "epoch": loader.epoch,
                              "step_time": time.perf_counter() - start,
                              "bad_samples": loader.bad_samples.count}, step)
-        ckpt.maybe_save(step, epoch=loader.epoch, force=step == total_steps)
         done = step >= total_steps
+        if val_loader is not None and step % cfg.validation.freq == 0 and not done:
+            validate(step)
+        ckpt.maybe_save(step, epoch=loader.epoch, force=step == total_steps)
 
+    if val_loader is not None and validated_at != step:
+        validate(step)  # after the last step, as cosmos-rl does
     log.info(f"[SFT] Training finished at step {step}/{total_steps}, saving final checkpoint in huggingface "
              "safetensors...")
     if cfg.train.ckpt.export_safetensors:

@@ -100,12 +100,18 @@ def test_recipe_with_a_wrong_model_path_stops_before_creating_anything(tmp_path:
     assert cp.config.DEMO_PREFIX == "demo:"
 
 
-def test_sft_with_validation_enabled_is_refused_at_start_up(tmp_path: Path) -> None:
-    """The SFT recipe has no periodic validation: a file asking for it stops instead of training without it."""
+def test_validation_settings_no_recipe_reads_are_refused_at_start_up(tmp_path: Path) -> None:
+    """SFT validation runs (on a held-out part of the training data); GRPO validation without a
+    dataset and a validation.dataset.test_size would be silently ignored, so they stop the run."""
     path = tmp_path / "sft.toml"
-    path.write_text("[train.train_policy]\ntype = 'sft'\n[validation]\nenable = true\n")
-    with pytest.raises(ConfigError, match=r"key 'validation.enable' = true: periodic validation runs in the GRPO"):
+    path.write_text("[train.train_policy]\ntype = 'sft'\ndataset.test_size = 0.2\n[validation]\nenable = true\n")
+    cp.config.check_runnable(load_config(path), str(path))
+    path.write_text("[train.train_policy]\ntype = 'grpo'\n[validation]\nenable = true\ndataset.test_size = 5\n")
+    with pytest.raises(ConfigError) as info:
         cp.config.check_runnable(load_config(path), str(path))
+    first, second = (p.split(": key ")[1] for p in info.value.problems)
+    assert first.startswith("'validation.enable' = true without validation.dataset.name: GRPO validation")
+    assert second.startswith("'validation.dataset.test_size' = 5 is not read")
 
 
 def test_recipe_command_line_loads_overrides_and_plugins(tmp_path: Path) -> None:

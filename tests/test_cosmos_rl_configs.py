@@ -198,7 +198,10 @@ def test_migrate_reports_maps_ignored_refused_and_defaults(capsys: pytest.Captur
     assert "grpo.old_logprobs = 'recompute'" in out  # a default that differs
     assert "rollout.batch_size = 4 prompts is 32 sequences here" in out
     assert out.rstrip().endswith("loads with cp.load_config; the recipes start on it")
-    assert migrate_main([str(REASON1_SFT)]) == 1  # test_size is refused
+    assert migrate_main([str(REASON1_SFT)]) == 0  # validation on a held-out test_size: the SFT recipe runs it
+    out = capsys.readouterr().out
+    assert "train.train_policy.dataset.test_size = 100  (SFT with validation.enable" in out
+    assert "train.enable_validation = True -> validation.enable" in out
     assert migrate_main(["--table"]) == 0 and capsys.readouterr().out.count("\n| `") == len(RULES)
 
 

@@ -64,7 +64,7 @@ train.train_policy.dataset.name | "" | mapped | - | =
 train.train_policy.dataset.subset | "" | mapped | - | =
 train.train_policy.dataset.revision | "" | mapped | - | =
 train.train_policy.dataset.split | "" | mapped | - | = (a list of splits is read as "a+b", the concatenation)
-train.train_policy.dataset.test_size | - | refused | [0] | a held-out part of the training split is not carved out here: give a separate [validation] dataset
+train.train_policy.dataset.test_size | - | mapped | - | = (SFT with validation.enable and no validation.dataset.name: the items (int) or fraction (float, rounded up) held out of training as the validation split, unset 0.1 as in cosmos-rl; drawn at random seeded by train.seed, where cosmos-rl takes the first / last rows; GRPO validation needs validation.dataset.name)
 train.train_policy.dataset.local_dir | "" | refused | [""] | set train.train_policy.dataset.name to the local folder or file
 train.train_policy.mini_batch | 2 | mapped | - | = (sequences per forward / backward; ours defaults to 1)
 train.train_policy.dataloader_shuffle | true | refused | [true] | the sampler always shuffles (seeded by [train] seed)
@@ -256,15 +256,15 @@ logging.group_name | - | ignored | - | launcher-only: W&B grouping
 logging.experiment_name | - | mapped | - | =
 logging.report_mfu | false | ignored | - | speed-only: MFU reporting
 profiler | - | ignored | - | speed-only: profiling (use torch.profiler around a step)
-validation.enable | false | mapped | - | = (periodic validation of the GRPO recipes; the SFT recipe has none yet and stops at start-up when it is true)
-validation.val_before_train | false | ignored | - | validation only reports: it runs before the first step here always
+validation.enable | false | mapped | - | = (SFT: token-mean loss of the validation split, logged as val/avg_loss; GRPO, colocated recipe: rewards of one completion per item of validation.dataset)
+validation.val_before_train | false | mapped | - | = (SFT; the GRPO recipe validates before its first step always)
 validation.freq | 20 | mapped | - | =
 validation.batch_size | - | ignored | - | speed-only: validation batching
 validation.dataset.name | "" | mapped | - | =
 validation.dataset.subset | "" | mapped | - | =
 validation.dataset.revision | "" | mapped | - | =
 validation.dataset.split | "" | mapped | - | =
-validation.dataset.test_size | - | refused | [0] | give a separate validation split
+validation.dataset.test_size | - | refused | - | not read (nor by cosmos-rl's trainers): hold out part of the training data with train.train_policy.dataset.test_size, or point validation.dataset at a smaller split; the recipes stop at start-up when it is set
 validation.dataset.local_dir | "" | refused | [""] | set validation.dataset.name to the local folder or file
 validation.temperature | 0.0 | mapped | - | =
 validation.top_p | - | refused | [1.0] | validation samples with temperature only; remove the key

@@ -6,7 +6,7 @@ from typing import Literal
 
 import msgspec
 
-from cosmos_primitives.config.base import AtLeastOne, NonNegativeInt, Positive, Section
+from cosmos_primitives.config.base import AtLeastOne, NonNegativeInt, OpenFraction, Positive, Section
 
 
 class DatasetConfig(Section):
@@ -28,6 +28,12 @@ class DatasetConfig(Section):
 
     Bad samples (missing or undecodable media, samples longer than the packing budget) are skipped,
     counted and logged; the run stops once more than ``bad_sample_budget`` were seen on one rank.
+
+    ``test_size`` (read on ``[train.train_policy.dataset]`` by the SFT recipe, cosmos-rl's key and
+    meaning): with ``[validation] enable`` and no ``[validation.dataset] name``, this many items (an
+    int) or this fraction of the items (a float in (0, 1), rounded up) are held out of training as
+    the validation split (unset: 0.1, as cosmos-rl); chosen at random, seeded by ``[train] seed``
+    (:func:`cosmos_primitives.data.split_validation`). Without validation it holds nothing out.
     """
 
     name: str = ""
@@ -37,6 +43,7 @@ class DatasetConfig(Section):
     subset: str = ""
     revision: str = ""
     split: str = "train"
+    test_size: AtLeastOne | OpenFraction | None = None
     kind: Literal["auto", "hf", "video_folder"] = "auto"
     media_dir: str = ""
     fps: Positive = 2.0

@@ -9,17 +9,26 @@ from cosmos_primitives.config.dataset import DatasetConfig
 
 
 class ValidationConfig(Section):
-    """``[validation]``: score the policy on a held-out MCQ set while GRPO trains (colocated mode).
+    """``[validation]``: evaluate the policy on held-out data while it trains.
 
-    Before the first step, every ``freq`` steps and after the last, each rank generates one
-    completion per item of its share of ``dataset`` (same columns as the training dataset's) at
-    ``temperature`` (0 = greedy) and scores it with ``reward_function``; the means over all items
-    are logged as ``validation/<reward>`` (``single_choice`` alone = MCQ accuracy). ``max_items``
-    caps the items used (None: all).
+    SFT (``examples/sft.py``, cosmos-rl's SFT validation): every ``freq`` steps, after the last step
+    and, with ``val_before_train``, before the first, the mean token loss (NLL in nats) over every
+    trained token of the validation split, packed and masked as training packs and masks, is
+    logged as ``val/avg_loss`` (cosmos-rl's key). The split is ``dataset`` when its ``name`` is
+    set (read like the training dataset), else the held-out part of the training dataset
+    (``[train.train_policy.dataset] test_size``).
+
+    GRPO (``examples/grpo_vlm.py``, colocated mode): before the first step, every ``freq`` steps
+    and after the last, each rank generates one completion per item of its share of ``dataset``
+    (same columns as the training dataset's; its ``name`` is required) at ``temperature`` (0 =
+    greedy) and scores it with ``reward_function``; the means over all items are logged as
+    ``validation/<reward>`` (``single_choice`` alone = MCQ accuracy). ``max_items`` caps the items
+    used (None: all).
     """
 
     enable: bool = False
     freq: AtLeastOne = 20
+    val_before_train: bool = False
     dataset: DatasetConfig = msgspec.field(default_factory=DatasetConfig)
     reward_function: dict[str, float] = msgspec.field(default_factory=lambda: {"single_choice": 1.0})
     temperature: float = 0.0

@@ -69,6 +69,10 @@ _EXPORTS = {
     "all_ranks_have_batch": "sft_loader",
     "build_sft_dataset": "sft_loader",
     "build_sft_loader": "sft_loader",
+    "IndexedSubset": "sft_validation",
+    "split_validation": "sft_validation",
+    "build_sft_datasets": "sft_validation",
+    "build_sft_validation_loader": "sft_validation",
     "precompute_clip_folder": "precompute_text_embeddings",
     "reason_text_embeddings": "precompute_text_embeddings",
     "WebDatasetClips": "wfm_webdataset",
@@ -114,6 +118,12 @@ if TYPE_CHECKING:  # pragma: no cover
         all_ranks_have_batch,
         build_sft_dataset,
         build_sft_loader,
+    )
+    from cosmos_primitives.data.sft_validation import (  # noqa: F401
+        IndexedSubset,
+        build_sft_datasets,
+        build_sft_validation_loader,
+        split_validation,
     )
     from cosmos_primitives.data.video_folder import VideoFolderDataset  # noqa: F401
     from cosmos_primitives.data.video_sampling import SampledVideo, VideoDecodeError, sample_video  # noqa: F401

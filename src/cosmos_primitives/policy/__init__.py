@@ -33,6 +33,7 @@ from cosmos_primitives.policy.grpo_update import GRPOUpdate, grpo_reference, grp
 from cosmos_primitives.policy.lm_policy import MODEL_INPUT_KEYS, CausalLMPolicy, token_logprobs
 from cosmos_primitives.policy.lora import adapters_disabled, apply_lora
 from cosmos_primitives.policy.optim import WarmupDecayLR, build_lr_scheduler, build_optimizer
+from cosmos_primitives.policy.sft_validation import ValidationLoss, sft_validation_loss, without_labels
 from cosmos_primitives.policy.trainable import TrainableSummary, apply_trainable_patterns, trainable_summary
 
 __all__ = [
@@ -41,6 +42,7 @@ __all__ = [
     "DiffusionPolicy",
     "GRPOUpdate",
     "TrainableSummary",
+    "ValidationLoss",
     "WarmupDecayLR",
     "adapters_disabled",
     "apply_lora",
@@ -59,9 +61,11 @@ __all__ = [
     "load_processor",
     "merge_lora_state_dict",
     "resolve_dtype",
+    "sft_validation_loss",
     "shard_transformer",
     "text_width",
     "token_logprobs",
     "trainable_summary",
     "transformer_blocks",
+    "without_labels",
 ]
