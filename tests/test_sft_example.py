@@ -112,6 +112,26 @@ def test_torchrun_tiny_sft_learns_and_exports_the_trained_weights(assets: list[s
     assert compared["logprobs_max_abs_diff"] < 1e-5
 
 
+def test_torchrun_sft_validation_logs_val_loss_at_cosmos_rl_steps(assets: list[str], tmp_path: Path) -> None:
+    """cosmos-rl's validation keys on two FSDP ranks: 4 of the 16 clips held out (test_size), the
+    loss on them before training (val_before_train), every 2 steps (freq) and after the last."""
+    overrides = [*assets, f"train.output_dir={tmp_path / 'runs'}", "train.max_steps=3",
+                 "train.ckpt.enable_checkpoint=false", "train.ckpt.export_safetensors=false",
+                 "train.train_policy.dataset.test_size=4", "validation.enable=true", "validation.freq=2",
+                 "validation.val_before_train=true"]
+    log = tmp_path / "torchrun.log"
+    text = finish(launch(overrides, log, nproc=2), log)
+    records = cp.logging.read_metrics(only_run_dir(tmp_path / "runs"))
+    validations = [r for r in records if "val/avg_loss" in r]
+    assert [r["step"] for r in validations] == [0, 2, 3]
+    assert [r["step"] for r in records if "loss" in r] == [1, 2, 3]
+    # the same 4 held-out clips each time (the 12 others: 6 per rank, 2 steps per epoch)
+    assert len({r["val/tokens"] for r in validations}) == 1 and validations[0]["val/tokens"] > 0
+    assert [r["epoch"] for r in records if "loss" in r] == [0, 0, 1]
+    assert validations[-1]["val/avg_loss"] < validations[0]["val/avg_loss"]
+    assert "[SFT] Validation loss: " in text and "for train step 3/3" in text
+
+
 def compare_export_with_checkpoint(overrides: list[str], run_dir: str) -> dict:
     """In a one-rank group: the final DCP checkpoint restored into a freshly built policy vs the
     exported folder loaded with ``transformers`` (weights, logits, and the recipe's log-probs)."""
