@@ -7,11 +7,16 @@
     python examples/evaluate.py --results-dir results --score-only      # table from saved predictions
     python examples/evaluate.py --config evaluate.yaml --model_name MODEL --benchmark FILE --data_dir data \
         --results_dir results                                 # the Cosmos-Reason1 guide's YAML and flags
+    python examples/evaluate.py --config robovqa.yaml --model_name MODEL --data_dir data --results_dir results
+                                    # no --benchmark: the datasets of the YAML under data/benchmark/
     python examples/evaluate.py --score-only --result_dir results --dataset robovqa   # its scoring command
 
 The benchmark is a JSON list or JSONL of items (``question``, ``choices``, ``answer`` letter,
 optional ``video`` / ``image`` paths relative to --data-dir, ``dataset``, ``id``); see
-``cosmos_primitives.eval.benchmark``. One prediction per item is saved under
+``cosmos_primitives.eval.benchmark``. Without --benchmark, --data-dir is read as the Cosmos-Reason1
+guide lays benchmarks out: ``<data-dir>/benchmark/<dataset>/<dataset>_benchmark_qa_pairs.json`` with
+its ``clips/``, for the datasets of --datasets / the YAML's ``datasets`` (all found when none are
+named; see ``cosmos_primitives.eval.benchmark_dir``). One prediction per item is saved under
 ``<results-dir>/<dataset>/<id>.json``; running again with the same --results-dir skips items that
 already have one (``[eval] skip_saved``), so an interrupted evaluation picks up where it stopped.
 Settings come from the ``[eval]`` section of --config (defaults: temperature 0.6, 1024 new tokens,
@@ -26,7 +31,13 @@ from typing import Any
 import msgspec
 
 import cosmos_primitives as cp
-from cosmos_primitives.eval import calculate_accuracy, evaluate, format_accuracy_table
+from cosmos_primitives.eval import (
+    benchmark_root,
+    calculate_accuracy,
+    evaluate,
+    format_accuracy_table,
+    load_benchmark_dir,
+)
 
 # flag -> [eval] field
 FLAGS = {"model": "model", "benchmark": "benchmark", "data_dir": "data_dir", "results_dir": "results_dir",
@@ -40,9 +51,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                         "or the Cosmos-Reason1 evaluation YAML (datasets / model / evaluation / generation)")
     parser.add_argument("--model", "--model_name", dest="model",
                         help="exported safetensors folder, HF model folder or hub id")
-    parser.add_argument("--benchmark", help="JSON / JSONL benchmark file")
+    parser.add_argument("--benchmark", help="JSON / JSONL benchmark file (none: the benchmarks under --data-dir)")
     parser.add_argument("--data-dir", "--data_dir", dest="data_dir",
-                        help="folder the items' media paths are relative to")
+                        help="folder the items' media paths are relative to; without --benchmark, the guide's "
+                        "data folder (<dir>/benchmark/<dataset>/<dataset>_benchmark_qa_pairs.json)")
     parser.add_argument("--results-dir", "--results_dir", "--result_dir", dest="results_dir",
                         help="where predictions are saved (and found on re-runs)")
     parser.add_argument("--temperature", type=float, help="0 for greedy decoding")
@@ -72,11 +84,16 @@ def main(argv: list[str] | None = None) -> dict[str, dict[str, Any]]:
         return table
 
     model = settings.model or cfg.policy.model_name_or_path
-    if not model or not settings.benchmark:
+    if not model or not (settings.benchmark or settings.data_dir):
         raise SystemExit("evaluate.py needs --model (or [eval] model / [policy] model_name_or_path) and "
-                         "--benchmark (or [eval] benchmark)")
-    report = evaluate(model, settings.benchmark, data_dir=settings.data_dir or None,
-                      results_dir=settings.results_dir, cfg=settings)
+                         "--benchmark (or [eval] benchmark), or --data_dir holding the guide's benchmark folders")
+    if settings.benchmark:
+        report = evaluate(model, settings.benchmark, data_dir=settings.data_dir or None,
+                          results_dir=settings.results_dir, cfg=settings)
+    else:  # the guide's layout: <data_dir>/benchmark/<dataset>/<dataset>_benchmark_qa_pairs.json
+        items = load_benchmark_dir(settings.data_dir, settings.datasets, settings.limit)
+        report = evaluate(model, items, data_dir=benchmark_root(settings.data_dir),
+                          results_dir=settings.results_dir, cfg=settings)
     print(f"{report.generated} generated, {report.skipped} reused from {report.results_dir}")
     return report.table
 

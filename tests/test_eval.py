@@ -18,11 +18,13 @@ from cosmos_primitives.config.evaluation import EvalConfig
 from cosmos_primitives.data.records import Completion, Prompt, RolloutGroup, SamplingParams
 from cosmos_primitives.eval import (
     BenchmarkFormatError,
+    benchmark_root,
     calculate_accuracy,
     evaluate,
     extract_letter,
     extract_prediction,
     load_benchmark,
+    load_benchmark_dir,
     prompt_text,
 )
 from cosmos_primitives.eval.benchmark import parse_item
@@ -340,3 +342,34 @@ def test_cosmos_reason1_benchmark_file_with_qa_pairs(tmp_path: Path) -> None:
     engine = ScriptedEngine({"c1": "<answer>A</answer>", "c2-0": "<answer>A</answer>", "c2-1": "<answer>a</answer>"})
     report = evaluate(engine, path, results_dir=tmp_path / "results", cfg=quiet_cfg(), print_table=False)
     assert report.table["robovqa"] == {"correct": 2, "total": 3, "accuracy": 2 / 3, "failed": 0}
+
+
+def test_guide_data_dir_layout_is_found_by_dataset(tmp_path: Path) -> None:
+    """``--data_dir data`` as the Cosmos-Reason1 guide lays benchmarks out: data/benchmark/<dataset>/."""
+    data = tmp_path / "data"
+    cpt.write_reason1_benchmark(data, "robovqa", clips=2)
+    cpt.write_reason1_benchmark(data, "av", clips=1)
+    (data / "benchmark" / "notes").mkdir()  # a folder without a benchmark file is not a dataset
+    items = load_benchmark_dir(data)
+    assert [(i.dataset, i.id, i.media) for i in items] == [
+        ("av", "clip0", [("video", "av/clips/clip0.mp4")]),
+        ("robovqa", "clip0", [("video", "robovqa/clips/clip0.mp4")]),
+        ("robovqa", "clip1-0", [("video", "robovqa/clips/clip1.mp4")]),
+        ("robovqa", "clip1-1", [("video", "robovqa/clips/clip1.mp4")]),
+    ]
+    assert benchmark_root(data) == data / "benchmark"
+    assert [i.id for i in load_benchmark_dir(data / "benchmark", ["robovqa"], limit=2)] == ["clip0", "clip1-0"]
+    with pytest.raises(BenchmarkFormatError) as info:
+        load_benchmark_dir(data, ["robovqa", "agibot"])
+    assert f"dataset 'agibot': {data / 'benchmark' / 'agibot' / 'agibot_benchmark_qa_pairs.json'} does not exist" \
+        in str(info.value) and "found under" in str(info.value) and "['av', 'robovqa']" in str(info.value)
+    with pytest.raises(BenchmarkFormatError, match="no benchmark under"):
+        load_benchmark_dir(tmp_path / "data" / "benchmark" / "notes")
+
+    # the clips load from the root (no item fails), and each dataset gets its row of the table
+    engine = ScriptedEngine({"clip0": "<answer>A</answer>", "clip1-0": "<answer>A</answer>",
+                             "clip1-1": "<answer>A</answer>"})
+    report = evaluate(engine, load_benchmark_dir(data, ["robovqa"]), data_dir=benchmark_root(data),
+                      results_dir=tmp_path / "results", cfg=quiet_cfg(), print_table=False)
+    assert report.table["robovqa"] == {"correct": 2, "total": 3, "accuracy": 2 / 3, "failed": 0}  # answers A, B, A
+    assert [len(p.videos) for p in engine.prompts] == [1, 1, 1]

@@ -176,6 +176,27 @@ def test_reason1_guide_yaml_and_flags_run_on_the_tiny_model(exported: Path, colo
     assert "colour_mcq" in capsys.readouterr().out
 
 
+def test_reason1_guide_command_finds_benchmarks_under_data_dir(exported: Path, tmp_path: Path) -> None:
+    """The guide's command as it is, no --benchmark: the YAML's datasets (robovqa, av) are read from
+    data/benchmark/<dataset>/<dataset>_benchmark_qa_pairs.json with their clips."""
+    data = tmp_path / "data"
+    cpt.write_reason1_benchmark(data, "robovqa", clips=2)
+    cpt.write_reason1_benchmark(data, "av", clips=1)
+    cpt.write_reason1_benchmark(data, "agibot", clips=1)  # downloaded, but not in the YAML's list
+    guide = (ROOT / "tests/data/cosmos_rl_configs/cosmos-reason1/examples/benchmark/configs/evaluate.yaml").read_text()
+    yaml_path = tmp_path / "robovqa.yaml"
+    yaml_path.write_text(guide.replace("max_tokens: 1024", "max_tokens: 3")
+                         .replace("max_retries: 10", "max_retries: 0"))
+    results = tmp_path / "results"
+    with pytest.warns(UserWarning, match="evaluation.num_processes"):
+        table = _load_example().main(["--config", str(yaml_path), "--model_name", str(exported), "--data_dir",
+                                      str(data), "--results_dir", str(results), "eval.dtype=float32"])
+    assert set(table) == {"robovqa", "av", "overall"}
+    assert (table["robovqa"]["total"], table["av"]["total"], table["overall"]["failed"]) == (3, 1, 0)
+    saved = json.loads((results / "robovqa" / "clip1-0.json").read_text())
+    assert saved["media"] == ["robovqa/clips/clip1.mp4"] and saved["prompt_tokens"] > 20  # the clip's tokens too
+
+
 def test_eval_yaml_keys_are_mapped_ignored_or_refused(tmp_path: Path) -> None:
     guide = ROOT / "tests/data/cosmos_rl_configs/cosmos-reason1/examples/benchmark/configs/evaluate.yaml"
     with pytest.warns(UserWarning, match="evaluation.num_processes"):

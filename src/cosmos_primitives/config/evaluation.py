@@ -19,7 +19,9 @@ class EvalConfig(Section):
 
     What to run: ``model`` (an exported ``safetensors/final`` folder or a hub name; empty: the
     ``[policy] model_name_or_path``), ``benchmark`` (a JSON list or JSONL file of items),
-    ``data_dir`` (media paths of the items are relative to it; empty: the benchmark's folder),
+    ``data_dir`` (media paths of the items are relative to it; empty: the benchmark's folder; with no
+    ``benchmark``, the Cosmos-Reason1 guide's data folder: ``<data_dir>/benchmark/<dataset>/
+    <dataset>_benchmark_qa_pairs.json``, ``cp.eval.load_benchmark_dir``),
     ``results_dir`` (one JSON per item under ``<results_dir>/<dataset>/``), ``datasets`` (only these
     dataset names; empty: all), ``limit`` (first N items after the filter; -1: all).
 

@@ -20,6 +20,9 @@ _EXPORTS = {
     "BenchmarkFormatError": "benchmark",
     "BenchmarkItem": "benchmark",
     "load_benchmark": "benchmark",
+    "benchmark_root": "benchmark_dir",
+    "benchmark_files": "benchmark_dir",
+    "load_benchmark_dir": "benchmark_dir",
     "prompt_text": "prompts",
     "extract_letter": "scoring",
     "extract_prediction": "scoring",
@@ -38,6 +41,7 @@ __all__ = sorted(_EXPORTS)
 if TYPE_CHECKING:  # pragma: no cover
     from cosmos_primitives.eval.accuracy import accuracy_table, calculate_accuracy, format_accuracy_table  # noqa: F401
     from cosmos_primitives.eval.benchmark import BenchmarkFormatError, BenchmarkItem, load_benchmark  # noqa: F401
+    from cosmos_primitives.eval.benchmark_dir import benchmark_files, benchmark_root, load_benchmark_dir  # noqa: F401
     from cosmos_primitives.eval.model_loading import load_eval_engine  # noqa: F401
     from cosmos_primitives.eval.prompts import prompt_text  # noqa: F401
     from cosmos_primitives.eval.result_store import ResultStore  # noqa: F401

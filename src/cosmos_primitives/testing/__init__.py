@@ -35,6 +35,7 @@ from cosmos_primitives.testing.models import (
     tiny_wan_transformer,
     tiny_wan_vae,
 )
+from cosmos_primitives.testing.reason1_benchmark import write_reason1_benchmark
 from cosmos_primitives.testing.tokenizer import qwen2_5_vl_chat_template, qwen_tokenizer, qwen_tokenizer_dir
 
 __all__ = [
@@ -67,5 +68,6 @@ __all__ = [
     "write_corrupt_mp4",
     "write_image",
     "write_mp4",
+    "write_reason1_benchmark",
     "write_video_qa",
 ]
