@@ -91,8 +91,8 @@ def direct_mean_nll(model: torch.nn.Module, tokenizer, dataset) -> tuple[float, 
 
 def test_validation_loss_equals_a_direct_computation_without_gradient(tmp_path: Path, qwen_tokenizer,
                                                                       tiny_qwen2_model) -> None:
-    cfg = config_for(tmp_path, 11)
-    dataset = HFConversationDataset(rows(11), name="val")
+    cfg = config_for(tmp_path, 7)
+    dataset = HFConversationDataset(rows(7), name="val")
     model = tiny_qwen2_model.train()
     grad_modes: list[bool] = []
     backbone_of(model).register_forward_hook(lambda *_: grad_modes.append(torch.is_grad_enabled()))
@@ -113,8 +113,32 @@ def test_validation_loss_equals_a_direct_computation_without_gradient(tmp_path: 
                                   samples_per_pass=4, device="cpu") for r in range(2)]
     assert sum(s.tokens for s in shares) == expected_tokens
     assert sum(s.loss * s.tokens for s in shares) / expected_tokens == pytest.approx(expected, rel=1e-5)
-    with pytest.raises(ValueError, match="fewer than the 12 data-parallel ranks"):
-        build_sft_validation_loader(cfg, qwen_tokenizer, model.config, dataset, rank=0, world_size=12)
+    with pytest.raises(ValueError, match="fewer than the 8 data-parallel ranks"):
+        build_sft_validation_loader(cfg, qwen_tokenizer, model.config, dataset, rank=0, world_size=8)
+
+
+def rank_validation_loss(cfg: cp.Config) -> tuple[float, int, int]:
+    """One rank of two: its share of 7 items scored one sample per pass (4 passes on rank 0, 3 on
+    rank 1, which then scores a label-less copy); returns (loss, tokens, forward passes)."""
+    rank = torch.distributed.get_rank()
+    tokenizer = cp.testing.qwen_tokenizer()
+    model = cp.testing.tiny_qwen2(seed=0)
+    passes: list[int] = []
+    backbone_of(model).register_forward_hook(lambda *_: passes.append(1))
+    loader = build_sft_validation_loader(cfg, tokenizer, model.config, HFConversationDataset(rows(7), name="val"),
+                                         rank=rank, world_size=2)
+    result = sft_validation_loss(model, loader, samples_per_pass=1, device="cpu")
+    return result.loss, result.tokens, len(passes)
+
+
+@pytest.mark.slow  # two spawned processes
+def test_ranks_that_run_out_first_keep_the_collectives_matched(tmp_path: Path, qwen_tokenizer) -> None:
+    expected, tokens = direct_mean_nll(cp.testing.tiny_qwen2(seed=0), qwen_tokenizer,
+                                       HFConversationDataset(rows(7), name="val"))
+    results = cp.testing.run_distributed(rank_validation_loss, 2, args=(config_for(tmp_path, 7),))
+    assert [passes for *_, passes in results] == [4, 4]  # rank 1 ran one forward on a copy with no label
+    for loss, total_tokens, _ in results:  # both ranks get the mean over all 7 items, each counted once
+        assert total_tokens == tokens and loss == pytest.approx(expected, rel=1e-5)
 
 
 @pytest.mark.parametrize("path", [REASON1_SFT, GEMMA_SFT], ids=["reason1", "gemma3"])
