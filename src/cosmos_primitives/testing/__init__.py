@@ -9,7 +9,7 @@ from cosmos_primitives.testing.colour_mcq import (
     write_colour_mcq,
     write_colour_mcq_sft,
 )
-from cosmos_primitives.testing.demo_assets import ensure_demo_assets, write_video_qa
+from cosmos_primitives.testing.demo_assets import ensure_demo_assets, write_arithmetic, write_video_qa
 from cosmos_primitives.testing.distributed import run_distributed
 from cosmos_primitives.testing.media import (
     COLOURS,
@@ -66,6 +66,7 @@ __all__ = [
     "tiny_unipc_flow_scheduler",
     "tiny_wan_transformer",
     "tiny_wan_vae",
+    "write_arithmetic",
     "write_colour_mcq",
     "write_colour_mcq_sft",
     "write_corrupt_mp4",
