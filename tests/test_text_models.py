@@ -149,3 +149,31 @@ def test_broadcast_sync_of_a_qwen3_is_bitwise() -> None:
         for name, bits in trainer[layout].items():
             assert rollout[layout][name] == bits, (layout, name)
     assert "model.layers.1.self_attn.k_norm.weight" in rollout["vllm"]
+
+
+_TOKENS = {"input_ids": torch.arange(24).reshape(2, 12) * 997 % 151_000,
+           "attention_mask": torch.ones(2, 12, dtype=torch.long)}
+
+
+def _sharded_qwen3_logprobs() -> dict:
+    """A tiny Qwen3 built in memory, sharded as the recipes shard it: FSDP2 over 2 ranks, then
+    tensor parallel over 2 ranks (q_norm / k_norm act on each rank's own heads)."""
+    from cosmos_primitives.config import ParallelismConfig, PolicyConfig
+
+    out = {}
+    for name, sizes in (("fsdp", dict(dp_shard_size=2)), ("tp", dict(tp_size=2, dp_shard_size=1))):
+        parallelism = ParallelismConfig(**sizes)
+        mesh = cp.parallel.ParallelMesh(parallelism, device_type="cpu")
+        policy = cp.policy.build_policy(PolicyConfig(dtype="float32", parallelism=parallelism), mesh,
+                                        hf_model=cpt.tiny_qwen3(seed=0))
+        out[name] = token_logprobs(policy, _TOKENS).logprobs.detach()
+    return out
+
+
+@pytest.mark.slow
+def test_sharded_qwen3_policy_matches_one_process() -> None:
+    ranks = cpt.run_distributed(_sharded_qwen3_logprobs, 2, timeout_s=240)
+    expected = token_logprobs(CausalLMPolicy(cpt.tiny_qwen3(seed=0)), _TOKENS).logprobs
+    for result in ranks:
+        for name in ("fsdp", "tp"):
+            torch.testing.assert_close(result[name], expected, atol=1e-5, rtol=1e-5, msg=name)
