@@ -1,7 +1,9 @@
-"""GRPO for a vision-language reasoner (Cosmos-Reason / Qwen2.5-VL) on MCQ image or video prompts, colocated.
+"""GRPO for a vision-language reasoner (Cosmos-Reason / Qwen2.5-VL) on MCQ image or video prompts, colocated;
+text-only causal LMs (Qwen2 / Qwen2.5 / Qwen3) and prompt / answer columns run the same way.
 
     python examples/grpo_vlm.py --config examples/configs/grpo_tiny.toml
     torchrun --nproc_per_node 2 examples/grpo_vlm.py --config examples/configs/grpo_tiny.toml
+    python examples/grpo_vlm.py --config examples/configs/grpo_text_tiny.toml   # a text-only model
 
 Read top to bottom: set up, train, save. Every rank generates rollouts for its own prompts with a
 rollout engine (``[rollout] backend``: HF ``generate`` or vLLM), scores them, and trains; after each

@@ -85,7 +85,7 @@ train.train_policy.load_balanced_batching_strategy | "prefer_closest" | ignored 
 train.train_policy.load_balanced_batches_per_optimizer_step | 1 | ignored | - | speed-only: load balancing
 train.train_policy.dataloader_broadcast | false | ignored | - | speed-only: loader broadcast
 train.train_policy.variant | "grpo" | mapped | - | grpo.variant
-train.train_policy.prompt_column_name | "" | mapped | - | = (the prompt column: a string or a conversation per row, cp.data.ColumnPromptDataset; a dataset plug-in reads it itself)
+train.train_policy.prompt_column_name | "" | mapped | - | = (the prompt column: a string (plain text used as it is, as cosmos-rl's text models take it) or a conversation per row, cp.data.ColumnPromptDataset; a dataset plug-in reads it itself)
 train.train_policy.response_column_name | "" | mapped | - | = (the reference answer the rewards get; read as prompt_column_name)
 train.train_policy.reward_function | ["single_choice"] | mapped | - | grpo.reward_function (a name or list: weight 1 each; ours defaults to single_choice + format)
 train.train_policy.use_remote_reward | false | refused | [false] | use [remote_reward] (the reward service client)

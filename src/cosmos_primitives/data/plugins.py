@@ -58,8 +58,9 @@ class CosmosRLPromptDataset:
                 else None
         except Exception as exc:  # the user's code: one bad item is a counted bad sample, not a dead run
             raise BadSampleError(where, f"{type(exc).__name__}: {exc}") from exc
-        if isinstance(item, str):
-            item = [{"role": "user", "content": item}]
+        if isinstance(item, str):  # plain text, used as it is (cosmos-rl's text models do the same)
+            return Prompt(conversation=item, prompt_id=where, reference="" if reference is None else str(reference),
+                          row={"index": index})
         if not isinstance(item, list) or not all(isinstance(m, dict) and "role" in m for m in item):
             raise BadSampleError(where, f"__getitem__ must return a conversation (a list of messages) or a "
                                         f"string, got {type(item).__name__}")
@@ -73,11 +74,14 @@ class ColumnPromptDataset:
     """GRPO prompts from rows with a prompt column and a reference-answer column (cosmos-rl's
     ``prompt_column_name`` / ``response_column_name``), text-only or with an image / video.
 
-    A string prompt becomes the user message (after the row's image or video, when it has one); a
-    prompt that is already a conversation (a list of messages) is used as it is. ``system_prompt``
-    (unless None) adds a system message first; ``""`` is an empty one, as cosmos-rl sends. The
-    reference answer is the response column's value as text ("" when no response column is named);
-    the rewards receive it and the row.
+    A string prompt is plain text used as it is, with no chat template (as cosmos-rl and TRL take a
+    string prompt), unless the row has an image or video or ``system_prompt`` is a non-empty string:
+    then it becomes the user message (after the media) of a conversation that goes through the chat
+    template. A prompt that is already a conversation (a list of messages) is used as it is.
+    ``system_prompt`` (unless None) adds a system message before a conversation; ``""`` is an empty
+    one, as cosmos-rl's Reason1 script sends (a plain-text prompt stays plain). The reference answer
+    is the response column's value as text ("" when no response column is named); the rewards
+    receive it and the row.
     """
 
     def __init__(self, rows: Any, prompt_column: str, response_column: str = "", media_dir: Any = None,
@@ -101,6 +105,11 @@ class ColumnPromptDataset:
             raise BadSampleError(where, f"no prompt column {self.prompt_column!r} "
                                         f"(train.train_policy.prompt_column_name); row has {sorted(row)}")
         prompt = row[self.prompt_column]
+        media = row.get(self.video_column) or row.get(self.image_column)
+        reference = row.get(self.response_column, "") if self.response_column else ""
+        reference = "" if reference is None else str(reference)
+        if isinstance(prompt, str) and not media and not self.system_prompt:
+            return Prompt(conversation=prompt, prompt_id=str(row.get("id", where)), reference=reference, row=row)
         if isinstance(prompt, str):
             content: list[dict[str, Any]] = []
             if row.get(self.video_column):
@@ -117,11 +126,9 @@ class ColumnPromptDataset:
                                         "(train.train_policy.dataset.plugin) or the MCQ reader's dotted columns")
         if self.system_prompt is not None:
             messages = [{"role": "system", "content": self.system_prompt}, *messages]
-        reference = row.get(self.response_column, "") if self.response_column else ""
         loaded = load_conversation(messages, self.media_dir, self.settings, sample_id=where)
         return Prompt(conversation=loaded.conversation, prompt_id=str(row.get("id", where)), images=loaded.images,
-                      videos=loaded.videos, video_fps=loaded.video_fps,
-                      reference="" if reference is None else str(reference), row=row)
+                      videos=loaded.videos, video_fps=loaded.video_fps, reference=reference, row=row)
 
 
 def prompt_dataset(dataset_cfg: Any, config: Any = None, processor: Any = None) -> Any:

@@ -14,7 +14,13 @@ PER_SEQUENCE_KEYS = ("input_ids", "attention_mask", "mm_token_type_ids")
 
 
 def render_prompt(processor: Any, prompt: Prompt) -> str:
-    """The chat-templated prompt text ending with the assistant header."""
+    """The model's input text of ``prompt``: its conversation through the chat template, ending with
+    the assistant header; a plain-text prompt (a ``str``) as it is."""
+    if isinstance(prompt.conversation, str):
+        if prompt.images or prompt.videos:
+            raise ValueError(f"prompt {prompt.prompt_id!r} is plain text with images or videos; plain text has no "
+                             "media placeholders: give it as a conversation with image / video parts")
+        return prompt.conversation
     template_owner = processor if hasattr(processor, "apply_chat_template") else processor.tokenizer
     try:
         return template_owner.apply_chat_template(prompt.conversation, tokenize=False, add_generation_prompt=True)

@@ -38,15 +38,20 @@ class SamplingParams:
 
 @attrs.define
 class Prompt:
-    """One prompt: a chat conversation (Qwen2.5-VL content lists with image / video / text parts).
+    """One prompt: a chat conversation (Qwen2.5-VL content lists with image / video / text parts),
+    or plain text.
 
+    ``conversation`` as a list of messages goes through the processor's chat template; as a
+    ``str`` it is the model's input text as it is (no chat template, no system prompt: it is
+    tokenized exactly as ``tokenizer(text)``), as TRL and cosmos-rl's text models take a string
+    prompt. Plain text holds no media placeholders, so it comes without images or videos.
     ``images`` / ``videos`` hold already-loaded visual inputs in the order their placeholders appear:
     images as ``[H, W, 3]`` uint8 arrays / PIL images, videos as ``[T, H, W, 3]`` uint8 arrays
     (with ``video_fps`` for each). ``prompt_id`` identifies it within a run; ``row`` is the dataset
     row it came from (passed to reward functions).
     """
 
-    conversation: list[dict[str, Any]]
+    conversation: list[dict[str, Any]] | str
     prompt_id: str = ""
     images: list[Any] = attrs.field(factory=list)
     videos: list[Any] = attrs.field(factory=list)

@@ -58,7 +58,8 @@ class RolloutRecord(msgspec.Struct, kw_only=True):
       of each generated token; ``finish_reasons``: ``n`` of ``"stop"`` / ``"length"``.
     - ``rewards``, ``advantages``: ``[n]`` float.
     - ``media``: references (paths / URIs) of the prompt's images and videos, in placeholder order.
-    - ``conversation``: the prompt conversation, JSON-like (media parts hold references).
+    - ``conversation``: the prompt conversation, JSON-like (media parts hold references), or the
+      prompt's plain text (a ``str``, used without a chat template).
     - ``meta``: small scalar extras (e.g. the reference answer).
     - ``created_at``: Unix time (seconds) when the record was made.
 
@@ -78,7 +79,7 @@ class RolloutRecord(msgspec.Struct, kw_only=True):
     rewards: list[float]
     advantages: list[float]
     media: list[str] = msgspec.field(default_factory=list)
-    conversation: list[dict[str, Any]] = msgspec.field(default_factory=list)
+    conversation: list[dict[str, Any]] | str = msgspec.field(default_factory=list)
     meta: dict[str, str | int | float | bool] = msgspec.field(default_factory=dict)
     created_at: float = msgspec.field(default_factory=time.time)
 
@@ -234,8 +235,9 @@ def decode_record(data: bytes | bytearray | memoryview, entry_id: str = "<bytes>
         raise MalformedRecordError(entry_id, f"cannot decode it ({type(exc).__name__}: {exc})") from exc
 
 
-def media_references(conversation: Sequence[Mapping[str, Any]]) -> list[str]:
-    """The media references (paths / URIs) in a Qwen2.5-VL conversation, in order of appearance.
+def media_references(conversation: Sequence[Mapping[str, Any]] | str) -> list[str]:
+    """The media references (paths / URIs) in a Qwen2.5-VL conversation, in order of appearance
+    (none in a plain-text prompt).
 
     Content parts like ``{"type": "video", "video": "clips/a.mp4"}`` contribute their value; parts
     whose value is not a string (a decoded image, an array) raise, since they cannot be referenced.
@@ -244,6 +246,8 @@ def media_references(conversation: Sequence[Mapping[str, Any]]) -> list[str]:
         ValueError: naming the message and part index of an inline media item.
     """
     refs: list[str] = []
+    if isinstance(conversation, str):
+        return refs
     for m, message in enumerate(conversation):
         content = message.get("content")
         if not isinstance(content, list):
@@ -302,8 +306,8 @@ def record_from_group(
     """
     n = len(group.completions)
     prompt = group.prompt
-    conversation = list(prompt.conversation)
-    refs = list(media) if media is not None else media_references(prompt.conversation)
+    conversation = prompt.conversation if isinstance(prompt.conversation, str) else list(prompt.conversation)
+    refs = list(media) if media is not None else media_references(conversation)
     extras: dict[str, str | int | float | bool] = dict(meta or {})
     if prompt.reference and "reference" not in extras:
         extras["reference"] = prompt.reference

@@ -40,7 +40,7 @@ def group_from_record(record: RolloutRecord, settings: MediaSettings | None = No
             absolute paths, so it is usually not needed).
 
     Returns:
-        A group whose prompt has the record's conversation, ``prompt_id``, ``reference``
+        A group whose prompt has the record's conversation (or plain text), ``prompt_id``, ``reference``
         (``meta["reference"]``) and re-loaded ``images`` / ``videos``; its ``row`` is empty.
 
     Raises:
@@ -53,18 +53,21 @@ def group_from_record(record: RolloutRecord, settings: MediaSettings | None = No
             f"record {record.record_id} (prompt {record.prompt_id!r}) carries no conversation, so its prompt "
             "cannot be rebuilt; put records made by record_from_group, which carry it"
         )
-    settings = settings or MediaSettings()
-    sample_id = f"record {record.record_id} (prompt {record.prompt_id!r})"
-    try:
-        loaded = load_conversation(record.conversation, media_dir, settings, sample_id=sample_id)
-    except BadSampleError as exc:
-        raise BadSampleError(sample_id, f"cannot re-load its media: {exc}") from exc
-    if record.media and len(record.media) != len(loaded.media_paths):
-        raise ValueError(f"{sample_id}: media lists {len(record.media)} references but its conversation holds "
-                         f"{len(loaded.media_paths)} media parts")
-    reference = record.meta.get("reference", "")
-    prompt = Prompt(conversation=loaded.conversation, prompt_id=record.prompt_id, images=loaded.images,
-                    videos=loaded.videos, video_fps=loaded.video_fps, reference=str(reference))
+    reference = str(record.meta.get("reference", ""))
+    if isinstance(record.conversation, str):  # plain text: nothing to re-load
+        prompt = Prompt(conversation=record.conversation, prompt_id=record.prompt_id, reference=reference)
+    else:
+        settings = settings or MediaSettings()
+        sample_id = f"record {record.record_id} (prompt {record.prompt_id!r})"
+        try:
+            loaded = load_conversation(record.conversation, media_dir, settings, sample_id=sample_id)
+        except BadSampleError as exc:
+            raise BadSampleError(sample_id, f"cannot re-load its media: {exc}") from exc
+        if record.media and len(record.media) != len(loaded.media_paths):
+            raise ValueError(f"{sample_id}: media lists {len(record.media)} references but its conversation "
+                             f"holds {len(loaded.media_paths)} media parts")
+        prompt = Prompt(conversation=loaded.conversation, prompt_id=record.prompt_id, images=loaded.images,
+                        videos=loaded.videos, video_fps=loaded.video_fps, reference=reference)
     completions = [
         Completion(text=text, token_ids=list(ids), logprobs=list(lps), finish_reason=reason)
         for text, ids, lps, reason in zip(record.completions, record.completion_token_ids, record.logprobs,

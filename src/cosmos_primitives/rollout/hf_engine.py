@@ -21,7 +21,8 @@ class HFRolloutEngine:
 
     Args:
         model: a HF ``...ForCausalLM`` / ``Qwen2_5_VLForConditionalGeneration``.
-        processor: its processor (VLM) or tokenizer (text); must carry a chat template.
+        processor: its processor (VLM) or tokenizer (text); conversation prompts need its chat
+            template, plain-text prompts are tokenized as they are.
         max_batch_sequences: sequences (prompts x n) per ``generate`` call.
         stop_token_ids: default stop tokens (default: the model's EOS ids, e.g. ``<|im_end|>``).
         weight_version: version tag of the current weights.

@@ -9,7 +9,7 @@ from cosmos_primitives.testing.colour_mcq import (
     write_colour_mcq,
     write_colour_mcq_sft,
 )
-from cosmos_primitives.testing.demo_assets import ensure_demo_assets, write_video_qa
+from cosmos_primitives.testing.demo_assets import ensure_demo_assets, write_arithmetic, write_video_qa
 from cosmos_primitives.testing.distributed import run_distributed
 from cosmos_primitives.testing.media import (
     COLOURS,
@@ -25,12 +25,14 @@ from cosmos_primitives.testing.models import (
     cosmos_predict2_5_2b_transformer,
     save_tiny_qwen2,
     save_tiny_qwen2_5_vl,
+    save_tiny_qwen3,
     tiny_cosmos_transformer,
     tiny_flow_scheduler,
     tiny_qwen2,
     tiny_qwen2_5_vl,
     tiny_qwen2_5_vl_config,
     tiny_qwen2_5_vl_processor,
+    tiny_qwen3,
     tiny_unipc_flow_scheduler,
     tiny_wan_transformer,
     tiny_wan_vae,
@@ -54,15 +56,18 @@ __all__ = [
     "run_distributed",
     "save_tiny_qwen2",
     "save_tiny_qwen2_5_vl",
+    "save_tiny_qwen3",
     "tiny_cosmos_transformer",
     "tiny_flow_scheduler",
     "tiny_qwen2",
     "tiny_qwen2_5_vl",
     "tiny_qwen2_5_vl_config",
     "tiny_qwen2_5_vl_processor",
+    "tiny_qwen3",
     "tiny_unipc_flow_scheduler",
     "tiny_wan_transformer",
     "tiny_wan_vae",
+    "write_arithmetic",
     "write_colour_mcq",
     "write_colour_mcq_sft",
     "write_corrupt_mp4",

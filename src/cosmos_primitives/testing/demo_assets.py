@@ -6,11 +6,13 @@ Only paths written ``demo:<path>`` are ever written to (``cp.config.paths``): a 
 tiny one whose path was changed to the user's own model or data never gets a random model or
 generated data there. ``[custom]`` keys say what to generate:
 
-- ``demo_model = "tiny_qwen2_5_vl"`` (or ``"tiny_qwen2"``): that model + processor, at
+- ``demo_model = "tiny_qwen2_5_vl"`` (or ``"tiny_qwen2"``, ``"tiny_qwen3"``): that model + processor, at
   ``[policy] model_name_or_path = "demo:<folder>"``, when the folder does not exist yet.
 - ``demo_data = "video_qa"``: a local video folder (``videos/<id>.mp4`` + ``metas/<id>.label.json``)
   at ``[train.train_policy.dataset] name = "demo:<folder>"``; ``"colour_mcq"``: colour-MCQ images +
-  JSONL files (``name = "demo:<folder>/train.jsonl"``).
+  JSONL files (``name = "demo:<folder>/train.jsonl"``); ``"arithmetic"``: plain-text sums, a JSONL
+  file of ``prompt`` / ``answer`` rows (``name = "demo:<folder>/train.jsonl"``, read with
+  ``prompt_column_name = "prompt"``, ``response_column_name = "answer"``).
 - ``demo_items``: how many items (default 32).
 """
 
@@ -25,9 +27,9 @@ import numpy as np
 from cosmos_primitives.config.paths import DEMO_PREFIX, demo_target
 from cosmos_primitives.testing.colour_mcq import write_colour_mcq, write_colour_mcq_sft
 from cosmos_primitives.testing.media import COLOURS, write_mp4
-from cosmos_primitives.testing.models import save_tiny_qwen2, save_tiny_qwen2_5_vl
+from cosmos_primitives.testing.models import save_tiny_qwen2, save_tiny_qwen2_5_vl, save_tiny_qwen3
 
-DEMO_MODELS = {"tiny_qwen2_5_vl": save_tiny_qwen2_5_vl, "tiny_qwen2": save_tiny_qwen2}
+DEMO_MODELS = {"tiny_qwen2_5_vl": save_tiny_qwen2_5_vl, "tiny_qwen2": save_tiny_qwen2, "tiny_qwen3": save_tiny_qwen3}
 
 
 def write_video_qa(root: str | Path, n: int = 32, seed: int = 0) -> Path:
@@ -46,6 +48,20 @@ def write_video_qa(root: str | Path, n: int = 32, seed: int = 0) -> Path:
         (root / "metas").mkdir(parents=True, exist_ok=True)
         (root / "metas" / f"clip{i:03d}.label.json").write_text(json.dumps(label))
     return root
+
+
+def write_arithmetic(root: str | Path, n: int = 32, seed: int = 0) -> Path:
+    """``root/train.jsonl``: ``n`` rows ``{"id", "prompt": "12 + 7 =", "answer": "19"}`` for text-only GRPO
+    (the prompt is plain text, used without a chat template). Returns the file."""
+    root = Path(root)
+    root.mkdir(parents=True, exist_ok=True)
+    rng = np.random.default_rng(seed)
+    path = root / "train.jsonl"
+    with path.open("w") as f:
+        for i in range(n):
+            a, b = (int(x) for x in rng.integers(0, 50, size=2))
+            f.write(json.dumps({"id": f"sum{i:03d}", "prompt": f"{a} + {b} =", "answer": str(a + b)}) + "\n")
+    return path
 
 
 def _kind(custom: dict[str, Any], key: str, path_key: str, value: str) -> str:
@@ -87,6 +103,11 @@ def ensure_demo_assets(config: Any) -> list[Path]:
                 write_colour_mcq(folder, int(custom.get("demo_eval_items", 64)), seed=1, split="test")
                 write_colour_mcq_sft(folder, jsonl)
                 written.append(folder)
+        elif data_kind == "arithmetic":
+            folder = root.parent if root.suffix == ".jsonl" else root
+            if not (folder / "train.jsonl").is_file():
+                written.append(write_arithmetic(folder, n, seed=int(custom.get("demo_seed", 0))))
         else:
-            raise ValueError(f"[custom] demo_data = {data_kind!r}: known demo data are 'video_qa', 'colour_mcq'")
+            raise ValueError(f"[custom] demo_data = {data_kind!r}: known demo data are 'video_qa', 'colour_mcq', "
+                             "'arithmetic'")
     return written

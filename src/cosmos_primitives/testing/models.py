@@ -1,4 +1,4 @@
-"""Tiny models with random weights, built from configs: Qwen2.5-VL, Qwen2, and a Wan-style flow
+"""Tiny models with random weights, built from configs: Qwen2.5-VL, Qwen2, Qwen3, and a Wan-style flow
 transformer with its VAE. Small enough for CPU tests, same code paths as the real ones."""
 
 from __future__ import annotations
@@ -109,12 +109,9 @@ def tiny_qwen2_5_vl_processor(min_pixels: int = 4 * TINY_PIXELS, max_pixels: int
     )
 
 
-def tiny_qwen2(seed: int = 0, hidden_size: int = 64, num_layers: int = 2) -> Any:
-    """A randomly initialised tiny text-only ``Qwen2ForCausalLM`` over the Qwen vocabulary."""
-    from transformers import Qwen2Config, Qwen2ForCausalLM
-
-    torch.manual_seed(seed)
-    config = Qwen2Config(
+def _text_config_fields(hidden_size: int, num_layers: int) -> dict[str, Any]:
+    """Config fields shared by the tiny text-only Qwen families (Qwen vocabulary and special ids)."""
+    return dict(
         vocab_size=QWEN_VOCAB_SIZE,
         hidden_size=hidden_size,
         intermediate_size=2 * hidden_size,
@@ -127,7 +124,32 @@ def tiny_qwen2(seed: int = 0, hidden_size: int = 64, num_layers: int = 2) -> Any
         eos_token_id=151645,
         pad_token_id=151643,
     )
-    return Qwen2ForCausalLM(config)
+
+
+def _with_generation_ids(model: Any) -> Any:
+    # a chat turn ends with <|im_end|>; <|endoftext|> also stops (as in Qwen's generation_config.json)
+    model.generation_config.pad_token_id = 151643
+    model.generation_config.eos_token_id = [151645, 151643]
+    return model
+
+
+def tiny_qwen2(seed: int = 0, hidden_size: int = 64, num_layers: int = 2) -> Any:
+    """A randomly initialised tiny text-only ``Qwen2ForCausalLM`` over the Qwen vocabulary (the
+    Qwen2 / Qwen2.5 text family: q / k / v projections with biases)."""
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    torch.manual_seed(seed)
+    return _with_generation_ids(Qwen2ForCausalLM(Qwen2Config(**_text_config_fields(hidden_size, num_layers))))
+
+
+def tiny_qwen3(seed: int = 0, hidden_size: int = 64, num_layers: int = 2) -> Any:
+    """A randomly initialised tiny text-only ``Qwen3ForCausalLM`` over the Qwen vocabulary (the
+    Qwen3 family: no q / k / v biases, per-head RMS norms ``q_norm`` / ``k_norm``)."""
+    from transformers import Qwen3Config, Qwen3ForCausalLM
+
+    torch.manual_seed(seed)
+    config = Qwen3Config(head_dim=hidden_size // 4, **_text_config_fields(hidden_size, num_layers))
+    return _with_generation_ids(Qwen3ForCausalLM(config))
 
 
 def save_tiny_qwen2_5_vl(path: str | Path, seed: int = 0, **config_kwargs: Any) -> Path:
@@ -142,6 +164,14 @@ def save_tiny_qwen2(path: str | Path, seed: int = 0) -> Path:
     """Write a tiny Qwen2 and the Qwen tokenizer to ``path``."""
     path = Path(path)
     tiny_qwen2(seed=seed).save_pretrained(path)
+    qwen_tokenizer().save_pretrained(path)
+    return path
+
+
+def save_tiny_qwen3(path: str | Path, seed: int = 0) -> Path:
+    """Write a tiny Qwen3 and the Qwen tokenizer to ``path``."""
+    path = Path(path)
+    tiny_qwen3(seed=seed).save_pretrained(path)
     qwen_tokenizer().save_pretrained(path)
     return path
 
