@@ -6,7 +6,8 @@
     torchrun --nproc-per-node 8 examples/wfm_rl.py --config examples/configs/cosmos_predict2_5_2b_flowgrpo.toml
 
 Each step: take this rank's next ``[wfm.data] prompts_per_step`` prompts (a shuffled, resumable
-order), roll out ``num_samples_per_prompt`` videos per prompt with the SDE sampler (log-probs
+order of a mock set or clip folder, or a stream of tar shards, local or on S3, with ``kind =
+"webdataset"``), roll out ``num_samples_per_prompt`` videos per prompt with the SDE sampler (log-probs
 recorded), decode them with the VAE, score them with the reward service, turn rewards into group
 advantages, then update the LoRA adapters (``[policy.lora]``; without it all weights) with the
 FlowGRPO loss on a fraction of the stochastic steps (+ ``data_beta`` times the flow-matching loss on
@@ -29,7 +30,8 @@ adapters alone, ``vae/``, ``scheduler/``, ``model_index.json``) goes to ``safete
 save and ``safetensors/final`` at the end.
 ``train.resume=true`` goes on from the latest checkpoint exactly as if never stopped: each step
 draws its randomness (SDE noise, SDE window, trained steps, DDRL noise) from generators seeded by
-``(seed, step, rank)``, and the rewards are functions of the videos.
+``(seed, step, rank)``, and the rewards are functions of the videos. A web dataset resumes at the
+saved shard and sample, with the bad samples counted so far.
 """
 
 from __future__ import annotations
@@ -97,6 +99,54 @@ def score(client: RemoteRewardClient, vae: Any, latents: torch.Tensor, captions:
     return torch.from_numpy(client.score_sync(captions, video, "video", video_fps=fps).total).float(), video
 
 
+class PromptSource:
+    """This rank's prompts (with their clips) as ``[wfm.data]`` describes them, and where the run is in them.
+
+    A map-style dataset (``kind = "mock"`` / ``"clip_folder"``) is read in the order of a resumable
+    shuffled sampler; a web dataset (``kind = "webdataset"``) is a stream of tar shards whose reader
+    knows its own position. ``position`` is what the checkpoint saves and a resumed run restores
+    (the sampler, or the reader with its epoch, shard, samples read and bad-sample count); ``bad`` counts
+    the bad samples against ``[train.train_policy.dataset] bad_sample_budget``.
+    """
+
+    def __init__(self, data: Any, *, seed: int, rank: int, world_size: int, per_step: int,
+                 bad_sample_budget: int) -> None:
+        self.rank, self.per_step = rank, per_step
+        if data.kind == "webdataset":
+            def reader() -> cp.data.WebDatasetClips:
+                return cp.data.build_wfm_webdataset(data, seed=seed, rank=rank, world_size=world_size,
+                                                    bad_sample_budget=bad_sample_budget)
+
+            self.dataset, self.position = None, reader()
+            self.bad = self.position.bad
+            self._eval_reader = reader  # a fresh reader: the stream's first items
+        else:
+            self.dataset = cp.data.build_wfm_dataset(data, seed=seed)
+            self.position = cp.data.ResumableDistributedSampler(len(self.dataset), rank=rank, world_size=world_size,
+                                                               seed=seed)
+            self.bad = cp.data.BadSampleTracker(bad_sample_budget)
+
+    def steps_per_epoch(self) -> int:
+        if self.dataset is None:  # check_runnable refuses this config first
+            raise ValueError('[wfm.data] kind = "webdataset" streams without a length: set [train] max_steps')
+        return math.ceil(len(self.position) / self.per_step)
+
+    def stream(self) -> Any:
+        """The items, forever, from the current (possibly restored) position."""
+        if self.dataset is None:
+            return iter(self.position)
+        return cp.data.prompt_stream(self.dataset, self.position, self.bad)
+
+    def eval_prompts(self) -> tuple[dict[str, Any], list[int]]:
+        """``per_step`` fixed items, collated, and their ids: the dataset's from index ``rank * per_step``
+        on, or the first good items of this rank's stream."""
+        if self.dataset is None:
+            stream = iter(self._eval_reader())
+            items = [next(stream) for _ in range(self.per_step)]
+            return cp.data.collate_clips(items), list(range(self.per_step))
+        return eval_prompts(self.dataset, self.rank * self.per_step, self.per_step, self.bad)
+
+
 def eval_prompts(dataset: Any, first: int, count: int,
                  bad: cp.data.BadSampleTracker) -> tuple[dict[str, Any], list[int]]:
     """``count`` fixed items from index ``first`` on (wrapping), collated, and their indices; bad items
@@ -153,25 +203,24 @@ def train(cfg: cp.Config) -> Path:
 
     # Prompts (bad clips skipped and counted, as in SFT: [train.train_policy.dataset] bad_sample_budget),
     # optimizer, checkpoints.
-    dataset = cp.data.build_wfm_dataset(w.data, seed=seed)
-    sampler = cp.data.ResumableDistributedSampler(len(dataset), rank=info.rank, world_size=info.world_size, seed=seed)
-    bad = cp.data.BadSampleTracker(cfg.train.train_policy.dataset.bad_sample_budget)
+    group, per_step = w.num_samples_per_prompt, w.data.prompts_per_step
+    source = PromptSource(w.data, seed=seed, rank=info.rank, world_size=info.world_size, per_step=per_step,
+                          bad_sample_budget=cfg.train.train_policy.dataset.bad_sample_budget)
     guided = cp.rollout.to_diffusers_guidance(w.guidance_scale, w.guidance_convention) != 1.0
     negative = cp.data.negative_prompt_embedding(w.data, w.negative_prompt)[0].to(device) if guided else None
     blank = torch.zeros(1, 3, w.data.num_frames, w.data.height, w.data.width, device=device)  # every item's shape
     latent_shape = tuple(cp.rollout.encode_video(vae, blank).shape[1:])
-    group, per_step = w.num_samples_per_prompt, w.data.prompts_per_step
-    eval_batch, eval_ids = eval_prompts(dataset, info.rank * per_step, per_step, bad)  # fixed for the run
+    eval_batch, eval_ids = source.eval_prompts()  # fixed for the run
     cp.policy.check_text_width(transformer, eval_batch["text"].shape[-1])  # e.g. 100352 for Cosmos-Predict2.5
     nft = w.algorithm == "diffusion_nft"
-    total_steps = cfg.train.max_steps or cfg.train.epoch * math.ceil(len(sampler) / per_step)
+    total_steps = cfg.train.max_steps or cfg.train.epoch * source.steps_per_epoch()
     optimizer = cp.policy.build_optimizer(policy.transformer, cfg.train)
     lr_scheduler = cp.policy.build_lr_scheduler(optimizer, cfg.train, total_steps)
     # LoRA's frozen base weights stay out of the checkpoints: a resumed run loads them from the model's source
     # exports (export_safetensors): a diffusers folder, LoRA merged into transformer/, the adapters in lora/
     exporter = functools.partial(cp.checkpoint.export_diffusers, components={"vae": vae, "scheduler": noise_scheduler})
     ckpt = CheckpointManager(cfg.train.ckpt, run_dir, model=policy.transformer, optimizer=optimizer,
-                             scheduler=lr_scheduler, sampler=sampler, frozen_params=False, exporter=exporter)
+                             scheduler=lr_scheduler, sampler=source.position, frozen_params=False, exporter=exporter)
     state = ckpt.resume(cfg.train.resume, output_dir=cfg.train.output_dir)
     step = state.step if state else 0
 
@@ -206,7 +255,7 @@ def train(cfg: cp.Config) -> Path:
         evaluating = w.eval_num_inference_steps > 0
         if evaluating and step == 0:
             evaluate(0)
-        prompts = cp.data.prompt_stream(dataset, sampler, bad)  # from the sampler's (resumed) position
+        prompts = source.stream()  # from the (resumed) position
         while step < total_steps:
             step += 1
             # every random draw of this step comes from (seed, step, rank): a resumed run repeats it
@@ -247,9 +296,9 @@ def train(cfg: cp.Config) -> Path:
                                                     nonfinite=cfg.train.nonfinite)
             lr_scheduler.step()
             logged.update(reward_mean=rewards.mean(), reward_std=rewards.std(unbiased=False),
-                          lr=lr_scheduler.get_last_lr()[0], bad_samples=bad.count)
+                          lr=lr_scheduler.get_last_lr()[0], bad_samples=source.bad.count)
             tracker.log_metrics(logged, step)
-            ckpt.maybe_save(step, epoch=sampler.epoch, force=step == total_steps)
+            ckpt.maybe_save(step, epoch=source.position.epoch, force=step == total_steps)
             if evaluating and (step == total_steps or (w.eval_freq > 0 and step % w.eval_freq == 0)):
                 evaluate(step)
         if info.is_rank0:

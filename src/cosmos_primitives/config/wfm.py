@@ -86,6 +86,15 @@ class WFMDataConfig(Section):
     ``allow_pickle = true``: unpickling runs code from the file). ``kind = "mock"`` makes
     ``mock_num_samples`` random captions, embeddings and clips (quick runs, tests).
 
+    ``kind = "webdataset"`` streams tar shards (``cp.data.WebDatasetClips``: per key an ``.mp4``, a
+    ``.txt`` caption or ``"caption"`` in a ``.json``, optionally a ``.safetensors`` / ``.npy``
+    embedding) named by ``shards``: local files, folders, globs, ``s3://bucket/prefix`` (every
+    ``.tar`` under it) or one object; ``{000..099}`` ranges expand as in WebDataset. S3 is read with
+    the ``AWS_*`` variables, each falling back to the seed's ``PROD_S3_CHECKPOINT_*`` one
+    (``AWS_ENDPOINT_URL`` / ``PROD_S3_CHECKPOINT_ENDPOINT_URL`` for an S3-compatible store). The
+    stream has no length: set ``[train] max_steps``. A checkpoint saves each rank's shard, the
+    samples read in it and the bad samples counted so far; a resumed run goes on from there.
+
     Captions without a precomputed embedding are embedded by ``text_encoder``: ``"hash"`` is a tiny
     deterministic hashing embedder (no download; for CPU recipes and tests), ``"none"`` makes a
     missing embedding an error. Embeddings are zero-padded (or cut) to ``max_tokens`` rows with a mask.
@@ -94,8 +103,10 @@ class WFMDataConfig(Section):
     counted under SFT's budget, ``[train.train_policy.dataset] bad_sample_budget``.
     """
 
-    kind: Literal["mock", "clip_folder"] = "mock"
+    kind: Literal["mock", "clip_folder", "webdataset"] = "mock"
     path: str = ""
+    # kind = "webdataset": shard files / folders / globs / s3:// prefixes, {a..b} ranges expanded
+    shards: list[str] = msgspec.field(default_factory=list)
     num_frames: AtLeastOne = 5
     height: int = 16
     width: int = 16
