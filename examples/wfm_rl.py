@@ -8,10 +8,11 @@
 Each step: take this rank's next ``[wfm.data] prompts_per_step`` prompts (a shuffled, resumable
 order of a mock set or clip folder, or a stream of tar shards, local or on S3, with ``kind =
 "webdataset"``), roll out ``num_samples_per_prompt`` videos per prompt with the SDE sampler (log-probs
-recorded), decode them with the VAE, score them with the reward service, turn rewards into group
-advantages, then update the LoRA adapters (``[policy.lora]``; without it all weights) with the
-FlowGRPO loss on a fraction of the stochastic steps (+ ``data_beta`` times the flow-matching loss on
-the prompts' real clips for DDRL; ``cp.policy.flow_grpo_update``). DiffusionNFT (``algorithm =
+recorded; with ``[wfm] conditioning = "image"`` / ``"video"`` the clip's first latent frames, VAE-encoded,
+are held fixed as Cosmos-Predict2.5's image- / video-to-world does), decode them with the VAE,
+score them with the reward service, turn rewards into group advantages, then update the LoRA
+adapters (``[policy.lora]``; without it all weights) with the FlowGRPO loss on a fraction of the
+stochastic steps (+ ``data_beta`` times the flow-matching loss on the prompts' real clips for DDRL; ``cp.policy.flow_grpo_update``). DiffusionNFT (``algorithm =
 "diffusion_nft"``) rolls out with plain ODE steps instead and trains on the clean samples alone
 (``cp.policy.diffusion_nft_update``). With ``[wfm] start_reward_server = true`` the reference reward
 server is started on loopback for the run. Metrics go to ``<output_dir>/<timestamp>/metrics.jsonl``;
@@ -210,6 +211,8 @@ def train(cfg: cp.Config) -> Path:
     negative = cp.data.negative_prompt_embedding(w.data, w.negative_prompt)[0].to(device) if guided else None
     blank = torch.zeros(1, 3, w.data.num_frames, w.data.height, w.data.width, device=device)  # every item's shape
     latent_shape = tuple(cp.rollout.encode_video(vae, blank).shape[1:])
+    # image- / video-to-world: the clip's first latent frames, VAE-encoded, are held fixed (0: text-to-world)
+    num_cond = w.condition_latent_frames(latent_shape[1])
     eval_batch, eval_ids = source.eval_prompts()  # fixed for the run
     cp.policy.check_text_width(transformer, eval_batch["text"].shape[-1])  # e.g. 100352 for Cosmos-Predict2.5
     nft = w.algorithm == "diffusion_nft"
@@ -233,6 +236,12 @@ def train(cfg: cp.Config) -> Path:
                          f"{group} x {per_step} rollouts of {w.num_inference_steps} steps per update; "
                          f"steps {step + 1}..{total_steps}; run dir {run_dir}")
 
+        def clip_latents(video: torch.Tensor) -> torch.Tensor:
+            """The prompts' clips ``[P, 3, T, H, W]`` encoded, one per rollout: ``[P * group, C, T', H', W']``."""
+            return cp.rollout.encode_video(vae, video.to(device)).repeat_interleave(group, 0)
+
+        eval_condition = clip_latents(eval_batch["video"])[:, :, :num_cond] if num_cond else None
+
         def evaluate(at_step: int) -> None:
             """Deterministic (ODE) rollouts with the evaluation step count, on fixed prompts and seeds;
             their mp4s and rewards under samples/step_N, the curves in curves.png."""
@@ -241,7 +250,8 @@ def train(cfg: cp.Config) -> Path:
             seeds = [derived_seed("eval", info.rank, i) for i in range(text.shape[0])]  # the same every time
             traj = sample_flow(velocity, text, latent_shape=latent_shape, sigmas=eval_sigmas,
                                timesteps=eval_timesteps, seeds=seeds, negative_text=negative,
-                               guidance_scale=w.guidance_scale, guidance_convention=w.guidance_convention)
+                               guidance_scale=w.guidance_scale, guidance_convention=w.guidance_convention,
+                               condition=eval_condition)
             captions = [c for c in batch["caption"] for _ in range(group)]
             rewards, video = score(client, vae, traj.samples, captions, w.data.fps)
             tracker.log_metrics({"eval/reward_mean": rewards.mean()}, at_step)
@@ -267,6 +277,9 @@ def train(cfg: cp.Config) -> Path:
             captions = [c for c in batch["caption"] for _ in range(group)]
             group_ids = torch.arange(per_step).repeat_interleave(group)
             seeds = [derived_seed(seed, step, info.rank, "rollout", i) for i in range(text.shape[0])]
+            # DDRL's real clips; their first latent frames are the condition of image- / video-to-world
+            clips = clip_latents(batch["video"]) if w.algorithm == "ddrl" or num_cond else None
+            condition = clips[:, :, :num_cond] if num_cond else None
             # one SDE window for the whole batch, the same on every rank
             window = (cp.rollout.sliding_sde_window(w.num_inference_steps, s.sde_window_size, step - 1,
                                                     shift_interval=s.sde_window_shift_interval,
@@ -277,22 +290,21 @@ def train(cfg: cp.Config) -> Path:
             traj = sample_flow(velocity, text, latent_shape=latent_shape, sigmas=sigmas, timesteps=timesteps,
                                seeds=seeds, negative_text=negative, guidance_scale=w.guidance_scale,
                                guidance_convention=w.guidance_convention, sde=None if nft else sde,
-                               sde_steps=None if nft else window)  # DiffusionNFT: plain ODE rollouts
+                               sde_steps=None if nft else window,  # DiffusionNFT: plain ODE rollouts
+                               condition=condition)
             rewards, _ = score(client, vae, traj.samples, captions, w.data.fps)
             advantages = cp.algo.flow_grpo_advantages(rewards, group_ids, std_scope=w.advantage_std_scope).to(device)
             if w.advantage_transform == "neg_exp":
                 advantages = cp.algo.neg_exp_advantages(advantages, clip=w.adv_clip_max)
-            clips = None
-            if w.algorithm == "ddrl":
-                clips = cp.rollout.encode_video(vae, batch["video"].to(device)).repeat_interleave(group, 0)
 
             if nft:  # DiffusionNFT: the clean samples alone
                 logged = cp.policy.diffusion_nft_update(policy, velocity, optimizer, traj.samples, text, advantages, w,
                                                         cfg.train.optm_grad_norm_clip, rng["nft"], step=step,
-                                                        nonfinite=cfg.train.nonfinite)
+                                                        nonfinite=cfg.train.nonfinite, condition=condition)
             else:
+                data = clips if w.algorithm == "ddrl" else None
                 logged = cp.policy.flow_grpo_update(policy, velocity, optimizer, traj, text, negative, advantages,
-                                                    clips, w, cfg.train.optm_grad_norm_clip, rng, step=step,
+                                                    data, w, cfg.train.optm_grad_norm_clip, rng, step=step,
                                                     nonfinite=cfg.train.nonfinite)
             lr_scheduler.step()
             logged.update(reward_mean=rewards.mean(), reward_std=rewards.std(unbiased=False),
