@@ -12,8 +12,8 @@ recorded; with ``[wfm] conditioning = "image"`` / ``"video"`` the clip's first l
 are held fixed as Cosmos-Predict2.5's image- / video-to-world does), decode them with the VAE,
 score them with the reward service, turn rewards into group advantages, then update the LoRA
 adapters (``[policy.lora]``; without it all weights) with the FlowGRPO loss on a fraction of the
-stochastic steps (+ ``data_beta`` times the flow-matching loss on the prompts' real clips for DDRL; ``cp.policy.flow_grpo_update``). DiffusionNFT (``algorithm =
-"diffusion_nft"``) rolls out with plain ODE steps instead and trains on the clean samples alone
+stochastic steps (+ ``data_beta`` times the flow-matching loss on the prompts' real clips for DDRL;
+``cp.policy.flow_grpo_update``). DiffusionNFT (``algorithm = "diffusion_nft"``) rolls out with plain ODE steps instead and trains on the clean samples alone
 (``cp.policy.diffusion_nft_update``). With ``[wfm] start_reward_server = true`` the reference reward
 server is started on loopback for the run. Metrics go to ``<output_dir>/<timestamp>/metrics.jsonl``;
 before the first step, every ``[wfm] eval_freq`` steps and after the last, deterministic rollouts of
