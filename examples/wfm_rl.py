@@ -7,21 +7,22 @@
 
 Each step: take this rank's next ``[wfm.data] prompts_per_step`` prompts (a shuffled, resumable
 order of a mock set or clip folder, or a stream of tar shards, local or on S3, with ``kind =
-"webdataset"``), roll out ``num_samples_per_prompt`` videos per prompt with the SDE sampler (log-probs
-recorded; with ``[wfm] conditioning = "image"`` / ``"video"`` the clip's first latent frames, VAE-encoded,
-are held fixed as Cosmos-Predict2.5's image- / video-to-world does), decode them with the VAE,
-score them with the reward service, turn rewards into group advantages, then update the LoRA
-adapters (``[policy.lora]``; without it all weights) with the FlowGRPO loss on a fraction of the
-stochastic steps (+ ``data_beta`` times the flow-matching loss on the prompts' real clips for DDRL;
-``cp.policy.flow_grpo_update``). DiffusionNFT (``algorithm = "diffusion_nft"``) rolls out with plain ODE steps instead and trains on the clean samples alone
+"webdataset"``), roll out ``num_samples_per_prompt`` videos per prompt with the SDE sampler
+(log-probs recorded; with ``[wfm] conditioning = "image"`` / ``"video"`` the clip's first latent
+frames, VAE-encoded, are held fixed as Cosmos-Predict2.5's image- / video-to-world does), decode
+them with the VAE, score them with the reward service, turn rewards into group advantages, then
+update the LoRA adapters (``[policy.lora]``; without it all weights) with the FlowGRPO loss on a
+fraction of the stochastic steps (+ ``data_beta`` times the flow-matching loss on the prompts' real
+clips for DDRL; ``cp.policy.flow_grpo_update``). DiffusionNFT (``algorithm = "diffusion_nft"``)
+rolls out with plain ODE steps instead and trains on the clean samples alone
 (``cp.policy.diffusion_nft_update``). With ``[wfm] start_reward_server = true`` the reference reward
 server is started on loopback for the run. Metrics go to ``<output_dir>/<timestamp>/metrics.jsonl``;
 before the first step, every ``[wfm] eval_freq`` steps and after the last, deterministic rollouts of
 fixed prompts and seeds are scored and written to ``samples/step_N/`` (mp4s named by reward,
-``rewards.json``; W&B ``eval/videos`` when W&B is on), and ``curves.png`` is redrawn.
-A bad clip (empty or undecodable video, unreadable caption or embedding) is skipped, counted and
-logged by name, within ``[train.train_policy.dataset] bad_sample_budget`` (the same budget as SFT).
-Under torchrun every rank rolls out its own prompts and the transformer is FSDP2-sharded.
+``rewards.json``; W&B ``eval/videos`` when W&B is on), and ``curves.png`` is redrawn. A bad clip
+(empty or undecodable video, unreadable caption or embedding) is skipped, counted and logged by
+name, within ``[train.train_policy.dataset] bad_sample_budget`` (the same budget as SFT). Under
+torchrun every rank rolls out its own prompts and the transformer is FSDP2-sharded.
 
 With ``[train.ckpt] enable_checkpoint`` the trainable weights (not LoRA's frozen base), AdamW and the
 LR schedule, the prompt order's position and the RNGs are saved every ``save_freq`` steps (DCP, under
