@@ -14,20 +14,22 @@ import torch
 import cosmos_primitives as cp
 from cosmos_primitives.algo.ddrl import ddrl_data_loss
 from cosmos_primitives.config import WFMConfig
+from cosmos_primitives.data import HashingTextEmbedder, MockClipDataset, collate_clips
 from cosmos_primitives.logging import read_metrics
 from cosmos_primitives.policy import DiffusionPolicy, diffusion_nft_update, flow_grpo_update
 from cosmos_primitives.rollout import (
     SDEParams,
     cosmos_velocity_fn,
+    encode_video,
     flow_sigmas,
     recompute_step,
     sample_flow,
 )
-from cosmos_primitives.testing import tiny_cosmos_transformer, tiny_flow_scheduler, tiny_wan_transformer
+from cosmos_primitives.testing import tiny_cosmos_transformer, tiny_flow_scheduler, tiny_wan_transformer, tiny_wan_vae
 from test_wfm_recipes import CONFIGS, run_recipe
 
 pytest.importorskip("diffusers")
-SHAPE = (4, 3, 4, 4)  # latent (C, T, H, W)
+SHAPE = (4, 5, 4, 4)  # latent (C, T, H, W): the tiny VAE keeps 1 + 4k frames
 K = 2  # conditioning latent frames
 B = 2
 
@@ -41,14 +43,18 @@ def one_thread():
     torch.set_num_threads(threads)
 
 
-def setup(seed: int = 0):
-    """A DiffusionPolicy (reference kept), its text ``[B, 4, 32]``, clean conditioning frames ``[B, C, K, H, W]``."""
+def setup():
+    """A DiffusionPolicy (reference kept), the text ``[B, L, 32]`` of B mock clips and the first K latent
+    frames of those clips encoded by the tiny VAE ``[B, C, K, H, W]`` (what the recipe conditions on)."""
     torch.manual_seed(0)
     policy = DiffusionPolicy(tiny_wan_transformer(seed=0), lora=None, keep_reference=True)
-    gen = torch.Generator().manual_seed(seed)
-    text = torch.randn(B, 4, 32, generator=gen)
-    condition = torch.randn(B, SHAPE[0], K, *SHAPE[2:], generator=gen)
-    return policy, text, condition
+    clips = MockClipDataset(B, num_frames=SHAPE[1], height=2 * SHAPE[2], width=2 * SHAPE[3], max_tokens=4,
+                            embedder=HashingTextEmbedder(32))
+    batch = collate_clips([clips[i] for i in range(B)])
+    with torch.no_grad():
+        latents = encode_video(tiny_wan_vae(seed=0), batch["video"])
+    assert latents.shape == (B, *SHAPE)
+    return policy, batch["text"], latents[:, :, :K]
 
 
 def rollout(velocity, text, condition, sde=True, steps=3):
@@ -66,7 +72,7 @@ def garbage_on_condition_frames(velocity):
     return fn
 
 
-def test_every_sampled_latent_starts_with_the_clean_condition_frames_and_the_model_sees_them():
+def test_every_sampled_latent_starts_with_the_encoded_clip_frames_and_the_model_sees_them():
     policy, text, condition = setup()
     traj = rollout(policy.velocity_fn(), text, condition)
     assert traj.num_condition_frames == K and traj.latents.shape == (B, 4, *SHAPE)
