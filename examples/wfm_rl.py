@@ -24,12 +24,13 @@ fixed prompts and seeds are scored and written to ``samples/step_N/`` (mp4s name
 name, within ``[train.train_policy.dataset] bad_sample_budget`` (the same budget as SFT). Under
 torchrun every rank rolls out its own prompts and the transformer is FSDP2-sharded.
 
-With ``[train.ckpt] enable_checkpoint`` the trainable weights (not LoRA's frozen base), AdamW and the
-LR schedule, the prompt order's position and the RNGs are saved every ``save_freq`` steps (DCP, under
-``checkpoints/``), and the trained weights go to ``trained_weights.safetensors`` at the end. With
-``export_safetensors`` a diffusers folder (``transformer/`` with the LoRA merged, ``lora/`` the
-adapters alone, ``vae/``, ``scheduler/``, ``model_index.json``) goes to ``safetensors/step_N`` at each
-save and ``safetensors/final`` at the end.
+With ``[train.ckpt] enable_checkpoint`` the trainable weights (not LoRA's frozen base), AdamW and
+the LR schedule, the prompt order's position, the bad samples counted and the RNGs are saved every
+``save_freq`` steps (DCP, under ``checkpoints/``), and the trained weights go to
+``trained_weights.safetensors`` at the end. With ``export_safetensors`` a diffusers folder
+(``transformer/`` with the LoRA merged, ``lora/`` the adapters alone, ``vae/``, ``scheduler/``,
+``model_index.json``) goes to ``safetensors/step_N`` at each save and ``safetensors/final`` at the
+end.
 ``train.resume=true`` goes on from the latest checkpoint exactly as if never stopped: each step
 draws its randomness (SDE noise, SDE window, trained steps, DDRL noise) from generators seeded by
 ``(seed, step, rank)``, and the rewards are functions of the videos. A web dataset resumes at the
@@ -106,9 +107,10 @@ class PromptSource:
 
     A map-style dataset (``kind = "mock"`` / ``"clip_folder"``) is read in the order of a resumable
     shuffled sampler; a web dataset (``kind = "webdataset"``) is a stream of tar shards whose reader
-    knows its own position. ``position`` is what the checkpoint saves and a resumed run restores
-    (the sampler, or the reader with its epoch, shard, samples read and bad-sample count); ``bad`` counts
-    the bad samples against ``[train.train_policy.dataset] bad_sample_budget``.
+    knows its own position. ``bad`` counts the bad samples against ``[train.train_policy.dataset]
+    bad_sample_budget``. The checkpoint saves :meth:`state_dict` per rank: the position (the sampler's,
+    or the reader's epoch, shard and samples read) and the bad-sample counts, so a resumed run goes on
+    where the saved one was with the budget it had left.
     """
 
     def __init__(self, data: Any, *, seed: int, rank: int, world_size: int, per_step: int,
@@ -127,6 +129,24 @@ class PromptSource:
             self.position = cp.data.ResumableDistributedSampler(len(self.dataset), rank=rank, world_size=world_size,
                                                                seed=seed)
             self.bad = cp.data.BadSampleTracker(bad_sample_budget)
+
+    @property
+    def epoch(self) -> int:
+        return self.position.epoch
+
+    def state_dict(self) -> dict[str, Any]:
+        if self.dataset is None:
+            return self.position.state_dict()  # the reader's state holds its bad-sample counts
+        return {"sampler": self.position.state_dict(), "bad_samples": self.bad.state_dict()}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        if self.dataset is None:
+            self.position.load_state_dict(state)
+        elif "sampler" in state:
+            self.position.load_state_dict(state["sampler"])
+            self.bad.load_state_dict(state["bad_samples"])
+        else:  # a checkpoint from before bad-sample counts were saved: the sampler's state alone
+            self.position.load_state_dict(state)
 
     def steps_per_epoch(self) -> int:
         if self.dataset is None:  # check_runnable refuses this config first
@@ -224,7 +244,7 @@ def train(cfg: cp.Config) -> Path:
     # exports (export_safetensors): a diffusers folder, LoRA merged into transformer/, the adapters in lora/
     exporter = functools.partial(cp.checkpoint.export_diffusers, components={"vae": vae, "scheduler": noise_scheduler})
     ckpt = CheckpointManager(cfg.train.ckpt, run_dir, model=policy.transformer, optimizer=optimizer,
-                             scheduler=lr_scheduler, sampler=source.position, frozen_params=False, exporter=exporter)
+                             scheduler=lr_scheduler, sampler=source, frozen_params=False, exporter=exporter)
     state = ckpt.resume(cfg.train.resume, output_dir=cfg.train.output_dir)
     step = state.step if state else 0
 
@@ -311,7 +331,7 @@ def train(cfg: cp.Config) -> Path:
             logged.update(reward_mean=rewards.mean(), reward_std=rewards.std(unbiased=False),
                           lr=lr_scheduler.get_last_lr()[0], bad_samples=source.bad.count)
             tracker.log_metrics(logged, step)
-            ckpt.maybe_save(step, epoch=source.position.epoch, force=step == total_steps)
+            ckpt.maybe_save(step, epoch=source.epoch, force=step == total_steps)
             if evaluating and (step == total_steps or (w.eval_freq > 0 and step % w.eval_freq == 0)):
                 evaluate(step)
         if info.is_rank0:
