@@ -6,30 +6,35 @@
     torchrun --nproc-per-node 8 examples/wfm_rl.py --config examples/configs/cosmos_predict2_5_2b_flowgrpo.toml
 
 Each step: take this rank's next ``[wfm.data] prompts_per_step`` prompts (a shuffled, resumable
-order), roll out ``num_samples_per_prompt`` videos per prompt with the SDE sampler (log-probs
-recorded), decode them with the VAE, score them with the reward service, turn rewards into group
-advantages, then update the LoRA adapters (``[policy.lora]``; without it all weights) with the
-FlowGRPO loss on a fraction of the stochastic steps (+ ``data_beta`` times the flow-matching loss on
-the prompts' real clips for DDRL; ``cp.policy.flow_grpo_update``). DiffusionNFT (``algorithm =
-"diffusion_nft"``) rolls out with plain ODE steps instead and trains on the clean samples alone
+order of a mock set or clip folder, or a stream of tar shards, local or on S3, with ``kind =
+"webdataset"``), roll out ``num_samples_per_prompt`` videos per prompt with the SDE sampler
+(log-probs recorded; with ``[wfm] conditioning = "image"`` / ``"video"`` the clip's first latent
+frames, VAE-encoded, are held fixed as Cosmos-Predict2.5's image- / video-to-world does), decode
+them with the VAE, score them with the reward service, turn rewards into group advantages, then
+update the LoRA adapters (``[policy.lora]``; without it all weights) with the FlowGRPO loss on a
+fraction of the stochastic steps (+ ``data_beta`` times the flow-matching loss on the prompts' real
+clips for DDRL; ``cp.policy.flow_grpo_update``). DiffusionNFT (``algorithm = "diffusion_nft"``)
+rolls out with plain ODE steps instead and trains on the clean samples alone
 (``cp.policy.diffusion_nft_update``). With ``[wfm] start_reward_server = true`` the reference reward
 server is started on loopback for the run. Metrics go to ``<output_dir>/<timestamp>/metrics.jsonl``;
 before the first step, every ``[wfm] eval_freq`` steps and after the last, deterministic rollouts of
 fixed prompts and seeds are scored and written to ``samples/step_N/`` (mp4s named by reward,
-``rewards.json``; W&B ``eval/videos`` when W&B is on), and ``curves.png`` is redrawn.
-A bad clip (empty or undecodable video, unreadable caption or embedding) is skipped, counted and
-logged by name, within ``[train.train_policy.dataset] bad_sample_budget`` (the same budget as SFT).
-Under torchrun every rank rolls out its own prompts and the transformer is FSDP2-sharded.
+``rewards.json``; W&B ``eval/videos`` when W&B is on), and ``curves.png`` is redrawn. A bad clip
+(empty or undecodable video, unreadable caption or embedding) is skipped, counted and logged by
+name, within ``[train.train_policy.dataset] bad_sample_budget`` (the same budget as SFT). Under
+torchrun every rank rolls out its own prompts and the transformer is FSDP2-sharded.
 
-With ``[train.ckpt] enable_checkpoint`` the trainable weights (not LoRA's frozen base), AdamW and the
-LR schedule, the prompt order's position and the RNGs are saved every ``save_freq`` steps (DCP, under
-``checkpoints/``), and the trained weights go to ``trained_weights.safetensors`` at the end. With
-``export_safetensors`` a diffusers folder (``transformer/`` with the LoRA merged, ``lora/`` the
-adapters alone, ``vae/``, ``scheduler/``, ``model_index.json``) goes to ``safetensors/step_N`` at each
-save and ``safetensors/final`` at the end.
+With ``[train.ckpt] enable_checkpoint`` the trainable weights (not LoRA's frozen base), AdamW and
+the LR schedule, the prompt order's position, the bad samples counted and the RNGs are saved every
+``save_freq`` steps (DCP, under ``checkpoints/``), and the trained weights go to
+``trained_weights.safetensors`` at the end. With ``export_safetensors`` a diffusers folder
+(``transformer/`` with the LoRA merged, ``lora/`` the adapters alone, ``vae/``, ``scheduler/``,
+``model_index.json``) goes to ``safetensors/step_N`` at each save and ``safetensors/final`` at the
+end.
 ``train.resume=true`` goes on from the latest checkpoint exactly as if never stopped: each step
 draws its randomness (SDE noise, SDE window, trained steps, DDRL noise) from generators seeded by
-``(seed, step, rank)``, and the rewards are functions of the videos.
+``(seed, step, rank)``, and the rewards are functions of the videos. A web dataset resumes at the
+saved shard and sample, with the bad samples counted so far.
 """
 
 from __future__ import annotations
@@ -97,6 +102,73 @@ def score(client: RemoteRewardClient, vae: Any, latents: torch.Tensor, captions:
     return torch.from_numpy(client.score_sync(captions, video, "video", video_fps=fps).total).float(), video
 
 
+class PromptSource:
+    """This rank's prompts (with their clips) as ``[wfm.data]`` describes them, and where the run is in them.
+
+    A map-style dataset (``kind = "mock"`` / ``"clip_folder"``) is read in the order of a resumable
+    shuffled sampler; a web dataset (``kind = "webdataset"``) is a stream of tar shards whose reader
+    knows its own position. ``bad`` counts the bad samples against ``[train.train_policy.dataset]
+    bad_sample_budget``. The checkpoint saves :meth:`state_dict` per rank: the position (the sampler's,
+    or the reader's epoch, shard and samples read) and the bad-sample counts, so a resumed run goes on
+    where the saved one was with the budget it had left.
+    """
+
+    def __init__(self, data: Any, *, seed: int, rank: int, world_size: int, per_step: int,
+                 bad_sample_budget: int) -> None:
+        self.rank, self.per_step = rank, per_step
+        if data.kind == "webdataset":
+            def reader() -> cp.data.WebDatasetClips:
+                return cp.data.build_wfm_webdataset(data, seed=seed, rank=rank, world_size=world_size,
+                                                    bad_sample_budget=bad_sample_budget)
+
+            self.dataset, self.position = None, reader()
+            self.bad = self.position.bad
+            self._eval_reader = reader  # a fresh reader: the stream's first items
+        else:
+            self.dataset = cp.data.build_wfm_dataset(data, seed=seed)
+            self.position = cp.data.ResumableDistributedSampler(len(self.dataset), rank=rank, world_size=world_size,
+                                                               seed=seed)
+            self.bad = cp.data.BadSampleTracker(bad_sample_budget)
+
+    @property
+    def epoch(self) -> int:
+        return self.position.epoch
+
+    def state_dict(self) -> dict[str, Any]:
+        if self.dataset is None:
+            return self.position.state_dict()  # the reader's state holds its bad-sample counts
+        return {"sampler": self.position.state_dict(), "bad_samples": self.bad.state_dict()}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        if self.dataset is None:
+            self.position.load_state_dict(state)
+        elif "sampler" in state:
+            self.position.load_state_dict(state["sampler"])
+            self.bad.load_state_dict(state["bad_samples"])
+        else:  # a checkpoint from before bad-sample counts were saved: the sampler's state alone
+            self.position.load_state_dict(state)
+
+    def steps_per_epoch(self) -> int:
+        if self.dataset is None:  # check_runnable refuses this config first
+            raise ValueError('[wfm.data] kind = "webdataset" streams without a length: set [train] max_steps')
+        return math.ceil(len(self.position) / self.per_step)
+
+    def stream(self) -> Any:
+        """The items, forever, from the current (possibly restored) position."""
+        if self.dataset is None:
+            return iter(self.position)
+        return cp.data.prompt_stream(self.dataset, self.position, self.bad)
+
+    def eval_prompts(self) -> tuple[dict[str, Any], list[int]]:
+        """``per_step`` fixed items, collated, and their ids: the dataset's from index ``rank * per_step``
+        on, or the first good items of this rank's stream."""
+        if self.dataset is None:
+            stream = iter(self._eval_reader())
+            items = [next(stream) for _ in range(self.per_step)]
+            return cp.data.collate_clips(items), list(range(self.per_step))
+        return eval_prompts(self.dataset, self.rank * self.per_step, self.per_step, self.bad)
+
+
 def eval_prompts(dataset: Any, first: int, count: int,
                  bad: cp.data.BadSampleTracker) -> tuple[dict[str, Any], list[int]]:
     """``count`` fixed items from index ``first`` on (wrapping), collated, and their indices; bad items
@@ -153,25 +225,26 @@ def train(cfg: cp.Config) -> Path:
 
     # Prompts (bad clips skipped and counted, as in SFT: [train.train_policy.dataset] bad_sample_budget),
     # optimizer, checkpoints.
-    dataset = cp.data.build_wfm_dataset(w.data, seed=seed)
-    sampler = cp.data.ResumableDistributedSampler(len(dataset), rank=info.rank, world_size=info.world_size, seed=seed)
-    bad = cp.data.BadSampleTracker(cfg.train.train_policy.dataset.bad_sample_budget)
+    group, per_step = w.num_samples_per_prompt, w.data.prompts_per_step
+    source = PromptSource(w.data, seed=seed, rank=info.rank, world_size=info.world_size, per_step=per_step,
+                          bad_sample_budget=cfg.train.train_policy.dataset.bad_sample_budget)
     guided = cp.rollout.to_diffusers_guidance(w.guidance_scale, w.guidance_convention) != 1.0
     negative = cp.data.negative_prompt_embedding(w.data, w.negative_prompt)[0].to(device) if guided else None
     blank = torch.zeros(1, 3, w.data.num_frames, w.data.height, w.data.width, device=device)  # every item's shape
     latent_shape = tuple(cp.rollout.encode_video(vae, blank).shape[1:])
-    group, per_step = w.num_samples_per_prompt, w.data.prompts_per_step
-    eval_batch, eval_ids = eval_prompts(dataset, info.rank * per_step, per_step, bad)  # fixed for the run
+    # image- / video-to-world: the clip's first latent frames, VAE-encoded, are held fixed (0: text-to-world)
+    num_cond = w.condition_latent_frames(latent_shape[1])
+    eval_batch, eval_ids = source.eval_prompts()  # fixed for the run
     cp.policy.check_text_width(transformer, eval_batch["text"].shape[-1])  # e.g. 100352 for Cosmos-Predict2.5
     nft = w.algorithm == "diffusion_nft"
-    total_steps = cfg.train.max_steps or cfg.train.epoch * math.ceil(len(sampler) / per_step)
+    total_steps = cfg.train.max_steps or cfg.train.epoch * source.steps_per_epoch()
     optimizer = cp.policy.build_optimizer(policy.transformer, cfg.train)
     lr_scheduler = cp.policy.build_lr_scheduler(optimizer, cfg.train, total_steps)
     # LoRA's frozen base weights stay out of the checkpoints: a resumed run loads them from the model's source
     # exports (export_safetensors): a diffusers folder, LoRA merged into transformer/, the adapters in lora/
     exporter = functools.partial(cp.checkpoint.export_diffusers, components={"vae": vae, "scheduler": noise_scheduler})
     ckpt = CheckpointManager(cfg.train.ckpt, run_dir, model=policy.transformer, optimizer=optimizer,
-                             scheduler=lr_scheduler, sampler=sampler, frozen_params=False, exporter=exporter)
+                             scheduler=lr_scheduler, sampler=source, frozen_params=False, exporter=exporter)
     state = ckpt.resume(cfg.train.resume, output_dir=cfg.train.output_dir)
     step = state.step if state else 0
 
@@ -184,6 +257,12 @@ def train(cfg: cp.Config) -> Path:
                          f"{group} x {per_step} rollouts of {w.num_inference_steps} steps per update; "
                          f"steps {step + 1}..{total_steps}; run dir {run_dir}")
 
+        def clip_latents(video: torch.Tensor) -> torch.Tensor:
+            """The prompts' clips ``[P, 3, T, H, W]`` encoded, one per rollout: ``[P * group, C, T', H', W']``."""
+            return cp.rollout.encode_video(vae, video.to(device)).repeat_interleave(group, 0)
+
+        eval_condition = clip_latents(eval_batch["video"])[:, :, :num_cond] if num_cond else None
+
         def evaluate(at_step: int) -> None:
             """Deterministic (ODE) rollouts with the evaluation step count, on fixed prompts and seeds;
             their mp4s and rewards under samples/step_N, the curves in curves.png."""
@@ -192,7 +271,8 @@ def train(cfg: cp.Config) -> Path:
             seeds = [derived_seed("eval", info.rank, i) for i in range(text.shape[0])]  # the same every time
             traj = sample_flow(velocity, text, latent_shape=latent_shape, sigmas=eval_sigmas,
                                timesteps=eval_timesteps, seeds=seeds, negative_text=negative,
-                               guidance_scale=w.guidance_scale, guidance_convention=w.guidance_convention)
+                               guidance_scale=w.guidance_scale, guidance_convention=w.guidance_convention,
+                               condition=eval_condition)
             captions = [c for c in batch["caption"] for _ in range(group)]
             rewards, video = score(client, vae, traj.samples, captions, w.data.fps)
             tracker.log_metrics({"eval/reward_mean": rewards.mean()}, at_step)
@@ -206,7 +286,7 @@ def train(cfg: cp.Config) -> Path:
         evaluating = w.eval_num_inference_steps > 0
         if evaluating and step == 0:
             evaluate(0)
-        prompts = cp.data.prompt_stream(dataset, sampler, bad)  # from the sampler's (resumed) position
+        prompts = source.stream()  # from the (resumed) position
         while step < total_steps:
             step += 1
             # every random draw of this step comes from (seed, step, rank): a resumed run repeats it
@@ -218,6 +298,9 @@ def train(cfg: cp.Config) -> Path:
             captions = [c for c in batch["caption"] for _ in range(group)]
             group_ids = torch.arange(per_step).repeat_interleave(group)
             seeds = [derived_seed(seed, step, info.rank, "rollout", i) for i in range(text.shape[0])]
+            # DDRL's real clips; their first latent frames are the condition of image- / video-to-world
+            clips = clip_latents(batch["video"]) if w.algorithm == "ddrl" or num_cond else None
+            condition = clips[:, :, :num_cond] if num_cond else None
             # one SDE window for the whole batch, the same on every rank
             window = (cp.rollout.sliding_sde_window(w.num_inference_steps, s.sde_window_size, step - 1,
                                                     shift_interval=s.sde_window_shift_interval,
@@ -228,28 +311,27 @@ def train(cfg: cp.Config) -> Path:
             traj = sample_flow(velocity, text, latent_shape=latent_shape, sigmas=sigmas, timesteps=timesteps,
                                seeds=seeds, negative_text=negative, guidance_scale=w.guidance_scale,
                                guidance_convention=w.guidance_convention, sde=None if nft else sde,
-                               sde_steps=None if nft else window)  # DiffusionNFT: plain ODE rollouts
+                               sde_steps=None if nft else window,  # DiffusionNFT: plain ODE rollouts
+                               condition=condition)
             rewards, _ = score(client, vae, traj.samples, captions, w.data.fps)
             advantages = cp.algo.flow_grpo_advantages(rewards, group_ids, std_scope=w.advantage_std_scope).to(device)
             if w.advantage_transform == "neg_exp":
                 advantages = cp.algo.neg_exp_advantages(advantages, clip=w.adv_clip_max)
-            clips = None
-            if w.algorithm == "ddrl":
-                clips = cp.rollout.encode_video(vae, batch["video"].to(device)).repeat_interleave(group, 0)
 
             if nft:  # DiffusionNFT: the clean samples alone
                 logged = cp.policy.diffusion_nft_update(policy, velocity, optimizer, traj.samples, text, advantages, w,
                                                         cfg.train.optm_grad_norm_clip, rng["nft"], step=step,
-                                                        nonfinite=cfg.train.nonfinite)
+                                                        nonfinite=cfg.train.nonfinite, condition=condition)
             else:
+                data = clips if w.algorithm == "ddrl" else None
                 logged = cp.policy.flow_grpo_update(policy, velocity, optimizer, traj, text, negative, advantages,
-                                                    clips, w, cfg.train.optm_grad_norm_clip, rng, step=step,
+                                                    data, w, cfg.train.optm_grad_norm_clip, rng, step=step,
                                                     nonfinite=cfg.train.nonfinite)
             lr_scheduler.step()
             logged.update(reward_mean=rewards.mean(), reward_std=rewards.std(unbiased=False),
-                          lr=lr_scheduler.get_last_lr()[0], bad_samples=bad.count)
+                          lr=lr_scheduler.get_last_lr()[0], bad_samples=source.bad.count)
             tracker.log_metrics(logged, step)
-            ckpt.maybe_save(step, epoch=sampler.epoch, force=step == total_steps)
+            ckpt.maybe_save(step, epoch=source.epoch, force=step == total_steps)
             if evaluating and (step == total_steps or (w.eval_freq > 0 and step % w.eval_freq == 0)):
                 evaluate(step)
         if info.is_rank0:

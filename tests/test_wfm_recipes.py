@@ -62,11 +62,17 @@ def write_folder(root, transformer, scheduler):
     return root
 
 
-def run_recipe(args):
-    """``examples/wfm_rl.py``'s ``main(args)`` in this process with one torch thread; its run directory."""
+def load_example():
+    """``examples/wfm_rl.py`` as a module."""
     spec = importlib.util.spec_from_file_location("wfm_rl_example", ROOT / "examples" / "wfm_rl.py")
     example = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(example)
+    return example
+
+
+def run_recipe(args):
+    """``examples/wfm_rl.py``'s ``main(args)`` in this process with one torch thread; its run directory."""
+    example = load_example()
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:

@@ -126,3 +126,16 @@ def test_local_shards_hash_captions_without_embeddings(tmp_path):
     assert item["caption"] == "a red car" and item["text"].shape == (4, 8) and int(item["text_mask"].sum()) == 3
     with pytest.raises(FileNotFoundError, match=r"names no \.tar shard"):
         list_shards([str(tmp_path / "missing")])
+
+
+def test_brace_ranges_and_globs_name_local_shards(tmp_path):
+    from cosmos_primitives.data.wfm_webdataset import expand_braces
+
+    assert expand_braces("s3://b/s-{08..10}.tar") == ["s3://b/s-08.tar", "s3://b/s-09.tar", "s3://b/s-10.tar"]
+    assert expand_braces("{a,b}/x-{1..2}.tar") == ["a/x-1.tar", "a/x-2.tar", "b/x-1.tar", "b/x-2.tar"]
+    for name in ("s-0.tar", "s-1.tar", "s-2.tar", "other.tar"):
+        (tmp_path / name).write_bytes(b"")
+    assert list_shards([str(tmp_path / "s-{0..1}.tar")]) == [str(tmp_path / "s-0.tar"), str(tmp_path / "s-1.tar")]
+    assert list_shards([str(tmp_path / "s-*.tar")]) == [str(tmp_path / f"s-{i}.tar") for i in range(3)]
+    with pytest.raises(FileNotFoundError, match=r"s-4\.tar names no \.tar shard"):
+        list_shards([str(tmp_path / "s-{4..5}.tar")])

@@ -14,8 +14,8 @@ from typing import Literal
 import attrs
 import torch
 
-# (x_t [B, C, T, H, W], timestep [B], text [B, L, D]) -> velocity; same as cp.rollout.VelocityFn
-VelocityFn = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
+# (x_t [B, C, T, H, W], timestep [B], text [B, L, D], [num_condition_frames=K]) -> velocity; cp.rollout.VelocityFn
+VelocityFn = Callable[..., torch.Tensor]
 
 
 def neg_exp_advantages(advantages: torch.Tensor, clip: float = 5.0) -> torch.Tensor:
@@ -57,7 +57,7 @@ class DataLoss:
 def ddrl_data_loss(velocity_fn: VelocityFn, x0: torch.Tensor, text: torch.Tensor, *,
                    noise: torch.Tensor | None = None, sigma: torch.Tensor | None = None,
                    generator: torch.Generator | None = None, num_train_timesteps: float = 1000.0,
-                   weighting: Literal["velocity", "x0"] = "velocity") -> DataLoss:
+                   weighting: Literal["velocity", "x0"] = "velocity", num_condition_frames: int = 0) -> DataLoss:
     """The flow-matching loss of the current network on real clips.
 
     Args:
@@ -69,6 +69,8 @@ def ddrl_data_loss(velocity_fn: VelocityFn, x0: torch.Tensor, text: torch.Tensor
         weighting: ``"velocity"``: MSE of the velocity (REFERENCE's form); ``"x0"``: MSE of the implied
             clean-latent prediction ``x_sigma - sigma v``, i.e. the velocity error weighted by ``sigma^2``
             (tolerates large velocity changes near ``sigma = 0``, which barely move samples).
+        num_condition_frames: image- / video-to-world: the clip's first ``K`` latent frames stay clean in
+            ``x_sigma`` (the model's condition) and are left out of the loss.
     """
     if weighting not in ("velocity", "x0"):
         raise ValueError(
@@ -80,8 +82,13 @@ def ddrl_data_loss(velocity_fn: VelocityFn, x0: torch.Tensor, text: torch.Tensor
         sigma = torch.rand(x0.shape[0], generator=generator, device=x0.device)
     sigma = sigma.to(x0.device).float()
     x_sigma, target = noisy_latents(x0, noise.to(x0.device), sigma)
-    v = velocity_fn(x_sigma, sigma * num_train_timesteps, text).float()
-    per_sample = ((v - target) ** 2).flatten(1).mean(dim=1)
+    k = num_condition_frames
+    if k:
+        x_sigma = torch.cat([x0[:, :, :k].float(), x_sigma[:, :, k:]], dim=2)
+        v = velocity_fn(x_sigma, sigma * num_train_timesteps, text, num_condition_frames=k).float()
+    else:
+        v = velocity_fn(x_sigma, sigma * num_train_timesteps, text).float()
+    per_sample = ((v - target)[:, :, k:] ** 2).flatten(1).mean(dim=1)
     if weighting == "x0":
         per_sample = per_sample * sigma**2
     return DataLoss(loss=per_sample.mean(), per_sample=per_sample.detach(), sigma=sigma)

@@ -97,6 +97,13 @@ def check_runnable(config: Config, source: str) -> Config:
     if policy.response_column_name and not policy.prompt_column_name and not policy.dataset.plugin:
         problems.append(f"{source}: key 'train.train_policy.response_column_name' is set without "
                         "prompt_column_name: name the prompt column too (or give a dataset plug-in)")
+    data = config.wfm.data
+    if data.kind == "webdataset" and not data.shards:
+        problems.append(f"{source}: key 'wfm.data.shards' is empty: [wfm.data] kind = \"webdataset\" reads the tar "
+                        "shards it names (local files / folders / globs, s3://bucket/prefix, {0000..0099} ranges)")
+    if data.kind == "webdataset" and not config.train.max_steps:
+        problems.append(f"{source}: key 'train.max_steps' is unset: a [wfm.data] kind = "
+                        "\"webdataset\" stream has no length to count epochs in; set train.max_steps")
     try:
         config = check_input_paths(config, source)
     except ConfigError as exc:

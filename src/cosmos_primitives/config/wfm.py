@@ -86,6 +86,15 @@ class WFMDataConfig(Section):
     ``allow_pickle = true``: unpickling runs code from the file). ``kind = "mock"`` makes
     ``mock_num_samples`` random captions, embeddings and clips (quick runs, tests).
 
+    ``kind = "webdataset"`` streams tar shards (``cp.data.WebDatasetClips``: per key an ``.mp4``, a
+    ``.txt`` caption or ``"caption"`` in a ``.json``, optionally a ``.safetensors`` / ``.npy``
+    embedding) named by ``shards``: local files, folders, globs, ``s3://bucket/prefix`` (every
+    ``.tar`` under it) or one object; ``{000..099}`` ranges expand as in WebDataset. S3 is read with
+    the ``AWS_*`` variables, each falling back to the seed's ``PROD_S3_CHECKPOINT_*`` one
+    (``AWS_ENDPOINT_URL`` / ``PROD_S3_CHECKPOINT_ENDPOINT_URL`` for an S3-compatible store). The
+    stream has no length: set ``[train] max_steps``. A checkpoint saves each rank's shard, the
+    samples read in it and the bad samples counted so far; a resumed run goes on from there.
+
     Captions without a precomputed embedding are embedded by ``text_encoder``: ``"hash"`` is a tiny
     deterministic hashing embedder (no download; for CPU recipes and tests), ``"none"`` makes a
     missing embedding an error. Embeddings are zero-padded (or cut) to ``max_tokens`` rows with a mask.
@@ -94,8 +103,10 @@ class WFMDataConfig(Section):
     counted under SFT's budget, ``[train.train_policy.dataset] bad_sample_budget``.
     """
 
-    kind: Literal["mock", "clip_folder"] = "mock"
+    kind: Literal["mock", "clip_folder", "webdataset"] = "mock"
     path: str = ""
+    # kind = "webdataset": shard files / folders / globs / s3:// prefixes, {a..b} ranges expanded
+    shards: list[str] = msgspec.field(default_factory=list)
     num_frames: AtLeastOne = 5
     height: int = 16
     width: int = 16
@@ -132,6 +143,14 @@ class WFMConfig(Section):
     ``ddrl_rollout_noise`` / ``ddrl_rollout_sigma`` reuse the rollout's initial noise / the trained
     step's sigma for it, and ``advantage_transform = "neg_exp"`` maps ``A -> -exp(-A)`` (then clamps).
 
+    Conditioning (Cosmos-Predict2.5's text2world / image2world / video2world): ``conditioning =
+    "text"`` generates every latent frame from the caption; ``"image"`` also holds the clip's first
+    frame (one latent frame) and ``"video"`` the clip's first ``num_conditional_frames`` latent frames
+    (``(K - 1) * 4 + 1`` video frames with the 4x temporal VAEs of Cosmos / Wan) fixed: they are
+    VAE-encoded, replace those frames of the noise and of every sampler step (frame replacement, the
+    condition-mask channel set for Cosmos), and stay out of the log-probs and of every loss (FlowGRPO,
+    its KL, DDRL's data term, DiffusionNFT). At least one latent frame must be left to generate.
+
     DiffusionNFT (``algorithm = "diffusion_nft"``, ``cp.algo.diffusion_nft_loss``): ODE rollouts, then
     per sample ``nft_num_timesteps`` forward-process points with ``t`` uniform in ``[nft_t_min,
     nft_t_max]``; ``nft_beta`` is the implicit-policy step, ``adv_clip_max`` maps advantages to the
@@ -150,6 +169,10 @@ class WFMConfig(Section):
     guidance_scale: float = 1.0
     guidance_convention: Literal["diffusers", "cosmos"] = "diffusers"
     negative_prompt: str = ""
+    # "text": text2world; "image": the clip's first frame is the condition; "video": its first
+    # num_conditional_frames latent frames (Cosmos-Predict2.5's name; 1 or 2 there)
+    conditioning: Literal["text", "image", "video"] = "text"
+    num_conditional_frames: AtLeastOne = 2
 
     # loss
     clip_range: float = 1e-3
@@ -178,3 +201,20 @@ class WFMConfig(Section):
 
     sampler: WFMSamplerConfig = msgspec.field(default_factory=WFMSamplerConfig)
     data: WFMDataConfig = msgspec.field(default_factory=WFMDataConfig)
+
+    def condition_latent_frames(self, latent_frames: int) -> int:
+        """How many leading latent frames of a ``latent_frames``-frame latent are the condition (0: text).
+
+        Raises:
+            ValueError: naming the keys, when the condition leaves no latent frame to generate.
+        """
+        if self.conditioning == "text":
+            return 0
+        k = 1 if self.conditioning == "image" else self.num_conditional_frames
+        if k >= latent_frames:
+            what = "its first frame" if self.conditioning == "image" else f"num_conditional_frames = {k} latent frames"
+            raise ValueError(
+                f"[wfm] conditioning = \"{self.conditioning}\" holds {what} of each clip fixed, but clips of "
+                f"[wfm.data] num_frames = {self.data.num_frames} encode to only {latent_frames} latent frame(s): "
+                "nothing would be left to generate. Raise [wfm.data] num_frames or lower [wfm] num_conditional_frames")
+        return k

@@ -77,6 +77,7 @@ _EXPORTS = {
     "reason_text_embeddings": "precompute_text_embeddings",
     "WebDatasetClips": "wfm_webdataset",
     "list_shards": "wfm_webdataset",
+    "build_wfm_webdataset": "wfm_webdataset",
 }
 
 __all__ = sorted(_EXPORTS)
@@ -127,6 +128,6 @@ if TYPE_CHECKING:  # pragma: no cover
     )
     from cosmos_primitives.data.video_folder import VideoFolderDataset  # noqa: F401
     from cosmos_primitives.data.video_sampling import SampledVideo, VideoDecodeError, sample_video  # noqa: F401
-    from cosmos_primitives.data.wfm_webdataset import WebDatasetClips, list_shards  # noqa: F401
+    from cosmos_primitives.data.wfm_webdataset import WebDatasetClips, build_wfm_webdataset, list_shards  # noqa: F401
 
 __getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)

@@ -304,7 +304,11 @@ def collate_clips(items: Sequence[dict[str, Any]]) -> dict[str, Any]:
 
 
 def build_wfm_dataset(cfg: WFMDataConfig, seed: int = 0) -> torch.utils.data.Dataset:
-    """The dataset ``[wfm.data]`` describes (``kind = "mock"`` or ``"clip_folder"``)."""
+    """The dataset ``[wfm.data]`` describes (``kind = "mock"`` or ``"clip_folder"``; a ``"webdataset"`` is a
+    stream: ``cp.data.build_wfm_webdataset``)."""
+    if cfg.kind == "webdataset":
+        raise ValueError('[wfm.data] kind = "webdataset" is a stream without indices: build it with '
+                         "cp.data.build_wfm_webdataset")
     embedder = HashingTextEmbedder(cfg.text_dim) if cfg.text_encoder == "hash" else None
     common = dict(num_frames=cfg.num_frames, height=cfg.height, width=cfg.width, max_tokens=cfg.max_tokens)
     if cfg.kind == "mock":

@@ -7,8 +7,9 @@ A shard is a tar whose members are grouped by key (the name up to its first dot)
     clip000.json           # optional metadata
     clip000.safetensors    # optional precomputed text embedding ([n, D]; or .npy)
 
-``urls`` name shards: local files, local folders (their ``*.tar``), or ``s3://bucket/prefix`` (every
-``.tar`` under the prefix, or one object). S3 is read with boto3 from the standard ``AWS_*``
+``urls`` name shards: local files, local folders (their ``*.tar``), local globs (``shards/*.tar``), or
+``s3://bucket/prefix`` (every ``.tar`` under the prefix, or one object); WebDataset's brace notation
+(``shard-{0000..0099}.tar``, ``{train,extra}``) expands first. S3 is read with boto3 from the standard ``AWS_*``
 variables (``AWS_ENDPOINT_URL`` for S3-compatible stores; the seed guide's ``PROD_S3_CHECKPOINT_*``
 variables are used when the ``AWS_*`` ones are unset), streamed member by member (a shard is never
 held whole). Items are those of ``ClipFolderDataset`` (``name``, ``caption``, ``video`` ``[3, T, H, W]``
@@ -23,9 +24,11 @@ counted and logged by a ``BadSampleTracker``; past ``bad_sample_budget`` the run
 
 from __future__ import annotations
 
+import glob
 import io
 import json
 import os
+import re
 import tarfile
 import tempfile
 from collections.abc import Iterator, Sequence
@@ -34,34 +37,56 @@ from typing import Any
 
 import numpy as np
 
+from cosmos_primitives.config.wfm import WFMDataConfig
 from cosmos_primitives.data.bad_samples import BadSampleError, BadSampleTracker
 from cosmos_primitives.data.wfm_clips import HashingTextEmbedder, pad_text_embedding, read_clip, resize_clip
 from cosmos_primitives.utils.extras import require
 
-_ENV_FALLBACKS = {"AWS_ACCESS_KEY_ID": "PROD_S3_CHECKPOINT_ACCESS_KEY_ID",
-                  "AWS_SECRET_ACCESS_KEY": "PROD_S3_CHECKPOINT_SECRET_ACCESS_KEY",
-                  "AWS_ENDPOINT_URL": "PROD_S3_CHECKPOINT_ENDPOINT_URL",
-                  "AWS_DEFAULT_REGION": "PROD_S3_CHECKPOINT_REGION"}
+# the seed guide names the region PROD_S3_CHECKPOINT_REGION_NAME; PROD_S3_CHECKPOINT_REGION is read too
+_ENV_FALLBACKS = {"AWS_ACCESS_KEY_ID": ("PROD_S3_CHECKPOINT_ACCESS_KEY_ID",),
+                  "AWS_SECRET_ACCESS_KEY": ("PROD_S3_CHECKPOINT_SECRET_ACCESS_KEY",),
+                  "AWS_ENDPOINT_URL": ("PROD_S3_CHECKPOINT_ENDPOINT_URL",),
+                  "AWS_DEFAULT_REGION": ("PROD_S3_CHECKPOINT_REGION_NAME", "PROD_S3_CHECKPOINT_REGION")}
 
 
 def s3_client() -> Any:
     """A boto3 S3 client from ``AWS_*`` (each falling back to its ``PROD_S3_CHECKPOINT_*`` variable)."""
     boto3 = require("boto3", "reading shards from S3")
-    values = {k: os.environ.get(k) or os.environ.get(fallback) for k, fallback in _ENV_FALLBACKS.items()}
+    values = {k: next((os.environ[name] for name in (k, *fallbacks) if os.environ.get(name)), None)
+              for k, fallbacks in _ENV_FALLBACKS.items()}
     return boto3.client("s3", endpoint_url=values["AWS_ENDPOINT_URL"] or None,
                         aws_access_key_id=values["AWS_ACCESS_KEY_ID"],
                         aws_secret_access_key=values["AWS_SECRET_ACCESS_KEY"],
                         region_name=values["AWS_DEFAULT_REGION"])
 
 
+_BRACES = re.compile(r"\{([^{}]*)\}")
+
+
+def expand_braces(url: str) -> list[str]:
+    """WebDataset's shard notation: ``a-{00..02}.tar`` -> ``a-00.tar, a-01.tar, a-02.tar`` (the width of
+    the first bound is kept), ``{x,y}`` -> each alternative; several groups expand left to right."""
+    match = _BRACES.search(url)
+    if match is None:
+        return [url]
+    body, head, tail = match.group(1), url[:match.start()], url[match.end():]
+    bounds = re.fullmatch(r"(\d+)\.\.(\d+)", body)
+    if bounds:
+        lo, hi = bounds.groups()
+        choices = [str(i).zfill(len(lo)) for i in range(int(lo), int(hi) + 1)]
+    else:
+        choices = body.split(",")
+    return [expanded for choice in choices for expanded in expand_braces(head + choice + tail)]
+
+
 def list_shards(urls: Sequence[str], client: Any = None) -> list[str]:
-    """The shard URLs ``urls`` name, sorted within each entry.
+    """The shard URLs ``urls`` name (braces expanded), sorted within each entry.
 
     Raises:
         FileNotFoundError: an entry names no shard.
     """
     shards: list[str] = []
-    for url in urls:
+    for url in (expanded for entry in urls for expanded in expand_braces(entry)):
         found: list[str] = []
         if url.startswith("s3://"):
             bucket, _, prefix = url[5:].partition("/")
@@ -69,8 +94,13 @@ def list_shards(urls: Sequence[str], client: Any = None) -> list[str]:
             for page in client.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=prefix):
                 found += [f"s3://{bucket}/{o['Key']}" for o in page.get("Contents", []) if o["Key"].endswith(".tar")]
         else:
-            path = Path(url)
-            found = [str(p) for p in path.glob("*.tar")] if path.is_dir() else ([url] if path.is_file() else [])
+            path = Path(url).expanduser()
+            if path.is_dir():
+                found = [str(p) for p in path.glob("*.tar")]
+            elif path.is_file():
+                found = [str(path)]
+            else:
+                found = [p for p in glob.glob(str(path)) if Path(p).is_file()]
         if not found:
             raise FileNotFoundError(f"[wfm.data] shards: {url} names no .tar shard")
         shards += sorted(found)
@@ -127,7 +157,7 @@ class WebDatasetClips:
             raise ValueError(f"{len(self.shards)} shard(s) for {world_size} ranks: every rank needs at least one")
         self.num_frames, self.height, self.width, self.max_tokens = num_frames, height, width, max_tokens
         self.embedder, self.seed, self.rank, self.world_size = embedder, seed, rank, world_size
-        self.bad = BadSampleTracker(bad_sample_budget, config_key="[wfm.data] bad_sample_budget")
+        self.bad = BadSampleTracker(bad_sample_budget, config_key="train.train_policy.dataset.bad_sample_budget")
         self.epoch, self.shard_pos, self.sample_pos = 0, 0, 0
 
     def rank_shards(self, epoch: int) -> list[str]:
@@ -196,3 +226,20 @@ class WebDatasetClips:
             state["sample_pos"])
         self.bad.load_state_dict(state["bad_samples"])
 
+
+
+def build_wfm_webdataset(cfg: WFMDataConfig, *, seed: int = 0, rank: int = 0, world_size: int = 1,
+                         bad_sample_budget: int = 0, client: Any = None) -> WebDatasetClips:
+    """The reader ``[wfm.data] kind = "webdataset"`` describes, for rank ``rank`` of ``world_size``.
+
+    Raises:
+        ValueError: no ``shards``, or fewer shards than ranks.
+        FileNotFoundError: a ``shards`` entry names no ``.tar``.
+    """
+    if not cfg.shards:
+        raise ValueError('[wfm.data] kind = "webdataset" needs shards = ["s3://bucket/prefix/", "/data/shards/", '
+                         '"shard-{0000..0099}.tar", ...]')
+    embedder = HashingTextEmbedder(cfg.text_dim) if cfg.text_encoder == "hash" else None
+    return WebDatasetClips(cfg.shards, num_frames=cfg.num_frames, height=cfg.height, width=cfg.width,
+                           max_tokens=cfg.max_tokens, embedder=embedder, seed=seed, rank=rank, world_size=world_size,
+                           bad_sample_budget=bad_sample_budget, client=client)

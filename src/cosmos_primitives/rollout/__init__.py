@@ -32,6 +32,7 @@ _EXPORTS = {
     "flow_sigmas": "flow_sampler",
     "guided_velocity": "flow_sampler",
     "recompute_step": "flow_sampler",
+    "replace_condition_frames": "flow_sampler",
     "sample_flow": "flow_sampler",
     "sde_window": "flow_sampler",
     "sliding_sde_window": "flow_sampler",

@@ -10,6 +10,12 @@ scheduler state.
 Noise comes from one ``torch.Generator`` per sample seeded with that sample's seed: the same seed
 gives the same trajectory whatever else is in the batch.
 
+Image- and video-to-world (Cosmos-Predict2.5's frame replacement): a rollout may be given the
+clean latents of its first ``K`` latent frames (``condition``, from the VAE-encoded clip). They
+replace those frames of the initial noise and of every step's result, so every stored latent holds
+them; the model sees them clean (and, for Cosmos, flagged by the condition-mask channel), and the
+log-probs (and every training loss) cover the generated frames ``K:`` only.
+
 Classifier-free guidance is always evaluated as two forward passes (conditional, then
 unconditional) in rollouts and in training alike, so that the first update recomputes exactly the
 stored log-probs; in training the unconditional pass runs without autograd (its branch is detached).
@@ -25,8 +31,27 @@ import torch
 
 from cosmos_primitives.rollout.flow_sde import SDEParams, gaussian_log_prob, ode_step, sde_step_stats
 
-VelocityFn = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
-"""``fn(latents [B, C, T, H, W], timestep [B] in [0, 1000], text [B, L, D]) -> velocity [B, C, T, H, W]``."""
+VelocityFn = Callable[..., torch.Tensor]
+"""``fn(latents [B, C, T, H, W], timestep [B] in [0, 1000], text [B, L, D]) -> velocity [B, C, T, H, W]``;
+with conditioning frames also called with ``num_condition_frames=K`` (the first ``K`` latent frames are clean)."""
+
+
+def replace_condition_frames(latents: torch.Tensor, condition: torch.Tensor | None) -> torch.Tensor:
+    """``latents`` ``[B, C, T, H, W]`` with its first ``K`` frames replaced by ``condition`` ``[B, C, K, H, W]``
+    (``None``: unchanged)."""
+    if condition is None:
+        return latents
+    k = condition.shape[2]
+    if condition.shape[:2] != latents.shape[:2] or condition.shape[3:] != latents.shape[3:] or k > latents.shape[2]:
+        raise ValueError(f"conditioning latents {tuple(condition.shape)} do not fit latents {tuple(latents.shape)}")
+    return torch.cat([condition.to(latents.dtype), latents[:, :, k:]], dim=2)
+
+
+def _call(velocity_fn: VelocityFn, x: torch.Tensor, timestep: torch.Tensor, text: torch.Tensor,
+          num_condition_frames: int) -> torch.Tensor:
+    if num_condition_frames:  # only conditioned rollouts need a velocity that knows the keyword
+        return velocity_fn(x, timestep, text, num_condition_frames=num_condition_frames)
+    return velocity_fn(x, timestep, text)
 
 
 def diffusers_velocity_fn(transformer: Any, **forward_kwargs: Any) -> VelocityFn:
@@ -34,9 +59,12 @@ def diffusers_velocity_fn(transformer: Any, **forward_kwargs: Any) -> VelocityFn
 
     Inputs are cast to the transformer's dtype, the velocity comes back as float32.
     ``forward_kwargs`` are passed on every call (e.g. ``fps`` or ``padding_mask`` for Cosmos models).
+    Conditioning frames (``num_condition_frames``) reach the model as the clean frames the sampler put in
+    the latents (frame replacement; the model has no mask input).
     """
 
-    def velocity(latents: torch.Tensor, timestep: torch.Tensor, text: torch.Tensor) -> torch.Tensor:
+    def velocity(latents: torch.Tensor, timestep: torch.Tensor, text: torch.Tensor,
+                 num_condition_frames: int = 0) -> torch.Tensor:
         dtype = next(transformer.parameters()).dtype
         out = transformer(hidden_states=latents.to(dtype), timestep=timestep, encoder_hidden_states=text.to(dtype),
                           return_dict=False, **forward_kwargs)[0]
@@ -49,16 +77,19 @@ def cosmos_velocity_fn(transformer: Any, *, num_train_timesteps: float = 1000.0,
     """Wrap a Cosmos-Predict2.5 ``CosmosTransformer3DModel`` (text-to-world) as a :data:`VelocityFn`.
 
     The model takes what diffusers' Cosmos-Predict2.5 pipeline gives it: the latents with a
-    condition-mask channel appended (all zeros: no conditioning frames), a ``[1, 1, H, W]`` zero
+    condition-mask channel appended (ones on the ``num_condition_frames`` first latent frames, the
+    clean conditioning frames of image- / video-to-world; all zeros for text-to-world), a ``[1, 1, H, W]`` zero
     padding mask, and the noise level itself as ``timestep`` (sigma in ``[0, 1]``, i.e. the
     sampler's ``timestep / num_train_timesteps``). Inputs are cast to the transformer's dtype, the
     velocity comes back as float32.
     """
 
-    def velocity(latents: torch.Tensor, timestep: torch.Tensor, text: torch.Tensor) -> torch.Tensor:
+    def velocity(latents: torch.Tensor, timestep: torch.Tensor, text: torch.Tensor,
+                 num_condition_frames: int = 0) -> torch.Tensor:
         dtype = next(transformer.parameters()).dtype
         b, _, t, h, w = latents.shape
         condition_mask = latents.new_zeros(b, 1, t, h, w, dtype=dtype)
+        condition_mask[:, :, :num_condition_frames] = 1.0
         sigma = (timestep.float() / num_train_timesteps).expand(b)
         out = transformer(hidden_states=latents.to(dtype), condition_mask=condition_mask, timestep=sigma,
                           encoder_hidden_states=text.to(dtype), padding_mask=latents.new_zeros(1, 1, h, w, dtype=dtype),
@@ -90,20 +121,22 @@ def to_diffusers_guidance(scale: float, convention: Literal["diffusers", "cosmos
 
 
 def guided_velocity(velocity_fn: VelocityFn, x: torch.Tensor, timestep: torch.Tensor, text: torch.Tensor,
-                    negative_text: torch.Tensor | None, guidance_scale: float) -> torch.Tensor:
+                    negative_text: torch.Tensor | None, guidance_scale: float,
+                    num_condition_frames: int = 0) -> torch.Tensor:
     """Classifier-free guided velocity, float32 ``[B, C, T, H, W]``.
 
     ``guidance_scale`` is in the diffusers convention (1 = no guidance, the unconditional pass is
     skipped). The unconditional pass runs without autograd: gradients flow through the conditional
-    branch only. ``negative_text`` is ``[B, L, D]`` or ``[1, L, D]`` (broadcast).
+    branch only. ``negative_text`` is ``[B, L, D]`` or ``[1, L, D]`` (broadcast). ``num_condition_frames``
+    (> 0: image- / video-to-world) is passed on to ``velocity_fn``.
     """
-    v_cond = velocity_fn(x, timestep, text).float()
+    v_cond = _call(velocity_fn, x, timestep, text, num_condition_frames).float()
     if guidance_scale == 1.0 or negative_text is None:
         return v_cond
     if negative_text.shape[0] == 1 and x.shape[0] > 1:
         negative_text = negative_text.expand(x.shape[0], *negative_text.shape[1:])
     with torch.no_grad():
-        v_uncond = velocity_fn(x, timestep, negative_text).float()
+        v_uncond = _call(velocity_fn, x, timestep, negative_text, num_condition_frames).float()
     return v_uncond + guidance_scale * (v_cond - v_uncond)
 
 
@@ -117,10 +150,13 @@ class FlowTrajectory:
         sigmas: ``[S + 1]`` float32, the grid the steps ran on (``sigmas[i] -> sigmas[i + 1]``).
         timesteps: ``[S]`` float32, what the model was given at each step (in ``[0, 1000]``).
         sde_steps: ``[K]`` int64, the steps that were stochastic (ascending); only they have log-probs.
-        log_probs: ``[B, K]`` float32, the log-prob of ``latents[:, sde_steps[k] + 1]``, averaged over elements.
+        log_probs: ``[B, K]`` float32, the log-prob of ``latents[:, sde_steps[k] + 1]``, averaged over the
+            elements of the generated frames.
         seeds: ``[B]`` int64, each sample's noise seed.
         guidance_scale: the guidance used, diffusers convention (1 = none).
         sde: the SDE parameters of the stochastic steps.
+        condition: ``[B, C, F, H, W]`` the clean conditioning latent frames every latent starts with
+            (image- / video-to-world), or None (text-to-world).
     """
 
     latents: torch.Tensor
@@ -131,6 +167,12 @@ class FlowTrajectory:
     seeds: torch.Tensor
     guidance_scale: float
     sde: SDEParams
+    condition: torch.Tensor | None = None
+
+    @property
+    def num_condition_frames(self) -> int:
+        """How many leading latent frames are conditioning (held fixed, outside the log-probs); 0 for text-to-world."""
+        return 0 if self.condition is None else int(self.condition.shape[2])
 
     @property
     def samples(self) -> torch.Tensor:
@@ -151,7 +193,8 @@ class FlowTrajectory:
         if not isinstance(index, slice):
             index = torch.as_tensor(index, dtype=torch.long, device=self.latents.device)
         return attrs.evolve(self, latents=self.latents[index], log_probs=self.log_probs[index],
-                            seeds=self.seeds[index.cpu() if isinstance(index, torch.Tensor) else index])
+                            seeds=self.seeds[index.cpu() if isinstance(index, torch.Tensor) else index],
+                            condition=None if self.condition is None else self.condition[index])
 
 
 def flow_sigmas(scheduler: Any, num_inference_steps: int, *, shift: float | None = None,
@@ -249,6 +292,7 @@ def sample_flow(
     guidance_convention: Literal["diffusers", "cosmos"] = "diffusers",
     sde: SDEParams | None = None,
     sde_steps: Sequence[int] | None = None,
+    condition: torch.Tensor | None = None,
 ) -> FlowTrajectory:
     """Generate ``B`` latents, recording every step.
 
@@ -264,6 +308,9 @@ def sample_flow(
         sde_steps: which steps are stochastic (``None``: all of them when ``sde`` is given); see
             :func:`sde_window`. A stochastic step whose std is 0 (CPS to sigma 0) is deterministic
             and gets no log-prob.
+        condition: ``[B, C, F, H, W]`` clean latents of the first ``F`` latent frames (image- /
+            video-to-world, e.g. ``encode_video(vae, clip)[:, :, :F]``): they replace those frames of
+            the noise and of every step's result; log-probs cover frames ``F:`` only. None: text-to-world.
 
     Returns:
         a :class:`FlowTrajectory` on ``text``'s device.
@@ -291,25 +338,34 @@ def sample_flow(
         raise ValueError(f"sde_steps {sorted(stochastic)} reach outside the {num_steps} steps of this rollout")
     sde = sde or SDEParams()
 
+    k = 0
+    if condition is not None:
+        condition = condition.detach().float().to(device)
+        k = condition.shape[2]
+        if condition.shape != (batch, latent_shape[0], k, *latent_shape[2:]) or not 0 < k < latent_shape[1]:
+            raise ValueError(f"condition must be [B, C, F, H, W] = [{batch}, {latent_shape[0]}, F, "
+                             f"{', '.join(map(str, latent_shape[2:]))}] with 0 < F < {latent_shape[1]} latent frames "
+                             f"(at least one frame left to generate); got {tuple(condition.shape)}")
     generators = [torch.Generator(device=device).manual_seed(int(s)) for s in seeds]
-    x = _noise(generators, latent_shape, device)
+    x = replace_condition_frames(_noise(generators, latent_shape, device), condition)
     latents = [x]
     recorded: list[int] = []
     log_probs: list[torch.Tensor] = []
     sigma_1 = sigmas[1] if num_steps > 1 else sigmas[-1]
     for i in range(num_steps):
         t = timesteps[i].to(device).expand(batch)
-        v = guided_velocity(velocity_fn, x, t, text, negative_text, guidance)
+        v = guided_velocity(velocity_fn, x, t, text, negative_text, guidance, k)
         if i in stochastic:
             stats = sde_step_stats(x, v, sigmas[i].to(device), sigmas[i + 1].to(device), sigma_1.to(device), sde)
             if bool((stats.std > 0).all()):
                 x = stats.mean + stats.std * _noise(generators, latent_shape, device)
-                log_probs.append(gaussian_log_prob(x, stats.mean, stats.std))
+                log_probs.append(gaussian_log_prob(x[:, :, k:], stats.mean[:, :, k:], stats.std))
                 recorded.append(i)
             else:
                 x = stats.mean
         else:
             x = ode_step(x, v, sigmas[i].to(device), sigmas[i + 1].to(device))
+        x = replace_condition_frames(x, condition)
         latents.append(x)
     return FlowTrajectory(
         latents=torch.stack(latents, dim=1),
@@ -320,6 +376,7 @@ def sample_flow(
         seeds=seeds,
         guidance_scale=guidance,
         sde=sde,
+        condition=condition,
     )
 
 
@@ -345,7 +402,8 @@ def recompute_step(velocity_fn: VelocityFn, trajectory: FlowTrajectory, step: in
         step: the step index (one of ``trajectory.sde_steps``), or ``[B]`` one per sample.
         text, negative_text: the embeddings the rollout used (``[B, L, D]``; negative may be ``[1, L, D]``).
 
-    Guidance, sigmas, timesteps and SDE parameters come from the trajectory. Runs with autograd
+    Guidance, sigmas, timesteps, SDE parameters and conditioning frames come from the trajectory
+    (``log_prob`` covers the generated frames only; ``mean`` and ``std`` are whole). Runs with autograd
     when enabled (the unconditional pass never does).
     """
     batch = trajectory.batch_size
@@ -359,7 +417,8 @@ def recompute_step(velocity_fn: VelocityFn, trajectory: FlowTrajectory, step: in
     x, x_next = trajectory.latents[rows, steps], trajectory.latents[rows, steps + 1]
     sigma, sigma_next = trajectory.sigmas[steps], trajectory.sigmas[steps + 1]
     sigma_1 = trajectory.sigmas[1] if trajectory.sigmas.shape[0] > 2 else trajectory.sigmas[-1]
-    v = guided_velocity(velocity_fn, x, trajectory.timesteps[steps], text, negative_text, trajectory.guidance_scale)
+    k = trajectory.num_condition_frames
+    v = guided_velocity(velocity_fn, x, trajectory.timesteps[steps], text, negative_text, trajectory.guidance_scale, k)
     stats = sde_step_stats(x, v, sigma, sigma_next, sigma_1, trajectory.sde)
-    return StepRecompute(log_prob=gaussian_log_prob(x_next, stats.mean, stats.std), mean=stats.mean,
-                         std=stats.std, sigma=sigma)
+    return StepRecompute(log_prob=gaussian_log_prob(x_next[:, :, k:], stats.mean[:, :, k:], stats.std),
+                         mean=stats.mean, std=stats.std, sigma=sigma)
