@@ -1,0 +1,84 @@
+"""Context parallel for the world-model transformer: the tiny ``WanTransformer3DModel`` with its video
+tokens split over 2 gloo ranks (diffusers' Ulysses, set up from our mesh) against one process, for
+one flow-matching step: the loss to 1e-6 and, after averaging the gradients over the cp group, every
+parameter's gradient to 1e-4 relative + 1e-6 absolute (float32; sums in another order). Cosmos-Predict2.5's
+transformer has no context-parallel plan in diffusers and is refused."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import cosmos_primitives as cp
+from cosmos_primitives import testing as cpt
+from cosmos_primitives.config.policy import ParallelismConfig
+
+pytestmark = pytest.mark.slow
+
+
+def _step_inputs() -> dict[str, torch.Tensor]:
+    """Latents ``[2, 4, 3, 8, 8]`` (3 x 4 x 4 = 48 tokens after the 1 x 2 x 2 patch), text, sigma."""
+    g = torch.Generator().manual_seed(0)
+    clean = torch.randn(2, 4, 3, 8, 8, generator=g)
+    noise = torch.randn(2, 4, 3, 8, 8, generator=g)
+    sigma = torch.tensor([0.3, 0.7])
+    return {"clean": clean, "noise": noise, "sigma": sigma, "text": torch.randn(2, 5, 32, generator=g)}
+
+
+def _flow_step(policy: cp.policy.DiffusionPolicy, group=None) -> tuple[float, dict[str, torch.Tensor]]:
+    """Flow-matching loss ``|v(x_sigma) - (noise - clean)|^2`` and the gradients."""
+    x = _step_inputs()
+    s = x["sigma"].view(-1, 1, 1, 1, 1)
+    noisy = (1 - s) * x["clean"] + s * x["noise"]
+    velocity = policy.velocity_fn()(noisy, x["sigma"] * 1000.0, x["text"])
+    loss = ((velocity.float() - (x["noise"] - x["clean"])) ** 2).mean()
+    loss.backward()
+    if group is not None:
+        from cosmos_primitives.parallel.context_parallel import all_reduce_context_parallel_grads
+
+        all_reduce_context_parallel_grads(policy.transformer, group)
+    return float(loss.detach()), {n: p.grad.detach().clone() for n, p in policy.transformer.named_parameters()}
+
+
+def _cp_worker() -> tuple[float, dict[str, torch.Tensor], list[int]]:
+    mesh = cp.parallel.ParallelMesh(ParallelismConfig(cp_size=2), device_type="cpu")
+    policy = cp.policy.DiffusionPolicy(cpt.tiny_wan_transformer(seed=0)).enable_context_parallel(mesh)
+    tokens: list[int] = []  # the sequence length each block's self-attention sees on this rank
+    for block in cp.policy.transformer_blocks(policy.transformer):
+        block.attn1.register_forward_pre_hook(lambda m, args, kwargs: tokens.append(
+            kwargs.get("hidden_states", args[0] if args else None).shape[1]), with_kwargs=True)
+    return (*_flow_step(policy, mesh.group("cp")), tokens)
+
+
+def test_wan_transformer_context_parallel_matches_one_process() -> None:
+    ref_loss, ref_grads = _flow_step(cp.policy.DiffusionPolicy(cpt.tiny_wan_transformer(seed=0)))
+    per_rank = cpt.run_distributed(_cp_worker, 2, timeout_s=400)
+    for rank, (loss, grads, tokens) in enumerate(per_rank):
+        assert tokens == [24, 24], tokens  # 48 video tokens, half on each rank, in both blocks
+        assert abs(loss - ref_loss) < 1e-6, (rank, loss, ref_loss)
+        assert grads.keys() == ref_grads.keys()
+        for name, g in ref_grads.items():
+            torch.testing.assert_close(grads[name], g, rtol=1e-4, atol=1e-6, msg=f"rank {rank} {name}")
+
+
+def _refusals() -> list[str]:
+    mesh = cp.parallel.ParallelMesh(ParallelismConfig(cp_size=2), device_type="cpu")
+    errors = []
+    for build in (cpt.tiny_cosmos_transformer, lambda: cpt.tiny_wan_transformer(seed=0)):
+        transformer = build()
+        try:
+            cp.policy.enable_transformer_context_parallel(transformer, mesh)
+            if errors:  # Wan: a latent whose 3 x 3 x 3 = 27 tokens do not split over 2 ranks
+                transformer(hidden_states=torch.zeros(1, 4, 3, 6, 6), encoder_hidden_states=torch.zeros(1, 5, 32),
+                            timestep=torch.tensor([500.0]))
+            errors.append("")
+        except (NotImplementedError, ValueError) as error:
+            errors.append(str(error))
+    torch.distributed.barrier()  # no collective follows the refusals: keep rank 0's store up for the others
+    return errors
+
+
+def test_cosmos_transformer_and_uneven_tokens_are_refused() -> None:
+    cosmos, uneven = cpt.run_distributed(_refusals, 2, timeout_s=400)[0]
+    assert "CosmosTransformer3DModel has no context-parallel plan" in cosmos and "cp_size = 1" in cosmos
+    assert "27 video tokens" in uneven and "cp_size = 2" in uneven
