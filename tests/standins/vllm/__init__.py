@@ -185,21 +185,29 @@ class _VLLMModel:
     @torch.no_grad()
     def load_weights(self, weights):
         loaded = set()
-        for name, tensor in weights:
-            target = _to_vllm_name(name, self.model_type)
-            if self.tied and target.endswith("lm_head.weight"):  # vLLM skips the tied head
-                continue
-            for fused, part, shard in _STACKED:
-                if part in target:
-                    fused_name = target.replace(part, fused)
-                    offset, rows = self.shards[fused_name][shard]
-                    self.by_name[fused_name].data.narrow(0, offset, rows).copy_(tensor)
-                    loaded.add(fused_name)
-                    break
-            else:
+        for target, tensor, shard in _load_targets(weights, self.model_type, self.tied):
+            if shard is None:
                 self.by_name[target].data.copy_(tensor)  # KeyError on an unknown name, as vLLM
-                loaded.add(target)
+            else:
+                offset, rows = self.shards[target][shard]
+                self.by_name[target].data.narrow(0, offset, rows).copy_(tensor)
+            loaded.add(target)
         return loaded
+
+
+def _load_targets(weights, model_type: str, tied: bool):
+    """``(vLLM name, tensor, part index or None)`` per checkpoint tensor vLLM loads: a q/k/v or gate/up
+    part names its fused tensor (``stacked_params_mapping``); a tied head is skipped."""
+    for name, tensor in weights:
+        target = _to_vllm_name(name, model_type)
+        if tied and target.endswith("lm_head.weight"):
+            continue
+        for fused, part, shard in _STACKED:
+            if part in target:
+                yield target.replace(part, fused), tensor, shard
+                break
+        else:
+            yield target, tensor, None
 
 
 def _shard_dim(name: str) -> int | None:
@@ -246,28 +254,17 @@ class _ShardedVLLMModel:
     @torch.no_grad()
     def load_weights(self, weights):
         loaded = set()
-        for name, tensor in weights:
-            target = _to_vllm_name(name, self.model_type)
-            if self.full.tied and target.endswith("lm_head.weight"):
-                continue
-            for fused, part, shard in _STACKED:
-                if part in target and not target.startswith("visual."):
-                    fused_name = target.replace(part, fused)
-                    rows = [r // self.tp_size for _, r in self.full.shards[fused_name]]
-                    local = self.by_name[fused_name].narrow(0, sum(rows[:shard]), rows[shard])
-                    local.copy_(self._slice(tensor, 0))
-                    loaded.add(fused_name)
-                    break
-                if part in target:  # the vision tower is held whole
-                    fused_name = target.replace(part, fused)
-                    offset, rows = self.full.shards[fused_name][shard]
-                    self.by_name[fused_name].narrow(0, offset, rows).copy_(tensor)
-                    loaded.add(fused_name)
-                    break
-            else:
-                dim = _shard_dim(target)
+        for target, tensor, shard in _load_targets(weights, self.model_type, self.full.tied):
+            dim = _shard_dim(target)
+            if shard is None:
                 self.by_name[target].copy_(tensor if dim is None else self._slice(tensor, dim))
-                loaded.add(target)
+            elif dim is None:  # a fused tensor of the vision tower, held whole
+                offset, rows = self.full.shards[target][shard]
+                self.by_name[target].narrow(0, offset, rows).copy_(tensor)
+            else:  # this rank's rows of the part, at the part's place in its fused shard
+                rows = [r // self.tp_size for _, r in self.full.shards[target]]
+                self.by_name[target].narrow(0, sum(rows[:shard]), rows[shard]).copy_(self._slice(tensor, 0))
+            loaded.add(target)
         return loaded
 
     @torch.no_grad()
