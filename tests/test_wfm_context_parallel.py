@@ -1,7 +1,8 @@
 """Context parallel for the world-model transformer: the tiny ``WanTransformer3DModel`` with its video
 tokens split over 2 gloo ranks (diffusers' Ulysses, set up from our mesh) against one process, for
 one flow-matching step: the loss to 1e-6 and, after averaging the gradients over the cp group, every
-parameter's gradient to 1e-4 relative + 1e-6 absolute (float32; sums in another order). Cosmos-Predict2.5's
+parameter's gradient to 1e-4 relative + 1e-6 absolute (float32; sums in another order); the same with
+FSDP2 over dp_shard x cp (whose gradient average does the cp reduction). Cosmos-Predict2.5's
 transformer has no context-parallel plan in diffusers and is refused."""
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ def _step_inputs() -> dict[str, torch.Tensor]:
 
 
 def _flow_step(policy: cp.policy.DiffusionPolicy, group=None) -> tuple[float, dict[str, torch.Tensor]]:
-    """Flow-matching loss ``|v(x_sigma) - (noise - clean)|^2`` and the gradients."""
+    """Flow-matching loss ``|v(x_sigma) - (noise - clean)|^2`` and the gradients (whole tensors)."""
     x = _step_inputs()
     s = x["sigma"].view(-1, 1, 1, 1, 1)
     noisy = (1 - s) * x["clean"] + s * x["noise"]
@@ -37,22 +38,28 @@ def _flow_step(policy: cp.policy.DiffusionPolicy, group=None) -> tuple[float, di
         from cosmos_primitives.parallel.context_parallel import all_reduce_context_parallel_grads
 
         all_reduce_context_parallel_grads(policy.transformer, group)
-    return float(loss.detach()), {n: p.grad.detach().clone() for n, p in policy.transformer.named_parameters()}
+    grads = {n: p.grad.full_tensor() if hasattr(p.grad, "full_tensor") else p.grad
+             for n, p in policy.transformer.named_parameters()}
+    return float(loss.detach()), {n: g.detach().clone() for n, g in grads.items()}
 
 
-def _cp_worker() -> tuple[float, dict[str, torch.Tensor], list[int]]:
+def _cp_worker(fsdp: bool) -> tuple[float, dict[str, torch.Tensor], list[int]]:
+    """cp = 2; with ``fsdp``, FSDP2 over dp_shard x cp too (its gradient average replaces the cp all-reduce)."""
     mesh = cp.parallel.ParallelMesh(ParallelismConfig(cp_size=2), device_type="cpu")
     policy = cp.policy.DiffusionPolicy(cpt.tiny_wan_transformer(seed=0)).enable_context_parallel(mesh)
+    if fsdp:
+        policy.shard(mesh.fsdp_mesh)
     tokens: list[int] = []  # the sequence length each block's self-attention sees on this rank
     for block in cp.policy.transformer_blocks(policy.transformer):
         block.attn1.register_forward_pre_hook(lambda m, args, kwargs: tokens.append(
             kwargs.get("hidden_states", args[0] if args else None).shape[1]), with_kwargs=True)
-    return (*_flow_step(policy, mesh.group("cp")), tokens)
+    return (*_flow_step(policy, None if fsdp else mesh.group("cp")), tokens)
 
 
-def test_wan_transformer_context_parallel_matches_one_process() -> None:
+@pytest.mark.parametrize("fsdp", [False, True], ids=["cp2", "fsdp-x-cp2"])
+def test_wan_transformer_context_parallel_matches_one_process(fsdp: bool) -> None:
     ref_loss, ref_grads = _flow_step(cp.policy.DiffusionPolicy(cpt.tiny_wan_transformer(seed=0)))
-    per_rank = cpt.run_distributed(_cp_worker, 2, timeout_s=400)
+    per_rank = cpt.run_distributed(_cp_worker, 2, (fsdp,), timeout_s=400)
     for rank, (loss, grads, tokens) in enumerate(per_rank):
         assert tokens == [24, 24], tokens  # 48 video tokens, half on each rank, in both blocks
         assert abs(loss - ref_loss) < 1e-6, (rank, loss, ref_loss)
