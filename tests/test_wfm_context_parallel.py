@@ -7,6 +7,8 @@ transformer has no context-parallel plan in diffusers and is refused."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 import torch
 
@@ -89,3 +91,28 @@ def test_cosmos_transformer_and_uneven_tokens_are_refused() -> None:
     cosmos, uneven = cpt.run_distributed(_refusals, 2, timeout_s=400)[0]
     assert "CosmosTransformer3DModel has no context-parallel plan" in cosmos and "cp_size = 1" in cosmos
     assert "27 video tokens" in uneven and "cp_size = 2" in uneven
+
+
+def test_recipe_with_context_parallel_trains_as_one_process(tmp_path) -> None:
+    """examples/wfm_rl.py with ``policy.parallelism.cp_size = 2`` (the guide's ``[model_parallel]
+    context_parallel_size``) on 2 gloo ranks: both ranks of the cp group take the same prompts and noise,
+    FSDP2 over dp_shard x cp, and two FlowGRPO steps log what one process logs (policy loss, gradient
+    norm, rewards after the first update) to 1e-4 relative."""
+    from cosmos_primitives.logging import read_metrics
+    from cosmos_primitives.testing.recipe_runs import finish, launch_recipe, only_run_dir
+
+    root = Path(__file__).resolve().parents[1]
+    common = ["logging.logger=[]", "train.max_steps=2", "wfm.num_samples_per_prompt=4", "wfm.num_inference_steps=4",
+              "wfm.eval_num_inference_steps=0", "wfm.sampler.sde_window_size=0", "train.ckpt.enable_checkpoint=false"]
+    runs = {}
+    for nproc in (1, 2):
+        out, log = tmp_path / f"out{nproc}", tmp_path / f"log{nproc}.txt"
+        proc = launch_recipe(root / "examples" / "wfm_rl.py", root / "examples" / "configs" / "wfm_flowgrpo_tiny.toml",
+                             [*common, f"train.output_dir={out}", f"policy.parallelism.cp_size={nproc}"], log,
+                             cwd=root, nproc=nproc, env={"COSMOS_DEVICE": "cpu", "OMP_NUM_THREADS": "1"})
+        finish(proc, log)
+        runs[nproc] = read_metrics(only_run_dir(out))
+    assert [r["step"] for r in runs[2]] == [r["step"] for r in runs[1]] == [1, 2]
+    for one, two in zip(runs[1], runs[2]):
+        for key in ("policy_loss", "grad_norm", "reward_mean"):
+            assert two[key] == pytest.approx(one[key], rel=1e-4, abs=1e-7), (one["step"], key)
