@@ -13,10 +13,13 @@ config set on the model and on every attention processor that takes one, then di
 diffusers' experimental (and partly private) interfaces; re-check them when diffusers moves.
 
 Models: ``WanTransformer3DModel`` (Wan 2.1 / 2.2; the tiny test transformer) has a ``_cp_plan``
-and dispatches its attention, so it splits. ``CosmosTransformer3DModel`` (Cosmos-Predict2.5) has
-neither in diffusers 0.42.1: no ``_cp_plan``, and its ``CosmosAttnProcessor2_0`` calls
-``F.scaled_dot_product_attention`` itself instead of ``dispatch_attention_fn``, so there is no
-place for the all-to-all; it is refused with an error saying so.
+and its attention processor takes the parallel config to ``dispatch_attention_fn``, so it splits.
+``CosmosTransformer3DModel`` (Cosmos-Predict2.5) has neither in diffusers 0.42.1: no ``_cp_plan``,
+and its processors (``CosmosAttnProcessor2_0`` / ``2_5``) have no ``_parallel_config`` and call
+``dispatch_attention_fn`` without one, so no all-to-all would run; it is refused with an error
+saying so. Splitting it would take a plan of our own (rope, the learnable position embedding, the
+per-token time embedding of video-to-world, the gather after ``proj_out``) and processors that pass
+the config: not written.
 
 Gradients: every cp rank computes the loss from the gathered output; diffusers' gather gives each
 rank the gradient of its own token slice only, so the full gradient is the SUM over the cp group.
@@ -90,10 +93,9 @@ def enable_transformer_context_parallel(transformer: torch.nn.Module, mesh: Any)
                                                                           "_parallel_config")]
     if plan is None or not processors:
         raise NotImplementedError(
-            f"[policy.parallelism] cp_size = {cp}: diffusers' {name} has no context-parallel plan (_cp_plan) or its "
-            "attention does not go through dispatch_attention_fn (CosmosTransformer3DModel calls "
-            "scaled_dot_product_attention itself), so its tokens cannot be split; set cp_size = 1 and use "
-            "dp_shard_size / dp_replicate_size"
+            f"[policy.parallelism] cp_size = {cp}: diffusers' {name} has no context-parallel plan (_cp_plan) or "
+            "attention processors that take a parallel config (CosmosTransformer3DModel has neither in diffusers "
+            "0.42.1), so its tokens cannot be split; set cp_size = 1 and use dp_shard_size / dp_replicate_size"
         )
     heads = getattr(transformer.config, "num_attention_heads", None)
     if heads is not None and heads % cp:
