@@ -108,3 +108,12 @@ def test_tp2_engine_generates_what_the_tp1_engine_does(standin_vllm, tmp_path, q
             for a, b in zip(logprobs, want):
                 assert a == pytest.approx(b, abs=1e-6)
         assert "'model.norm.weight'" in out["caught"] and "not loaded" in out["caught"]
+
+
+def test_tp_size_must_divide_the_job(monkeypatch: pytest.MonkeyPatch) -> None:
+    """vLLM lays the job out as engines of tp_size consecutive ranks: 3 ranks cannot take tp_size = 2."""
+    from cosmos_primitives.rollout.vllm_engine import launcher_settings
+
+    monkeypatch.setenv("WORLD_SIZE", "3")
+    with pytest.raises(ValueError, match=r"tp_size = 2 does not divide the 3 ranks"):
+        launcher_settings(None, 2)
