@@ -211,10 +211,16 @@ def train(cfg: cp.Config) -> Path:
                                        num_train_timesteps=float(noise_scheduler.config.num_train_timesteps))
     for p in policy.trainable_parameters():
         p.data = p.data.float()  # float32 master weights for AdamW (LoRA; full fine-tuning without FSDP2)
-    cp.utils.seed_everything(seed + info.rank)  # after the model builders, which seed torch themselves
-    if sharded:  # FSDP2 over [policy.parallelism] (dp_shard, or dp_replicate x dp_shard for HSDP)
+    # the ranks of one cp group work on the same prompts and noise (data_rank): each runs the blocks on its
+    # share of the video tokens ([policy.parallelism] cp_size, alias [model_parallel] context_parallel_size)
+    data_rank, data_ranks, cp_rank = info.rank, info.world_size, 0
+    if sharded:  # FSDP2 over [policy.parallelism] (dp_shard, or dp_replicate x dp_shard for HSDP; x cp)
         mesh = cp.parallel.ParallelMesh(cfg.policy.parallelism, device_type=device.type)
+        data_rank, data_ranks, cp_rank = mesh.dp_rank, mesh.dp_size, mesh.local_rank("cp")
+        if mesh.enabled("cp"):
+            policy.enable_context_parallel(mesh)
         policy.shard(mesh.fsdp_mesh, param_dtype=None if dtype == torch.float32 else dtype)
+    cp.utils.seed_everything(seed + data_rank)  # after the model builders, which seed torch themselves
     velocity = policy.velocity_fn()
     sigmas, timesteps = cp.rollout.flow_sigmas(noise_scheduler, w.num_inference_steps, shift=s.shift)
     if w.eval_num_inference_steps > 0:  # (some schedulers refuse a grid of 0 steps)
@@ -226,7 +232,7 @@ def train(cfg: cp.Config) -> Path:
     # Prompts (bad clips skipped and counted, as in SFT: [train.train_policy.dataset] bad_sample_budget),
     # optimizer, checkpoints.
     group, per_step = w.num_samples_per_prompt, w.data.prompts_per_step
-    source = PromptSource(w.data, seed=seed, rank=info.rank, world_size=info.world_size, per_step=per_step,
+    source = PromptSource(w.data, seed=seed, rank=data_rank, world_size=data_ranks, per_step=per_step,
                           bad_sample_budget=cfg.train.train_policy.dataset.bad_sample_budget)
     guided = cp.rollout.to_diffusers_guidance(w.guidance_scale, w.guidance_convention) != 1.0
     negative = cp.data.negative_prompt_embedding(w.data, w.negative_prompt)[0].to(device) if guided else None
@@ -268,7 +274,7 @@ def train(cfg: cp.Config) -> Path:
             their mp4s and rewards under samples/step_N, the curves in curves.png."""
             batch, prompt_ids = eval_batch, eval_ids
             text = batch["text"].to(device).repeat_interleave(group, 0)
-            seeds = [derived_seed("eval", info.rank, i) for i in range(text.shape[0])]  # the same every time
+            seeds = [derived_seed("eval", data_rank, i) for i in range(text.shape[0])]  # the same every time
             traj = sample_flow(velocity, text, latent_shape=latent_shape, sigmas=eval_sigmas,
                                timesteps=eval_timesteps, seeds=seeds, negative_text=negative,
                                guidance_scale=w.guidance_scale, guidance_convention=w.guidance_convention,
@@ -277,9 +283,10 @@ def train(cfg: cp.Config) -> Path:
             rewards, video = score(client, vae, traj.samples, captions, w.data.fps)
             tracker.log_metrics({"eval/reward_mean": rewards.mean()}, at_step)
             ids = [p for p in prompt_ids for _ in range(group)]
-            cp.logging.save_video_samples(run_dir, at_step, video, prompt_ids=ids, captions=captions, seeds=seeds,
-                                          rewards=rewards.tolist(), fps=w.data.fps, rank=info.rank, tracker=tracker,
-                                          videos_per_prompt=w.eval_videos_per_prompt)
+            if cp_rank == 0:  # the other ranks of its cp group made the same videos
+                cp.logging.save_video_samples(run_dir, at_step, video, prompt_ids=ids, captions=captions, seeds=seeds,
+                                              rewards=rewards.tolist(), fps=w.data.fps, rank=data_rank,
+                                              tracker=tracker, videos_per_prompt=w.eval_videos_per_prompt)
             if info.is_rank0:
                 cp.logging.plot_run(run_dir, keys=CURVES)
 
@@ -289,15 +296,15 @@ def train(cfg: cp.Config) -> Path:
         prompts = source.stream()  # from the (resumed) position
         while step < total_steps:
             step += 1
-            # every random draw of this step comes from (seed, step, rank): a resumed run repeats it
-            rng = {"train_steps": derived_generator(seed, step, info.rank, "train_steps"),
-                   "ddrl": derived_generator(seed, step, info.rank, "ddrl", device=device),  # where the clips are
-                   "nft": derived_generator(seed, step, info.rank, "nft")}
+            # every random draw of this step comes from (seed, step, data rank): a resumed run repeats it
+            rng = {"train_steps": derived_generator(seed, step, data_rank, "train_steps"),
+                   "ddrl": derived_generator(seed, step, data_rank, "ddrl", device=device),  # where the clips are
+                   "nft": derived_generator(seed, step, data_rank, "nft")}
             batch = cp.data.collate_clips([next(prompts) for _ in range(per_step)])
             text = batch["text"].to(device).repeat_interleave(group, 0)  # [B, L, D], B = per_step * group
             captions = [c for c in batch["caption"] for _ in range(group)]
             group_ids = torch.arange(per_step).repeat_interleave(group)
-            seeds = [derived_seed(seed, step, info.rank, "rollout", i) for i in range(text.shape[0])]
+            seeds = [derived_seed(seed, step, data_rank, "rollout", i) for i in range(text.shape[0])]
             # DDRL's real clips; their first latent frames are the condition of image- / video-to-world
             clips = clip_latents(batch["video"]) if w.algorithm == "ddrl" or num_cond else None
             condition = clips[:, :, :num_cond] if num_cond else None

@@ -159,3 +159,50 @@ def test_fsdp_times_context_parallel_matches_one_process(tiny_qwen2_dir: Path) -
         assert abs(got["norm"] - ref_norm) < 1e-4 * ref_norm, (rank, got["norm"], ref_norm)
         for w, g in ref_grads.items():
             torch.testing.assert_close(got["grads"][w], g, rtol=1e-4, atol=1e-5, msg=f"rank {rank} {w}")
+
+
+def _padded_vl_batch(processor) -> dict:
+    """Two right-padded Qwen2.5-VL prompts with an image each, as the processor returns them: an
+    ``attention_mask`` and ``mm_token_type_ids``, no ``position_ids``; 34 tokens, a multiple of 2."""
+    def conversation(question: str) -> list:
+        return [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": question}]}]
+
+    texts = [processor.apply_chat_template(conversation(q), tokenize=False, add_generation_prompt=True)
+             for q in ("Which colour?", "Which colour is this small square, please?")]
+    batch = dict(processor(text=texts, images=[cpt.color_image("red"), cpt.color_image("blue")], padding=True,
+                           return_tensors="pt"))
+    batch["labels"] = batch["input_ids"].masked_fill(batch["attention_mask"] == 0, -100)
+    return batch
+
+
+def _padded_worker(model_dir: str, batch_file: str) -> dict:
+    import torch.distributed as dist
+
+    from cosmos_primitives.policy.lm_policy import backbone_of
+
+    policy = CausalLMPolicy(cp.policy.load_hf_model(model_dir, dtype="float32"), chunk_size=16,
+                            cp_group=dist.group.WORLD)
+    given: list[list[str]] = []
+    backbone_of(policy.hf_model).register_forward_pre_hook(
+        lambda module, args, kwargs: given.append(sorted(k for k, v in kwargs.items() if v is not None)),
+        with_kwargs=True)
+    out = cp.policy.token_logprobs(policy, torch.load(batch_file))
+    return {"logprobs": out.logprobs.detach(), "backbone_inputs": given[0]}
+
+
+def test_padded_vl_batch_without_position_ids_keeps_its_masks(tiny_vl_dir: Path, tiny_vl_processor, tmp_path) -> None:
+    """Regression (commit 8964077): a padded batch whose length is already a multiple of the cp size
+    needs no padding, and its attention_mask / mm_token_type_ids used to be dropped then; without
+    mm_token_type_ids Qwen2.5-VL numbers the image tokens as text, so the log-probs differed from one
+    process. Tolerance 1e-5 absolute (float32)."""
+    batch = _padded_vl_batch(tiny_vl_processor)
+    assert batch["input_ids"].shape[1] % 2 == 0 and "position_ids" not in batch
+    assert (batch["attention_mask"] == 0).any()
+    policy = CausalLMPolicy(cp.policy.load_hf_model(tiny_vl_dir, dtype="float32"), chunk_size=16)
+    reference = cp.policy.token_logprobs(policy, batch).logprobs.detach()
+    torch.save(batch, tmp_path / "batch.pt")
+    per_rank = cpt.run_distributed(_padded_worker, 2, (str(tiny_vl_dir), str(tmp_path / "batch.pt")), timeout_s=400)
+    scored = batch["labels"] != -100
+    for rank, got in enumerate(per_rank):
+        torch.testing.assert_close(got["logprobs"][scored], reference[scored], atol=1e-5, rtol=0, msg=f"rank {rank}")
+        assert {"attention_mask", "mm_token_type_ids"} <= set(got["backbone_inputs"]), (rank, got["backbone_inputs"])

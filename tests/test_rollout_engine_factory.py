@@ -30,9 +30,19 @@ def test_vllm_backend_takes_the_rollout_keys(standin_vllm, tiny_qwen2_dir, qwen_
     assert (kwargs["gpu_memory_utilization"], kwargs["enforce_eager"], kwargs["dtype"], kwargs["seed"],
             kwargs["max_model_len"], kwargs["tensor_parallel_size"]) == (0.4, False, "bfloat16", 7, 512, 1)
     assert cp.rollout.sync_layout(cfg) == "hf_checkpoint"
-    cfg_tp = cp.load_config(overrides=["rollout.backend=vllm", "rollout.parallelism.tp_size=2"]).rollout
-    with pytest.raises(ValueError, match=r"tp_size = 2 with backend = \"vllm\""):
-        cp.rollout.build_rollout_engine(cfg_tp, str(tiny_qwen2_dir), qwen_tokenizer)
+
+
+def test_rollout_tensor_parallel_refusals(standin_vllm, tiny_qwen2_dir, qwen_tokenizer) -> None:
+    """The HF engine cannot shard: tp_size > 1 is refused naming the key and the vLLM extra (it used to
+    be ignored); vLLM takes tensor parallelism only, not pipeline / context parallel rollout sizes."""
+    cfg_hf = cp.load_config(overrides=["rollout.backend=hf", "rollout.parallelism.tp_size=2"]).rollout
+    with pytest.raises(ValueError, match=r"\[rollout\.parallelism\] tp_size = 2 with \[rollout\] backend = \"hf\""
+                                         r".*cosmos_primitives\[vllm\]"):
+        cp.rollout.build_rollout_engine(cfg_hf, str(tiny_qwen2_dir), qwen_tokenizer)
+    cfg_pp = cp.load_config(overrides=["rollout.backend=vllm", "rollout.parallelism.pp_size=2"]).rollout
+    with pytest.raises(ValueError, match=r"pp_size = 2 with backend = \"vllm\""):
+        cp.rollout.build_rollout_engine(cfg_pp, str(tiny_qwen2_dir), qwen_tokenizer)
+    assert standin_vllm.CALLS == []  # refused before vLLM was started
 
 
 def test_in_process_sync_into_vllm_is_checked_by_checksums(standin_vllm, tiny_qwen2_dir, qwen_tokenizer) -> None:

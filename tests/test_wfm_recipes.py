@@ -12,6 +12,7 @@ import torch
 
 import cosmos_primitives as cp
 from cosmos_primitives.logging import metric_series, read_metrics
+from cosmos_primitives.parallel.mesh import resolve_sizes
 from cosmos_primitives.testing import (
     tiny_cosmos_transformer,
     tiny_flow_scheduler,
@@ -47,6 +48,31 @@ def test_tiny_recipes_load(name):
     assert cfg.policy.model_name_or_path == "tiny" and cfg.policy.dtype == "float32" and cfg.wfm.start_reward_server
     assert cfg.train.ckpt.enable_checkpoint and cfg.train.ckpt.save_freq > 0
     assert [t.name for t in cfg.remote_reward.rewards] == ["brightness"]
+
+
+# the parallelism snippet of the world-model guide (shared/seeds/003_dc13d0a521ed8848.txt), as written there
+GUIDE_PARALLELISM = """
+[model]
+fsdp_shard_size = 8
+dp_replicate_size = 4
+
+[model_parallel]
+context_parallel_size = 2
+"""
+
+
+def test_world_model_guide_parallelism_snippet_loads(tmp_path):
+    """``[model_parallel] context_parallel_size`` is the world-model recipe's cp size (the mesh it builds
+    is [policy.parallelism]'s), next to the guide's HSDP sizes; it fits a 64-rank job."""
+    path = tmp_path / "guide.toml"
+    path.write_text((CONFIGS / "wfm_flowgrpo_tiny.toml").read_text() + GUIDE_PARALLELISM)
+    par = cp.load_config(path).policy.parallelism
+    assert (par.cp_size, par.dp_shard_size, par.dp_replicate_size) == (2, 8, 4)
+    assert resolve_sizes(par, 64) == {"pp": 1, "dp_replicate": 4, "dp_shard": 8, "cp": 2, "tp": 1}
+    path.write_text(path.read_text() + "\n[policy.parallelism]\ncp_size = 4\n")
+    with pytest.raises(cp.ConfigError, match=r"'model_parallel\.context_parallel_size' = 2 and "
+                                             r"'policy\.parallelism\.cp_size' = 4"):
+        cp.load_config(path)
 
 
 def test_unknown_wfm_key_names_the_closest_one():

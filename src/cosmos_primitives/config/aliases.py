@@ -94,8 +94,18 @@ COSMOS_RL_ALIASES = {
     "policy.trainable_pattern": ("policy.trainable_patterns", _as_list),
 }
 
+# the world-model guide's spellings of the parallel sizes (cosmos-rl's WFM recipe for Cosmos-Predict2.5:
+# [model] fsdp_shard_size / dp_replicate_size and [model_parallel] context_parallel_size); the world-model
+# recipe (examples/wfm_rl.py) builds its mesh from [policy.parallelism]
+WFM_GUIDE_ALIASES = {
+    "model.fsdp_shard_size": ("policy.parallelism.dp_shard_size", None),
+    "model.dp_replicate_size": ("policy.parallelism.dp_replicate_size", None),
+    "model_parallel.context_parallel_size": ("policy.parallelism.cp_size", None),
+}
+
 ALIASES: dict[str, tuple[str, Callable[[Any], Any] | None]] = {
     **COSMOS_RL_ALIASES,
+    **WFM_GUIDE_ALIASES,
     "rollout.n_generation": ("grpo.num_samples_per_prompt", None),
     **{
         f"{section}.{old}": (f"grpo.{field}", transform)

@@ -28,6 +28,7 @@ from cosmos_primitives.policy.diffusion import (
     text_width,
     transformer_blocks,
 )
+from cosmos_primitives.policy.diffusion_cp import enable_transformer_context_parallel
 from cosmos_primitives.policy.flow_update import diffusion_nft_update, flow_grpo_update
 from cosmos_primitives.policy.grpo_update import GRPOUpdate, grpo_reference, grpo_update
 from cosmos_primitives.policy.lm_policy import MODEL_INPUT_KEYS, CausalLMPolicy, token_logprobs
@@ -52,6 +53,7 @@ __all__ = [
     "build_policy",
     "check_text_width",
     "diffusion_nft_update",
+    "enable_transformer_context_parallel",
     "flow_grpo_update",
     "grpo_reference",
     "grpo_update",

@@ -152,6 +152,17 @@ class DiffusionPolicy:
             yield flow_velocity_fn(self._frozen_reference, num_train_timesteps=self.num_train_timesteps,
                                    **forward_kwargs)
 
+    def enable_context_parallel(self, mesh: Any) -> DiffusionPolicy:
+        """Split the video tokens over ``mesh``'s ``"cp"`` ranks, in the transformer and the frozen
+        reference (:func:`cosmos_primitives.policy.diffusion_cp.enable_transformer_context_parallel`:
+        Wan yes, Cosmos-Predict2.5 refused). The cp ranks must then feed the same samples and noise."""
+        from cosmos_primitives.policy.diffusion_cp import enable_transformer_context_parallel
+
+        enable_transformer_context_parallel(self.transformer, mesh)
+        if self._frozen_reference is not None:
+            enable_transformer_context_parallel(self._frozen_reference, mesh)
+        return self
+
     def shard(self, mesh: Any = None, *, param_dtype: torch.dtype | None = None) -> DiffusionPolicy:
         """FSDP2-shard the transformer (and the frozen reference, if any) over ``mesh`` (:func:`shard_transformer`)."""
         shard_transformer(self.transformer, mesh, param_dtype=param_dtype)

@@ -28,28 +28,50 @@ def build_rollout_engine(cfg: RolloutConfig, model_path: str, processor: Any, *,
         sync writes into, layout ``"hf"``), None for vLLM (sync through the engine's
         ``update_weights``, layout :func:`sync_layout`).
 
+    ``[rollout.parallelism] tp_size`` (vLLM only) is the engine's ``tensor_parallel_size``: under torchrun
+    the ranks form engines of ``tp_size`` consecutive ranks, the ``"tp"`` groups of a
+    :class:`~cosmos_primitives.parallel.mesh.ParallelMesh` over ``[rollout.parallelism]`` (built here,
+    collectively: every rank of the job calls this together); the other rollout sizes must stay 1
+    (``dp_shard_size`` takes the rest: the independent engines).
+
     Raises:
-        ValueError: ``backend = "vllm"`` with ``[rollout.parallelism] tp_size`` other than 1, or on only
-            some ranks of the job (see :func:`~cosmos_primitives.rollout.vllm_engine.launcher_settings`).
+        ValueError: ``tp_size > 1`` with ``backend = "hf"``; ``[rollout.parallelism]`` pp / cp /
+            dp sizes that vLLM's layout cannot take; ``backend = "vllm"`` on only some ranks of the
+            job, or a ``tp_size`` that does not divide it (see
+            :func:`~cosmos_primitives.rollout.vllm_engine.launcher_settings`).
     """
+    tp = cfg.parallelism.tp_size
     if cfg.backend == "hf":
+        if tp > 1:
+            raise ValueError(
+                f"[rollout.parallelism] tp_size = {tp} with [rollout] backend = \"hf\": the HF engine runs one "
+                "whole model per rank and cannot shard it. Use backend = \"vllm\" (install the vLLM extra: "
+                "pip install 'cosmos_primitives[vllm]'; it needs a GPU) or set tp_size = 1"
+            )
         from cosmos_primitives.checkpoint.hf_loading import load_hf_model
         from cosmos_primitives.rollout.hf_engine import HFRolloutEngine
 
         model = load_hf_model(model_path, dtype=dtype).eval().to(device)
         return HFRolloutEngine(model, processor, max_batch_sequences=cfg.batch_size), model
-    if cfg.parallelism.tp_size != 1:
-        raise ValueError(
-            f"[rollout.parallelism] tp_size = {cfg.parallelism.tp_size} with backend = \"vllm\": every rank runs "
-            "its own vLLM engine on its own GPU, so set tp_size = 1 (vLLM tensor parallelism across the ranks "
-            "of one job is not supported)"
-        )
-    from cosmos_primitives.rollout.vllm_engine import VLLMRolloutEngine
+    from cosmos_primitives.rollout.vllm_engine import VLLMRolloutEngine, launcher_settings
 
-    engine = VLLMRolloutEngine(model_path, processor, tensor_parallel_size=1,
+    par = cfg.parallelism
+    others = {"pp_size": par.pp_size, "cp_size": par.cp_size, "dp_replicate_size": par.dp_replicate_size}
+    if any(v != 1 for v in others.values()):
+        raise ValueError(
+            f"[rollout.parallelism] {', '.join(f'{k} = {v}' for k, v in others.items() if v != 1)} with backend = "
+            "\"vllm\": the engine takes tensor parallelism only (tp_size; dp_shard_size = -1 makes the rest "
+            "independent engines); set them to 1"
+        )
+    tp_group = None
+    if tp > 1 and launcher_settings(engine_ranks, tp):
+        from cosmos_primitives.parallel.mesh import ParallelMesh
+
+        tp_group = ParallelMesh(par).group("tp")
+    engine = VLLMRolloutEngine(model_path, processor, tensor_parallel_size=tp,
                                gpu_memory_utilization=cfg.gpu_memory_utilization, enforce_eager=cfg.enforce_eager,
                                dtype=dtype, max_model_len=max_model_len, seed=seed, sleep_level=1 if colocated else 0,
-                               engine_ranks=engine_ranks)
+                               engine_ranks=engine_ranks, tp_group=tp_group)
     return engine, None
 
 

@@ -23,6 +23,26 @@ How it drives vLLM (V1 engine, vLLM >= 0.20):
   through ``model.load_weights`` with HF checkpoint names; vLLM renames (``hf_to_vllm_mapper``) and
   fuses (``qkv_proj``, ``gate_up_proj``) them. The prefix cache is reset after every update, since
   cached KV blocks were computed with the old weights.
+- Tensor parallel (``tensor_parallel_size = [rollout.parallelism] tp_size > 1`` under torchrun): vLLM's
+  ``initialize_model_parallel`` (``vllm/distributed/parallel_state.py``) lays the ranks of its world out
+  as "ExternalDP x DP x PP x PCP x TP", so with the external launcher a TP group is ``tp_size``
+  consecutive ranks of the job and the job is ``world / tp_size`` independent engines ("ExternalDP":
+  every group generates on its own, as verl runs it). These are the ``"tp"`` groups of a
+  :class:`~cosmos_primitives.parallel.mesh.ParallelMesh` over ``[rollout.parallelism]`` (tp innermost);
+  the engine checks the group it is given is that one. Every rank of a TP group runs its own scheduler
+  and sampler over its shard of the model, so all of them must submit the same requests with the same
+  engine seed: :meth:`VLLMRolloutEngine.generate` gathers the prompts (and each rank's sampling
+  parameters) of the group, runs them all on every rank, with one ``SamplingParams`` per request
+  (``LLM.generate`` pairs a list with the prompts), and returns this rank's own; the engine seed of
+  the group's first rank is used by all. Weights still go in FULL: each rank's ``load_weights`` keeps
+  its own slice (``weight_loader`` of ``ColumnParallelLinear`` / ``MergedColumnParallelLinear`` /
+  ``QKVParallelLinear`` narrows the checkpoint tensor along the output dim at ``tp_rank * shard_size``,
+  ``RowParallelLinear`` along the input dim, ``VocabParallelEmbedding`` / ``ParallelLMHead`` over the
+  vocabulary: ``vllm/model_executor/layers/linear.py``, ``vocab_parallel_embedding.py``), so the
+  trainer side sends every rank the same full tensors, in process (``InProcessSync``) or from a
+  broadcast (``WeightReceiver``). The first-sync check cannot compare sums of shards with the full
+  tensors (vLLM replicates KV heads when ``tp_size`` exceeds their number and pads the vocabulary), so
+  under TP it checks that every one of the engine's tensors was loaded (:meth:`unloaded_weights`).
 - Colocated with a resident trainer (``sleep_level=1``): ``enable_sleep_mode=True``; after each
   ``generate`` the engine sleeps (weights offloaded to CPU, KV cache freed), an update wakes only the
   weights, the next ``generate`` wakes the KV cache.
@@ -50,10 +70,14 @@ _LAUNCHER_ENV = ("RANK", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
 class CosmosWorkerExtension:
     """Methods mixed into every vLLM worker (``worker_extension_cls``); reached by ``collective_rpc``."""
 
-    def cosmos_load_weights(self, named_tensors: list[tuple[str, torch.Tensor]]) -> int:
+    def cosmos_load_weights(self, named_tensors: list[tuple[str, torch.Tensor]]) -> list[str]:
+        """Load full checkpoint-named tensors (each TP rank keeps its slice); the vLLM names loaded."""
         model = self.model_runner.model  # type: ignore[attr-defined]
         loaded = model.load_weights(weights=named_tensors)
-        return len(loaded) if loaded is not None else len(named_tensors)
+        return sorted(loaded) if loaded is not None else []
+
+    def cosmos_parameter_names(self) -> list[str]:
+        return [name for name, _ in self.model_runner.model.named_parameters()]  # type: ignore[attr-defined]
 
     def cosmos_weight_checksums(self, names: list[str]) -> dict[str, float]:
         """float64 sums of the named parameters, in vLLM's own names (fused tensors whole)."""
@@ -61,11 +85,12 @@ class CosmosWorkerExtension:
         return {n: float(params[n].detach().double().sum()) for n in names if n in params}
 
 
-def launcher_settings(engine_ranks: Sequence[int] | None = None) -> dict[str, Any]:
+def launcher_settings(engine_ranks: Sequence[int] | None = None, tensor_parallel_size: int = 1) -> dict[str, Any]:
     """The ``LLM()`` arguments that place this rank's engine, from the torchrun environment.
 
     Args:
         engine_ranks: the global ranks that build an engine; default: every rank of the job.
+        tensor_parallel_size: ranks per engine; it must divide the job's size.
 
     Returns:
         ``{}`` in a single process (vLLM's uni-process executor, device 0 of those visible), else
@@ -73,7 +98,8 @@ def launcher_settings(engine_ranks: Sequence[int] | None = None) -> dict[str, An
 
     Raises:
         ValueError: the default process group holds ranks that build no engine (vLLM would build its
-            groups over all of them), or the launcher variables vLLM reads are missing.
+            groups over all of them), ``tensor_parallel_size`` does not divide it, or the launcher
+            variables vLLM reads are missing.
     """
     import torch.distributed as dist
 
@@ -81,6 +107,11 @@ def launcher_settings(engine_ranks: Sequence[int] | None = None) -> dict[str, An
     if world == 1:
         return {}
     ranks = sorted(range(world) if engine_ranks is None else {int(r) for r in engine_ranks})
+    if world % tensor_parallel_size:
+        raise ValueError(
+            f"[rollout.parallelism] tp_size = {tensor_parallel_size} does not divide the {world} ranks of the job: "
+            "vLLM lays its world out as independent engines of tp_size consecutive ranks each"
+        )
     if ranks != list(range(world)):
         raise ValueError(
             f"a vLLM engine on rollout ranks {ranks} of a job of {world} ranks: vLLM's external launcher builds "
@@ -107,19 +138,28 @@ class VLLMRolloutEngine:
     Args:
         model_path: HF folder or hub name (an exported ``safetensors/final`` folder works).
         processor: the HF processor / tokenizer, used to render the chat template.
-        tensor_parallel_size: ``[rollout.parallelism] tp_size``.
+        tensor_parallel_size: ``[rollout.parallelism] tp_size``. Under torchrun each engine spans this
+            many consecutive ranks; in one process vLLM starts its own workers (no weight updates
+            without a copy then).
         gpu_memory_utilization: the share of the GPU vLLM takes for weights and KV cache; it must be
             free when the engine starts, so beside a resident trainer keep it low (default 0.3).
         enforce_eager, dtype, max_model_len, seed: passed to ``LLM``.
         sleep_level: 1 to sleep between rollouts (colocated with a trainer), 0 never.
         engine_ranks: the global ranks that build an engine (see :func:`launcher_settings`).
+        tp_group: under torchrun with ``tensor_parallel_size > 1``, this rank's TP group (the
+            ``"tp"`` group of a :class:`~cosmos_primitives.parallel.mesh.ParallelMesh` over the
+            rollout sizes); default: built here from such a mesh. Collective: every rank builds its
+            engine together.
         llm_kwargs: anything else for ``LLM``.
+
+    Raises:
+        ValueError: ``tp_group`` is not the ranks vLLM puts in this rank's TP group.
     """
 
     def __init__(self, model_path: str, processor: Any, *, tensor_parallel_size: int = 1,
                  gpu_memory_utilization: float = DEFAULT_GPU_MEMORY_UTILIZATION, enforce_eager: bool = True,
                  dtype: str = "bfloat16", max_model_len: int | None = None, seed: int = 0, weight_version: int = 0,
-                 sleep_level: int = 0, engine_ranks: Sequence[int] | None = None,
+                 sleep_level: int = 0, engine_ranks: Sequence[int] | None = None, tp_group: Any = None,
                  llm_kwargs: dict[str, Any] | None = None) -> None:
         if sleep_level not in (0, 1):
             raise ValueError(f"sleep_level must be 0 (never) or 1 (weights to CPU, KV cache freed), got {sleep_level}")
@@ -127,6 +167,12 @@ class VLLMRolloutEngine:
         self._vllm = vllm
         self.processor = processor
         self.sleep_level = sleep_level
+        self.tensor_parallel_size = tensor_parallel_size
+        launcher = launcher_settings(engine_ranks, tensor_parallel_size)
+        self._tp_group = None
+        if tensor_parallel_size > 1 and launcher:
+            self._tp_group = _tp_group(tensor_parallel_size, tp_group)
+            seed = _group_seed(seed, self._tp_group)
         kwargs: dict[str, Any] = {
             "model": model_path,
             "tensor_parallel_size": tensor_parallel_size,
@@ -137,7 +183,7 @@ class VLLMRolloutEngine:
             "worker_extension_cls": WORKER_EXTENSION,
             # log-probs of the temperature-scaled distribution, as HFRolloutEngine reports them
             "logprobs_mode": "processed_logprobs",
-            **launcher_settings(engine_ranks),
+            **launcher,
         }
         if sleep_level:
             kwargs["enable_sleep_mode"] = True
@@ -155,6 +201,7 @@ class VLLMRolloutEngine:
                 "serialised through it. Set VLLM_ENABLE_V1_MULTIPROCESSING=0 before vLLM is first imported"
             )
         self._asleep: set[str] = set()
+        self._loaded: set[str] = set()
         self.weight_version = weight_version
 
     # sleep mode ----------------------------------------------------------------------------------
@@ -207,14 +254,35 @@ class VLLMRolloutEngine:
             request["multi_modal_data"] = media
         return request
 
+    def _group_requests(self, prompts: Sequence[Prompt], params: SamplingParams) -> tuple[list[Prompt], Any, int]:
+        """The requests this rank submits: its own, or under TP those of every rank of its group (in
+        group order, each with its rank's sampling parameters), and where its own start."""
+        if self._tp_group is None:
+            return list(prompts), self._sampling_params(params), 0
+        import torch.distributed as dist
+
+        members: list[Any] = [None] * self.tensor_parallel_size
+        dist.all_gather_object(members, (list(prompts), params), group=self._tp_group)
+        me = dist.get_rank(self._tp_group)
+        everything, per_request, start = [], [], 0
+        for index, (their_prompts, their_params) in enumerate(members):
+            if index == me:
+                start = len(everything)
+            everything.extend(their_prompts)
+            sent = self._sampling_params(their_params)  # one object per rank: vLLM seeds each request
+            per_request.extend([sent] * len(their_prompts))
+        return everything, per_request, start
+
     def generate(self, prompts: Sequence[Prompt], params: SamplingParams) -> list[RolloutGroup]:
-        requests = [self._request(render_prompt(self.processor, p), p) for p in prompts]
+        everything, sampling, start = self._group_requests(prompts, params)
+        requests = [self._request(render_prompt(self.processor, p), p) for p in everything]
         self._wake("weights")
         self._wake("kv_cache")
-        outputs = self.llm.generate(requests, self._sampling_params(params), use_tqdm=False)
+        outputs = self.llm.generate(requests, sampling, use_tqdm=False)
         self.sleep()
-        if len(outputs) != len(prompts):
-            raise RuntimeError(f"vLLM returned {len(outputs)} outputs for {len(prompts)} prompts")
+        if len(outputs) != len(everything):
+            raise RuntimeError(f"vLLM returned {len(outputs)} outputs for {len(everything)} prompts")
+        outputs = outputs[start:start + len(prompts)]
         groups = []
         for prompt, out in zip(prompts, outputs):
             completions = []
@@ -239,20 +307,64 @@ class VLLMRolloutEngine:
         later rollouts with ``version``. The tensors are read during the call only."""
         batch = list(named_tensors)
         self._wake("weights")
-        self.llm.collective_rpc("cosmos_load_weights", args=(batch,))
+        for loaded in self.llm.collective_rpc("cosmos_load_weights", args=(batch,)):
+            self._loaded.update(loaded)
         if self.llm.reset_prefix_cache() is False:
             raise RuntimeError("vLLM could not reset its prefix cache after a weight update (requests still "
                                "running?); cached KV would come from the old weights")
         self.weight_version = version
 
-    #: the names :meth:`weight_checksums` answers to: vLLM's in-memory module tree, fused
-    checksum_layout = "vllm"
+    @property
+    def checksum_layout(self) -> str | None:
+        """The names :meth:`weight_checksums` answers to: vLLM's in-memory module tree, fused; None
+        under TP, where a rank's tensors are shards (check with :meth:`unloaded_weights` instead)."""
+        return "vllm" if self.tensor_parallel_size == 1 else None
+
+    def unloaded_weights(self) -> list[str]:
+        """vLLM's names of this rank's tensors that no :meth:`update_weights` has loaded yet."""
+        self._wake("weights")
+        held = self.llm.collective_rpc("cosmos_parameter_names")[0]
+        return sorted(set(held) - self._loaded)
 
     def weight_checksums(self, names: Sequence[str]) -> dict[str, float]:
         """float64 sums of the engine's tensors, by vLLM's own parameter names (``checksum_layout``),
-        for the first-sync equality check. Names the engine does not hold are left out."""
+        for the first-sync equality check. Names the engine does not hold are left out.
+
+        Raises:
+            RuntimeError: under TP (each rank holds shards, whose sums say nothing of the full tensors).
+        """
+        if self.checksum_layout is None:
+            raise RuntimeError(f"weight_checksums with tensor_parallel_size={self.tensor_parallel_size}: a rank "
+                               "holds shards; check coverage with unloaded_weights()")
         self._wake("weights")
         return self.llm.collective_rpc("cosmos_weight_checksums", args=(list(names),))[0]
+
+
+def _tp_group(tp_size: int, given: Any) -> Any:
+    """This rank's TP group, checked against vLLM's layout (``tp_size`` consecutive ranks)."""
+    import torch.distributed as dist
+
+    if given is None:
+        from cosmos_primitives.config.policy import ParallelismConfig
+        from cosmos_primitives.parallel.mesh import ParallelMesh
+
+        given = ParallelMesh(ParallelismConfig(tp_size=tp_size)).group("tp")
+    rank = dist.get_rank()
+    expected = list(range(rank - rank % tp_size, rank - rank % tp_size + tp_size))
+    ranks = dist.get_process_group_ranks(given)
+    if ranks != expected:
+        raise ValueError(f"rank {rank}'s TP group is ranks {ranks}, but vLLM's external launcher puts it with "
+                         f"ranks {expected} (tp innermost); build the rollout mesh with tp as its last dim")
+    return given
+
+
+def _group_seed(seed: int, group: Any) -> int:
+    """The seed of the group's first rank: a TP group samples in lockstep, so it needs one."""
+    import torch.distributed as dist
+
+    box = [seed]
+    dist.broadcast_object_list(box, src=dist.get_process_group_ranks(group)[0], group=group)
+    return int(box[0])
 
 
 def _video_metadata(num_frames: int, fps: float) -> dict[str, Any]:

@@ -121,6 +121,10 @@ class InProcessSync:
         # an engine whose tensors live elsewhere (vLLM workers) is checked by per-tensor checksums, asked
         # for under the names the engine itself holds (its ``checksum_layout``: vLLM's fused tree)
         self._checksums = getattr(self._engine, "weight_checksums", None) if self._read_back is None else None
+        # a tensor-parallel engine holds shards, which no trainer tensor equals: checked by coverage instead
+        self._unloaded: Callable[[], list[str]] | None = None
+        if self._checksums is not None and getattr(self._engine, "checksum_layout", layout) is None:
+            self._checksums, self._unloaded = None, self._engine.unloaded_weights
         self._check_specs: list[TargetSpec] = []
         self._check_dtype = dtype
         if self._checksums is not None:
@@ -128,7 +132,7 @@ class InProcessSync:
             check_family = family_map if check_layout == layout else resolve_family(source, family, check_layout)
             self._check_specs = map_names(list(self._sources), check_layout, check_family,
                                           tied=ties_embeddings(source))
-        if verify_first and self._read_back is None and self._checksums is None:
+        if verify_first and self._read_back is None and self._checksums is None and self._unloaded is None:
             raise ValueError(
                 f"verify_first needs to read the engine's tensors back, but {type(target).__name__} has no "
                 "'model' nn.Module nor weight_checksums(); pass read_back=lambda name: <engine tensor>, or "
@@ -241,11 +245,22 @@ class InProcessSync:
 
     def verify(self) -> None:
         """Compare every engine tensor with the trainer's value cast the same way, bit for bit (or,
-        for an engine that cannot hand its tensors back, by its ``weight_checksums``).
+        for an engine that cannot hand its tensors back, by its ``weight_checksums``; for a
+        tensor-parallel engine, whose ``checksum_layout`` is None, check that its
+        ``unloaded_weights()`` is empty: every shard it holds was written).
 
         Raises:
-            WeightMismatchError: naming the first engine tensor that differs.
+            WeightMismatchError: naming the first engine tensor that differs (or was never written).
         """
+        if self._unloaded is not None:
+            unloaded = self._unloaded()
+            if unloaded:
+                raise WeightMismatchError(
+                    f"weight sync check failed: {len(unloaded)} of the engine's tensors were not loaded by the sync, "
+                    f"e.g. {unloaded[:3]} (the name map sends no tensor the engine's loader maps to them); fix the "
+                    "family's name map, or pass verify_first=False to skip the check"
+                )
+            return
         if self._read_back is None:
             self._verify_checksums()
             return

@@ -26,6 +26,22 @@ models the documented behaviours the adapter depends on, as vLLM 0.20 - 0.33 has
   Qwen2.5-VL too); Qwen2.5-VL nests the language model as ``language_model.model.*``; a tied
   ``lm_head`` is not a parameter of its own. ``load_weights`` takes checkpoint names (``hf_to_vllm_mapper``
   and ``stacked_params_mapping``) and returns the vLLM names it loaded.
+- tensor parallelism under the external launcher (``vllm/distributed/parallel_state.py``
+  ``initialize_model_parallel``: ranks laid out "ExternalDP x DP x PP x PCP x TP", so a TP group is
+  ``tensor_parallel_size`` consecutive ranks of torch's default group and the world must divide by it);
+  each rank's model holds only its shard of every weight, and ``load_weights`` takes FULL checkpoint
+  tensors and keeps this rank's slice (``vllm/model_executor/layers/linear.py``: column-parallel
+  ``qkv_proj`` / ``gate_up_proj`` / ``lm_head`` / ``embed_tokens`` cut along dim 0 per fused part,
+  row-parallel ``o_proj`` / ``down_proj`` along dim 1, norms whole). Every rank of a TP group must
+  submit the same requests with the same sampling seeds (each rank runs its own scheduler and sampler;
+  the stand-in checks this instead of deadlocking or diverging). Simplifications: the stand-in
+  computes by gathering the shards into one full model before each ``generate`` (same values, not
+  vLLM's sharded kernels); Qwen2.5-VL's vision tower is held whole; head counts and the vocabulary must
+  divide by the TP size (vLLM would replicate KV heads and pad the vocabulary). Without the external
+  launcher, ``tensor_parallel_size > 1`` (vLLM's multiprocessing executor) is not modelled.
+- ``vllm/entrypoints/llm.py`` ``LLM.generate``: ``sampling_params`` is one object for every prompt or
+  a list paired with the prompts; the stand-in draws from one generator per distinct object, in
+  request order.
 - ``vllm/sampling_params.py``: ``top_k`` 0 (default) or -1 disables it; ``vllm/outputs.py``:
   ``CompletionOutput.finish_reason`` is ``"stop"``, ``"length"`` or ``"abort"``; a video item is
   ``frames`` or ``(frames, metadata)`` with the metadata's ``fps``; ``mm_processor_kwargs["fps"]``
@@ -169,21 +185,106 @@ class _VLLMModel:
     @torch.no_grad()
     def load_weights(self, weights):
         loaded = set()
-        for name, tensor in weights:
-            target = _to_vllm_name(name, self.model_type)
-            if self.tied and target.endswith("lm_head.weight"):  # vLLM skips the tied head
-                continue
-            for fused, part, shard in _STACKED:
-                if part in target:
-                    fused_name = target.replace(part, fused)
-                    offset, rows = self.shards[fused_name][shard]
-                    self.by_name[fused_name].data.narrow(0, offset, rows).copy_(tensor)
-                    loaded.add(fused_name)
-                    break
-            else:
+        for target, tensor, shard in _load_targets(weights, self.model_type, self.tied):
+            if shard is None:
                 self.by_name[target].data.copy_(tensor)  # KeyError on an unknown name, as vLLM
-                loaded.add(target)
+            else:
+                offset, rows = self.shards[target][shard]
+                self.by_name[target].data.narrow(0, offset, rows).copy_(tensor)
+            loaded.add(target)
         return loaded
+
+
+def _load_targets(weights, model_type: str, tied: bool):
+    """``(vLLM name, tensor, part index or None)`` per checkpoint tensor vLLM loads: a q/k/v or gate/up
+    part names its fused tensor (``stacked_params_mapping``); a tied head is skipped."""
+    for name, tensor in weights:
+        target = _to_vllm_name(name, model_type)
+        if tied and target.endswith("lm_head.weight"):
+            continue
+        for fused, part, shard in _STACKED:
+            if part in target:
+                yield target.replace(part, fused), tensor, shard
+                break
+        else:
+            yield target, tensor, None
+
+
+def _shard_dim(name: str) -> int | None:
+    """The dim vLLM's parallel layer cuts ``name`` along, None for a replicated tensor."""
+    if name.startswith("visual."):
+        return None
+    if name.endswith((".o_proj.weight", ".down_proj.weight")):
+        return 1
+    if name.endswith((".qkv_proj.weight", ".qkv_proj.bias", ".gate_up_proj.weight", ".gate_up_proj.bias",
+                      "embed_tokens.weight", "lm_head.weight")):
+        return 0
+    return None
+
+
+class _ShardedVLLMModel:
+    """``model_runner.model`` of one TP rank: its shard of each of vLLM's tensors (a fused tensor is the
+    concatenation of this rank's slice of every part). ``full`` is a whole-model :class:`_VLLMModel`
+    that the shards are gathered into before generating."""
+
+    def __init__(self, full: _VLLMModel, tp_rank: int, tp_size: int, group: Any) -> None:
+        self.full, self.tp_rank, self.tp_size, self.group = full, tp_rank, tp_size, group
+        self.model_type = full.model_type
+        self.by_name: dict[str, torch.Tensor] = {}
+        for name, whole in full.by_name.items():
+            dim = _shard_dim(name)
+            if dim is None:
+                self.by_name[name] = whole.detach().clone()
+                continue
+            spans = full.shards.get(name, [(0, whole.shape[dim])])
+            for _, rows in spans:
+                if rows % tp_size:
+                    raise ValueError(f"{name}: {rows} rows along dim {dim} are not divisible by "
+                                     f"tensor_parallel_size={tp_size}")
+            pieces = [self._slice(whole.narrow(dim, offset, rows), dim) for offset, rows in spans]
+            self.by_name[name] = torch.cat(pieces, dim).clone()
+
+    def _slice(self, tensor: torch.Tensor, dim: int) -> torch.Tensor:
+        size = tensor.shape[dim] // self.tp_size
+        return tensor.narrow(dim, self.tp_rank * size, size)
+
+    def named_parameters(self):
+        return iter(self.by_name.items())
+
+    @torch.no_grad()
+    def load_weights(self, weights):
+        loaded = set()
+        for target, tensor, shard in _load_targets(weights, self.model_type, self.full.tied):
+            dim = _shard_dim(target)
+            if shard is None:
+                self.by_name[target].copy_(tensor if dim is None else self._slice(tensor, dim))
+            elif dim is None:  # a fused tensor of the vision tower, held whole
+                offset, rows = self.full.shards[target][shard]
+                self.by_name[target].narrow(0, offset, rows).copy_(tensor)
+            else:  # this rank's rows of the part, at the part's place in its fused shard
+                rows = [r // self.tp_size for _, r in self.full.shards[target]]
+                self.by_name[target].narrow(0, sum(rows[:shard]), rows[shard]).copy_(self._slice(tensor, 0))
+            loaded.add(target)
+        return loaded
+
+    @torch.no_grad()
+    def gather(self) -> None:
+        """Write the whole weights, gathered from the TP group's shards, into ``full``."""
+        import torch.distributed as dist
+
+        for name, local in self.by_name.items():
+            dim = _shard_dim(name)
+            if dim is None:
+                self.full.by_name[name].data.copy_(local)
+                continue
+            shards = [torch.empty_like(local) for _ in range(self.tp_size)]
+            dist.all_gather(shards, local.contiguous(), group=self.group)
+            spans = self.full.shards.get(name, [(0, self.full.by_name[name].shape[dim])])
+            offset = 0
+            for start, rows in spans:
+                part = torch.cat([s.narrow(dim, offset, rows // self.tp_size) for s in shards], dim)
+                self.full.by_name[name].data.narrow(dim, start, rows).copy_(part)
+                offset += rows // self.tp_size
 
 
 class _ModelRunner:
@@ -274,6 +375,24 @@ class LLM:
             raise ValueError(f"RANK {rank} is outside a world of {self.world_size} (vLLM would initialise "
                              f"torch.distributed with world_size = tensor_parallel_size = {tp})")
         self.device_index = local_rank
+        self.tp_size, self.tp_rank, self.tp_group = tp, 0, None
+        if tp > 1:
+            if self.backend != "external_launcher":
+                raise NotImplementedError("the stand-in models tensor_parallel_size > 1 under the external "
+                                          "launcher only (vLLM's multiprocessing executor is not modelled)")
+            if self.world_size % tp:
+                raise ValueError(f"a world of {self.world_size} ranks cannot be laid out as ExternalDP x TP with "
+                                 f"tensor_parallel_size={tp}")
+            # initialize_model_parallel: every rank creates every TP group (new_group is collective)
+            for start in range(0, self.world_size, tp):
+                group = dist.new_group(list(range(start, start + tp)))
+                if start <= rank < start + tp:
+                    self.tp_group, self.tp_rank = group, rank - start
+            seeds: list[Any] = [None] * tp
+            dist.all_gather_object(seeds, kwargs.get("seed"), group=self.tp_group)
+            if len(set(seeds)) != 1:
+                raise ValueError(f"the ranks of one TP group were given seeds {seeds}: their samplers would "
+                                 "diverge; give every rank of a TP group the same seed")
         utilization = float(kwargs.get("gpu_memory_utilization", 0.9))
         free = GPU["total_bytes"] - GPU["used_by_others"]
         if utilization * GPU["total_bytes"] > free:
@@ -293,7 +412,10 @@ class LLM:
         module, _, cls = kwargs["worker_extension_cls"].rpartition(".")
         extension = getattr(importlib.import_module(module), cls)
         worker_cls = type("StandInWorker", (_Worker, extension), {})
-        self.worker = worker_cls(_VLLMModel(self.hf_model), local_rank=local_rank, rank=rank)
+        model: Any = _VLLMModel(self.hf_model)
+        if self.tp_group is not None:
+            model = _ShardedVLLMModel(model, self.tp_rank, tp, self.tp_group)
+        self.worker = worker_cls(model, local_rank=local_rank, rank=rank)
         self.llm_engine = _LLMEngine(self.worker, self.in_process)
 
     @staticmethod
@@ -373,16 +495,38 @@ class LLM:
         out = self.hf_model(input_ids=torch.tensor([prompt_ids[-1:]]), past_key_values=cache, use_cache=True)
         return out.past_key_values, out.logits[0, -1].float()
 
+    def _check_same_requests(self, prompts: list[dict[str, Any]], params: list[SamplingParams]) -> None:
+        """Every rank of a TP group runs the same schedule: same prompts, same sampling parameters."""
+        import torch.distributed as dist
+
+        mine = ([r["prompt"] for r in prompts], [dataclasses.asdict(p) for p in params])
+        seen: list[Any] = [None] * self.tp_size
+        dist.all_gather_object(seen, mine, group=self.tp_group)
+        if any(other != seen[0] for other in seen):
+            raise RuntimeError("the ranks of a TP group called generate() with different requests; vLLM's TP "
+                               "workers would deadlock or diverge. Submit the same requests on every rank of "
+                               "the group")
+
     @torch.no_grad()
-    def generate(self, prompts: list[dict[str, Any]], sampling_params: SamplingParams, use_tqdm: bool = True):
+    def generate(self, prompts: list[dict[str, Any]], sampling_params: SamplingParams | list[SamplingParams],
+                 use_tqdm: bool = True):
         if self.asleep:
             raise RuntimeError(f"generate() while {sorted(self.asleep)} sleep: wake_up() first")
+        params = sampling_params if isinstance(sampling_params, list) else [sampling_params] * len(prompts)
+        if len(params) != len(prompts):
+            raise ValueError(f"{len(params)} sampling params for {len(prompts)} prompts")
         CALLS.append(("generate", len(prompts)))
         CALLS.append(("video_fps", [self._video_fps(r) for r in prompts]))
-        gen = torch.Generator().manual_seed(sampling_params.seed or 0)
-        eos = set(sampling_params.stop_token_ids or []) | {self.tokenizer.convert_tokens_to_ids("<|im_end|>")}
+        if self.tp_group is not None:
+            self._check_same_requests(prompts, params)
+            self.worker.model_runner.model.gather()
+        generators: dict[int, torch.Generator] = {}
         results = []
-        for i, request in enumerate(prompts):
+        for i, (request, sampling_params) in enumerate(zip(prompts, params)):
+            gen = generators.get(id(sampling_params))
+            if gen is None:
+                gen = generators[id(sampling_params)] = torch.Generator().manual_seed(sampling_params.seed or 0)
+            eos = set(sampling_params.stop_token_ids or []) | {self.tokenizer.convert_tokens_to_ids("<|im_end|>")}
             prompt_ids = self.tokenizer(request["prompt"])["input_ids"]
             outs = []
             for k in range(sampling_params.n):
