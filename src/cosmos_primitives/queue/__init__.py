@@ -89,6 +89,7 @@ _LAZY = {
     "group_from_record": "record_groups",
     "record_advantages": "record_groups",
     "record_rewards": "record_groups",
+    "records_from_scores": "record_groups",
 }
 
 __all__ += sorted(_LAZY)
