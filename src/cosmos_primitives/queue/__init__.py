@@ -9,6 +9,9 @@
 - :class:`StalenessFilter` (trainer) drops records over ``allowed_outdated_steps``;
   :class:`RolloutThrottle` (worker) waits instead of producing them.
 - :class:`RedisServer`: a private ``redis-server`` on a free loopback port for a run or a test.
+- Runs of independent jobs (all keys under :func:`run_stream` ``(run)``): :class:`PromptClaims` hands
+  epoch-ordered prompt ranges (:class:`Claim`) to rollout jobs, :class:`JobRegistry` tracks live jobs
+  by heartbeat; ``python -m cosmos_primitives.queue.status`` shows a run.
 
 Trainer (one consumer per process that reads; ``step`` = weight version it holds)::
 
@@ -51,6 +54,7 @@ from cosmos_primitives.queue.record import (
     record_from_group,
 )
 from cosmos_primitives.queue.redis_queue import REDIS_URL_ENV, RedisRolloutQueue, resolve_redis_url
+from cosmos_primitives.queue.run_names import run_stream
 from cosmos_primitives.queue.staleness import StalenessFilter, record_staleness
 from cosmos_primitives.queue.throttle import RolloutThrottle, expected_staleness
 from cosmos_primitives.utils.lazy_exports import lazy_exports
@@ -76,12 +80,16 @@ __all__ = [
     "record_from_group",
     "record_staleness",
     "resolve_redis_url",
+    "run_stream",
     "wait_for_weight_version",
 ]
 
 # Names that import torch (and the media readers) load on first use, so that a process that only
 # moves records (``import cosmos_primitives.queue``) stays light.
 _LAZY = {
+    "Claim": "prompt_claims",
+    "JobRegistry": "job_registry",
+    "PromptClaims": "prompt_claims",
     "RedisServer": "local_redis",
     "check_trainable": "record_groups",
     "collate_records": "record_groups",
