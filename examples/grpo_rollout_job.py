@@ -159,7 +159,7 @@ def main() -> None:
              f"records, at weight version {client.weight_version}; {released} claims handed back, "
              f"{bad.count} bad prompts")
     registry.leave(job_id)
-    for closeable in (registry, client, control, queue):
+    for closeable in (registry, claims, client, control, queue):
         closeable.close()
     cp.parallel.destroy_distributed()
 

@@ -14,9 +14,9 @@ from collections import Counter
 import pytest
 import redis
 
-from cosmos_primitives.config import RedisConfig
+from cosmos_primitives.config import RedisConfig, run_stream
 from cosmos_primitives.data import ResumableDistributedSampler
-from cosmos_primitives.queue import Claim, JobRegistry, PromptClaims, RedisRolloutQueue, run_stream
+from cosmos_primitives.queue import Claim, JobRegistry, PromptClaims, RedisRolloutQueue
 from cosmos_primitives.queue.run_control import RunControl
 
 RUN = run_stream("claims-test")

@@ -43,6 +43,9 @@ class RedisConfig(Section):
     done_retention_s: float = 7 * 24 * 3600.0
 
 
+RUN_STREAM_PREFIX = "cosmos:"
+
+
 def run_stream(run_name: str) -> str:
     """The ``[redis] stream`` of the run named ``run_name`` (``cosmos:<run_name>``): the trainer job and the
     rollout jobs of one run meet under it (records, claims, live jobs, weight transfer keys).
@@ -52,4 +55,4 @@ def run_stream(run_name: str) -> str:
     """
     if not run_name or any(c.isspace() for c in run_name) or ":" in run_name:
         raise ValueError(f"run name {run_name!r}: give a non-empty name without spaces or ':' (e.g. --run grpo_7b_a)")
-    return f"cosmos:{run_name}"
+    return f"{RUN_STREAM_PREFIX}{run_name}"
