@@ -47,7 +47,9 @@ def other_runs(client: redis.Redis, limit: int = 20) -> list[str]:
     """Up to ``limit`` run names whose stream (``cosmos:<name>``) exists on the server."""
     names = []
     for key in client.scan_iter(match=f"{RUN_STREAM_PREFIX}*", _type="STREAM", count=1000):
-        names.append(_text(key)[len(RUN_STREAM_PREFIX):])
+        name = _text(key)[len(RUN_STREAM_PREFIX):]
+        if not name.endswith(":dead"):  # a run's dead letters, also a stream
+            names.append(name)
         if len(names) >= limit:
             break
     return sorted(names)
@@ -118,8 +120,8 @@ def format_status(status: dict[str, Any], safe_url: str) -> str:
         lines.append("claims: none (no rollout job claimed prompts)")
     else:
         lines.append(
-            f"claims: epoch {claims['epoch']}, range {claims['range_in_epoch']} of {claims['ranges_per_epoch']} "
-            f"(next range id {claims['next_range']}; {claims['range_size']} prompts each, dataset of "
+            f"claims: epoch {claims['epoch']}: {claims['range_in_epoch']} of {claims['ranges_per_epoch']} ranges "
+            f"handed out (next range id {claims['next_range']}; {claims['range_size']} prompts each, dataset of "
             f"{claims['dataset_size']}); {claims['in_flight']} in flight ({claims['expired']} expired or released); "
             f"{claims['completed']} completed, {claims['late_completes']} completed late, "
             f"{claims['reissued']} re-issued, {claims['released']} released")
@@ -155,8 +157,8 @@ def main(argv: list[str] | None = None) -> int:
         status = collect_status(client, stream, dead=args.dead)
         runs = [] if status["exists"] else other_runs(client)
     except redis.exceptions.RedisError as exc:
-        print(f"error: cannot read Redis at {safe_url}: {type(exc).__name__}: {exc}. Check that redis-server runs "
-              f"there (--redis URL or ${REDIS_URL_ENV})", file=sys.stderr)
+        print(f"error: cannot read Redis at {safe_url} ({type(exc).__name__}: {str(exc).rstrip('.')}); check that "
+              f"redis-server runs there and the URL is right (--redis URL or ${REDIS_URL_ENV})", file=sys.stderr)
         return 2
     finally:
         client.close()
