@@ -68,7 +68,7 @@ def test_status_shows_a_populated_run(redis_url: str) -> None:
     assert f"run stream {stream} at {redis_url}" in out
     assert "live jobs: 2" in out
     row = next(line for line in out.splitlines() if "rollout-1" in line).split()
-    assert row[:6] == ["rollout-1", "rollout", socket.gethostname(), str(os.getpid()), "2", "4"]
+    assert row[:7] == ["rollout-1", "rollout", socket.gethostname(), str(os.getpid()), "2", "1", "4"]  # lag 3 - 2
     assert "queue: 3 records waiting (group trainer: 3 delivered and not acknowledged" in out
     assert "trained: 1 records" in out and "weight version: 3" in out
     assert "claims: epoch 0: 3 of 5 ranges handed out" in out and "1 in flight" in out and "2 completed" in out

@@ -2,11 +2,12 @@
 
     python -m cosmos_primitives.queue.status --redis redis://host:6379/0 --run NAME [--json]
 
-Prints the live jobs (id, role, host, pid, weight version, records put, seconds since the last
-heartbeat), the queue depth (records waiting, of them delivered to a trainer and not acknowledged),
-the trained count, the published weight version, the prompt claims position and the dead letters
-(count and the last few reasons). Exit status: 0 shown, 1 nothing is stored under the run, 2 Redis
-unreachable or a bad URL (the message names the URL, password redacted).
+Prints the live jobs (id, role, host, pid, weight version and its lag behind the published one,
+records put, seconds since the last heartbeat), the queue depth (records waiting, of them delivered
+to a trainer and not acknowledged), the trained count, the published weight version, the prompt
+claims position and the dead letters (count and the last few reasons). Exit status: 0 shown, 1
+nothing is stored under the run, 2 Redis unreachable or a bad URL (the message names the URL,
+password redacted).
 """
 
 from __future__ import annotations
@@ -93,16 +94,24 @@ def _cell(value: Any) -> str:
     return "-" if value is None else str(value)
 
 
+def _lag(published: Any, held: Any) -> int | None:
+    """Versions a job is behind the published one, when both are known."""
+    if isinstance(published, int) and isinstance(held, int) and not isinstance(held, bool):
+        return published - held
+    return None
+
+
 def format_status(status: dict[str, Any], safe_url: str) -> str:
     """The human-readable report of :func:`collect_status`'s dict."""
     lines = [f"run stream {status['stream']} at {safe_url}"]
     jobs = status["jobs"]
     lines.append(f"live jobs: {len(jobs)}")
     if jobs:
-        header = ("id", "role", "host", "pid", "weights", "records put", "last beat")
+        header = ("id", "role", "host", "pid", "weights", "lag", "records put", "last beat")
         rows = [header] + [
             (job_id, _cell(f.get("role")), _cell(f.get("host")), _cell(f.get("pid")), _cell(f.get("weight_version")),
-             _cell(f.get("records_put")), f"{f['age_s']:.1f}s ago")
+             _cell(_lag(status["weight_version"], f.get("weight_version"))), _cell(f.get("records_put")),
+             f"{f['age_s']:.1f}s ago")
             for job_id, f in sorted(jobs.items(), key=lambda item: (str(item[1].get("role")), item[0]))]
         widths = [max(len(row[i]) for row in rows) for i in range(len(header))]
         lines += ["  " + "  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip() for row in rows]
