@@ -14,9 +14,9 @@ from collections import Counter
 import pytest
 import redis
 
-from cosmos_primitives.config import RedisConfig
+from cosmos_primitives.config import RedisConfig, run_stream
 from cosmos_primitives.data import ResumableDistributedSampler
-from cosmos_primitives.queue import Claim, JobRegistry, PromptClaims, RedisRolloutQueue, run_stream
+from cosmos_primitives.queue import Claim, JobRegistry, PromptClaims, RedisRolloutQueue
 from cosmos_primitives.queue.run_control import RunControl
 
 RUN = run_stream("claims-test")
@@ -29,7 +29,7 @@ def make_claims(url: str, **kw) -> PromptClaims:
 
 def test_run_stream_names_the_prefix_and_refuses_bad_names() -> None:
     assert run_stream("exp-1.a") == "cosmos:exp-1.a"
-    for bad in ("", "two words", "tab\there"):
+    for bad in ("", "two words", "tab\there", "a:b"):
         with pytest.raises(ValueError, match="run name"):
             run_stream(bad)
 

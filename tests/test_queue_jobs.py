@@ -10,7 +10,8 @@ import time
 
 import pytest
 
-from cosmos_primitives.queue import JobRegistry, run_stream
+from cosmos_primitives.config import run_stream
+from cosmos_primitives.queue import JobRegistry
 
 RUN = run_stream("jobs-test")
 

@@ -12,8 +12,8 @@ import sys
 
 import redis
 
-from cosmos_primitives.config import RedisConfig
-from cosmos_primitives.queue import JobRegistry, PromptClaims, RedisRolloutQueue, run_stream
+from cosmos_primitives.config import RedisConfig, run_stream
+from cosmos_primitives.queue import JobRegistry, PromptClaims, RedisRolloutQueue
 from test_queue_redis import make_record
 
 
@@ -99,4 +99,4 @@ def test_status_names_the_url_when_redis_is_unreachable() -> None:
     done = status("--redis", "http://localhost:6379", "--run", "x")
     assert done.returncode == 2 and "must start with redis://" in done.stderr
     done = status("--redis", "redis://127.0.0.1:6379/0", "--run", "two words")
-    assert done.returncode == 2 and "whitespace" in done.stderr
+    assert done.returncode == 2 and "without spaces" in done.stderr

@@ -9,7 +9,7 @@
 - :class:`StalenessFilter` (trainer) drops records over ``allowed_outdated_steps``;
   :class:`RolloutThrottle` (worker) waits instead of producing them.
 - :class:`RedisServer`: a private ``redis-server`` on a free loopback port for a run or a test.
-- Runs of independent jobs (all keys under :func:`run_stream` ``(run)``): :class:`PromptClaims` hands
+- Runs of independent jobs (all keys under ``cp.config.run_stream(run)``): :class:`PromptClaims` hands
   epoch-ordered prompt ranges (:class:`Claim`) to rollout jobs, :class:`JobRegistry` tracks live jobs
   by heartbeat; ``python -m cosmos_primitives.queue.status`` shows a run.
 
@@ -54,7 +54,6 @@ from cosmos_primitives.queue.record import (
     record_from_group,
 )
 from cosmos_primitives.queue.redis_queue import REDIS_URL_ENV, RedisRolloutQueue, resolve_redis_url
-from cosmos_primitives.queue.run_names import run_stream
 from cosmos_primitives.queue.staleness import StalenessFilter, record_staleness
 from cosmos_primitives.queue.throttle import RolloutThrottle, expected_staleness
 from cosmos_primitives.utils.lazy_exports import lazy_exports
@@ -80,7 +79,6 @@ __all__ = [
     "record_from_group",
     "record_staleness",
     "resolve_redis_url",
-    "run_stream",
     "wait_for_weight_version",
 ]
 

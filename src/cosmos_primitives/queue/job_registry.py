@@ -117,7 +117,7 @@ class JobRegistry:
 
     Args:
         redis_url: the run's Redis (empty: ``$COSMOS_REDIS_URL``).
-        prefix: the run's stream name (:func:`~cosmos_primitives.queue.run_stream`).
+        prefix: the run's stream name (:func:`~cosmos_primitives.config.run_stream`).
         ttl_s: seconds a job stays alive after its last heartbeat.
         config: ``[redis]`` for the reconnect and socket settings.
     """
@@ -126,7 +126,7 @@ class JobRegistry:
         if not ttl_s > 0:
             raise ValueError(f"JobRegistry ttl_s = {ttl_s} must be > 0 (seconds)")
         if not prefix:
-            raise ValueError("JobRegistry prefix is empty (use the run's stream name, cp.queue.run_stream(run))")
+            raise ValueError("JobRegistry prefix is empty (use the run's stream name, cp.config.run_stream(run))")
         self.prefix = prefix
         self.ttl_s = float(ttl_s)
         self.index_key = jobs_key(prefix)

@@ -117,7 +117,7 @@ class PromptClaims:
 
     Args:
         redis_url: the run's Redis (empty: ``$COSMOS_REDIS_URL``).
-        prefix: the run's stream name (:func:`~cosmos_primitives.queue.run_stream`).
+        prefix: the run's stream name (:func:`~cosmos_primitives.config.run_stream`).
         dataset_size: prompts in the dataset (every job of the run must give the same).
         range_size: prompts per claim (same for every job).
         seed: permutation seed (same for every job).
@@ -142,7 +142,7 @@ class PromptClaims:
         if max_epochs is not None and max_epochs < 1:
             problems.append(f"max_epochs = {max_epochs} must be >= 1 or None")
         if not prefix:
-            problems.append("prefix is empty (use the run's stream name, cp.queue.run_stream(run))")
+            problems.append("prefix is empty (use the run's stream name, cp.config.run_stream(run))")
         if problems:
             raise ValueError("invalid PromptClaims settings: " + "; ".join(problems))
         self.prefix = prefix

@@ -19,11 +19,11 @@ from typing import Any
 
 import redis
 
+from cosmos_primitives.config.redis import RUN_STREAM_PREFIX, run_stream
 from cosmos_primitives.config.secrets import redact_url
 from cosmos_primitives.queue.job_registry import jobs_key, read_live_jobs
 from cosmos_primitives.queue.prompt_claims import claim_keys, read_position
 from cosmos_primitives.queue.redis_queue import REDIS_URL_ENV, resolve_redis_url
-from cosmos_primitives.queue.run_names import RUN_STREAM_PREFIX, run_stream
 
 
 def _text(value: Any) -> str:
