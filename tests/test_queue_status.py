@@ -100,3 +100,10 @@ def test_status_names_the_url_when_redis_is_unreachable() -> None:
     assert done.returncode == 2 and "must start with redis://" in done.stderr
     done = status("--redis", "redis://127.0.0.1:6379/0", "--run", "two words")
     assert done.returncode == 2 and "without spaces" in done.stderr
+
+
+def test_status_of_a_stream_name_used_by_another_program_says_so(redis_url: str) -> None:
+    redis.Redis.from_url(redis_url).set("cosmos:clash", "not a stream")
+    done = status("--redis", redis_url, "--run", "clash")
+    assert done.returncode == 2
+    assert f"Redis at {redis_url} refused to show run stream cosmos:clash (ResponseError: WRONGTYPE" in done.stderr

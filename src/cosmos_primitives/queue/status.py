@@ -165,9 +165,14 @@ def main(argv: list[str] | None = None) -> int:
     try:
         status = collect_status(client, stream, dead=args.dead)
         runs = [] if status["exists"] else other_runs(client)
-    except redis.exceptions.RedisError as exc:
+    except (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError) as exc:
         print(f"error: cannot read Redis at {safe_url} ({type(exc).__name__}: {str(exc).rstrip('.')}); check that "
               f"redis-server runs there and the URL is right (--redis URL or ${REDIS_URL_ENV})", file=sys.stderr)
+        return 2
+    except redis.exceptions.RedisError as exc:  # reachable, but it refused a command (auth, ACL, a key of another type)
+        print(f"error: Redis at {safe_url} refused to show run stream {stream} ({type(exc).__name__}: "
+              f"{str(exc).rstrip('.')}); check the URL's password / user, or whether {stream} belongs to another "
+              "program", file=sys.stderr)
         return 2
     finally:
         client.close()
