@@ -5,13 +5,16 @@ from __future__ import annotations
 
 import logging
 import os
+import signal
 import socket
+import subprocess
+import sys
 import time
 
 import pytest
 
 from cosmos_primitives.config import run_stream
-from cosmos_primitives.queue import JobRegistry
+from cosmos_primitives.queue import JobRegistry, RedisServer
 
 RUN = run_stream("jobs-test")
 
@@ -101,3 +104,43 @@ def test_bad_names_are_refused(redis_url: str) -> None:
         registry.join("rollout", job_id="a b")
     with pytest.raises(ValueError, match="ttl_s"):
         JobRegistry(redis_url, RUN, ttl_s=0)
+
+
+_JOB = """
+import sys, time
+from cosmos_primitives.queue.job_registry import JobRegistry
+registry = JobRegistry(sys.argv[1], sys.argv[2], ttl_s=0.5)
+job = registry.join("rollout", job_id="doomed", records_put=0)
+registry.start_heartbeat(job, lambda: {"records_put": 7})
+print("joined", flush=True)
+time.sleep(600)
+"""
+
+
+def test_a_sigkilled_job_drops_out_after_its_ttl(redis_url: str) -> None:
+    proc = subprocess.Popen([sys.executable, "-c", _JOB, redis_url, RUN], stdout=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout.readline().strip() == "joined"
+        registry = JobRegistry(redis_url, RUN)
+        time.sleep(0.7)  # past one ttl: only the heartbeat thread keeps it listed
+        assert registry.live()["doomed"]["records_put"] == 7
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(timeout=10)
+        time.sleep(0.7)
+        assert registry.live() == {}
+    finally:
+        proc.kill()
+        proc.wait(timeout=10)
+
+
+def test_heartbeats_outlive_a_redis_restart_without_persistence(caplog: pytest.LogCaptureFixture) -> None:
+    with RedisServer(persistent=False) as server, caplog.at_level(logging.WARNING, logger="cosmos.queue"):
+        registry = JobRegistry(server.url, RUN, ttl_s=0.6)
+        job = registry.join("trainer", step=1)
+        registry.start_heartbeat(job, lambda: {"step": 2}, interval_s=0.1)
+        server.restart(down_s=0.5)  # the server forgets every key
+        time.sleep(0.5)
+        live = registry.live()
+        assert live[job]["role"] == "trainer" and live[job]["step"] == 2
+        assert registry.rejoins >= 1
+        registry.close()
