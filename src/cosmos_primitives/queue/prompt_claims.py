@@ -13,6 +13,7 @@ new range. The keys are described in :mod:`cosmos_primitives.queue.claim_scripts
 
 from __future__ import annotations
 
+import array
 import functools
 from typing import Any
 
@@ -50,12 +51,14 @@ class Claim:
     reissued: bool = False
 
 
-@functools.lru_cache(maxsize=4)
-def epoch_permutation(dataset_size: int, seed: int, epoch: int) -> tuple[int, ...]:
-    """The dataset order of ``epoch``: that of ``ResumableDistributedSampler(dataset_size, seed=seed)`` on one rank."""
+# two epochs: the current one and the previous, whose expired claims may still be re-issued
+@functools.lru_cache(maxsize=2)
+def epoch_permutation(dataset_size: int, seed: int, epoch: int) -> array.array:
+    """The dataset order of ``epoch``: that of ``ResumableDistributedSampler(dataset_size, seed=seed)`` on one rank
+    (``[dataset_size]`` int64, 8 bytes a prompt however large the dataset)."""
     from cosmos_primitives.data.sampler import ResumableDistributedSampler
 
-    return tuple(ResumableDistributedSampler(dataset_size, seed=seed).epoch_indices(epoch))
+    return array.array("q", ResumableDistributedSampler(dataset_size, seed=seed).epoch_indices(epoch))
 
 
 def _text(value: Any) -> str:
@@ -187,7 +190,7 @@ class PromptClaims:
     def _claim(self, range_id: int, job_id: str, reissued: bool) -> Claim:
         epoch, position = divmod(range_id, self.ranges_per_epoch)
         order = epoch_permutation(self.dataset_size, self.seed, epoch)
-        indices = order[position * self.range_size:(position + 1) * self.range_size]
+        indices = tuple(order[position * self.range_size:(position + 1) * self.range_size])
         return Claim(range_id=range_id, epoch=epoch, indices=indices, job_id=job_id, reissued=reissued)
 
     def claim(self, job_id: str) -> Claim | None:
