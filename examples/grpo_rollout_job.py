@@ -102,12 +102,9 @@ def main() -> None:
     throttle = RolloutThrottle.from_config(queue, grpo, plan.records_per_step)
     counts = {"records_put": 0, "ranges": 0}
 
-    def beat() -> dict:
-        # the heartbeat thread also renews this job's claims: they live exactly as long as the job
-        claims.renew(job_id)
-        return {"weight_version": client.weight_version, **counts}
-
-    registry.start_heartbeat(job_id, beat)
+    # the job's heartbeat and its claims' renewal run in daemon threads: both stop when the job dies
+    registry.start_heartbeat(job_id, lambda: {"weight_version": client.weight_version, **counts})
+    claims.start_renewal(job_id)
     waited_s = 0.0
     while True:
         reason = control.stop_requested()

@@ -29,7 +29,7 @@ def make_claims(url: str, **kw) -> PromptClaims:
 
 def test_run_stream_names_the_prefix_and_refuses_bad_names() -> None:
     assert run_stream("exp-1.a") == "cosmos:exp-1.a"
-    for bad in ("", "two words", "tab\there"):
+    for bad in ("", "two words", "tab\there", "a:b"):
         with pytest.raises(ValueError, match="run name"):
             run_stream(bad)
 
@@ -214,3 +214,26 @@ def test_clear_stream_forgets_claims_and_jobs_of_the_run(redis_url: str) -> None
     assert registry.live() == {}
     fresh = make_claims(redis_url, seed=99)  # a fresh run may change the settings
     assert fresh.claim("A").range_id == 0
+
+
+def test_the_renewal_thread_keeps_claims_until_stopped(redis_url: str) -> None:
+    claims = make_claims(redis_url, claim_ttl_s=0.3)
+    held = claims.claim("A")
+    claims.start_renewal("A")
+    time.sleep(0.9)  # three ttls
+    assert claims.claim("B").range_id == 1  # A's range was kept
+    claims.stop_renewal("A")
+    time.sleep(0.45)
+    assert claims.claim("B").range_id == held.range_id  # no renewal: re-issued
+    claims.close()
+
+
+def test_restore_puts_back_a_saved_position_only_where_redis_lost_it(redis_url: str) -> None:
+    claims = make_claims(redis_url)
+    for _ in range(4):
+        claims.complete(claims.claim("A"))
+    saved = claims.position()["next_range"]
+    assert not claims.restore(1)  # the run has a position: Redis is newer than any checkpoint
+    claims.clear()  # what a Redis restart without persistence leaves
+    assert claims.restore(saved)
+    assert claims.claim("A").range_id == saved == 4

@@ -11,12 +11,12 @@ import json
 import logging
 import os
 import socket
-import threading
 import uuid
 from collections.abc import Callable
 from typing import Any
 
 from cosmos_primitives.config.redis import RedisConfig
+from cosmos_primitives.queue.periodic import Periodic
 from cosmos_primitives.queue.redis_link import RedisLink
 
 log = logging.getLogger("cosmos.queue")
@@ -134,7 +134,7 @@ class JobRegistry:
         self.safe_url = self._link.safe_url
         self._beat = self._link.client.register_script(_BEAT)
         self._joined: dict[str, dict[str, Any]] = {}  # job id -> the fields it joined with
-        self._beaters: dict[str, tuple[threading.Thread, threading.Event]] = {}
+        self._beaters: dict[str, Periodic] = {}
         self.rejoins = 0
 
     def job_key(self, job_id: str) -> str:
@@ -183,30 +183,16 @@ class JobRegistry:
         """Heartbeat ``job_id`` from a daemon thread every ``interval_s`` (default ``ttl_s / 3``), with the
         fields ``fields()`` returns then. A failure there (Redis away, ``fields`` raising) is logged and
         tried again next round; it never stops the job. Until :meth:`leave` or :meth:`close`."""
-        interval = self.ttl_s / 3 if interval_s is None else float(interval_s)
-        if not interval > 0:
-            raise ValueError(f"heartbeat interval_s = {interval_s} must be > 0 (seconds)")
         if job_id in self._beaters:
             raise ValueError(f"job {job_id!r} already heartbeats from this JobRegistry")
-        stop = threading.Event()
-
-        def beat() -> None:
-            while not stop.wait(interval):
-                try:
-                    self.heartbeat(job_id, **(fields() if fields is not None else {}))
-                except Exception as exc:  # the job outlives a missed heartbeat
-                    log.warning("heartbeat of job %s failed (%s: %s); retrying in %.1fs", job_id,
-                                type(exc).__name__, exc, interval)
-
-        thread = threading.Thread(target=beat, name=f"cp-heartbeat-{job_id}", daemon=True)
-        self._beaters[job_id] = (thread, stop)
-        thread.start()
+        self._beaters[job_id] = Periodic(
+            f"heartbeat of job {job_id}", self.ttl_s / 3 if interval_s is None else interval_s,
+            lambda: self.heartbeat(job_id, **(fields() if fields is not None else {})))
 
     def _stop_heartbeat(self, job_id: str) -> None:
         beater = self._beaters.pop(job_id, None)
         if beater is not None:
-            beater[1].set()
-            beater[0].join(timeout=5)
+            beater.stop()
 
     def leave(self, job_id: str) -> None:
         """Stop heartbeating ``job_id`` and remove it from the live jobs at once."""

@@ -13,6 +13,7 @@ new range. The keys are described in :mod:`cosmos_primitives.queue.claim_scripts
 
 from __future__ import annotations
 
+import array
 import functools
 from typing import Any
 
@@ -20,6 +21,7 @@ import attrs
 
 from cosmos_primitives.config.redis import RedisConfig
 from cosmos_primitives.queue import claim_scripts
+from cosmos_primitives.queue.periodic import Periodic
 from cosmos_primitives.queue.redis_link import RedisLink
 
 CLAIM_KEY_SUFFIXES = ("meta", "next", "deadlines", "owners", "stats")
@@ -49,12 +51,14 @@ class Claim:
     reissued: bool = False
 
 
-@functools.lru_cache(maxsize=4)
-def epoch_permutation(dataset_size: int, seed: int, epoch: int) -> tuple[int, ...]:
-    """The dataset order of ``epoch``: that of ``ResumableDistributedSampler(dataset_size, seed=seed)`` on one rank."""
+# two epochs: the current one and the previous, whose expired claims may still be re-issued
+@functools.lru_cache(maxsize=2)
+def epoch_permutation(dataset_size: int, seed: int, epoch: int) -> array.array:
+    """The dataset order of ``epoch``: that of ``ResumableDistributedSampler(dataset_size, seed=seed)`` on one rank
+    (``[dataset_size]`` int64, 8 bytes a prompt however large the dataset)."""
     from cosmos_primitives.data.sampler import ResumableDistributedSampler
 
-    return tuple(ResumableDistributedSampler(dataset_size, seed=seed).epoch_indices(epoch))
+    return array.array("q", ResumableDistributedSampler(dataset_size, seed=seed).epoch_indices(epoch))
 
 
 def _text(value: Any) -> str:
@@ -103,13 +107,16 @@ class PromptClaims:
 
     A rollout job's loop::
 
-        claims = cp.queue.PromptClaims(url, stream, dataset_size=len(dataset), range_size=8, seed=cfg.train.seed)
+        claims = cp.queue.PromptClaims(url, stream, dataset_size=len(dataset), range_size=8, seed=cfg.train.seed,
+                                       max_epochs=cfg.train.epochs)
+        claims.start_renewal(job_id)           # keeps this job's claims while it generates
         while (claim := claims.claim(job_id)) is not None or not claims.exhausted():
             if claim is None:                  # the last ranges are held by others; one may still expire
                 time.sleep(1); continue
             records = [make_record(i, record_id=claims.record_id(claim, i)) for i in claim.indices]
-            queue.put_many(records)            # renew (or JobRegistry heartbeats) while generating
-            claims.complete(claim)
+            queue.put_many(records)
+            claims.complete(claim)             # False: it expired and another job produced it too
+        claims.release(job_id)                 # on a clean stop (SIGTERM): hand back what is held
 
     Args:
         redis_url: the run's Redis (empty: ``$COSMOS_REDIS_URL``).
@@ -157,6 +164,7 @@ class PromptClaims:
         self._renew_script = client.register_script(claim_scripts.RENEW)
         self._complete_script = client.register_script(claim_scripts.COMPLETE)
         self._release_script = client.register_script(claim_scripts.RELEASE)
+        self._renewers: dict[str, Periodic] = {}
         self._check_reply(self._link.call("check claims settings", lambda: self._check_script(
             keys=[self.keys["meta"]], args=self._meta_args())))
 
@@ -182,7 +190,7 @@ class PromptClaims:
     def _claim(self, range_id: int, job_id: str, reissued: bool) -> Claim:
         epoch, position = divmod(range_id, self.ranges_per_epoch)
         order = epoch_permutation(self.dataset_size, self.seed, epoch)
-        indices = order[position * self.range_size:(position + 1) * self.range_size]
+        indices = tuple(order[position * self.range_size:(position + 1) * self.range_size])
         return Claim(range_id=range_id, epoch=epoch, indices=indices, job_id=job_id, reissued=reissued)
 
     def claim(self, job_id: str) -> Claim | None:
@@ -204,6 +212,22 @@ class PromptClaims:
         """Move the deadline of every claim ``job_id`` holds to ``claim_ttl_s`` from now; returns how many."""
         return int(self._link.call("renew claims", lambda: self._renew_script(
             keys=[self.keys["deadlines"], self.keys["owners"]], args=[job_id, self._ttl_ms])))
+
+    def start_renewal(self, job_id: str, interval_s: float | None = None) -> None:
+        """Renew ``job_id``'s claims from a daemon thread every ``interval_s`` (default ``claim_ttl_s / 3``)
+        while it generates, until :meth:`stop_renewal` or :meth:`close`; a failed renewal is logged and
+        tried again next round."""
+        if job_id in self._renewers:
+            raise ValueError(f"the claims of job {job_id!r} are already renewed by this PromptClaims")
+        self._renewers[job_id] = Periodic(f"renewal of the claims of job {job_id}",
+                                          self.claim_ttl_s / 3 if interval_s is None else interval_s,
+                                          lambda: self.renew(job_id))
+
+    def stop_renewal(self, job_id: str) -> None:
+        """Stop :meth:`start_renewal`'s thread for ``job_id`` (its claims then expire ``claim_ttl_s`` later)."""
+        renewer = self._renewers.pop(job_id, None)
+        if renewer is not None:
+            renewer.stop()
 
     def complete(self, claim: Claim) -> bool:
         """Mark the range done (its records are on the queue). False, counted as ``late_completes``, when
@@ -232,6 +256,19 @@ class PromptClaims:
                         "seed": self.seed}
         return position
 
+    def restore(self, next_range: int) -> bool:
+        """Put back a position saved in a checkpoint (``position()["next_range"]``) when Redis lost the
+        run's claims (a server without persistence restarted, or a new server): the next new range
+        is then ``next_range``. Ranges that were in flight when the position was saved are not
+        re-issued. Does nothing when the run has a position already (it is newer than any
+        checkpoint); returns whether it set it."""
+        if next_range < 0:
+            raise ValueError(f"next_range = {next_range} must be >= 0")
+        self._check_reply(self._link.call("check claims settings", lambda: self._check_script(
+            keys=[self.keys["meta"]], args=self._meta_args())))
+        return bool(self._link.call("restore claims position", lambda: self._link.client.set(
+            self.keys["next"], int(next_range), nx=True)))
+
     def exhausted(self) -> bool:
         """True once ``max_epochs`` epochs were handed out and every claim of them was completed (never
         with ``max_epochs = None``)."""
@@ -256,6 +293,9 @@ class PromptClaims:
         return int(self._link.call("clear claims", lambda: self._link.client.delete(*self.keys.values())))
 
     def close(self) -> None:
+        """Stop the renewal threads and close the connection (held claims expire ``claim_ttl_s`` later)."""
+        for job_id in list(self._renewers):
+            self.stop_renewal(job_id)
         self._link.close()
 
     def __enter__(self) -> PromptClaims:

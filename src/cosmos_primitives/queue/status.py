@@ -2,11 +2,12 @@
 
     python -m cosmos_primitives.queue.status --redis redis://host:6379/0 --run NAME [--json]
 
-Prints the live jobs (id, role, host, pid, weight version, records put, seconds since the last
-heartbeat), the queue depth (records waiting, of them delivered to a trainer and not acknowledged),
-the trained count, the published weight version, the prompt claims position and the dead letters
-(count and the last few reasons). Exit status: 0 shown, 1 nothing is stored under the run, 2 Redis
-unreachable or a bad URL (the message names the URL, password redacted).
+Prints the live jobs (id, role, host, pid, weight version and its lag behind the published one,
+records put, seconds since the last heartbeat), the queue depth (records waiting, of them delivered
+to a trainer and not acknowledged), the trained count, the published weight version, the prompt
+claims position and the dead letters (count and the last few reasons). Exit status: 0 shown, 1
+nothing is stored under the run, 2 Redis unreachable or a bad URL (the message names the URL,
+password redacted).
 """
 
 from __future__ import annotations
@@ -47,7 +48,9 @@ def other_runs(client: redis.Redis, limit: int = 20) -> list[str]:
     """Up to ``limit`` run names whose stream (``cosmos:<name>``) exists on the server."""
     names = []
     for key in client.scan_iter(match=f"{RUN_STREAM_PREFIX}*", _type="STREAM", count=1000):
-        names.append(_text(key)[len(RUN_STREAM_PREFIX):])
+        name = _text(key)[len(RUN_STREAM_PREFIX):]
+        if not name.endswith(":dead"):  # a run's dead letters, also a stream
+            names.append(name)
         if len(names) >= limit:
             break
     return sorted(names)
@@ -91,16 +94,24 @@ def _cell(value: Any) -> str:
     return "-" if value is None else str(value)
 
 
+def _lag(published: Any, held: Any) -> int | None:
+    """Versions a job is behind the published one, when both are known."""
+    if isinstance(published, int) and isinstance(held, int) and not isinstance(held, bool):
+        return published - held
+    return None
+
+
 def format_status(status: dict[str, Any], safe_url: str) -> str:
     """The human-readable report of :func:`collect_status`'s dict."""
     lines = [f"run stream {status['stream']} at {safe_url}"]
     jobs = status["jobs"]
     lines.append(f"live jobs: {len(jobs)}")
     if jobs:
-        header = ("id", "role", "host", "pid", "weights", "records put", "last beat")
+        header = ("id", "role", "host", "pid", "weights", "lag", "records put", "last beat")
         rows = [header] + [
             (job_id, _cell(f.get("role")), _cell(f.get("host")), _cell(f.get("pid")), _cell(f.get("weight_version")),
-             _cell(f.get("records_put")), f"{f['age_s']:.1f}s ago")
+             _cell(_lag(status["weight_version"], f.get("weight_version"))), _cell(f.get("records_put")),
+             f"{f['age_s']:.1f}s ago")
             for job_id, f in sorted(jobs.items(), key=lambda item: (str(item[1].get("role")), item[0]))]
         widths = [max(len(row[i]) for row in rows) for i in range(len(header))]
         lines += ["  " + "  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip() for row in rows]
@@ -118,8 +129,8 @@ def format_status(status: dict[str, Any], safe_url: str) -> str:
         lines.append("claims: none (no rollout job claimed prompts)")
     else:
         lines.append(
-            f"claims: epoch {claims['epoch']}, range {claims['range_in_epoch']} of {claims['ranges_per_epoch']} "
-            f"(next range id {claims['next_range']}; {claims['range_size']} prompts each, dataset of "
+            f"claims: epoch {claims['epoch']}: {claims['range_in_epoch']} of {claims['ranges_per_epoch']} ranges "
+            f"handed out (next range id {claims['next_range']}; {claims['range_size']} prompts each, dataset of "
             f"{claims['dataset_size']}); {claims['in_flight']} in flight ({claims['expired']} expired or released); "
             f"{claims['completed']} completed, {claims['late_completes']} completed late, "
             f"{claims['reissued']} re-issued, {claims['released']} released")
@@ -154,9 +165,14 @@ def main(argv: list[str] | None = None) -> int:
     try:
         status = collect_status(client, stream, dead=args.dead)
         runs = [] if status["exists"] else other_runs(client)
-    except redis.exceptions.RedisError as exc:
-        print(f"error: cannot read Redis at {safe_url}: {type(exc).__name__}: {exc}. Check that redis-server runs "
-              f"there (--redis URL or ${REDIS_URL_ENV})", file=sys.stderr)
+    except (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError) as exc:
+        print(f"error: cannot read Redis at {safe_url} ({type(exc).__name__}: {str(exc).rstrip('.')}); check that "
+              f"redis-server runs there and the URL is right (--redis URL or ${REDIS_URL_ENV})", file=sys.stderr)
+        return 2
+    except redis.exceptions.RedisError as exc:  # reachable, but it refused a command (auth, ACL, a key of another type)
+        print(f"error: Redis at {safe_url} refused to show run stream {stream} ({type(exc).__name__}: "
+              f"{str(exc).rstrip('.')}); check the URL's password / user, or whether {stream} belongs to another "
+              "program", file=sys.stderr)
         return 2
     finally:
         client.close()
