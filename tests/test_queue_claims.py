@@ -65,8 +65,10 @@ def test_an_expired_claim_is_reissued_before_new_ranges_and_its_late_complete_re
     assert (again.range_id, again.indices, again.job_id, again.reissued) == (0, first.indices, "C", True)
     assert claims.position()["expired"] == 1  # B's range waits for the next claimant
     assert claims.claim("D").range_id == 1
+    assert not claims.holds(first) and claims.holds(again)  # A can tell before putting duplicates
     assert claims.complete(first) is False  # A was too late: C holds range 0 now
     assert claims.complete(again) is True
+    assert not claims.holds(again)  # completed: nobody holds it
     position = claims.position()
     assert (position["late_completes"], position["reissued"], position["completed"]) == (1, 2, 1)
     assert position["next_range"] == 2

@@ -237,6 +237,14 @@ class PromptClaims:
             keys=[self.keys["deadlines"], self.keys["owners"], self.keys["stats"]],
             args=[claim.range_id, claim.job_id])))
 
+    def holds(self, claim: Claim) -> bool:
+        """Whether ``claim.job_id`` still holds the range (not re-issued, released or completed). A job
+        may check before putting a range's records: if another job took the range over, putting
+        them only adds duplicates that fill the queue until a trainer drops them."""
+        owner = self._link.call("read claim holder", lambda: self._link.client.hget(
+            self.keys["owners"], str(claim.range_id)))
+        return owner is not None and _text(owner) == claim.job_id
+
     def release(self, job_id: str) -> int:
         """Hand back every claim ``job_id`` holds, to be re-issued before any new range (a job stopping
         cleanly); returns how many."""
