@@ -28,9 +28,6 @@ from __future__ import annotations
 import socket
 import time
 
-from cosmos_primitives.queue.job_registry import JobRegistry
-from cosmos_primitives.queue.prompt_claims import PromptClaims
-
 import cosmos_primitives as cp
 from cosmos_primitives.data import (
     BadSampleError,
@@ -41,6 +38,8 @@ from cosmos_primitives.data import (
 )
 from cosmos_primitives.queue import RedisRolloutQueue, RolloutThrottle, records_from_scores
 from cosmos_primitives.queue.disaggregated_plan import plan_jobs
+from cosmos_primitives.queue.job_registry import JobRegistry
+from cosmos_primitives.queue.prompt_claims import PromptClaims
 from cosmos_primitives.queue.record_metrics import PRODUCER_KEY
 from cosmos_primitives.queue.run_control import RunControl
 from cosmos_primitives.sync import WeightClient, WeightTransferError
@@ -136,7 +135,7 @@ def main() -> None:
             except BadSampleError as error:
                 bad.record(error, sample=index)
         records = []
-        if prompts:
+        if prompts and claims.holds(claim):  # else the claim expired and went to another job while we waited
             params = SamplingParams.from_config(cfg.rollout, grpo.num_samples_per_prompt,
                                                 seed=cfg.train.seed * 1_000_003 + claim.range_id * 1009)
             groups = engine.generate(prompts, params)

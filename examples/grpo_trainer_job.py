@@ -20,7 +20,8 @@ records, with their weight versions and lag, and writes one line per trained rec
 and exports the weights like the colocated recipe.
 
 A fresh run (no ``[train] resume``) first deletes what an earlier run of the same name left in Redis.
-``[train] resume`` keeps the queue and the prompt claims: the rollout jobs go on where they were.
+``[train] resume`` keeps the queue and the prompt claims: the rollout jobs go on where they were (a
+checkpoint also holds the claims position, put back when Redis lost it).
 ``python -m cosmos_primitives.queue.status --redis URL --run NAME`` shows the live jobs, the queue, the
 weight versions and the dead letters. Failure semantics: ``docs/disaggregated.md``.
 """
@@ -32,13 +33,14 @@ import math
 import time
 
 import torch
-from cosmos_primitives.queue.job_registry import JobRegistry
 
 import cosmos_primitives as cp
 from cosmos_primitives.checkpoint import CheckpointManager
 from cosmos_primitives.data import BadSampleTracker, MediaSettings, collate_rollouts, prompt_dataset
 from cosmos_primitives.queue import RedisRolloutQueue, StalenessFilter, fetch_records, record_advantages
 from cosmos_primitives.queue.disaggregated_plan import plan_jobs
+from cosmos_primitives.queue.job_registry import JobRegistry
+from cosmos_primitives.queue.prompt_claims import PromptClaims
 from cosmos_primitives.queue.record_metrics import (
     format_shares,
     producer_shares,
@@ -95,7 +97,8 @@ def main() -> None:
     processor = cp.policy.load_processor(cfg.policy.model_name_or_path)
     policy = cp.policy.build_policy(cfg.policy, mesh, train=cfg.train)
     reference = cp.policy.grpo_reference(cfg, policy, info.device, mesh)  # None without [grpo] kl_beta
-    steps_per_epoch = math.ceil(len(prompt_dataset(dataset_cfg, cfg, processor)) / plan.records_per_step)
+    dataset_size = len(prompt_dataset(dataset_cfg, cfg, processor))
+    steps_per_epoch = math.ceil(dataset_size / plan.records_per_step)
     total_steps = cfg.train.max_steps or cfg.train.epoch * steps_per_epoch
     optimizer = cp.policy.build_optimizer(policy, cfg.train)
     scheduler = cp.policy.build_lr_scheduler(optimizer, cfg.train, total_steps)
@@ -103,6 +106,12 @@ def main() -> None:
                              processor=processor)
     state = ckpt.resume(cfg.train.resume, output_dir=cfg.train.output_dir)
     step = state.step if state else 0
+    # The epoch position lives in Redis with the claims; checkpoints keep a copy for a Redis that lost it.
+    claims = PromptClaims(url, cfg.redis.stream, dataset_size=dataset_size, range_size=plan.prompts_per_rollout,
+                          seed=cfg.train.seed) if info.is_rank0 else None
+    saved_position = state.extra.get("claims_next_range") if state else None
+    if claims is not None and saved_position is not None and claims.restore(int(saved_position)):
+        log.info(f"Redis had lost the run's prompt position: restored range {saved_position} from the checkpoint")
     tracker = cp.logging.MetricsTracker(run_dir, cfg.logging, run_config=cp.config.config_to_dict(cfg),
                                         total_steps=total_steps, prefix="[GRPO] ")
 
@@ -172,7 +181,11 @@ def main() -> None:
             **{k: v for k, v in queue.metrics().items() if k in ("queue/malformed", "queue/redelivered")},
             **{f"time/{k}": v for k, v in times.items()}, "time/step": sum(times.values()),
         }, step)
-        ckpt.maybe_save(step, weight_version=step, force=step == total_steps)
+        position = None
+        if cfg.train.ckpt.enable_checkpoint:  # the same on every rank, as checkpoint extras must be
+            position = cp.parallel.broadcast_object(claims.position()["next_range"] if claims is not None else None)
+        ckpt.maybe_save(step, weight_version=step, force=step == total_steps,
+                        extra=None if position is None else {"claims_next_range": position})
 
     log.info(f"[GRPO] Training finished at step {step}/{total_steps}, saving final checkpoint in huggingface "
              "safetensors...")
@@ -185,6 +198,7 @@ def main() -> None:
     if registry is not None:
         registry.leave(job_id)
         registry.close()
+        claims.close()
         trained_log.close()
     control.close()
     queue.close()
