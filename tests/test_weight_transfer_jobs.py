@@ -216,3 +216,128 @@ def test_rollout_members_of_other_jobs_follow_the_trainer(redis_url):
                 proc.kill()
                 proc.join(timeout=10)
         r.close()
+
+
+# one process: the server and its members on threads (fast; the same protocol and groups) ------
+
+class _HeldEngine:
+    """A RolloutEngine whose loader waits for ``release`` (a member that stalls mid-transfer)."""
+
+    def __init__(self) -> None:
+        self.inside, self.release = threading.Event(), threading.Event()
+        self.received: dict[str, bytes] = {}
+        self.weight_version = -1
+
+    def update_weights(self, named_tensors, version: int) -> None:
+        self.inside.set()
+        self.release.wait(60)
+        for name, tensor in named_tensors:
+            self.received[name] = _state([(name, tensor)])[name]
+        self.weight_version = version
+
+
+def _in_thread(fn) -> tuple[threading.Thread, list]:
+    box: list = []
+
+    def run() -> None:
+        try:
+            box.append(fn())
+        except Exception as exc:
+            box.append(exc)
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    return thread, box
+
+
+def test_weight_server_serves_members_and_bounds_a_stalled_one(redis_url):
+    from cosmos_primitives.sync import WeightClient, WeightServer, WeightTransferError
+
+    timeout = 2.0
+    model = TinyQwen2Like(seed=0)
+    engine_model, holder = TinyQwen2Like(seed=1), SimpleNamespace(weight_version=-1)
+    a = WeightClient(engine_model, redis_url, PREFIX, member_id="a", engine=holder, timeout_s=timeout)
+
+    # no trainer yet: nothing on offer, waiting and fetching fail clearly
+    assert a.published_version() is None and a.weight_version == -1
+    with pytest.raises(WeightTransferError, match=f"'a'.*{PREFIX}"):
+        a.wait_for_server(timeout_s=0.3)
+    with pytest.raises(WeightTransferError, match="no trainer serves"):
+        a.fetch()
+
+    server = WeightServer(model, redis_url, PREFIX, bucket_bytes=512, timeout_s=timeout, heartbeat_s=0.2)
+    clients = [a]
+    try:
+        assert server.publish(0).bytes_moved > 0 and a.wait_for_server(timeout_s=5) == 0
+        first = a.fetch()
+        assert (first.version, first.verified, a.weight_version, holder.weight_version) == (0, True, 0, 0)
+        assert _state(engine_model.named_parameters()) == _state(model.named_parameters())
+
+        # versions published since the last fetch are skipped; the pair is reused (no new check)
+        for version in (1, 2, 3):
+            with torch.no_grad():
+                model.model.layers[0].mlp.up_proj.weight.mul_(1.5)
+            server.publish(version)
+        assert a.published_version() == 3
+        result = a.fetch()
+        assert (result.version, result.verified, holder.weight_version) == (3, False, 3)
+        assert _state(engine_model.named_parameters()) == _state(model.named_parameters())
+
+        # a member stalled mid-transfer holds snapshot 3: the next publish reuses snapshot 2's
+        # buffers at once, the one after waits for snapshot 3 at most `timeout` (then takes fresh
+        # buffers); the stalled pair's own operation timeout drops it
+        held = _HeldEngine()
+        stalled = WeightClient(held, redis_url, PREFIX, member_id="stalled", timeout_s=timeout)
+        clients.append(stalled)
+        stalled_thread, stalled_box = _in_thread(stalled.fetch)
+        assert held.inside.wait(30)
+        with torch.no_grad():
+            model.model.norm.weight.add_(1.0)
+        assert server.publish(4).seconds < timeout
+        assert server.publish(5).seconds < timeout + 3.0
+        deadline = time.monotonic() + 3 * timeout  # the pair's own operation timeout ends it
+        while server.metrics()["sync/transfer_failures"] < 1 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert server.metrics()["sync/transfer_failures"] == 1.0 and "'stalled'" in server.last_failure
+        result = a.fetch()  # the other member is served meanwhile
+        assert result.version == 5 and _state(engine_model.named_parameters()) == _state(model.named_parameters())
+        held.release.set()
+        stalled_thread.join(30)
+        assert isinstance(stalled_box[0], WeightTransferError) and "'stalled'" in str(stalled_box[0])
+        # its next fetch forms a new pair (checked again) and loads the current version
+        held.inside.clear()
+        result = stalled.fetch()
+        assert (result.version, result.verified, held.weight_version) == (5, True, 5)
+        assert held.received == _state((n, p) for n, p in model.named_parameters())
+
+        # a restarted member with the same id replaces the old pair; the old client's next fetch
+        # fails on its replaced pair and the one after re-forms
+        restarted_model = TinyQwen2Like(seed=2)
+        restarted = WeightClient(restarted_model, redis_url, PREFIX, member_id="a", timeout_s=timeout)
+        clients.append(restarted)
+        assert restarted.fetch().verified
+        assert _state(restarted_model.named_parameters()) == _state(model.named_parameters())
+        with pytest.raises(WeightTransferError, match="'a'"):
+            a.fetch()
+        assert a.fetch().verified and a.weight_version == 5
+        metrics = server.metrics()
+        assert metrics["sync/members"] == 2.0 and metrics["sync/published_version"] == 5.0
+        assert metrics["sync/transfers"] == 6.0 and metrics["sync/transfer_failures"] == 1.0
+    finally:
+        server.close()
+
+    # the trainer stops serving: fetches fail; a restarted trainer (new session) is found again
+    with pytest.raises(WeightTransferError, match="no trainer serves"):
+        a.fetch()
+    with torch.no_grad():
+        model.model.norm.weight.add_(1.0)
+    again = WeightServer(model, redis_url, PREFIX, bucket_bytes=512, timeout_s=timeout, heartbeat_s=0.2)
+    try:
+        again.publish(6)
+        result = a.fetch()
+        assert (result.version, result.verified) == (6, True)
+        assert _state(engine_model.named_parameters()) == _state(model.named_parameters())
+    finally:
+        again.close()
+        for client in clients:
+            client.close()

@@ -80,6 +80,7 @@ class _Pair:
     def _run(self) -> None:
         server = self.server
         group: SyncGroup | None = None
+        snapshot: WeightSnapshot | None = None
         try:
             group = pair_group(server._store, f"{self.member}/{self.nonce}", 0,
                                device_type=server._plan.device.type, timeout_s=server.timeout_s)
@@ -89,15 +90,16 @@ class _Pair:
                 if item is _STOP:  # requests queued before it were answered
                     return
                 snapshot = server._acquire()
-                try:
-                    result = send_snapshot(snapshot, server._plan, group, with_plan=first, verify=first)
-                finally:
-                    server._release(snapshot)
+                result = send_snapshot(snapshot, server._plan, group, with_plan=first, verify=first)
+                server._release(snapshot)
+                snapshot = None
                 first = False
                 server._count_transfer(result)
         except Exception as exc:  # the pair is dropped; the member re-forms it on its next fetch
             server._count_failure(self.member, exc)
         finally:
+            if snapshot is not None:  # counted as failed before a waiting publish() goes on
+                server._release(snapshot)
             self.done = True
             drop_group(group)
             server._forget(self)
@@ -131,6 +133,8 @@ class WeightServer:
         self.timeout_s = float(timeout_s)
         self.heartbeat_s = float(heartbeat_s)
         self.rank = dist.get_rank(process_group) if dist.is_available() and dist.is_initialized() else 0
+        if self.rank < 0:
+            raise ValueError("this rank is not in process_group: build the WeightServer on the trainer ranks only")
         self.is_sender = self.rank == 0
         self.weight_version: int | None = None
         self.session = uuid.uuid4().hex
@@ -138,6 +142,7 @@ class WeightServer:
         self._current: WeightSnapshot | None = None
         self._previous: WeightSnapshot | None = None
         self._pairs: dict[str, _Pair] = {}
+        self._retired: set[tuple[str, str]] = set()  # (member, nonce) of pairs that ended
         self._closed = False
         self._stats = {"publish_s": 0.0, "transfers": 0.0, "transfer_failures": 0.0, "transfer_s": 0.0,
                        "bytes_served": 0.0, "publish_waits_timed_out": 0.0}
@@ -248,17 +253,23 @@ class WeightServer:
 
     def _route(self, request: TransferRequest) -> None:
         with self._lock:
+            if (request.member, request.nonce) in self._retired:
+                # its pair failed or was replaced: the member gets an error on that group and
+                # forms a new one (a fresh nonce); the old store keys cannot form a group again
+                return
             pair = self._pairs.get(request.member)
-            if pair is not None and (pair.nonce != request.nonce or pair.done):
-                pair.requests.put(_STOP)  # a stale pair: its member formed a new one
+            if pair is not None and pair.nonce != request.nonce:
+                pair.requests.put(_STOP)  # a stale pair: its member (e.g. restarted) formed a new one
+                self._retired.add((pair.member, pair.nonce))
                 pair = None
             if pair is None:
                 pair = self._pairs[request.member] = _Pair(self, request.member, request.nonce)
                 pair.thread.start()
-        pair.requests.put(request)
+            pair.requests.put(request)
 
     def _forget(self, pair: _Pair) -> None:
         with self._lock:
+            self._retired.add((pair.member, pair.nonce))
             if self._pairs.get(pair.member) is pair:
                 del self._pairs[pair.member]
 
