@@ -46,10 +46,12 @@ from cosmos_primitives.sync import WeightClient, WeightTransferError
 
 
 def wait_for_trainer(queue: RedisRolloutQueue, control: RunControl, timeout_s: float, log) -> bool:
-    """Block until the run's trainer has published a weight version; False when the run has already finished."""
+    """Block until the run's trainer has published a weight version; False when the run has finished."""
     deadline = time.monotonic() + timeout_s if timeout_s > 0 else None
     logged = False
-    while queue.weight_version() is None:
+    while control.stop_requested() is None:
+        if queue.weight_version() is not None:
+            return True
         if deadline is not None and time.monotonic() > deadline:
             raise TimeoutError(f"no trainer published weights for run {queue.stream!r} within {timeout_s}s "
                                "([disaggregated] wait_for_trainer_s); is examples/grpo_trainer_job.py running "
@@ -58,7 +60,20 @@ def wait_for_trainer(queue: RedisRolloutQueue, control: RunControl, timeout_s: f
             log.info(f"[rollout] waiting for the trainer of run {queue.stream!r}")
             logged = True
         time.sleep(0.5)
-    return control.stop_requested() is None
+    return False
+
+
+def fetch_weights(client: WeightClient, control: RunControl, log) -> bool:
+    """Load the newest weights the trainer serves, retrying while it (re)starts; False when the run has finished."""
+    while control.stop_requested() is None:
+        if client.published_version() is not None:
+            try:
+                client.fetch()
+                return True
+            except WeightTransferError as error:  # the trainer restarting, or a transfer cut off
+                log.warning(f"[rollout] {client.member_id}: weight fetch failed ({error}); retrying")
+        time.sleep(0.5)
+    return False
 
 
 def main() -> None:
@@ -76,8 +91,11 @@ def main() -> None:
     cfg = cp.config.check_runnable(cfg, config_path)
     cp.utils.seed_everything(cfg.train.seed + info.rank)
 
+    # Listed as live from now on (the heartbeat thread runs while the engine loads and until the job dies).
     registry = JobRegistry(url, cfg.redis.stream, ttl_s=dis.heartbeat_ttl_s)
     job_id = registry.join("rollout", host=socket.gethostname(), rank=info.rank)
+    counts = {"weight_version": -1, "records_put": 0, "ranges": 0}
+    registry.start_heartbeat(job_id, lambda: counts)
     processor = cp.policy.load_processor(cfg.policy.model_name_or_path)
     engine, engine_model = cp.rollout.build_rollout_engine(
         cfg.rollout, cfg.policy.model_name_or_path, processor, dtype=cfg.policy.dtype, device=info.device,
@@ -86,9 +104,13 @@ def main() -> None:
     client = WeightClient(engine_model if engine_model is not None else engine, url, cfg.redis.stream,
                           member_id=job_id, engine=engine if engine_model is not None else None,
                           timeout_s=dis.transfer_timeout_s)
-    client.wait_for_server(dis.wait_for_trainer_s if dis.wait_for_trainer_s > 0 else None)
-    first = client.fetch()
-    log.info(f"[rollout] {job_id}: loaded weight version {client.weight_version} ({first.seconds:.2f}s)")
+    t0 = time.perf_counter()
+    if not fetch_weights(client, control, log):
+        log.info(f"[rollout] {job_id}: run {queue.stream!r} finished before this job had weights; nothing to do")
+        registry.leave(job_id)
+        return
+    counts["weight_version"] = client.weight_version
+    log.info(f"[rollout] {job_id}: loaded weight version {client.weight_version} ({time.perf_counter() - t0:.2f}s)")
 
     dataset = prompt_dataset(cfg.train.train_policy.dataset, cfg, processor)
     trainers = registry.live("trainer")
@@ -99,11 +121,7 @@ def main() -> None:
     bad = BadSampleTracker(cfg.train.train_policy.dataset.bad_sample_budget)
     rewards = cp.rewards.RewardSet.from_config(grpo)
     throttle = RolloutThrottle.from_config(queue, grpo, plan.records_per_step)
-    counts = {"records_put": 0, "ranges": 0}
-
-    # the job's heartbeat and its claims' renewal run in daemon threads: both stop when the job dies
-    registry.start_heartbeat(job_id, lambda: {"weight_version": client.weight_version, **counts})
-    claims.start_renewal(job_id)
+    claims.start_renewal(job_id)  # a daemon thread: the claims expire when the job dies
     waited_s = 0.0
     while True:
         reason = control.stop_requested()
@@ -112,11 +130,8 @@ def main() -> None:
         published = queue.weight_version()
         # != rather than >: a trainer resumed from an older checkpoint publishes a lower version
         if published is not None and published != client.weight_version:
-            try:
-                client.fetch()
-            except WeightTransferError as error:  # the trainer restarting or gone: try again shortly
-                log.warning(f"[rollout] {job_id}: weight fetch failed ({error}); retrying")
-                time.sleep(dis.poll_s)
+            fetch_weights(client, control, log)
+            counts["weight_version"] = client.weight_version
             continue
         if throttle.ahead_by(client.weight_version) > 0:  # the trainer has enough records queued
             time.sleep(dis.poll_s)
