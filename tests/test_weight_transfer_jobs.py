@@ -265,6 +265,8 @@ def test_weight_server_serves_members_and_bounds_a_stalled_one(redis_url):
     with pytest.raises(WeightTransferError, match="no trainer serves"):
         a.fetch()
 
+    with pytest.raises(ValueError, match="nccl"):
+        WeightServer(model, redis_url, PREFIX, backend="nccl")  # a CPU model has no NCCL transfer
     server = WeightServer(model, redis_url, PREFIX, bucket_bytes=512, timeout_s=timeout, heartbeat_s=0.2)
     clients = [a]
     try:

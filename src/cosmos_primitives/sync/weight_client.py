@@ -124,9 +124,12 @@ class WeightClient:
                 self._session = record.session
                 self._store = connect_store(record.host, record.port, self.timeout_s)
                 self._request(record)
+                nccl = record.backend == "nccl"
                 self._group = pair_group(self._store, f"{self.member_id}/{self._nonce}", 1,
-                                         device_type=record.backend, timeout_s=self.timeout_s)
-                self._receiver = WeightReceiver(self._target, self._group, engine=self._engine, strict=self._strict)
+                                         device_type="cuda" if nccl else "cpu", timeout_s=self.timeout_s)
+                # gloo buckets land in CPU memory and are copied into the engine wherever it lives
+                self._receiver = WeightReceiver(self._target, self._group, engine=self._engine, strict=self._strict,
+                                                device=None if nccl else "cpu")
             else:
                 self._request(record)
             assert self._receiver is not None

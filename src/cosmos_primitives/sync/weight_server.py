@@ -82,8 +82,10 @@ class _Pair:
         group: SyncGroup | None = None
         snapshot: WeightSnapshot | None = None
         try:
+            if server._snapshot_device.type == "cuda":  # a new thread starts on GPU 0
+                torch.cuda.set_device(server._snapshot_device)
             group = pair_group(server._store, f"{self.member}/{self.nonce}", 0,
-                               device_type=server._plan.device.type, timeout_s=server.timeout_s)
+                               device_type=server._snapshot_device.type, timeout_s=server.timeout_s)
             first = True
             while True:
                 item = self.requests.get()
@@ -119,16 +121,25 @@ class WeightServer:
             machine's); port: the store's port (0: a free one).
         timeout_s: bound of every pair operation and of ``publish``'s wait for old transfers.
         heartbeat_s: how often the Redis record is renewed (it expires after 5 of them).
+        backend: ``"gloo"`` (snapshots in CPU memory; the default for a CPU model) or ``"nccl"``
+            (snapshots on the GPU; the default for a CUDA model). ``"gloo"`` for a CUDA model
+            trades GPU memory and speed for members without GPUs or without NCCL reachability.
     """
 
     def __init__(self, model: nn.Module, redis_url: str, prefix: str, *, process_group: Any = None,
                  layout: str = "hf", family: str | None = None, bucket_bytes: int = DEFAULT_BUCKET_BYTES,
                  transfer_dtype: torch.dtype | None = None, host: str | None = None, port: int = 0,
-                 timeout_s: float = 60.0, heartbeat_s: float = 1.0) -> None:
+                 timeout_s: float = 60.0, heartbeat_s: float = 1.0, backend: str | None = None) -> None:
         if timeout_s <= 0 or heartbeat_s <= 0:
             raise ValueError(f"timeout_s and heartbeat_s must be > 0, got {timeout_s}, {heartbeat_s}")
         self._plan = SendPlan(model, layout=layout, family=family, bucket_bytes=bucket_bytes,
                               transfer_dtype=transfer_dtype)
+        on_cuda = self._plan.device.type == "cuda"
+        self.backend = backend or ("nccl" if on_cuda else "gloo")
+        if self.backend not in ("gloo", "nccl") or (self.backend == "nccl" and not on_cuda):
+            raise ValueError(f"backend must be 'gloo' or, for a CUDA model, 'nccl'; got {backend!r} for a "
+                             f"{self._plan.device.type} model")
+        self._snapshot_device = self._plan.device if self.backend == "nccl" else torch.device("cpu")
         self.prefix = prefix
         self.timeout_s = float(timeout_s)
         self.heartbeat_s = float(heartbeat_s)
@@ -175,11 +186,16 @@ class WeightServer:
                              f"{self.weight_version}")
         start = time.perf_counter()
         reuse = self._free_buffers() if self.is_sender else None
-        snapshot = take_snapshot(self._plan, version, is_src=self.is_sender, reuse=reuse)
+        snapshot = take_snapshot(self._plan, version, is_src=self.is_sender, device=self._snapshot_device,
+                                 reuse=reuse)
         if snapshot is not None:
             with self._lock:
                 self._previous, self._current = self._current, snapshot
-            self._write_record()
+            try:
+                self._write_record()
+            except redis.exceptions.RedisError as exc:  # training goes on; the heartbeat writes it later
+                log.warning("weight server for '%s': could not advertise version %d (%s); retrying with the "
+                            "heartbeat", self.prefix, version, exc)
             if self._dispatcher is None:
                 self._dispatcher = threading.Thread(target=self._dispatch, name="weights-dispatch", daemon=True)
                 self._dispatcher.start()
@@ -220,7 +236,7 @@ class WeightServer:
         assert self.weight_version is not None or self._current is not None
         version = self._current.version if self._current is not None else -1
         return msgspec.json.encode(ServerRecord(
-            session=self.session, host=self.host, port=self.port, backend=self._plan.device.type,
+            session=self.session, host=self.host, port=self.port, backend=self.backend,
             version=version, pid=os.getpid(), hostname=socket.gethostname()))
 
     def _write_record(self) -> None:
@@ -242,7 +258,7 @@ class WeightServer:
                 if popped is None or self._closed:
                     continue
                 request = msgspec.json.decode(popped[1], type=TransferRequest)
-            except (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError) as exc:
+            except redis.exceptions.RedisError as exc:
                 log.warning("weight server for '%s': Redis unreachable (%s); retrying", self.prefix, exc)
                 time.sleep(self.heartbeat_s)
                 continue
