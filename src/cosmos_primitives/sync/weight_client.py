@@ -105,18 +105,36 @@ class WeightClient:
     def fetch(self) -> SyncResult:
         """Receive the newest snapshot (versions published since the last fetch are skipped).
 
-        Afterwards ``weight_version`` (and the engine's) is that snapshot's version.
+        Afterwards ``weight_version`` (and the engine's) is that snapshot's version. When a kept
+        pair turns out to be gone (the trainer dropped it: idle, or replaced by a member with the
+        same id), the fetch is tried once more over a new pair.
 
         Raises:
             WeightTransferError: no trainer serves, or the transfer failed or timed out (the
-                trainer died or closed); names the prefix and member. The next call forms a new pair.
+                trainer died or closed); names the prefix and member. The next call forms a new
+                pair. If it failed while receiving, the engine may hold a mix of two versions:
+                ``weight_version`` (and the engine's) is then -1 until a fetch succeeds.
             NameMapError / WeightMismatchError: the engine does not fit the trainer's weights.
         """
+        record = self._current_record()
+        reused = self._group is not None and self._session == record.session
+        try:
+            return self._fetch_once(record)
+        except WeightTransferError:
+            if not reused:
+                raise
+            return self._fetch_once(self._current_record())
+
+    def _current_record(self) -> ServerRecord:
         record = self._record()
         if record is None:
             raise WeightTransferError(f"member '{self.member_id}': no trainer serves weights under '{self.prefix}' "
                                       "(call wait_for_server first, or the trainer has stopped)")
+        return record
+
+    def _fetch_once(self, record: ServerRecord) -> SyncResult:
         where = f"member '{self.member_id}' from trainer {record.hostname}:{record.pid} under '{self.prefix}'"
+        receiving = False
         try:
             if self._group is None or self._session != record.session:
                 self._drop()
@@ -133,12 +151,15 @@ class WeightClient:
             else:
                 self._request(record)
             assert self._receiver is not None
+            receiving = True
             result = self._receiver.sync()
         except (NameMapError, WeightMismatchError):
             self._drop()
             raise
         except Exception as exc:
             self._drop()
+            if receiving:
+                self._mark_unknown()
             raise WeightTransferError(f"weight transfer to {where} failed: {type(exc).__name__}: {exc}") from exc
         if result is None:
             self._drop()
@@ -146,6 +167,13 @@ class WeightClient:
         self._version = result.version
         self.fetches += 1
         return result
+
+    def _mark_unknown(self) -> None:
+        """After a transfer that broke off: some buckets may have been written."""
+        self._version = -1
+        holder = self._engine if isinstance(self._target, nn.Module) else self._target
+        if holder is not None and hasattr(holder, "weight_version"):
+            holder.weight_version = -1
 
     def _request(self, record: ServerRecord) -> None:
         key = requests_key(self.prefix, record.session)

@@ -88,7 +88,11 @@ class _Pair:
                                device_type=server._snapshot_device.type, timeout_s=server.timeout_s)
             first = True
             while True:
-                item = self.requests.get()
+                try:
+                    item = self.requests.get(timeout=server.idle_timeout_s)
+                except queue.Empty:  # a member that went away between fetches; a live one re-forms
+                    server._count("idle_drops")
+                    return
                 if item is _STOP:  # requests queued before it were answered
                     return
                 snapshot = server._acquire()
@@ -121,6 +125,8 @@ class WeightServer:
             machine's); port: the store's port (0: a free one).
         timeout_s: bound of every pair operation and of ``publish``'s wait for old transfers.
         heartbeat_s: how often the Redis record is renewed (it expires after 5 of them).
+        idle_timeout_s: a pair with no request for this long is dropped (its member may be gone
+            without a word; a live one re-forms it on its next fetch, transparently).
         backend: ``"gloo"`` (snapshots in CPU memory; the default for a CPU model) or ``"nccl"``
             (snapshots on the GPU; the default for a CUDA model). ``"gloo"`` for a CUDA model
             trades GPU memory and speed for members without GPUs or without NCCL reachability.
@@ -129,9 +135,11 @@ class WeightServer:
     def __init__(self, model: nn.Module, redis_url: str, prefix: str, *, process_group: Any = None,
                  layout: str = "hf", family: str | None = None, bucket_bytes: int = DEFAULT_BUCKET_BYTES,
                  transfer_dtype: torch.dtype | None = None, host: str | None = None, port: int = 0,
-                 timeout_s: float = 60.0, heartbeat_s: float = 1.0, backend: str | None = None) -> None:
-        if timeout_s <= 0 or heartbeat_s <= 0:
-            raise ValueError(f"timeout_s and heartbeat_s must be > 0, got {timeout_s}, {heartbeat_s}")
+                 timeout_s: float = 60.0, heartbeat_s: float = 1.0, idle_timeout_s: float = 600.0,
+                 backend: str | None = None) -> None:
+        if min(timeout_s, heartbeat_s, idle_timeout_s) <= 0:
+            raise ValueError(f"timeout_s, heartbeat_s and idle_timeout_s must be > 0, got {timeout_s}, "
+                             f"{heartbeat_s}, {idle_timeout_s}")
         self._plan = SendPlan(model, layout=layout, family=family, bucket_bytes=bucket_bytes,
                               transfer_dtype=transfer_dtype)
         on_cuda = self._plan.device.type == "cuda"
@@ -143,6 +151,7 @@ class WeightServer:
         self.prefix = prefix
         self.timeout_s = float(timeout_s)
         self.heartbeat_s = float(heartbeat_s)
+        self.idle_timeout_s = float(idle_timeout_s)
         self.rank = dist.get_rank(process_group) if dist.is_available() and dist.is_initialized() else 0
         if self.rank < 0:
             raise ValueError("this rank is not in process_group: build the WeightServer on the trainer ranks only")
@@ -156,7 +165,7 @@ class WeightServer:
         self._retired: set[tuple[str, str]] = set()  # (member, nonce) of pairs that ended
         self._closed = False
         self._stats = {"publish_s": 0.0, "transfers": 0.0, "transfer_failures": 0.0, "transfer_s": 0.0,
-                       "bytes_served": 0.0, "publish_waits_timed_out": 0.0}
+                       "bytes_served": 0.0, "publish_waits_timed_out": 0.0, "idle_drops": 0.0}
         self.last_failure: str | None = None
         self._dispatcher: threading.Thread | None = None
         self._redis: redis.Redis | None = None
@@ -269,6 +278,8 @@ class WeightServer:
 
     def _route(self, request: TransferRequest) -> None:
         with self._lock:
+            if self._closed:
+                return
             if (request.member, request.nonce) in self._retired:
                 # its pair failed or was replaced: the member gets an error on that group and
                 # forms a new one (a fresh nonce); the old store keys cannot form a group again
@@ -295,6 +306,10 @@ class WeightServer:
             self._stats["transfer_s"] = result.seconds
             self._stats["bytes_served"] += result.bytes_moved
 
+    def _count(self, what: str) -> None:
+        with self._lock:
+            self._stats[what] += 1
+
     def _count_failure(self, member: str, exc: BaseException) -> None:
         with self._lock:
             self._stats["transfer_failures"] += 1
@@ -306,7 +321,7 @@ class WeightServer:
     def metrics(self, prefix: str = "sync/") -> dict[str, float]:
         """``sync/publish_s`` (last publish), ``sync/transfers``, ``sync/transfer_failures``,
         ``sync/transfer_s`` (last transfer), ``sync/bytes_served``, ``sync/members`` (live pairs),
-        ``sync/published_version``, ``sync/publish_waits_timed_out``."""
+        ``sync/published_version``, ``sync/publish_waits_timed_out``, ``sync/idle_drops``."""
         with self._lock:
             out = {f"{prefix}{k}": float(v) for k, v in self._stats.items()}
             out[f"{prefix}members"] = float(sum(not p.done for p in self._pairs.values()))
