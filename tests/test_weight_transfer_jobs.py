@@ -250,6 +250,13 @@ def _in_thread(fn) -> tuple[threading.Thread, list]:
     return thread, box
 
 
+def _wait_for(condition, seconds: float = 15.0) -> None:
+    deadline = time.monotonic() + seconds
+    while not condition():
+        assert time.monotonic() < deadline, "the server's threads did not get there in time"
+        time.sleep(0.05)
+
+
 def test_weight_server_serves_members_and_bounds_a_stalled_one(redis_url):
     from cosmos_primitives.sync import WeightClient, WeightServer, WeightTransferError
 
@@ -275,6 +282,18 @@ def test_weight_server_serves_members_and_bounds_a_stalled_one(redis_url):
         assert (first.version, first.verified, a.weight_version, holder.weight_version) == (0, True, 0, 0)
         assert _state(engine_model.named_parameters()) == _state(model.named_parameters())
 
+        # a member that asks and never forms its pair delays no other member's first fetch
+        ghost = redis.Redis.from_url(redis_url)
+        ghost.rpush(f"{PREFIX}:weights:requests:{server.session}", b'{"member": "ghost", "nonce": "n0"}')
+        ghost.close()
+        time.sleep(0.3)  # the ghost's pair thread now waits for it in the store
+        other = WeightClient(TinyQwen2Like(seed=3), redis_url, PREFIX, member_id="other", timeout_s=timeout)
+        clients.append(other)
+        start = time.monotonic()
+        assert other.fetch().version == 0 and time.monotonic() - start < timeout / 2
+        _wait_for(lambda: server.metrics()["sync/transfer_failures"] == 1)  # the ghost's pair, after `timeout`
+        assert "'ghost'" in server.last_failure
+
         # versions published since the last fetch are skipped; the pair is reused (no new check)
         for version in (1, 2, 3):
             with torch.no_grad():
@@ -297,10 +316,8 @@ def test_weight_server_serves_members_and_bounds_a_stalled_one(redis_url):
             model.model.norm.weight.add_(1.0)
         assert server.publish(4).seconds < timeout
         assert server.publish(5).seconds < timeout + 3.0
-        deadline = time.monotonic() + 3 * timeout  # the pair's own operation timeout ends it
-        while server.metrics()["sync/transfer_failures"] < 1 and time.monotonic() < deadline:
-            time.sleep(0.05)
-        assert server.metrics()["sync/transfer_failures"] == 1.0 and "'stalled'" in server.last_failure
+        _wait_for(lambda: server.metrics()["sync/transfer_failures"] == 2)  # the pair's own op timeout
+        assert "'stalled'" in server.last_failure
         result = a.fetch()  # the other member is served meanwhile
         assert result.version == 5 and _state(engine_model.named_parameters()) == _state(model.named_parameters())
         held.release.set()
@@ -322,8 +339,8 @@ def test_weight_server_serves_members_and_bounds_a_stalled_one(redis_url):
         assert _state(restarted_model.named_parameters()) == _state(model.named_parameters())
         assert a.fetch().verified and a.weight_version == 5
         metrics = server.metrics()
-        assert metrics["sync/members"] == 2.0 and metrics["sync/published_version"] == 5.0
-        assert metrics["sync/transfers"] == 6.0 and metrics["sync/transfer_failures"] == 1.0
+        assert metrics["sync/members"] == 3.0 and metrics["sync/published_version"] == 5.0
+        assert metrics["sync/transfers"] == 7.0 and metrics["sync/transfer_failures"] == 2.0
     finally:
         server.close()
 
@@ -340,9 +357,7 @@ def test_weight_server_serves_members_and_bounds_a_stalled_one(redis_url):
         assert (result.version, result.verified) == (6, True)
         assert _state(engine_model.named_parameters()) == _state(model.named_parameters())
         # an idle pair is dropped by the trainer; the member's next fetch re-forms it at once
-        deadline = time.monotonic() + 10
-        while again.metrics()["sync/idle_drops"] < 1 and time.monotonic() < deadline:
-            time.sleep(0.05)
+        _wait_for(lambda: again.metrics()["sync/idle_drops"] == 1)
         assert again.metrics()["sync/members"] == 0.0
         again.publish(7)
         start = time.monotonic()

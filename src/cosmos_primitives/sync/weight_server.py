@@ -14,7 +14,8 @@ Serving (sending rank, background threads):
 - a member's ``fetch()`` pushes a request (member id, nonce) to ``<prefix>:weights:requests:<session>``;
   a dispatcher thread pops it and hands it to that member's pair thread: a two-member process
   group (sender rank 0, member rank 1; gloo on CPU, NCCL on CUDA) formed over
-  ``PrefixStore(member/nonce)`` of the store, kept for later fetches with the same nonce;
+  ``PrefixStore(member/nonce)`` of the store (through a store connection of that thread's own, so
+  a member that never shows up delays no other pair), kept for later fetches with the same nonce;
 - each request is answered with the newest snapshot, in the broadcast wire protocol (the plan
   and a checksum round on a pair's first transfer), so a member that fell behind skips the
   versions in between.
@@ -55,7 +56,7 @@ from cosmos_primitives.sync.broadcast import SyncGroup
 from cosmos_primitives.sync.result import SyncResult
 from cosmos_primitives.sync.send_plan import DEFAULT_BUCKET_BYTES, SendPlan
 from cosmos_primitives.sync.snapshot import WeightSnapshot, send_snapshot, take_snapshot
-from cosmos_primitives.sync.stateless_group import drop_group, pair_group, serve_store, transfer_host
+from cosmos_primitives.sync.stateless_group import connect_store, drop_group, pair_group, serve_store, transfer_host
 from cosmos_primitives.sync.transfer_protocol import (
     ServerRecord,
     TransferRequest,
@@ -84,7 +85,10 @@ class _Pair:
         try:
             if server._snapshot_device.type == "cuda":  # a new thread starts on GPU 0
                 torch.cuda.set_device(server._snapshot_device)
-            group = pair_group(server._store, f"{self.member}/{self.nonce}", 0,
+            # a connection of its own: a store object serialises its operations, and forming a
+            # pair waits in the store for the member, which must not hold up other pairs
+            store = connect_store(server.host, server.port, server.timeout_s)
+            group = pair_group(store, f"{self.member}/{self.nonce}", 0,
                                device_type=server._snapshot_device.type, timeout_s=server.timeout_s)
             first = True
             while True:
