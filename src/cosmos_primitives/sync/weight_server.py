@@ -10,7 +10,7 @@ Serving (sending rank, background threads):
 
 - the sender hosts a ``TCPStore`` (``port=0``: a free port) on ``host`` / ``$COSMOS_TRANSFER_HOST`` /
   this machine's address, and keeps ``<prefix>:weights:server`` in Redis (session id, address,
-  newest version) alive with a heartbeat (expiry ``5 * heartbeat_s``);
+  newest version) alive with a heartbeat (expiry ``max(5 s, 5 * heartbeat_s)``);
 - a member's ``fetch()`` pushes a request (member id, nonce) to ``<prefix>:weights:requests:<session>``;
   a dispatcher thread pops it and hands it to that member's pair thread: a two-member process
   group (sender rank 0, member rank 1; gloo on CPU, NCCL on CUDA) formed over
@@ -128,7 +128,8 @@ class WeightServer:
         host: the address members connect to (default ``$COSMOS_TRANSFER_HOST``, else this
             machine's); port: the store's port (0: a free one).
         timeout_s: bound of every pair operation and of ``publish``'s wait for old transfers.
-        heartbeat_s: how often the Redis record is renewed (it expires after 5 of them).
+        heartbeat_s: how often the Redis record is renewed; it expires after 5 of them, at least
+            5 s (so a trainer gone without ``close()`` stops being offered after that long).
         idle_timeout_s: a pair with no request for this long is dropped (its member may be gone
             without a word; a live one re-forms it on its next fetch, transparently).
         backend: ``"gloo"`` (snapshots in CPU memory; the default for a CPU model) or ``"nccl"``
@@ -156,6 +157,7 @@ class WeightServer:
         self.timeout_s = float(timeout_s)
         self.heartbeat_s = float(heartbeat_s)
         self.idle_timeout_s = float(idle_timeout_s)
+        self.record_ttl_s = max(5.0, 5 * self.heartbeat_s)
         self.rank = dist.get_rank(process_group) if dist.is_available() and dist.is_initialized() else 0
         if self.rank < 0:
             raise ValueError("this rank is not in process_group: build the WeightServer on the trainer ranks only")
@@ -254,7 +256,7 @@ class WeightServer:
 
     def _write_record(self) -> None:
         assert self._redis is not None
-        self._redis.set(server_key(self.prefix), self._record(), px=int(5000 * self.heartbeat_s))
+        self._redis.set(server_key(self.prefix), self._record(), px=int(1000 * self.record_ttl_s))
 
     def _dispatch(self) -> None:
         """Pop requests, route them to their member's pair; renew the record between them."""
@@ -267,7 +269,7 @@ class WeightServer:
                 if now >= next_beat:
                     self._write_record()
                     next_beat = now + self.heartbeat_s
-                popped = self._redis.blpop([key], timeout=max(1, round(self.heartbeat_s)))
+                popped = self._redis.blpop([key], timeout=self.heartbeat_s)  # fractional: Redis >= 6
                 if popped is None or self._closed:
                     continue
                 request = msgspec.json.decode(popped[1], type=TransferRequest)
