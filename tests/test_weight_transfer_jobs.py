@@ -25,6 +25,7 @@ import redis
 import torch
 import torch.distributed as dist
 
+from cosmos_primitives.parallel.distributed import free_port
 from cosmos_primitives.testing import run_distributed
 from test_sync_broadcast import VOCAB, TinyQwen2Like, _state
 
@@ -347,6 +348,16 @@ def test_weight_server_serves_members_and_bounds_a_stalled_one(redis_url):
     # the trainer stops serving: fetches fail; a restarted trainer (new session) is found again
     with pytest.raises(WeightTransferError, match="no trainer serves"):
         a.fetch()
+    # a trainer killed without close(): its record outlives it for a few seconds, and a fetch
+    # then fails at once instead of retrying a dead address for the whole timeout
+    r = redis.Redis.from_url(redis_url)
+    r.set(f"{PREFIX}:weights:server", b'{"session": "dead", "host": "127.0.0.1", "port": %d, "backend": "gloo", '
+          b'"version": 5, "pid": 1, "hostname": "gone"}' % free_port(), px=3000)
+    r.close()
+    start = time.monotonic()
+    with pytest.raises(WeightTransferError, match="no weight server listens"):
+        a.fetch()
+    assert time.monotonic() - start < timeout / 2
     with torch.no_grad():
         model.model.norm.weight.add_(1.0)
     again = WeightServer(model, redis_url, PREFIX, bucket_bytes=512, timeout_s=timeout, heartbeat_s=0.2,

@@ -48,7 +48,16 @@ def serve_store(host: str, port: int, timeout_s: float) -> dist.TCPStore:
 
 
 def connect_store(host: str, port: int, timeout_s: float) -> dist.TCPStore:
-    """A member's connection to the sender's store (retried by torch for up to ``timeout_s``)."""
+    """A connection to the sender's store.
+
+    Raises:
+        ConnectionError: nothing listens there (a trainer gone while its Redis record lives on):
+            refused at once, where torch's client would retry for ``timeout_s``.
+    """
+    try:
+        socket.create_connection((host, port), timeout=min(timeout_s, 10.0)).close()
+    except OSError as exc:
+        raise ConnectionError(f"no weight server listens at {host}:{port} ({exc})") from exc
     return dist.TCPStore(host, port, is_master=False, timeout=timedelta(seconds=timeout_s))
 
 
