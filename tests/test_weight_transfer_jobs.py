@@ -358,6 +358,8 @@ def test_weight_server_serves_members_and_bounds_a_stalled_one(redis_url):
     with pytest.raises(WeightTransferError, match="no weight server listens"):
         a.fetch()
     assert time.monotonic() - start < timeout / 2
+    with pytest.raises(WeightTransferError, match="no trainer serves"):
+        a.wait_for_server(timeout_s=0.5)  # the record alone is not a serving trainer
     with torch.no_grad():
         model.model.norm.weight.add_(1.0)
     again = WeightServer(model, redis_url, PREFIX, bucket_bytes=512, timeout_s=timeout, heartbeat_s=0.2,

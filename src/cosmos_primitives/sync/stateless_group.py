@@ -54,11 +54,19 @@ def connect_store(host: str, port: int, timeout_s: float) -> dist.TCPStore:
         ConnectionError: nothing listens there (a trainer gone while its Redis record lives on):
             refused at once, where torch's client would retry for ``timeout_s``.
     """
+    problem = store_problem(host, port, timeout_s)
+    if problem:
+        raise ConnectionError(f"no weight server listens at {host}:{port} ({problem})")
+    return dist.TCPStore(host, port, is_master=False, timeout=timedelta(seconds=timeout_s))
+
+
+def store_problem(host: str, port: int, timeout_s: float) -> str:
+    """Why a TCP connection to ``host:port`` fails (empty when something listens there)."""
     try:
         socket.create_connection((host, port), timeout=min(timeout_s, 10.0)).close()
     except OSError as exc:
-        raise ConnectionError(f"no weight server listens at {host}:{port} ({exc})") from exc
-    return dist.TCPStore(host, port, is_master=False, timeout=timedelta(seconds=timeout_s))
+        return str(exc) or type(exc).__name__
+    return ""
 
 
 def pair_group(store: dist.Store, key: str, rank: int, *, device_type: str, timeout_s: float) -> SyncGroup:

@@ -23,7 +23,7 @@ from cosmos_primitives.sync.broadcast import SyncGroup, WeightReceiver
 from cosmos_primitives.sync.checks import WeightMismatchError
 from cosmos_primitives.sync.name_maps import NameMapError
 from cosmos_primitives.sync.result import SyncResult
-from cosmos_primitives.sync.stateless_group import connect_store, drop_group, pair_group
+from cosmos_primitives.sync.stateless_group import connect_store, drop_group, pair_group, store_problem
 from cosmos_primitives.sync.transfer_protocol import (
     ServerRecord,
     TransferRequest,
@@ -86,7 +86,8 @@ class WeightClient:
         return None if record is None else record.version
 
     def wait_for_server(self, timeout_s: float | None = None) -> int:
-        """Block until a trainer serves under this prefix; its newest version.
+        """Block until a trainer serves under this prefix (its record is in Redis and its store
+        answers); its newest version.
 
         Raises:
             WeightTransferError: none did within ``timeout_s`` (``None``: wait without bound).
@@ -94,7 +95,8 @@ class WeightClient:
         deadline = None if timeout_s is None else time.monotonic() + timeout_s
         while True:
             record = self._record()
-            if record is not None:
+            # a killed trainer's record outlives it for a few seconds: it must also answer
+            if record is not None and not store_problem(record.host, record.port, self.timeout_s):
                 return record.version
             if deadline is not None and time.monotonic() >= deadline:
                 raise WeightTransferError(f"member '{self.member_id}': no trainer serves weights under "
