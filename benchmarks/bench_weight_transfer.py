@@ -22,13 +22,12 @@ only times and orders the steps: the transfer itself uses the pair group.
 from __future__ import annotations
 
 import argparse
-import statistics
 import time
 
 import torch
 import torch.distributed as dist
 
-from bench_weight_sync import module_with, shapes_of_size
+from bench_weight_sync import module_with, print_medians, shapes_of_size
 from cosmos_primitives.queue import RedisServer
 from cosmos_primitives.sync import WeightBroadcaster, WeightClient, WeightReceiver, WeightServer, new_sync_group
 from cosmos_primitives.testing import run_distributed
@@ -103,12 +102,7 @@ def main() -> None:
     nbytes, times = trainer["bytes"], trainer["times"]
     print(f"{nbytes / 1e6:.0f} MB bf16, {args.bucket_mb} MB buckets, median of {args.repeats}, {args.threads} "
           f"intra-op thread(s) per process; member got the trainer's weights: {member['ok']}")
-    base = statistics.median(times["in-job broadcast"])
-    print(f"{'step':<18} {'median s':>9} {'GB/s':>7} {'vs in-job':>10}   all runs (s)")
-    for name, values in times.items():
-        med = statistics.median(values)
-        print(f"{name:<18} {med:9.3f} {nbytes / med / 1e9:7.2f} {med / base:10.2f}   "
-              + " ".join(f"{v:.3f}" for v in values))
+    print_medians(times, nbytes, "in-job broadcast", "vs in-job", speed=False, width=18)
 
 
 if __name__ == "__main__":
