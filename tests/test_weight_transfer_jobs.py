@@ -7,7 +7,14 @@ lists (``ctl:*``) and checks, in one run: a member started before the trainer wa
 (4); a member started after a publish gets the trainer's weights bit for bit (1); members that
 skip versions get the newest (2); a member SIGKILLed mid-transfer delays no publish past the
 timeout, the other member keeps receiving, and a restarted process with the same member id
-loads the current version (3); after ``close()`` a fetch fails with a clear error.
+loads the current version (3); after ``close()`` a fetch fails with a clear error (slow: five
+process starts).
+
+A second, fast test runs the server and its members on threads of the test process (the same
+groups and protocol, no process starts) through the failure cases: a member that asks and never
+shows up, one that stalls mid-transfer, a restarted member id, idle pairs, a trainer that closed
+or died, and a restarted trainer. The model is ``test_sync_broadcast``'s plain-torch Qwen2
+look-alike, which keeps ``transformers`` out of the spawned processes.
 """
 
 from __future__ import annotations
