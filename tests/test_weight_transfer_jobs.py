@@ -229,18 +229,20 @@ def test_rollout_members_of_other_jobs_follow_the_trainer(redis_url):
 # one process: the server and its members on threads (fast; the same protocol and groups) ------
 
 class _HeldEngine:
-    """A RolloutEngine whose loader waits for ``release`` (a member that stalls mid-transfer)."""
+    """A RolloutEngine whose loader waits for ``release`` (a member that stalls mid-transfer);
+    it loads into ``weights`` (not ``.model``: the check reads them back through ``read_back``)."""
 
     def __init__(self) -> None:
         self.inside, self.release = threading.Event(), threading.Event()
-        self.received: dict[str, bytes] = {}
+        self.weights = dict(TinyQwen2Like(seed=4).named_parameters())
         self.weight_version = -1
 
     def update_weights(self, named_tensors, version: int) -> None:
         self.inside.set()
         self.release.wait(60)
-        for name, tensor in named_tensors:
-            self.received[name] = _state([(name, tensor)])[name]
+        with torch.no_grad():
+            for name, tensor in named_tensors:
+                self.weights[name].copy_(tensor)
         self.weight_version = version
 
 
@@ -316,7 +318,8 @@ def test_weight_server_serves_members_and_bounds_a_stalled_one(redis_url):
         # buffers at once, the one after waits for snapshot 3 at most `timeout` (then takes fresh
         # buffers); the stalled pair's own operation timeout drops it
         held = _HeldEngine()
-        stalled = WeightClient(held, redis_url, PREFIX, member_id="stalled", timeout_s=timeout)
+        stalled = WeightClient(held, redis_url, PREFIX, member_id="stalled", timeout_s=timeout,
+                               read_back=held.weights.__getitem__)
         clients.append(stalled)
         stalled_thread, stalled_box = _in_thread(stalled.fetch)
         assert held.inside.wait(30)
@@ -336,7 +339,7 @@ def test_weight_server_serves_members_and_bounds_a_stalled_one(redis_url):
         held.inside.clear()
         result = stalled.fetch()
         assert (result.version, result.verified, held.weight_version) == (5, True, 5)
-        assert held.received == _state((n, p) for n, p in model.named_parameters())
+        assert _state(held.weights.items()) == _state(model.named_parameters())
 
         # a restarted member with the same id replaces the old pair; a fetch over the replaced pair
         # fails and is tried again over a new one

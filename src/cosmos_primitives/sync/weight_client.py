@@ -13,10 +13,12 @@ from __future__ import annotations
 
 import time
 import uuid
+from collections.abc import Callable
 from typing import Any
 
 import msgspec
 import redis
+import torch
 from torch import nn
 
 from cosmos_primitives.sync.broadcast import SyncGroup, WeightReceiver
@@ -47,16 +49,19 @@ class WeightClient:
             operation).
         strict: every parameter of a module target must be fed.
         poll_s: how often ``wait_for_server`` looks at Redis.
+        read_back: ``name -> tensor`` for the check of a ``RolloutEngine`` target's first transfer
+            over each pair (as ``WeightReceiver`` takes it).
     """
 
     def __init__(self, target: Any, redis_url: str, prefix: str, *, member_id: str, engine: Any = None,
-                 timeout_s: float = 60.0, strict: bool = True, poll_s: float = 0.2) -> None:
+                 timeout_s: float = 60.0, strict: bool = True, poll_s: float = 0.2,
+                 read_back: Callable[[str], torch.Tensor] | None = None) -> None:
         if not isinstance(target, nn.Module) and not callable(getattr(target, "update_weights", None)):
             raise TypeError(f"target must be an nn.Module or a RolloutEngine with update_weights(); "
                             f"got {type(target).__name__}")
         if not member_id:
             raise ValueError("member_id must be a non-empty name for this rollout process")
-        self._target, self._engine, self._strict = target, engine, strict
+        self._target, self._engine, self._strict, self._read_back = target, engine, strict, read_back
         self.prefix, self.member_id = prefix, member_id
         self.timeout_s, self.poll_s = float(timeout_s), float(poll_s)
         self._redis = redis.Redis.from_url(redis_url, socket_timeout=max(10.0, self.timeout_s))
@@ -149,7 +154,7 @@ class WeightClient:
                                          device_type="cuda" if nccl else "cpu", timeout_s=self.timeout_s)
                 # gloo buckets land in CPU memory and are copied into the engine wherever it lives
                 self._receiver = WeightReceiver(self._target, self._group, engine=self._engine, strict=self._strict,
-                                                device=None if nccl else "cpu")
+                                                device=None if nccl else "cpu", read_back=self._read_back)
             else:
                 self._request(record)
             assert self._receiver is not None
