@@ -310,9 +310,11 @@ def test_weight_server_serves_members_and_bounds_a_stalled_one(redis_url):
                 model.model.layers[0].mlp.up_proj.weight.mul_(1.5)
             server.publish(version)
         assert a.published_version() == 3
-        result = a.fetch()
+        result = a.refresh()
         assert (result.version, result.verified, holder.weight_version) == (3, False, 3)
         assert _state(engine_model.named_parameters()) == _state(model.named_parameters())
+        transfers = server.metrics()["sync/transfers"]
+        assert a.refresh() is None and server.metrics()["sync/transfers"] == transfers  # nothing new
 
         # a member stalled mid-transfer holds snapshot 3: the next publish reuses snapshot 2's
         # buffers at once, the one after waits for snapshot 3 at most `timeout` (then takes fresh
@@ -375,9 +377,12 @@ def test_weight_server_serves_members_and_bounds_a_stalled_one(redis_url):
     again = WeightServer(model, redis_url, PREFIX, bucket_bytes=512, timeout_s=timeout, heartbeat_s=0.2,
                          idle_timeout_s=0.5)
     try:
+        again.publish(5)  # a restarted trainer at a version the member has: new weights all the same
+        result = a.refresh()
+        assert (result.version, result.verified) == (5, True)
         again.publish(6)
         result = a.fetch()
-        assert (result.version, result.verified) == (6, True)
+        assert (result.version, result.verified) == (6, False)
         assert _state(engine_model.named_parameters()) == _state(model.named_parameters())
         # an idle pair is dropped by the trainer; the member's next fetch re-forms it at once
         _wait_for(lambda: again.metrics()["sync/idle_drops"] == 1)

@@ -71,6 +71,7 @@ class WeightClient:
         self._group: SyncGroup | None = None
         self._receiver: WeightReceiver | None = None
         self._version = -1
+        self._fetched_session: str | None = None
         self.fetches = 0
 
     @property
@@ -132,6 +133,19 @@ class WeightClient:
                 raise
             return self._fetch_once(self._current_record())
 
+    def refresh(self) -> SyncResult | None:
+        """``fetch()`` unless this member already holds the version on offer from the trainer
+        serving now (``None`` then). A restarted trainer counts as new even at an equal or lower
+        version: its weights may come from another checkpoint.
+
+        Raises:
+            WeightTransferError / NameMapError / WeightMismatchError: as ``fetch()``.
+        """
+        record = self._current_record()
+        if record.session == self._fetched_session and record.version == self._version:
+            return None
+        return self.fetch()
+
     def _current_record(self) -> ServerRecord:
         record = self._record()
         if record is None:
@@ -172,6 +186,7 @@ class WeightClient:
             self._drop()
             raise WeightTransferError(f"weight transfer to {where}: the trainer closed its weight server")
         self._version = result.version
+        self._fetched_session = record.session
         self.fetches += 1
         return result
 
