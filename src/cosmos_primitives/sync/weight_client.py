@@ -76,7 +76,8 @@ class WeightClient:
 
     @property
     def weight_version(self) -> int:
-        """The version of the last fetched snapshot; -1 before the first."""
+        """The version of the last fetched snapshot; -1 before the first and after a transfer that
+        broke off part way (the engine may then hold parts of two versions)."""
         return self._version
 
     def _record(self) -> ServerRecord | None:
