@@ -395,3 +395,22 @@ def test_weight_server_serves_members_and_bounds_a_stalled_one(redis_url):
         again.close()
         for client in clients:
             client.close()
+
+
+def test_the_advertised_address_reaches_this_machine(monkeypatch):
+    """The default transfer host is an address a listener on every interface answers at (not
+    merely what the hostname resolves to); ``host`` and ``$COSMOS_TRANSFER_HOST`` win over it."""
+    import socket
+
+    from cosmos_primitives.sync.stateless_group import HOST_ENV, local_address_toward, transfer_host
+
+    monkeypatch.delenv(HOST_ENV, raising=False)
+    with socket.create_server(("0.0.0.0", 0)) as listener:
+        port = listener.getsockname()[1]
+        socket.create_connection((transfer_host(), port), timeout=5).close()
+    assert local_address_toward("127.0.0.1") == "127.0.0.1"
+    if local_address_toward("10.255.255.255"):  # a machine with a default route (this one's hostname
+        assert not transfer_host().startswith("127.")  # resolves to 127.0.0.1): never a loopback address
+    assert transfer_host("trainer-7") == "trainer-7"
+    monkeypatch.setenv(HOST_ENV, "10.1.2.3")
+    assert transfer_host() == "10.1.2.3" and transfer_host("trainer-7") == "trainer-7"

@@ -166,7 +166,8 @@ class WeightClient:
                 self._request(record)
                 nccl = record.backend == "nccl"
                 self._group = pair_group(self._store, f"{self.member_id}/{self._nonce}", 1,
-                                         device_type="cuda" if nccl else "cpu", timeout_s=self.timeout_s)
+                                         device_type="cuda" if nccl else "cpu", timeout_s=self.timeout_s,
+                                         peer_host=record.host)
                 # gloo buckets land in CPU memory and are copied into the engine wherever it lives
                 self._receiver = WeightReceiver(self._target, self._group, engine=self._engine, strict=self._strict,
                                                 device=None if nccl else "cpu", read_back=self._read_back)

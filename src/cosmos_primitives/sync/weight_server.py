@@ -88,8 +88,8 @@ class _Pair:
             # a connection of its own: a store object serialises its operations, and forming a
             # pair waits in the store for the member, which must not hold up other pairs
             store = connect_store(server.host, server.port, server.timeout_s)
-            group = pair_group(store, f"{self.member}/{self.nonce}", 0,
-                               device_type=server._snapshot_device.type, timeout_s=server.timeout_s)
+            group = pair_group(store, f"{self.member}/{self.nonce}", 0, device_type=server._snapshot_device.type,
+                               timeout_s=server.timeout_s, peer_host=server.host)
             first = True
             while True:
                 try:
