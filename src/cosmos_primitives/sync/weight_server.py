@@ -280,7 +280,10 @@ class WeightServer:
             except msgspec.DecodeError as exc:
                 log.warning("weight server for '%s': ignoring a malformed request (%s)", self.prefix, exc)
                 continue
-            self._route(request)
+            try:
+                self._route(request)
+            except Exception:  # e.g. no thread could be started: this request is lost, the next one may not be
+                log.exception("weight server for '%s': could not serve member '%s'", self.prefix, request.member)
 
     def _route(self, request: TransferRequest) -> None:
         with self._lock:
