@@ -293,9 +293,10 @@ def test_weight_server_serves_members_and_bounds_a_stalled_one(redis_url):
         assert (first.version, first.verified, a.weight_version, holder.weight_version) == (0, True, 0, 0)
         assert _state(engine_model.named_parameters()) == _state(model.named_parameters())
 
-        # a member that asks and never forms its pair delays no other member's first fetch
+        # a malformed request is skipped; a member that asks and never forms its pair delays no
+        # other member's first fetch
         ghost = redis.Redis.from_url(redis_url)
-        ghost.rpush(f"{PREFIX}:weights:requests:{server.session}", b'{"member": "ghost", "nonce": "n0"}')
+        ghost.rpush(f"{PREFIX}:weights:requests:{server.session}", b"not json", b'{"member": "ghost", "nonce": "n0"}')
         ghost.close()
         time.sleep(0.3)  # the ghost's pair thread now waits for it in the store
         other = WeightClient(TinyQwen2Like(seed=3), redis_url, PREFIX, member_id="other", timeout_s=timeout)
