@@ -7,7 +7,14 @@ lists (``ctl:*``) and checks, in one run: a member started before the trainer wa
 (4); a member started after a publish gets the trainer's weights bit for bit (1); members that
 skip versions get the newest (2); a member SIGKILLed mid-transfer delays no publish past the
 timeout, the other member keeps receiving, and a restarted process with the same member id
-loads the current version (3); after ``close()`` a fetch fails with a clear error.
+loads the current version (3); after ``close()`` a fetch fails with a clear error (slow: five
+process starts).
+
+A second, fast test runs the server and its members on threads of the test process (the same
+groups and protocol, no process starts) through the failure cases: a member that asks and never
+shows up, one that stalls mid-transfer, a restarted member id, idle pairs, a trainer that closed
+or died, and a restarted trainer. The model is ``test_sync_broadcast``'s plain-torch Qwen2
+look-alike, which keeps ``transformers`` out of the spawned processes.
 """
 
 from __future__ import annotations
@@ -25,6 +32,7 @@ import redis
 import torch
 import torch.distributed as dist
 
+from cosmos_primitives.parallel.distributed import free_port
 from cosmos_primitives.testing import run_distributed
 from test_sync_broadcast import VOCAB, TinyQwen2Like, _state
 
@@ -196,7 +204,8 @@ def test_rollout_members_of_other_jobs_follow_the_trainer(redis_url):
         result, version, _, state = _ask(r, "victim", "fetch")
         assert (result.version, version, result.verified) == (7, 7, True) and state == trainer.state
         metrics = _ask(r, "trainer", 0).metrics
-        assert metrics["sync/transfer_failures"] >= 1 and metrics["sync/transfers"] >= 6
+        # 6 transfers were received; the last may not be counted yet when the trainer reports
+        assert metrics["sync/transfer_failures"] >= 1 and metrics["sync/transfers"] >= 5
         assert metrics["sync/published_version"] == 7
 
         # the trainer stops serving: a fetch then fails naming the member and the run
@@ -221,18 +230,20 @@ def test_rollout_members_of_other_jobs_follow_the_trainer(redis_url):
 # one process: the server and its members on threads (fast; the same protocol and groups) ------
 
 class _HeldEngine:
-    """A RolloutEngine whose loader waits for ``release`` (a member that stalls mid-transfer)."""
+    """A RolloutEngine whose loader waits for ``release`` (a member that stalls mid-transfer);
+    it loads into ``weights`` (not ``.model``: the check reads them back through ``read_back``)."""
 
     def __init__(self) -> None:
         self.inside, self.release = threading.Event(), threading.Event()
-        self.received: dict[str, bytes] = {}
+        self.weights = dict(TinyQwen2Like(seed=4).named_parameters())
         self.weight_version = -1
 
     def update_weights(self, named_tensors, version: int) -> None:
         self.inside.set()
         self.release.wait(60)
-        for name, tensor in named_tensors:
-            self.received[name] = _state([(name, tensor)])[name]
+        with torch.no_grad():
+            for name, tensor in named_tensors:
+                self.weights[name].copy_(tensor)
         self.weight_version = version
 
 
@@ -250,6 +261,13 @@ def _in_thread(fn) -> tuple[threading.Thread, list]:
     return thread, box
 
 
+def _wait_for(condition, seconds: float = 15.0) -> None:
+    deadline = time.monotonic() + seconds
+    while not condition():
+        assert time.monotonic() < deadline, "the server's threads did not get there in time"
+        time.sleep(0.05)
+
+
 def test_weight_server_serves_members_and_bounds_a_stalled_one(redis_url):
     from cosmos_primitives.sync import WeightClient, WeightServer, WeightTransferError
 
@@ -265,6 +283,8 @@ def test_weight_server_serves_members_and_bounds_a_stalled_one(redis_url):
     with pytest.raises(WeightTransferError, match="no trainer serves"):
         a.fetch()
 
+    with pytest.raises(ValueError, match="nccl"):
+        WeightServer(model, redis_url, PREFIX, backend="nccl")  # a CPU model has no NCCL transfer
     server = WeightServer(model, redis_url, PREFIX, bucket_bytes=512, timeout_s=timeout, heartbeat_s=0.2)
     clients = [a]
     try:
@@ -273,21 +293,39 @@ def test_weight_server_serves_members_and_bounds_a_stalled_one(redis_url):
         assert (first.version, first.verified, a.weight_version, holder.weight_version) == (0, True, 0, 0)
         assert _state(engine_model.named_parameters()) == _state(model.named_parameters())
 
+        # a malformed request is skipped; a member that asks and never forms its pair delays no
+        # other member's first fetch
+        ghost = redis.Redis.from_url(redis_url)
+        ghost.rpush(f"{PREFIX}:weights:requests:{server.session}", b"not json", b'{"member": "ghost", "nonce": "n0"}')
+        ghost.close()
+        time.sleep(0.3)  # the ghost's pair thread now waits for it in the store
+        other = WeightClient(TinyQwen2Like(seed=3), redis_url, PREFIX, member_id="other", timeout_s=timeout)
+        clients.append(other)
+        start = time.monotonic()
+        assert other.fetch().version == 0 and time.monotonic() - start < timeout / 2
+        _wait_for(lambda: server.metrics()["sync/transfer_failures"] == 1)  # the ghost's pair, after `timeout`
+        assert "'ghost'" in server.last_failure
+
         # versions published since the last fetch are skipped; the pair is reused (no new check)
         for version in (1, 2, 3):
             with torch.no_grad():
                 model.model.layers[0].mlp.up_proj.weight.mul_(1.5)
             server.publish(version)
         assert a.published_version() == 3
-        result = a.fetch()
+        result = a.refresh()
         assert (result.version, result.verified, holder.weight_version) == (3, False, 3)
         assert _state(engine_model.named_parameters()) == _state(model.named_parameters())
+        _wait_for(lambda: server.metrics()["sync/transfers"] == 3)  # counted once the member has them
+        assert a.refresh() is None  # nothing new: no request
+        time.sleep(0.2)
+        assert server.metrics()["sync/transfers"] == 3
 
         # a member stalled mid-transfer holds snapshot 3: the next publish reuses snapshot 2's
         # buffers at once, the one after waits for snapshot 3 at most `timeout` (then takes fresh
         # buffers); the stalled pair's own operation timeout drops it
         held = _HeldEngine()
-        stalled = WeightClient(held, redis_url, PREFIX, member_id="stalled", timeout_s=timeout)
+        stalled = WeightClient(held, redis_url, PREFIX, member_id="stalled", timeout_s=timeout,
+                               read_back=held.weights.__getitem__)
         clients.append(stalled)
         stalled_thread, stalled_box = _in_thread(stalled.fetch)
         assert held.inside.wait(30)
@@ -295,49 +333,88 @@ def test_weight_server_serves_members_and_bounds_a_stalled_one(redis_url):
             model.model.norm.weight.add_(1.0)
         assert server.publish(4).seconds < timeout
         assert server.publish(5).seconds < timeout + 3.0
-        deadline = time.monotonic() + 3 * timeout  # the pair's own operation timeout ends it
-        while server.metrics()["sync/transfer_failures"] < 1 and time.monotonic() < deadline:
-            time.sleep(0.05)
-        assert server.metrics()["sync/transfer_failures"] == 1.0 and "'stalled'" in server.last_failure
+        _wait_for(lambda: server.metrics()["sync/transfer_failures"] == 2)  # the pair's own op timeout
+        assert "'stalled'" in server.last_failure
         result = a.fetch()  # the other member is served meanwhile
         assert result.version == 5 and _state(engine_model.named_parameters()) == _state(model.named_parameters())
         held.release.set()
         stalled_thread.join(30)
         assert isinstance(stalled_box[0], WeightTransferError) and "'stalled'" in str(stalled_box[0])
+        assert stalled.weight_version == held.weight_version == -1  # part of version 3 was written
         # its next fetch forms a new pair (checked again) and loads the current version
         held.inside.clear()
         result = stalled.fetch()
         assert (result.version, result.verified, held.weight_version) == (5, True, 5)
-        assert held.received == _state((n, p) for n, p in model.named_parameters())
+        assert _state(held.weights.items()) == _state(model.named_parameters())
 
-        # a restarted member with the same id replaces the old pair; the old client's next fetch
-        # fails on its replaced pair and the one after re-forms
+        # a restarted member with the same id replaces the old pair; a fetch over the replaced pair
+        # fails and is tried again over a new one
         restarted_model = TinyQwen2Like(seed=2)
         restarted = WeightClient(restarted_model, redis_url, PREFIX, member_id="a", timeout_s=timeout)
         clients.append(restarted)
         assert restarted.fetch().verified
         assert _state(restarted_model.named_parameters()) == _state(model.named_parameters())
-        with pytest.raises(WeightTransferError, match="'a'"):
-            a.fetch()
         assert a.fetch().verified and a.weight_version == 5
+        _wait_for(lambda: server.metrics()["sync/transfers"] == 7)
+        _wait_for(lambda: server.metrics()["sync/members"] == 3)  # a, other, stalled; the replaced pair ends
         metrics = server.metrics()
-        assert metrics["sync/members"] == 2.0 and metrics["sync/published_version"] == 5.0
-        assert metrics["sync/transfers"] == 6.0 and metrics["sync/transfer_failures"] == 1.0
+        assert metrics["sync/published_version"] == 5.0 and metrics["sync/transfer_failures"] == 2.0
     finally:
         server.close()
 
     # the trainer stops serving: fetches fail; a restarted trainer (new session) is found again
     with pytest.raises(WeightTransferError, match="no trainer serves"):
         a.fetch()
+    # a trainer killed without close(): its record outlives it for a few seconds, and a fetch
+    # then fails at once instead of retrying a dead address for the whole timeout
+    r = redis.Redis.from_url(redis_url)
+    r.set(f"{PREFIX}:weights:server", b'{"session": "dead", "host": "127.0.0.1", "port": %d, "backend": "gloo", '
+          b'"version": 5, "pid": 1, "hostname": "gone"}' % free_port(), px=3000)
+    r.close()
+    start = time.monotonic()
+    with pytest.raises(WeightTransferError, match="no weight server listens"):
+        a.fetch()
+    assert time.monotonic() - start < timeout / 2
+    with pytest.raises(WeightTransferError, match="no trainer serves"):
+        a.wait_for_server(timeout_s=0.5)  # the record alone is not a serving trainer
     with torch.no_grad():
         model.model.norm.weight.add_(1.0)
-    again = WeightServer(model, redis_url, PREFIX, bucket_bytes=512, timeout_s=timeout, heartbeat_s=0.2)
+    again = WeightServer(model, redis_url, PREFIX, bucket_bytes=512, timeout_s=timeout, heartbeat_s=0.2,
+                         idle_timeout_s=0.5)
     try:
+        again.publish(5)  # a restarted trainer at a version the member has: new weights all the same
+        result = a.refresh()
+        assert (result.version, result.verified) == (5, True)
         again.publish(6)
         result = a.fetch()
-        assert (result.version, result.verified) == (6, True)
+        assert (result.version, result.verified) == (6, False)
         assert _state(engine_model.named_parameters()) == _state(model.named_parameters())
+        # an idle pair is dropped by the trainer; the member's next fetch re-forms it at once
+        _wait_for(lambda: again.metrics()["sync/idle_drops"] == 1 and again.metrics()["sync/members"] == 0)
+        again.publish(7)
+        start = time.monotonic()
+        result = a.fetch()
+        assert (result.version, result.verified) == (7, True) and time.monotonic() - start < timeout
     finally:
         again.close()
         for client in clients:
             client.close()
+
+
+def test_the_advertised_address_reaches_this_machine(monkeypatch):
+    """The default transfer host is an address a listener on every interface answers at (not
+    merely what the hostname resolves to); ``host`` and ``$COSMOS_TRANSFER_HOST`` win over it."""
+    import socket
+
+    from cosmos_primitives.sync.stateless_group import HOST_ENV, local_address_toward, transfer_host
+
+    monkeypatch.delenv(HOST_ENV, raising=False)
+    with socket.create_server(("0.0.0.0", 0)) as listener:
+        port = listener.getsockname()[1]
+        socket.create_connection((transfer_host(), port), timeout=5).close()
+    assert local_address_toward("127.0.0.1") == "127.0.0.1"
+    if local_address_toward("10.255.255.255"):  # a machine with a default route (this one's hostname
+        assert not transfer_host().startswith("127.")  # resolves to 127.0.0.1): never a loopback address
+    assert transfer_host("trainer-7") == "trainer-7"
+    monkeypatch.setenv(HOST_ENV, "10.1.2.3")
+    assert transfer_host() == "10.1.2.3" and transfer_host("trainer-7") == "trainer-7"

@@ -25,14 +25,15 @@ from cosmos_primitives.sync.sources import full_tensor
 
 class WeightSnapshot:
     """The weights at ``version`` as the plan's buckets: ``buffers[b]`` is bucket ``b``
-    (``uint8``, ``bucket_used[b]`` bytes, on the trainer's device).
+    (``uint8``, ``bucket_used[b]`` bytes, on ``device``).
 
     ``users`` counts transfers reading it (the server reuses its buffers only at 0).
     """
 
-    def __init__(self, version: int, buffers: list[torch.Tensor]) -> None:
+    def __init__(self, version: int, buffers: list[torch.Tensor], device: torch.device) -> None:
         self.version = version
         self.buffers = buffers
+        self.device = device
         self.nbytes = sum(b.numel() for b in buffers)
         self.users = 0
         self._sums: list[tuple[int, int]] | None = None
@@ -53,12 +54,14 @@ class WeightSnapshot:
             return self._sums
 
 
-def take_snapshot(plan: SendPlan, version: int, *, is_src: bool,
+def take_snapshot(plan: SendPlan, version: int, *, is_src: bool, device: torch.device | None = None,
                   reuse: list[torch.Tensor] | None = None) -> WeightSnapshot | None:
     """Gather every parameter once (every trainer rank calls this: FSDP2 gathers are collective)
     and, on the sending rank, pack it into the buckets.
 
     Args:
+        device: where the buckets live (default: the trainer's device; CPU for a gloo transfer
+            of a CUDA model).
         reuse: the buffers of a snapshot no transfer reads any more (same plan), filled again
             instead of allocating new ones.
 
@@ -66,9 +69,10 @@ def take_snapshot(plan: SendPlan, version: int, *, is_src: bool,
         The snapshot on the sending rank, ``None`` elsewhere.
     """
     used = plan.layout.bucket_used
+    device = plan.device if device is None else torch.device(device)
     buffers: list[torch.Tensor] = []
     if is_src:
-        buffers = reuse if reuse is not None else [torch.empty(n, dtype=torch.uint8, device=plan.device) for n in used]
+        buffers = reuse if reuse is not None else [torch.empty(n, dtype=torch.uint8, device=device) for n in used]
     with torch.no_grad():
         current, flat = -1, torch.empty(0)
         for p in plan.layout.pieces:
@@ -78,7 +82,7 @@ def take_snapshot(plan: SendPlan, version: int, *, is_src: bool,
                 plan.pack(buffers[p.bucket], p, flat)
         if plan.device.type == "cuda":
             torch.cuda.synchronize()
-    return WeightSnapshot(version, buffers) if is_src else None
+    return WeightSnapshot(version, buffers, device) if is_src else None
 
 
 def send_snapshot(snapshot: WeightSnapshot, plan: SendPlan, group: SyncGroup, *, with_plan: bool,
@@ -92,14 +96,14 @@ def send_snapshot(snapshot: WeightSnapshot, plan: SendPlan, group: SyncGroup, *,
     """
     start = time.perf_counter()
     blob = plan.blob if with_plan else b""
-    send_header(group, plan.device, snapshot.version, plan.fingerprint, verify, blob, len(plan.target_names))
+    send_header(group, snapshot.device, snapshot.version, plan.fingerprint, verify, blob, len(plan.target_names))
     works = [group.broadcast(snapshot.buffers[b], async_op=True) for b in plan.active_buckets]
     for work in works:
         work.wait()
-    if plan.device.type == "cuda":
+    if snapshot.device.type == "cuda":
         torch.cuda.synchronize()
     seconds = time.perf_counter() - start
     if verify:
-        send_checksums(group, plan.device, snapshot.checksums(plan), plan.target_names)
+        send_checksums(group, snapshot.device, snapshot.checksums(plan), plan.target_names)
     return SyncResult(version=snapshot.version, seconds=seconds, bytes_moved=snapshot.nbytes,
                       num_copied=len(plan.target_names), num_buckets=len(works), verified=verify)

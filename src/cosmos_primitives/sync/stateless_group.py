@@ -28,16 +28,34 @@ HOST_ENV = "COSMOS_TRANSFER_HOST"
 
 def transfer_host(host: str | None = None) -> str:
     """The address members reach the sender at: ``host``, else ``$COSMOS_TRANSFER_HOST``, else
-    this machine's address (its hostname resolved; the hostname itself when that fails)."""
+    this machine's address: its hostname resolved, unless that is a loopback address (as
+    ``/etc/hosts`` often makes it), then the address of the interface of its default route; the
+    loopback address only when neither exists (one machine)."""
     if host:
         return host
     if os.environ.get(HOST_ENV):
         return os.environ[HOST_ENV]
     name = socket.gethostname()
     try:
-        return socket.gethostbyname(name)
+        address = socket.gethostbyname(name)
     except OSError:
-        return name
+        address = ""
+    if address and not address.startswith("127."):
+        return address
+    return local_address_toward("10.255.255.255") or address or name
+
+
+def local_address_toward(remote: str) -> str:
+    """This machine's address on the interface that reaches ``remote`` (empty when no route does).
+
+    Connecting a UDP socket only picks the route; nothing is sent.
+    """
+    try:
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
+            probe.connect((remote, 9))
+            return probe.getsockname()[0]
+    except OSError:
+        return ""
 
 
 def serve_store(host: str, port: int, timeout_s: float) -> dist.TCPStore:
@@ -48,11 +66,29 @@ def serve_store(host: str, port: int, timeout_s: float) -> dist.TCPStore:
 
 
 def connect_store(host: str, port: int, timeout_s: float) -> dist.TCPStore:
-    """A member's connection to the sender's store (retried by torch for up to ``timeout_s``)."""
+    """A connection to the sender's store.
+
+    Raises:
+        ConnectionError: nothing listens there (a trainer gone while its Redis record lives on):
+            refused at once, where torch's client would retry for ``timeout_s``.
+    """
+    problem = store_problem(host, port, timeout_s)
+    if problem:
+        raise ConnectionError(f"no weight server listens at {host}:{port} ({problem})")
     return dist.TCPStore(host, port, is_master=False, timeout=timedelta(seconds=timeout_s))
 
 
-def pair_group(store: dist.Store, key: str, rank: int, *, device_type: str, timeout_s: float) -> SyncGroup:
+def store_problem(host: str, port: int, timeout_s: float) -> str:
+    """Why a TCP connection to ``host:port`` fails (empty when something listens there)."""
+    try:
+        socket.create_connection((host, port), timeout=min(timeout_s, 10.0)).close()
+    except OSError as exc:
+        return str(exc) or type(exc).__name__
+    return ""
+
+
+def pair_group(store: dist.Store, key: str, rank: int, *, device_type: str, timeout_s: float,
+               peer_host: str = "") -> SyncGroup:
     """Form the two-member group named ``key`` (both sides call this; it returns once both have).
 
     Args:
@@ -62,6 +98,9 @@ def pair_group(store: dist.Store, key: str, rank: int, *, device_type: str, time
         rank: 0 on the sender, 1 on the member.
         device_type: ``"cpu"`` (gloo) or ``"cuda"`` (NCCL).
         timeout_s: bounds the formation and every later collective of the group.
+        peer_host: the sender's address; gloo then listens on the interface that reaches it
+            (torch's default, the hostname's address, is a loopback one on many hosts), unless
+            ``$GLOO_SOCKET_IFNAME`` names the interfaces.
 
     Raises:
         RuntimeError / DistStoreError: the other side did not arrive within ``timeout_s``.
@@ -73,7 +112,16 @@ def pair_group(store: dist.Store, key: str, rank: int, *, device_type: str, time
         options._timeout = timeout
         group = dist.ProcessGroupNCCL(prefixed, rank, 2, options)
     else:
-        group = dist.ProcessGroupGloo(prefixed, rank, 2, timeout)
+        local = ""
+        if peer_host and not os.environ.get("GLOO_SOCKET_IFNAME"):
+            local = local_address_toward(peer_host)
+        if local:
+            options = dist.ProcessGroupGloo._Options()
+            options._devices = [dist.ProcessGroupGloo.create_device(hostname=local)]
+            options._timeout = timeout
+            group = dist.ProcessGroupGloo(prefixed, rank, 2, options)
+        else:
+            group = dist.ProcessGroupGloo(prefixed, rank, 2, timeout)
     return SyncGroup(group, 0, (0, 1), rank, stateless=True)
 
 

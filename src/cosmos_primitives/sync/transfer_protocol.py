@@ -3,7 +3,7 @@
 Keys, under the run's prefix (e.g. ``cosmos:myrun``):
 
 - ``<prefix>:weights:server``: the serving trainer's record (msgspec JSON of :class:`ServerRecord`:
-  session id, store address, backend, newest version on offer), written at each publish and
+  session id, store address, backend ``"gloo"`` / ``"nccl"``, newest version on offer), written at each publish and
   renewed by the server's heartbeat with an expiry, so it vanishes a few heartbeats after the
   trainer dies;
 - ``<prefix>:weights:requests:<session>``: a list of :class:`TransferRequest` (member id and the

@@ -10,11 +10,12 @@ Serving (sending rank, background threads):
 
 - the sender hosts a ``TCPStore`` (``port=0``: a free port) on ``host`` / ``$COSMOS_TRANSFER_HOST`` /
   this machine's address, and keeps ``<prefix>:weights:server`` in Redis (session id, address,
-  newest version) alive with a heartbeat (expiry ``5 * heartbeat_s``);
+  newest version) alive with a heartbeat (expiry ``max(5 s, 5 * heartbeat_s)``);
 - a member's ``fetch()`` pushes a request (member id, nonce) to ``<prefix>:weights:requests:<session>``;
   a dispatcher thread pops it and hands it to that member's pair thread: a two-member process
   group (sender rank 0, member rank 1; gloo on CPU, NCCL on CUDA) formed over
-  ``PrefixStore(member/nonce)`` of the store, kept for later fetches with the same nonce;
+  ``PrefixStore(member/nonce)`` of the store (through a store connection of that thread's own, so
+  a member that never shows up delays no other pair), kept for later fetches with the same nonce;
 - each request is answered with the newest snapshot, in the broadcast wire protocol (the plan
   and a checksum round on a pair's first transfer), so a member that fell behind skips the
   versions in between.
@@ -55,7 +56,7 @@ from cosmos_primitives.sync.broadcast import SyncGroup
 from cosmos_primitives.sync.result import SyncResult
 from cosmos_primitives.sync.send_plan import DEFAULT_BUCKET_BYTES, SendPlan
 from cosmos_primitives.sync.snapshot import WeightSnapshot, send_snapshot, take_snapshot
-from cosmos_primitives.sync.stateless_group import drop_group, pair_group, serve_store, transfer_host
+from cosmos_primitives.sync.stateless_group import connect_store, drop_group, pair_group, serve_store, transfer_host
 from cosmos_primitives.sync.transfer_protocol import (
     ServerRecord,
     TransferRequest,
@@ -82,11 +83,20 @@ class _Pair:
         group: SyncGroup | None = None
         snapshot: WeightSnapshot | None = None
         try:
-            group = pair_group(server._store, f"{self.member}/{self.nonce}", 0,
-                               device_type=server._plan.device.type, timeout_s=server.timeout_s)
+            if server._snapshot_device.type == "cuda":  # a new thread starts on GPU 0
+                torch.cuda.set_device(server._snapshot_device)
+            # a connection of its own: a store object serialises its operations, and forming a
+            # pair waits in the store for the member, which must not hold up other pairs
+            store = connect_store(server.host, server.port, server.timeout_s)
+            group = pair_group(store, f"{self.member}/{self.nonce}", 0, device_type=server._snapshot_device.type,
+                               timeout_s=server.timeout_s, peer_host=server.host)
             first = True
             while True:
-                item = self.requests.get()
+                try:
+                    item = self.requests.get(timeout=server.idle_timeout_s)
+                except queue.Empty:  # a member that went away between fetches; a live one re-forms
+                    server._count("idle_drops")
+                    return
                 if item is _STOP:  # requests queued before it were answered
                     return
                 snapshot = server._acquire()
@@ -118,20 +128,36 @@ class WeightServer:
         host: the address members connect to (default ``$COSMOS_TRANSFER_HOST``, else this
             machine's); port: the store's port (0: a free one).
         timeout_s: bound of every pair operation and of ``publish``'s wait for old transfers.
-        heartbeat_s: how often the Redis record is renewed (it expires after 5 of them).
+        heartbeat_s: how often the Redis record is renewed; it expires after 5 of them, at least
+            5 s (so a trainer gone without ``close()`` stops being offered after that long).
+        idle_timeout_s: a pair with no request for this long is dropped (its member may be gone
+            without a word; a live one re-forms it on its next fetch, transparently).
+        backend: ``"gloo"`` (snapshots in CPU memory; the default for a CPU model) or ``"nccl"``
+            (snapshots on the GPU; the default for a CUDA model). ``"gloo"`` for a CUDA model
+            trades GPU memory and speed for members without GPUs or without NCCL reachability.
     """
 
     def __init__(self, model: nn.Module, redis_url: str, prefix: str, *, process_group: Any = None,
                  layout: str = "hf", family: str | None = None, bucket_bytes: int = DEFAULT_BUCKET_BYTES,
                  transfer_dtype: torch.dtype | None = None, host: str | None = None, port: int = 0,
-                 timeout_s: float = 60.0, heartbeat_s: float = 1.0) -> None:
-        if timeout_s <= 0 or heartbeat_s <= 0:
-            raise ValueError(f"timeout_s and heartbeat_s must be > 0, got {timeout_s}, {heartbeat_s}")
+                 timeout_s: float = 60.0, heartbeat_s: float = 1.0, idle_timeout_s: float = 600.0,
+                 backend: str | None = None) -> None:
+        if min(timeout_s, heartbeat_s, idle_timeout_s) <= 0:
+            raise ValueError(f"timeout_s, heartbeat_s and idle_timeout_s must be > 0, got {timeout_s}, "
+                             f"{heartbeat_s}, {idle_timeout_s}")
         self._plan = SendPlan(model, layout=layout, family=family, bucket_bytes=bucket_bytes,
                               transfer_dtype=transfer_dtype)
+        on_cuda = self._plan.device.type == "cuda"
+        self.backend = backend or ("nccl" if on_cuda else "gloo")
+        if self.backend not in ("gloo", "nccl") or (self.backend == "nccl" and not on_cuda):
+            raise ValueError(f"backend must be 'gloo' or, for a CUDA model, 'nccl'; got {backend!r} for a "
+                             f"{self._plan.device.type} model")
+        self._snapshot_device = self._plan.device if self.backend == "nccl" else torch.device("cpu")
         self.prefix = prefix
         self.timeout_s = float(timeout_s)
         self.heartbeat_s = float(heartbeat_s)
+        self.idle_timeout_s = float(idle_timeout_s)
+        self.record_ttl_s = max(5.0, 5 * self.heartbeat_s)
         self.rank = dist.get_rank(process_group) if dist.is_available() and dist.is_initialized() else 0
         if self.rank < 0:
             raise ValueError("this rank is not in process_group: build the WeightServer on the trainer ranks only")
@@ -145,7 +171,7 @@ class WeightServer:
         self._retired: set[tuple[str, str]] = set()  # (member, nonce) of pairs that ended
         self._closed = False
         self._stats = {"publish_s": 0.0, "transfers": 0.0, "transfer_failures": 0.0, "transfer_s": 0.0,
-                       "bytes_served": 0.0, "publish_waits_timed_out": 0.0}
+                       "bytes_served": 0.0, "publish_waits_timed_out": 0.0, "idle_drops": 0.0}
         self.last_failure: str | None = None
         self._dispatcher: threading.Thread | None = None
         self._redis: redis.Redis | None = None
@@ -175,11 +201,16 @@ class WeightServer:
                              f"{self.weight_version}")
         start = time.perf_counter()
         reuse = self._free_buffers() if self.is_sender else None
-        snapshot = take_snapshot(self._plan, version, is_src=self.is_sender, reuse=reuse)
+        snapshot = take_snapshot(self._plan, version, is_src=self.is_sender, device=self._snapshot_device,
+                                 reuse=reuse)
         if snapshot is not None:
             with self._lock:
                 self._previous, self._current = self._current, snapshot
-            self._write_record()
+            try:
+                self._write_record()
+            except redis.exceptions.RedisError as exc:  # training goes on; the heartbeat writes it later
+                log.warning("weight server for '%s': could not advertise version %d (%s); retrying with the "
+                            "heartbeat", self.prefix, version, exc)
             if self._dispatcher is None:
                 self._dispatcher = threading.Thread(target=self._dispatch, name="weights-dispatch", daemon=True)
                 self._dispatcher.start()
@@ -220,12 +251,12 @@ class WeightServer:
         assert self.weight_version is not None or self._current is not None
         version = self._current.version if self._current is not None else -1
         return msgspec.json.encode(ServerRecord(
-            session=self.session, host=self.host, port=self.port, backend=self._plan.device.type,
+            session=self.session, host=self.host, port=self.port, backend=self.backend,
             version=version, pid=os.getpid(), hostname=socket.gethostname()))
 
     def _write_record(self) -> None:
         assert self._redis is not None
-        self._redis.set(server_key(self.prefix), self._record(), px=int(5000 * self.heartbeat_s))
+        self._redis.set(server_key(self.prefix), self._record(), px=int(1000 * self.record_ttl_s))
 
     def _dispatch(self) -> None:
         """Pop requests, route them to their member's pair; renew the record between them."""
@@ -238,21 +269,26 @@ class WeightServer:
                 if now >= next_beat:
                     self._write_record()
                     next_beat = now + self.heartbeat_s
-                popped = self._redis.blpop([key], timeout=max(1, round(self.heartbeat_s)))
+                popped = self._redis.blpop([key], timeout=self.heartbeat_s)  # fractional: Redis >= 6
                 if popped is None or self._closed:
                     continue
                 request = msgspec.json.decode(popped[1], type=TransferRequest)
-            except (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError) as exc:
+            except redis.exceptions.RedisError as exc:
                 log.warning("weight server for '%s': Redis unreachable (%s); retrying", self.prefix, exc)
                 time.sleep(self.heartbeat_s)
                 continue
             except msgspec.DecodeError as exc:
                 log.warning("weight server for '%s': ignoring a malformed request (%s)", self.prefix, exc)
                 continue
-            self._route(request)
+            try:
+                self._route(request)
+            except Exception:  # e.g. no thread could be started: this request is lost, the next one may not be
+                log.exception("weight server for '%s': could not serve member '%s'", self.prefix, request.member)
 
     def _route(self, request: TransferRequest) -> None:
         with self._lock:
+            if self._closed:
+                return
             if (request.member, request.nonce) in self._retired:
                 # its pair failed or was replaced: the member gets an error on that group and
                 # forms a new one (a fresh nonce); the old store keys cannot form a group again
@@ -279,6 +315,10 @@ class WeightServer:
             self._stats["transfer_s"] = result.seconds
             self._stats["bytes_served"] += result.bytes_moved
 
+    def _count(self, what: str) -> None:
+        with self._lock:
+            self._stats[what] += 1
+
     def _count_failure(self, member: str, exc: BaseException) -> None:
         with self._lock:
             self._stats["transfer_failures"] += 1
@@ -290,7 +330,7 @@ class WeightServer:
     def metrics(self, prefix: str = "sync/") -> dict[str, float]:
         """``sync/publish_s`` (last publish), ``sync/transfers``, ``sync/transfer_failures``,
         ``sync/transfer_s`` (last transfer), ``sync/bytes_served``, ``sync/members`` (live pairs),
-        ``sync/published_version``, ``sync/publish_waits_timed_out``."""
+        ``sync/published_version``, ``sync/publish_waits_timed_out``, ``sync/idle_drops``."""
         with self._lock:
             out = {f"{prefix}{k}": float(v) for k, v in self._stats.items()}
             out[f"{prefix}members"] = float(sum(not p.done for p in self._pairs.values()))
