@@ -122,15 +122,21 @@ def main() -> None:
     rewards = cp.rewards.RewardSet.from_config(grpo)
     throttle = RolloutThrottle.from_config(queue, grpo, plan.records_per_step)
     claims.start_renewal(job_id)  # a daemon thread: the claims expire when the job dies
-    waited_s = 0.0
+    waited_s, trainer_lost = 0.0, False
     while True:
         reason = control.stop_requested()
         if reason is not None:
             break
-        published = queue.weight_version()
-        # != rather than >: a trainer resumed from an older checkpoint publishes a lower version
-        if published is not None and published != client.weight_version:
-            fetch_weights(client, control, log)
+        try:  # newer weights, or a restarted trainer's (even at a lower version: another checkpoint)
+            fresh = client.refresh()
+        except WeightTransferError as error:  # the trainer restarting, or gone
+            if not trainer_lost:
+                log.warning(f"[rollout] {job_id}: cannot fetch weights ({error}); retrying until a trainer serves")
+                trainer_lost = True
+            time.sleep(1.0)
+            continue
+        trainer_lost = False
+        if fresh is not None:
             counts["weight_version"] = client.weight_version
             continue
         if throttle.ahead_by(client.weight_version) > 0:  # the trainer has enough records queued
