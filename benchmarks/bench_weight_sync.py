@@ -147,11 +147,19 @@ def run_broadcast(total_mb: float, repeats: int, bucket_mbs: list[int], threads:
     print(f"\n1. broadcast over gloo, 2 processes: {nbytes / 1e6:.0f} MB bf16 in {sender['tensors']} tensors, "
           f"median of {repeats}, {threads} intra-op thread(s) per process; "
           f"receiver got the sender's weights: {receiver['received_ok']}")
-    flat = statistics.median(times["flat"])
-    print(f"{'method':<34} {'median s':>9} {'GB/s':>7} {'vs flat':>8}   all runs (s)")
+    print_medians(times, nbytes, "flat", "vs flat", speed=True, width=34)
+
+
+def print_medians(times: dict[str, list[float]], nbytes: int, baseline: str, ratio_label: str, *, speed: bool,
+                  width: int) -> None:
+    """One row per method: median seconds, GB/s, the ratio to ``baseline`` (its time over the
+    method's with ``speed``, else the method's time over its), and every run."""
+    base = statistics.median(times[baseline])
+    print(f"{'method':<{width}} {'median s':>9} {'GB/s':>7} {ratio_label:>10}   all runs (s)")
     for name, values in times.items():
         med = statistics.median(values)
-        print(f"{name:<34} {med:9.3f} {nbytes / med / 1e9:7.2f} {flat / med:8.2f}   "
+        ratio = base / med if speed else med / base
+        print(f"{name:<{width}} {med:9.3f} {nbytes / med / 1e9:7.2f} {ratio:10.2f}   "
               + " ".join(f"{v:.3f}" for v in values))
 
 

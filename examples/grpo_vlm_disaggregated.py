@@ -54,10 +54,10 @@ from cosmos_primitives.queue import (
     StalenessFilter,
     fetch_records,
     record_advantages,
-    record_from_group,
-    record_rewards,
+    records_from_scores,
 )
 from cosmos_primitives.queue.disaggregated_plan import QueuePlan, plan_disaggregated
+from cosmos_primitives.queue.record_metrics import record_metrics
 from cosmos_primitives.queue.run_control import RunControl
 from cosmos_primitives.sync import WeightBroadcaster, WeightReceiver, new_sync_group
 
@@ -131,15 +131,11 @@ def train_from_queue(cfg, info, roles, plan: QueuePlan, mesh: RoleMesh, sync_gro
         times["sync"] = sync_result.seconds
         queue.ack(records)
 
-        rewards = record_rewards(records)
         tracker.log_metrics({
-            "reward/mean": float(rewards.mean()), "reward/std": float(rewards.std(unbiased=False)),
-            **{f"reward/{name}": sum(float(r.meta.get(f"reward/{name}", 0.0)) for r in records) / len(records)
-               for name in grpo.reward_function},
-            **update.metrics,
+            **record_metrics(records, list(grpo.reward_function)), **update.metrics,
             "response_length": float(batch.completion_lengths.float().mean()), "grad_norm": update.grad_norm,
             "lr": scheduler.get_last_lr()[0], "bad_samples": bad.count,
-            "weight_version": step, "rollout/weight_version": sum(r.weight_version for r in records) / len(records),
+            "weight_version": step,
             **stale.metrics(), **sync_result.metrics(),
             **{k: v for k, v in queue.metrics().items() if k in ("queue/malformed", "queue/redelivered")},
             **{f"time/{k}": v for k, v in times.items()}, "time/step": sum(times.values()),
@@ -212,14 +208,8 @@ def generate_into_queue(cfg, info, roles, plan: QueuePlan, sync_group, url: str)
                                             + info.rank)
         groups = engine.generate([next(prompts) for _ in range(plan.prompts_per_rollout)], params)
         scored = cp.rewards.score_groups(groups, rewards, grpo, cfg.rollout.max_response_length)
-        records = []
-        for i, group in enumerate(groups):
-            rows = slice(i * n, (i + 1) * n)
-            if not scored.keep[i * n]:  # dynamic sampling drops a group whole; the trainer waits for more
-                continue
-            # the group's mean of each reward, for the trainer's logs
-            meta = {f"reward/{name}": sum(scored.batch.values(name)[rows]) / n for name in grpo.reward_function}
-            records.append(record_from_group(group, scored.rewards[rows], scored.advantages[rows], meta=meta))
+        # a group dynamic sampling drops is not put: the trainer waits for more
+        records = records_from_scores(groups, scored, list(grpo.reward_function))
         if records:
             queue.put_many(records)
         batches += 1

@@ -23,7 +23,7 @@ from cosmos_primitives.config.paths import (
 )
 from cosmos_primitives.config.policy import DIFFUSERS_LORA_TARGETS, LoraConfig, ParallelismConfig, PolicyConfig
 from cosmos_primitives.config.recipe_cli import load_recipe_config
-from cosmos_primitives.config.redis import RedisConfig
+from cosmos_primitives.config.redis import RedisConfig, run_stream
 from cosmos_primitives.config.remote_reward import RemoteRewardConfig, RemoteRewardTerm
 from cosmos_primitives.config.rollout import RolloutConfig, SamplingConfig
 from cosmos_primitives.config.root import Config
@@ -70,5 +70,6 @@ __all__ = [
     "redact_url",
     "register_alias",
     "resolve_demo_paths",
+    "run_stream",
     "with_plugins",
 ]

@@ -8,10 +8,11 @@ from collections.abc import Sequence
 
 from cosmos_primitives.config.loader import load_config
 from cosmos_primitives.config.paths import with_plugins
+from cosmos_primitives.config.redis import run_stream
 from cosmos_primitives.config.root import Config
 
 
-def load_recipe_config(description: str | None, *, plugins: bool = False,
+def load_recipe_config(description: str | None, *, plugins: bool = False, jobs: bool = False,
                        argv: Sequence[str] | None = None) -> tuple[Config, str]:
     """Parse the recipe's command line and load its config.
 
@@ -19,6 +20,8 @@ def load_recipe_config(description: str | None, *, plugins: bool = False,
         description: the recipe's ``__doc__`` (``--help`` prints it).
         plugins: accept ``--dataset my_pkg.data:MyDataset`` and ``--reward my_pkg.rewards:score``
             (repeatable; see :func:`cosmos_primitives.config.with_plugins`).
+        jobs: the independent-job recipes: ``--run NAME`` (required; the run's Redis keys live under the
+            stream ``cosmos:NAME``, see :func:`run_stream`) and ``--redis URL`` (``[redis] url``).
         argv: the arguments (default ``sys.argv[1:]``).
 
     Returns:
@@ -32,9 +35,19 @@ def load_recipe_config(description: str | None, *, plugins: bool = False,
         parser.add_argument("--reward", action="append", default=[],
                             help="a reward function by import path, e.g. my_pkg.rewards:score (repeat for more; "
                             "they replace [grpo] reward_function, weight 1 each; cosmos-rl's signature is accepted)")
+    if jobs:
+        parser.add_argument("--run", required=True, help="the run's name: the trainer job and every rollout job of "
+                            "one run give the same name (and Redis); the run's keys live under the stream cosmos:NAME")
+        parser.add_argument("--redis", default=None, help="Redis URL shared by the run's jobs (default: [redis] url, "
+                            "else $COSMOS_REDIS_URL)")
     parser.add_argument("overrides", nargs="*", help="dotted overrides, e.g. train.epoch=2 grpo.kl_beta=0.01")
     args = parser.parse_args(argv)
-    cfg = load_config(args.config, args.overrides)
+    overrides = list(args.overrides)
+    if jobs:
+        overrides.append(f"redis.stream={run_stream(args.run)}")
+        if args.redis:
+            overrides.append(f"redis.url={args.redis}")
+    cfg = load_config(args.config, overrides)
     if plugins:
         cfg = with_plugins(cfg, args.dataset, args.reward)
     return cfg, args.config

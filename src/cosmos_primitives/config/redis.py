@@ -41,3 +41,18 @@ class RedisConfig(Section):
     dead_letter_maxlen: int = 10_000
     # how long the ids of trained records are remembered for de-duplication (seconds)
     done_retention_s: float = 7 * 24 * 3600.0
+
+
+RUN_STREAM_PREFIX = "cosmos:"
+
+
+def run_stream(run_name: str) -> str:
+    """The ``[redis] stream`` of the run named ``run_name`` (``cosmos:<run_name>``): the trainer job and the
+    rollout jobs of one run meet under it (records, claims, live jobs, weight transfer keys).
+
+    Raises:
+        ValueError: an empty name or one with whitespace or ``:`` (it is part of every key of the run).
+    """
+    if not run_name or any(c.isspace() for c in run_name) or ":" in run_name:
+        raise ValueError(f"run name {run_name!r}: give a non-empty name without spaces or ':' (e.g. --run grpo_7b_a)")
+    return f"{RUN_STREAM_PREFIX}{run_name}"

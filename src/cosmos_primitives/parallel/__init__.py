@@ -3,6 +3,7 @@
 from cosmos_primitives.parallel.activation_checkpoint import apply_activation_checkpointing
 from cosmos_primitives.parallel.distributed import (
     DistInfo,
+    all_gather_object,
     all_reduce_sum,
     barrier,
     broadcast_object,
@@ -22,6 +23,7 @@ __all__ = [
     "DistInfo",
     "MeshError",
     "ParallelMesh",
+    "all_gather_object",
     "all_reduce_sum",
     "apply_activation_checkpointing",
     "apply_fsdp",

@@ -109,6 +109,18 @@ def broadcast_object(obj: Any, src: int = 0, group: dist.ProcessGroup | None = N
     return box[0]
 
 
+def all_gather_object(obj: Any, group: dist.ProcessGroup | None = None) -> list[Any]:
+    """Every rank's picklable ``obj``, in rank order (``[obj]`` without a process group).
+
+    Only for trusted, in-job values (small per-rank summaries): it pickles.
+    """
+    if not dist.is_initialized() or dist.get_world_size(group) == 1:
+        return [obj]
+    out: list[Any] = [None] * dist.get_world_size(group)
+    dist.all_gather_object(out, obj, group=group)
+    return out
+
+
 def all_reduce_sum(value: torch.Tensor, group: dist.ProcessGroup | None = None) -> torch.Tensor:
     """In-place sum over ``group`` (identity without a process group); returns ``value``."""
     if dist.is_initialized() and dist.get_world_size(group) > 1:

@@ -9,6 +9,9 @@
 - :class:`StalenessFilter` (trainer) drops records over ``allowed_outdated_steps``;
   :class:`RolloutThrottle` (worker) waits instead of producing them.
 - :class:`RedisServer`: a private ``redis-server`` on a free loopback port for a run or a test.
+- Runs of independent jobs (all keys under ``cp.config.run_stream(run)``): :class:`PromptClaims` hands
+  epoch-ordered prompt ranges (:class:`Claim`) to rollout jobs, :class:`JobRegistry` tracks live jobs
+  by heartbeat; ``python -m cosmos_primitives.queue.status`` shows a run.
 
 Trainer (one consumer per process that reads; ``step`` = weight version it holds)::
 
@@ -82,6 +85,9 @@ __all__ = [
 # Names that import torch (and the media readers) load on first use, so that a process that only
 # moves records (``import cosmos_primitives.queue``) stays light.
 _LAZY = {
+    "Claim": "prompt_claims",
+    "JobRegistry": "job_registry",
+    "PromptClaims": "prompt_claims",
     "RedisServer": "local_redis",
     "check_trainable": "record_groups",
     "collate_records": "record_groups",
@@ -89,6 +95,7 @@ _LAZY = {
     "group_from_record": "record_groups",
     "record_advantages": "record_groups",
     "record_rewards": "record_groups",
+    "records_from_scores": "record_groups",
 }
 
 __all__ += sorted(_LAZY)

@@ -30,16 +30,34 @@ def plan_disaggregated(cfg: Config, roles: RoleSplit) -> QueuePlan:
             (:func:`~cosmos_primitives.queue.run_control.check_queue_capacity`), or an export upload is
             configured (a disaggregated run does not upload yet).
     """
-    dis, grpo = cfg.disaggregated, cfg.grpo
-    per_step = dis.records_per_step or grpo.rollout_batch_size * roles.num_trainers
-    if per_step % roles.num_trainers:
-        raise ValueError(f"[disaggregated] records_per_step = {per_step} must be a multiple of the "
-                         f"{roles.num_trainers} trainer ranks (each trains on the same number of records)")
-    per_put = dis.prompts_per_rollout or grpo.rollout_batch_size
-    check_queue_capacity(cfg.redis.max_pending, grpo.allowed_outdated_steps, per_step, roles.num_rollouts, per_put,
-                         on_policy=grpo.on_policy)
+    plan = _sizes(cfg, roles.num_trainers)
+    check_queue_capacity(cfg.redis.max_pending, cfg.grpo.allowed_outdated_steps, plan.records_per_step,
+                         roles.num_rollouts, plan.prompts_per_rollout, on_policy=cfg.grpo.on_policy)
     ckpt = cfg.train.ckpt
     if ckpt.upload_s3 or ckpt.upload_hf:
         raise ValueError("a disaggregated run does not upload exports yet: set [train.ckpt] upload_s3 = false and "
                          "upload_hf = false, and upload <run_dir>/safetensors/final yourself")
-    return QueuePlan(per_step, per_step // roles.num_trainers, per_put)
+    return plan
+
+
+def plan_jobs(cfg: Config, num_trainers: int) -> QueuePlan:
+    """The plan of independent trainer / rollout jobs, the trainer job having ``num_trainers`` ranks.
+
+    The same sizes as :func:`plan_disaggregated`, without the queue-capacity check: rollout jobs come
+    and go, and a rollout job that waits for room in the queue blocks nobody (the trainer serves its
+    weights from a background thread, it never waits for a rollout job).
+
+    Raises:
+        ValueError: naming the key, when ``records_per_step`` does not split evenly over the trainer ranks.
+    """
+    return _sizes(cfg, num_trainers)
+
+
+def _sizes(cfg: Config, num_trainers: int) -> QueuePlan:
+    dis, grpo = cfg.disaggregated, cfg.grpo
+    per_step = dis.records_per_step or grpo.rollout_batch_size * num_trainers
+    if per_step % num_trainers:
+        raise ValueError(f"[disaggregated] records_per_step = {per_step} must be a multiple of the "
+                         f"{num_trainers} trainer ranks (each trains on the same number of records)")
+    per_put = dis.prompts_per_rollout or grpo.rollout_batch_size
+    return QueuePlan(per_step, per_step // num_trainers, per_put)

@@ -9,9 +9,9 @@ also checks that the re-encoded prompt gives the token ids the engine generated 
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -22,8 +22,11 @@ from cosmos_primitives.data.prompt_inputs import encode_prompts
 from cosmos_primitives.data.records import Completion, Prompt, RolloutGroup
 from cosmos_primitives.data.rollout_batch import RolloutBatch, collate_rollouts
 from cosmos_primitives.queue.base import RolloutQueue
-from cosmos_primitives.queue.record import RolloutRecord
+from cosmos_primitives.queue.record import RolloutRecord, record_from_group
 from cosmos_primitives.queue.staleness import StalenessFilter
+
+if TYPE_CHECKING:  # pragma: no cover
+    from cosmos_primitives.rewards.group_scores import GroupScores
 
 
 def group_from_record(record: RolloutRecord, settings: MediaSettings | None = None,
@@ -172,3 +175,34 @@ def record_advantages(records: Sequence[RolloutRecord], device: torch.device | s
 def record_rewards(records: Sequence[RolloutRecord], device: torch.device | str | None = None) -> torch.Tensor:
     """The rewards of every completion, one per batch row: ``[N]`` float32 in record order."""
     return torch.tensor([x for r in records for x in r.rewards], dtype=torch.float32, device=device)
+
+
+def records_from_scores(groups: Sequence[RolloutGroup], scored: GroupScores, reward_names: Sequence[str], *,
+                        record_ids: Sequence[str] | None = None,
+                        meta: Mapping[str, str | int | float | bool] | None = None) -> list[RolloutRecord]:
+    """The queue records of scored ``groups`` (rollout side), one per group that dynamic sampling kept.
+
+    Args:
+        groups: ``G`` groups of ``n`` completions each, in the order ``scored`` scored them.
+        scored: :func:`~cosmos_primitives.rewards.score_groups` of ``groups``: ``[G * n]`` rewards,
+            advantages and keep flags (a group is kept or dropped whole).
+        reward_names: the ``[grpo] reward_function`` names; each record's ``meta`` carries the group's
+            mean of each as ``"reward/<name>"`` (the trainer logs them).
+        record_ids: one id per group (e.g. deterministic per prompt and epoch, so that a group
+            produced twice is trained once); default fresh ids.
+        meta: extras put on every record (e.g. ``{"producer": job_id}``).
+    """
+    if record_ids is not None and len(record_ids) != len(groups):
+        raise ValueError(f"records_from_scores: {len(record_ids)} record ids for {len(groups)} groups")
+    records, start = [], 0
+    for i, group in enumerate(groups):
+        rows = slice(start, start + len(group.completions))
+        start = rows.stop
+        if not scored.keep[rows.start]:  # dynamic sampling dropped the whole group
+            continue
+        n = rows.stop - rows.start
+        means = {f"reward/{name}": sum(scored.batch.values(name)[rows]) / n for name in reward_names}
+        records.append(record_from_group(group, scored.rewards[rows], scored.advantages[rows],
+                                         record_id=None if record_ids is None else record_ids[i],
+                                         meta={**means, **(meta or {})}))
+    return records

@@ -3,18 +3,15 @@
 Keys (``S`` = the queue's stream): ``S:stop`` holds the reason once the trainer asked the rollout
 workers to stop. :meth:`RunControl.clear_stream` deletes ``S`` (records and the consumer group),
 ``S:done``, ``S:owners``, ``S:dead``, ``S:stats``, ``S:weight_version``, ``S:producers`` (rollout
-workers' resume state) and ``S:stop``.
+workers' resume state), ``S:stop``, the prompt claims ``S:claims:*`` and the job registry ``S:jobs``
+and ``S:jobs:<id>``.
 """
 
 from __future__ import annotations
 
-import math
-
-import redis
-from redis.backoff import ExponentialBackoff
-from redis.retry import Retry
-
-from cosmos_primitives.queue.errors import QueueConnectionError
+from cosmos_primitives.queue.job_registry import clear_jobs
+from cosmos_primitives.queue.prompt_claims import claim_keys
+from cosmos_primitives.queue.redis_link import RedisLink
 from cosmos_primitives.queue.redis_queue import RedisRolloutQueue
 
 
@@ -31,30 +28,14 @@ class RunControl:
     """
 
     def __init__(self, queue: RedisRolloutQueue) -> None:
-        cfg = queue.config
-        self.safe_url = queue.safe_url
+        self.stream = queue.stream
         self.stop_key = f"{queue.stream}:stop"
         self.keys = (queue.stream, queue.done_key, queue.owners_key, queue.dead_key, queue.stats_key,
-                     queue.version_key, queue.producers_key, self.stop_key)
-        self._timeout_s = cfg.reconnect_timeout_s
-        retries = max(1, math.ceil(cfg.reconnect_timeout_s / cfg.reconnect_max_backoff_s))
-        self._redis = redis.Redis.from_url(
-            queue.url,
-            retry=Retry(ExponentialBackoff(cap=cfg.reconnect_max_backoff_s, base=cfg.reconnect_initial_backoff_s),
-                        retries),
-            retry_on_error=[redis.exceptions.ConnectionError, redis.exceptions.TimeoutError],
-            socket_timeout=cfg.socket_timeout_s,
-            socket_connect_timeout=min(5.0, cfg.socket_timeout_s),
-        )
-
-    def _run(self, what: str, fn):
-        try:
-            return fn()
-        except (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError) as exc:
-            raise QueueConnectionError(
-                f"Redis at {self.safe_url} unreachable during {what} (retried for about {self._timeout_s}s: {exc}); "
-                "check that redis-server runs at that address ([redis] url or $COSMOS_REDIS_URL)"
-            ) from exc
+                     queue.version_key, queue.producers_key, self.stop_key, *claim_keys(queue.stream).values())
+        self._link = RedisLink(queue.url, queue.config)
+        self.safe_url = self._link.safe_url
+        self._redis = self._link.client
+        self._run = self._link.call
 
     def request_stop(self, reason: str = "trainer finished") -> None:
         """Ask every rollout worker of the job to stop (sets ``<stream>:stop`` to ``reason``)."""
@@ -71,12 +52,13 @@ class RunControl:
 
     def clear_stream(self) -> int:
         """Delete the stream, its consumer group, trained ids, dead letters, weight version, producer
-        states and stop flag.
+        states, stop flag, prompt claims (position included) and registered jobs.
 
-        For a fresh run only (a resumed run may want the records still queued). Returns how many
-        of those keys existed.
+        For a fresh run only (a resumed run may want the records still queued and the claims
+        position). Returns how many of those keys existed.
         """
-        return int(self._run("clear stream", lambda: self._redis.delete(*self.keys)))
+        return int(self._run("clear stream", lambda: self._redis.delete(*self.keys)
+                             + clear_jobs(self._redis, self.stream)))
 
     def close(self) -> None:
         self._redis.close()

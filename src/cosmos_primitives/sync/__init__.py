@@ -1,5 +1,6 @@
-"""Weight sync from the trainer to rollout engines: in-process (colocated) and bucketed
-``torch.distributed`` broadcast (disaggregated), with name maps per model family."""
+"""Weight sync from the trainer to rollout engines: in-process (colocated), bucketed
+``torch.distributed`` broadcast (disaggregated, one job) and a weight server that rollout jobs
+fetch from (disaggregated, separate jobs), with name maps per model family."""
 
 from cosmos_primitives.sync.broadcast import SyncGroup, WeightBroadcaster, WeightReceiver, new_sync_group
 from cosmos_primitives.sync.checks import WeightMismatchError, bitwise_equal, checksum
@@ -15,6 +16,9 @@ from cosmos_primitives.sync.name_maps import (
     register_family,
 )
 from cosmos_primitives.sync.result import SyncResult
+from cosmos_primitives.sync.transfer_protocol import WeightTransferError
+from cosmos_primitives.sync.weight_client import WeightClient
+from cosmos_primitives.sync.weight_server import WeightServer
 
 __all__ = [
     "FamilyNameMap",
@@ -25,8 +29,11 @@ __all__ = [
     "SyncResult",
     "UnknownFamilyError",
     "WeightBroadcaster",
+    "WeightClient",
     "WeightMismatchError",
     "WeightReceiver",
+    "WeightServer",
+    "WeightTransferError",
     "bitwise_equal",
     "checksum",
     "get_family",

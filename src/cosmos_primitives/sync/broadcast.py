@@ -29,7 +29,6 @@ what brings bucketed sends to the flat-buffer bandwidth.
 
 from __future__ import annotations
 
-import hashlib
 import time
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -41,20 +40,14 @@ import torch.distributed as dist
 from torch import nn
 
 from cosmos_primitives.parallel.param_names import clean_name
-from cosmos_primitives.sync.buckets import BucketLayout, Piece, arena_size, arena_starts, layout_buckets
+from cosmos_primitives.sync.buckets import BucketLayout, Piece, arena_size, arena_starts
 from cosmos_primitives.sync.checks import WeightMismatchError, add_checksums, bitwise_equal, checksum
-from cosmos_primitives.sync.name_maps import NameMapError, map_names, resolve_family
+from cosmos_primitives.sync.name_maps import NameMapError
 from cosmos_primitives.sync.result import SyncResult
-from cosmos_primitives.sync.sources import (
-    full_tensor,
-    fused_shape,
-    is_sharded,
-    local_device,
-    named_sources,
-    ties_embeddings,
-)
+from cosmos_primitives.sync.send_plan import DEFAULT_BUCKET_BYTES, SendPlan, WirePlan, wire_dtype
+from cosmos_primitives.sync.send_plan import fingerprint as fingerprint_of
+from cosmos_primitives.sync.sources import full_tensor, is_sharded
 
-DEFAULT_BUCKET_BYTES = 256 << 20
 _CLOSED = -1
 
 # wire dtype -> engine dtypes that hold every value of it exactly (so reading the engine tensor
@@ -70,13 +63,18 @@ _EXACT_WIDENING = {
 class SyncGroup:
     """The process group of one weight broadcast: ``src`` (a trainer rank) and the rollout ranks.
 
-    ``group`` is ``None`` on ranks outside it (the other trainer ranks).
+    ``group`` is ``None`` on ranks outside it (the other trainer ranks). With ``stateless``,
+    ``group`` is a process group of its own (a ``ProcessGroupGloo`` / ``ProcessGroupNCCL`` built on
+    a store, not registered in any default world: see
+    :mod:`~cosmos_primitives.sync.stateless_group`) and ``src``, ``ranks``, ``rank`` are ranks
+    inside it; its collectives are called on the group object itself.
     """
 
     group: Any
     src: int
     ranks: tuple[int, ...]
     rank: int
+    stateless: bool = False
 
     @property
     def is_member(self) -> bool:
@@ -85,6 +83,29 @@ class SyncGroup:
     @property
     def is_src(self) -> bool:
         return self.rank == self.src
+
+    def broadcast(self, t: torch.Tensor, async_op: bool = False) -> Any:
+        """Broadcast ``t`` from ``src`` (in place on the others); the work handle with ``async_op``."""
+        if not self.stateless:
+            return dist.broadcast(t, src=self.src, group=self.group, async_op=async_op)
+        opts = dist.BroadcastOptions()
+        opts.rootRank, opts.rootTensor = self.src, 0
+        work = self.group.broadcast([t], opts)
+        if async_op:
+            return work
+        work.wait()
+        return None
+
+    def max_of(self, flag: int, device: torch.device) -> int:
+        """Max of ``flag`` over the group's members."""
+        t = torch.tensor([flag], dtype=torch.int64, device=device)
+        if self.stateless:
+            opts = dist.AllreduceOptions()
+            opts.reduceOp = dist.ReduceOp.MAX
+            self.group.allreduce([t], opts).wait()
+        else:
+            dist.all_reduce(t, op=dist.ReduceOp.MAX, group=self.group)
+        return int(t.item())
 
 
 def new_sync_group(src: int, receivers: Sequence[int], *, backend: str | None = None) -> SyncGroup:
@@ -108,36 +129,49 @@ def new_sync_group(src: int, receivers: Sequence[int], *, backend: str | None = 
     return SyncGroup(group if rank in ranks else None, src, ranks, rank)
 
 
-class _WirePlan(msgspec.Struct, array_like=True):
-    """What receivers need: per engine tensor ``(name, shape, wire dtype)``; per piece
-    ``(target, target_offset, numel, bucket, byte_offset)``; bytes used per bucket."""
-
-    targets: list[tuple[str, list[int], str]]
-    pieces: list[tuple[int, int, int, int, int]]
-    bucket_used: list[int]
-    bucket_bytes: int
-
-
-def _dtype(name: str) -> torch.dtype:
-    dtype = getattr(torch, name.removeprefix("torch."), None)
-    if not isinstance(dtype, torch.dtype):
-        raise ValueError(f"unknown dtype '{name}' in the weight plan")
-    return dtype
-
-
-def _fingerprint(blob: bytes) -> int:
-    return int.from_bytes(hashlib.blake2b(blob, digest_size=7).digest(), "little")
-
-
 def _broadcast(t: torch.Tensor, group: SyncGroup, async_op: bool = False) -> Any:
-    return dist.broadcast(t, src=group.src, group=group.group, async_op=async_op)
+    return group.broadcast(t, async_op=async_op)
 
 
 def _any_rank(flag: int, group: SyncGroup, device: torch.device) -> int:
     """Max of ``flag`` over the sync group (0 everywhere means all is well)."""
-    t = torch.tensor([flag], dtype=torch.int64, device=device)
-    dist.all_reduce(t, op=dist.ReduceOp.MAX, group=group.group)
-    return int(t.item())
+    return group.max_of(flag, device)
+
+
+def send_header(group: SyncGroup, device: torch.device, version: int, fingerprint: int, verify: bool,
+                blob: bytes, num_targets: int) -> None:
+    """Sender: the header of one sync, and the plan ``blob`` with its accept round when not empty.
+
+    Raises:
+        RuntimeError: a receiver rejected the plan.
+    """
+    header = torch.tensor([version, fingerprint, int(verify), len(blob)], dtype=torch.int64, device=device)
+    _broadcast(header, group)
+    if blob:
+        _broadcast(torch.frombuffer(bytearray(blob), dtype=torch.uint8).to(device), group)
+        rejected = _any_rank(0, group, device)
+        if rejected:
+            raise RuntimeError(
+                f"rollout rank {rejected - 1} rejected the weight plan ({num_targets} tensors); "
+                "its own error says which tensor does not fit"
+            )
+
+
+def send_checksums(group: SyncGroup, device: torch.device, sums: list[tuple[int, int]],
+                   target_names: list[str]) -> None:
+    """Sender: the per-tensor checksums of a checked sync, and the receivers' pass / fail round.
+
+    Raises:
+        WeightMismatchError: a receiver holds a tensor that differs (named).
+    """
+    table = torch.tensor(sums, dtype=torch.int64, device=device)
+    _broadcast(table, group)
+    bad = _any_rank(0, group, device)
+    if bad:
+        raise WeightMismatchError(
+            f"weight sync check failed: a rollout rank received engine tensor '{target_names[bad - 1]}' "
+            "different from the trainer's (checksums differ); see the rollout rank's error"
+        )
 
 
 class WeightBroadcaster:
@@ -165,48 +199,25 @@ class WeightBroadcaster:
                  bucket_bytes: int = DEFAULT_BUCKET_BYTES, transfer_dtype: torch.dtype | None = None,
                  overlap: bool = True, verify_first: bool = True, in_place: bool = False) -> None:
         self.group = group
-        sources = named_sources(model)
-        names = list(sources)
-        index = {n: i for i, n in enumerate(names)}
-        self._sources = [sources[n] for n in names]
-        if not self._sources:
-            raise ValueError(f"{type(model).__name__} has no parameters to broadcast")
-        specs = map_names(names, layout, resolve_family(model, family, layout), tied=ties_embeddings(model))
-        targets: list[tuple[str, list[int], str]] = []
-        sizes: list[tuple[int, list[tuple[int, int]]]] = []
-        self._wire: list[torch.dtype] = []
-        self._place: dict[int, tuple[int, int]] = {}  # source index -> (target index, element offset)
-        for t_index, spec in enumerate(specs):
-            parts = [sources[s] for s in spec.sources]
-            shape = fused_shape(spec.name, spec.sources, parts)
-            wire = transfer_dtype if transfer_dtype is not None and parts[0].is_floating_point() else parts[0].dtype
-            self._wire.append(wire)
-            targets.append((spec.name, list(shape), str(wire)))
-            offset, members = 0, []
-            for s in spec.sources:
-                self._place[index[s]] = (t_index, offset)
-                members.append((index[s], sources[s].numel()))
-                offset += sources[s].numel()
-            sizes.append((torch.empty((), dtype=wire).element_size(), members))
-        self._layout: BucketLayout = layout_buckets(sizes, bucket_bytes)
-        plan = _WirePlan(
-            targets=targets,
-            pieces=[(p.target, p.target_offset, p.numel, p.bucket, p.byte_offset) for p in self._layout.pieces],
-            bucket_used=list(self._layout.bucket_used),
-            bucket_bytes=bucket_bytes,
-        )
-        self._plan_blob = msgspec.json.encode(plan)
-        self.fingerprint = _fingerprint(self._plan_blob)
-        self.target_names = [t[0] for t in targets]
-        self._buckets = self._layout.by_bucket()
+        plan = SendPlan(model, layout=layout, family=family, bucket_bytes=bucket_bytes,
+                        transfer_dtype=transfer_dtype)
+        self._send_plan = plan
+        self._sources = plan.sources
+        self._source_names = plan.source_names
+        self._wire = plan.wire
+        self._place = plan.place
+        self._layout: BucketLayout = plan.layout
+        self._plan_blob = plan.blob
+        self.fingerprint = plan.fingerprint
+        self.target_names = plan.target_names
+        self._buckets = plan.buckets
         self._num_buffers = 2 if overlap else 1
-        self._device = local_device(self._sources[0])
+        self._device = plan.device
         self._buffers: list[torch.Tensor] = []
         self._plan_sent = False
         self._verify_pending = verify_first
         self.weight_version: int | None = None
         self._bucket_bytes = bucket_bytes
-        self._source_names = names
         self._arena: torch.Tensor | None = None
         self._views: list[torch.Tensor] = []
         if in_place and group.is_src:
@@ -265,7 +276,7 @@ class WeightBroadcaster:
                         t, offset = self._place[p.source]
                         sums[t] = add_checksums(sums[t], checksum(flat.to(self._wire[t]), offset))
                 if is_src:
-                    self._pack(buf, p, flat)
+                    self._send_plan.pack(buf, p, flat)
             if is_src:
                 works[i] = _broadcast(buf[:self._layout.bucket_used[b]], self.group, async_op=True)
         for work in works.values():
@@ -332,35 +343,13 @@ class WeightBroadcaster:
                              for _ in range(min(self._num_buffers, self.num_buckets))]
         return self._buffers
 
-    def _pack(self, buf: torch.Tensor, p: Piece, flat: torch.Tensor) -> None:
-        wire = self._wire[p.target]
-        nbytes = p.numel * torch.empty((), dtype=wire).element_size()
-        buf[p.byte_offset:p.byte_offset + nbytes].view(wire).copy_(flat[p.source_offset:p.source_offset + p.numel])
-
     def _send_header(self, version: int, verify: bool) -> None:
         blob = b"" if self._plan_sent else self._plan_blob
-        header = torch.tensor([version, self.fingerprint, int(verify), len(blob)], dtype=torch.int64,
-                              device=self._device)
-        _broadcast(header, self.group)
-        if blob:
-            _broadcast(torch.frombuffer(bytearray(blob), dtype=torch.uint8).to(self._device), self.group)
-            rejected = _any_rank(0, self.group, self._device)
-            if rejected:
-                raise RuntimeError(
-                    f"rollout rank {rejected - 1} rejected the weight plan ({len(self.target_names)} tensors); "
-                    "its own error says which tensor does not fit"
-                )
-            self._plan_sent = True
+        send_header(self.group, self._device, version, self.fingerprint, verify, blob, len(self.target_names))
+        self._plan_sent = True
 
     def _check(self, sums: list[tuple[int, int]]) -> None:
-        table = torch.tensor(sums, dtype=torch.int64, device=self._device)
-        _broadcast(table, self.group)
-        bad = _any_rank(0, self.group, self._device)
-        if bad:
-            raise WeightMismatchError(
-                f"weight sync check failed: a rollout rank received engine tensor '{self.target_names[bad - 1]}' "
-                "different from the trainer's (checksums differ); see the rollout rank's error"
-            )
+        send_checksums(self.group, self._device, sums, self.target_names)
 
 
 class WeightReceiver:
@@ -410,7 +399,7 @@ class WeightReceiver:
             raise ValueError("in_place needs an nn.Module target (a RolloutEngine takes tensors by update_weights)")
         self._in_place = in_place
         self._arena: torch.Tensor | None = None
-        self._plan: _WirePlan | None = None
+        self._plan: WirePlan | None = None
         self.fingerprint: int | None = None
         self.weight_version: int | None = None
 
@@ -464,9 +453,9 @@ class WeightReceiver:
         raw = blob.cpu().numpy().tobytes()
         error = ""
         try:
-            if _fingerprint(raw) != fingerprint:
+            if fingerprint_of(raw) != fingerprint:
                 raise RuntimeError("the weight plan arrived corrupted (fingerprint mismatch)")
-            self._setup(msgspec.json.decode(raw, type=_WirePlan))
+            self._setup(msgspec.json.decode(raw, type=WirePlan))
         except (NameMapError, ValueError, RuntimeError, msgspec.DecodeError) as exc:
             error = str(exc)
         rejected = _any_rank(self.group.rank + 1 if error else 0, self.group, self._device)
@@ -476,10 +465,10 @@ class WeightReceiver:
             raise RuntimeError(f"rollout rank {rejected - 1} rejected the trainer's weight plan; see its error")
         self.fingerprint = fingerprint
 
-    def _setup(self, plan: _WirePlan) -> None:
+    def _setup(self, plan: WirePlan) -> None:
         self._names = [t[0] for t in plan.targets]
         self._shapes = [tuple(t[1]) for t in plan.targets]
-        self._wire = [_dtype(t[2]) for t in plan.targets]
+        self._wire = [wire_dtype(t[2]) for t in plan.targets]
         self._esize = [torch.empty((), dtype=w).element_size() for w in self._wire]
         self._numel = [int(torch.Size(s).numel()) for s in self._shapes]
         pieces = [Piece(t, to, n, -1, -1, b, bo) for t, to, n, b, bo in plan.pieces]
@@ -536,7 +525,7 @@ class WeightReceiver:
             self._flat[t] = param.data.view(-1)
             self._exact[t] = param.dtype in _EXACT_WIDENING.get(self._wire[t], {self._wire[t]})
 
-    def _lay_out_in_place(self, plan: _WirePlan) -> None:
+    def _lay_out_in_place(self, plan: WirePlan) -> None:
         for t, name in enumerate(self._names):
             if self._params[name].dtype != self._wire[t]:
                 raise NameMapError(f"in_place receives tensors as sent, but engine tensor '{name}' is "

@@ -3,6 +3,7 @@ it at a chosen moment: the pieces of end-to-end kill-and-resume tests."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -17,12 +18,13 @@ RUN_TIMEOUT_S = 300.0
 
 
 def launch_recipe(script: str | Path, config: str | Path, overrides: Sequence[str], log: Path, *, cwd: str | Path,
-                  nproc: int = 1, env: dict[str, str] | None = None) -> subprocess.Popen:
+                  nproc: int = 1, env: dict[str, str] | None = None, new_session: bool = False) -> subprocess.Popen:
     """Start ``script --config config *overrides`` from ``cwd``, stdout and stderr appended to ``log``.
 
     ``nproc > 1`` runs it under ``torch.distributed.run --standalone`` (a free rendezvous port, so
     parallel test sessions do not collide). The checkpoint pause hook (``PAUSE_ENV``) is only set
-    when ``env`` sets it.
+    when ``env`` sets it. ``new_session``: the run gets a process group of its own, which
+    :func:`kill_tree` kills whole (a job started on its own, as on another node).
     """
     if nproc == 1:
         cmd = [sys.executable, str(script)]
@@ -32,7 +34,14 @@ def launch_recipe(script: str | Path, config: str | Path, overrides: Sequence[st
     full_env.update(env or {})
     with open(log, "ab") as out:
         return subprocess.Popen([*cmd, "--config", str(config), *overrides], cwd=cwd, env=full_env, stdout=out,
-                                stderr=subprocess.STDOUT)
+                                stderr=subprocess.STDOUT, start_new_session=new_session)
+
+
+def kill_tree(proc: subprocess.Popen) -> None:
+    """SIGKILL every process of a run launched with ``new_session=True`` (the launcher and its workers) and reap it."""
+    with contextlib.suppress(ProcessLookupError):  # already gone
+        os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
 
 
 def finish(proc: subprocess.Popen, log: Path, timeout_s: float = RUN_TIMEOUT_S) -> str:

@@ -1,0 +1,109 @@
+"""Weight transfer between jobs (``WeightServer`` -> ``WeightClient``) vs the in-job broadcast.
+
+Run: ``.venv/bin/python benchmarks/bench_weight_transfer.py [--mb 200 --repeats 5 --bucket-mb 64]``.
+
+Two processes on this machine (gloo over loopback, ``--threads`` intra-op threads each), a ~``--mb``
+MB bf16 state dict with Qwen2-style shapes, sent from process 0 to process 1 three ways in the
+same run, interleaved, each repeated and reported as the median:
+
+- in-job broadcast (baseline): ``WeightBroadcaster.sync`` -> ``WeightReceiver.sync`` over a group of
+  the shared world, packed (the path FSDP2 shards take), with overlap; the trainer is busy for
+  the whole sync (the slower rank's time);
+- ``WeightServer.publish``: the trainer's share of the cross-job transfer (gather, cast, pack a
+  snapshot), after which it trains on;
+- ``WeightClient.fetch``: the member's side (request through a real redis-server, the snapshot
+  over the pair group formed outside any world, unpacking into its parameters), timed on the
+  member while the trainer is idle.
+
+Ratios are against the in-job broadcast of the same run. The world the two processes share here
+only times and orders the steps: the transfer itself uses the pair group.
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+
+import torch
+import torch.distributed as dist
+
+from bench_weight_sync import module_with, print_medians, shapes_of_size
+from cosmos_primitives.queue import RedisServer
+from cosmos_primitives.sync import WeightBroadcaster, WeightClient, WeightReceiver, WeightServer, new_sync_group
+from cosmos_primitives.testing import run_distributed
+
+
+def _slowest(seconds: float) -> float:
+    t = torch.tensor([seconds], dtype=torch.float64)
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    return float(t)
+
+
+def _bench(url: str, total_mb: float, repeats: int, bucket_mb: int, threads: int) -> dict:
+    torch.set_num_threads(threads)
+    rank = dist.get_rank()
+    torch.manual_seed(0)
+    model = module_with(shapes_of_size(total_mb), torch.bfloat16, "cpu", fill=rank == 0)
+    nbytes = sum(p.numel() * p.element_size() for p in model.parameters())
+    group = new_sync_group(src=0, receivers=[1])
+    bucket = bucket_mb << 20
+    if rank == 0:
+        sender = WeightBroadcaster(model, group, bucket_bytes=bucket)
+        sender.sync(version=0)  # plan + first-sync check, not timed
+        server = WeightServer(model, url, "bench:transfer", bucket_bytes=bucket, timeout_s=600)
+        server.publish(0)
+    else:
+        receiver = WeightReceiver(model, group)
+        receiver.sync()
+    dist.barrier()
+    if rank == 1:
+        client = WeightClient(model, url, "bench:transfer", member_id="bench", timeout_s=600)
+        client.fetch()  # pair formation + plan + check, not timed
+    times: dict[str, list[float]] = {"in-job broadcast": [], "publish": [], "fetch": []}
+    for version in range(1, repeats + 1):
+        dist.barrier()
+        start = time.perf_counter()
+        sender.sync(version) if rank == 0 else receiver.sync()
+        times["in-job broadcast"].append(_slowest(time.perf_counter() - start))
+        dist.barrier()
+        start = time.perf_counter()
+        if rank == 0:
+            server.publish(version)
+        times["publish"].append(_slowest(time.perf_counter() - start if rank == 0 else 0.0))
+        start = time.perf_counter()
+        if rank == 1:
+            client.fetch()
+        times["fetch"].append(_slowest(time.perf_counter() - start if rank == 1 else 0.0))
+    ok = True
+    if rank == 1:
+        torch.manual_seed(0)
+        expected = module_with(shapes_of_size(total_mb), torch.bfloat16, "cpu", fill=True)
+        ok = all(torch.equal(a, b) for a, b in zip(model.parameters(), expected.parameters(), strict=True))
+        client.close()
+    dist.barrier()
+    if rank == 0:
+        server.close()
+        sender.close()
+    else:
+        receiver.sync()  # the broadcaster's close
+    return {"bytes": nbytes, "times": times, "ok": ok}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--mb", type=float, default=200.0, help="size of the bf16 state dict (MB)")
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--bucket-mb", type=int, default=64)
+    parser.add_argument("--threads", type=int, default=1, help="torch intra-op threads per process")
+    args = parser.parse_args()
+    with RedisServer() as redis_server:
+        trainer, member = run_distributed(_bench, 2, args=(redis_server.url, args.mb, args.repeats, args.bucket_mb,
+                                                           args.threads), timeout_s=3600)
+    nbytes, times = trainer["bytes"], trainer["times"]
+    print(f"{nbytes / 1e6:.0f} MB bf16, {args.bucket_mb} MB buckets, median of {args.repeats}, {args.threads} "
+          f"intra-op thread(s) per process; member got the trainer's weights: {member['ok']}")
+    print_medians(times, nbytes, "in-job broadcast", "vs in-job", speed=False, width=18)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,215 @@
+"""GRPO trainer as a job of its own: trains on the records that independent rollout jobs put on Redis, and
+serves them its weights.
+
+    torchrun --nproc_per_node 2 examples/grpo_trainer_job.py --config examples/configs/grpo_tiny_jobs.toml \\
+        --run my_run --redis redis://HOST:6379/0
+    # on any node, at any time, as many as you like (examples/grpo_rollout_job.py):
+    torchrun --nproc_per_node 1 examples/grpo_rollout_job.py --config examples/configs/grpo_tiny_jobs.toml \\
+        --run my_run --redis redis://HOST:6379/0
+
+The trainer job and the rollout jobs share nothing but the Redis URL and the run name (their keys live
+under the stream ``cosmos:<run>``); each is its own ``torchrun`` and may start, die and restart on its
+own. This job trains with FSDP2 over its ranks (``[policy.parallelism]``). Each step it takes the
+records of whichever rollout jobs are producing, drops those more than ``[grpo] allowed_outdated_steps``
+steps old, takes an optimizer step, publishes the new weight version, hands a snapshot of the weights to
+its transfer thread (``cp.sync.WeightServer``: rollout jobs fetch it over a transfer group formed
+through Redis; a dead or slow one never holds this job up for more than ``[disaggregated]
+transfer_timeout_s``) and acknowledges the records. It logs which rollout jobs produced each step's
+records, with their weight versions and lag, and writes one line per trained record to
+``records.jsonl`` in the run directory. At the end it sets the run's stop flag (the rollout jobs exit)
+and exports the weights like the colocated recipe.
+
+A fresh run (no ``[train] resume``) first deletes what an earlier run of the same name left in Redis.
+``[train] resume`` keeps the queue and the prompt claims: the rollout jobs go on where they were (a
+checkpoint also holds the claims position, put back when Redis lost it).
+``python -m cosmos_primitives.queue.status --redis URL --run NAME`` shows the live jobs, the queue, the
+weight versions and the dead letters. Failure semantics: ``docs/disaggregated.md``.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+
+import torch
+
+import cosmos_primitives as cp
+from cosmos_primitives.checkpoint import CheckpointManager
+from cosmos_primitives.data import BadSampleTracker, MediaSettings, collate_rollouts, prompt_dataset
+from cosmos_primitives.queue import RedisRolloutQueue, StalenessFilter, fetch_records, record_advantages
+from cosmos_primitives.queue.disaggregated_plan import plan_jobs
+from cosmos_primitives.queue.job_registry import JobRegistry
+from cosmos_primitives.queue.prompt_claims import PromptClaims
+from cosmos_primitives.queue.record_metrics import (
+    format_shares,
+    producer_shares,
+    provenance,
+    record_metrics,
+    share_metrics,
+)
+from cosmos_primitives.queue.run_control import RunControl
+from cosmos_primitives.sync import WeightServer
+
+
+def start_fresh(cfg, url: str, log) -> None:
+    """Rank 0 of a run without resume: forget what an earlier run of this name left in Redis."""
+    with RedisRolloutQueue(cfg.redis, url=url) as queue, RunControl(queue) as control:
+        if not cfg.train.resume and cfg.disaggregated.clear_stream_at_start:
+            removed = control.clear_stream()
+            if removed:
+                log.info(f"cleared {removed} keys an earlier run left under {cfg.redis.stream!r}")
+        control.clear_stop()
+
+
+def main() -> None:
+    cfg, config_path = cp.config.load_recipe_config(__doc__, plugins=True, jobs=True)  # + --run, --redis
+    info = cp.parallel.init_distributed()
+    log = cp.logging.get_logger()
+    dis, grpo = cfg.disaggregated, cfg.grpo
+    if dis.start_local_redis:
+        raise ValueError("[disaggregated] start_local_redis = true: independent jobs need a Redis every job can "
+                         "reach; start redis-server yourself and pass --redis URL (or $COSMOS_REDIS_URL)")
+    if cfg.validation.enable:
+        raise ValueError("[validation] enable = true runs in examples/grpo_vlm.py only (this job holds no engine); "
+                         "evaluate exports with examples/evaluate.py")
+    mesh = cp.parallel.ParallelMesh(cfg.policy.parallelism, device_type=info.device.type)
+    if info.is_rank0:
+        from cosmos_primitives.testing.demo_assets import ensure_demo_assets
+
+        ensure_demo_assets(cfg)  # only acts on "demo:<path>" paths (the tiny configs)
+    cp.parallel.barrier()
+    cfg = cp.config.check_runnable(cfg, config_path)  # drops "demo:"; a missing path or refused key stops here
+    plan = plan_jobs(cfg, mesh.world_size)
+    cp.plan.log_memory_plan(cfg, mesh.world_size, info.device, mode="disaggregated")  # rank 0 logs
+    cp.utils.seed_everything(cfg.train.seed)
+    url = cp.queue.resolve_redis_url(config=cfg.redis)
+
+    stamp = cp.parallel.broadcast_object(time.strftime("%Y%m%d%H%M%S"))
+    run_dir = cp.utils.make_run_dir(cfg.train.output_dir, reuse_latest=bool(cfg.train.resume), timestamp=stamp)
+    if info.is_rank0:
+        cp.config.dump_config(cfg, run_dir / "config.toml")
+        start_fresh(cfg, url, log)
+    cp.parallel.barrier()
+
+    # Policy (FSDP2 over this job's ranks), KL reference, optimizer, checkpoints, metrics.
+    dataset_cfg = cfg.train.train_policy.dataset
+    processor = cp.policy.load_processor(cfg.policy.model_name_or_path)
+    policy = cp.policy.build_policy(cfg.policy, mesh, train=cfg.train)
+    reference = cp.policy.grpo_reference(cfg, policy, info.device, mesh)  # None without [grpo] kl_beta
+    dataset_size = len(prompt_dataset(dataset_cfg, cfg, processor))
+    steps_per_epoch = math.ceil(dataset_size / plan.records_per_step)
+    total_steps = cfg.train.max_steps or cfg.train.epoch * steps_per_epoch
+    optimizer = cp.policy.build_optimizer(policy, cfg.train)
+    scheduler = cp.policy.build_lr_scheduler(optimizer, cfg.train, total_steps)
+    ckpt = CheckpointManager(cfg.train.ckpt, run_dir, model=policy, optimizer=optimizer, scheduler=scheduler,
+                             processor=processor)
+    state = ckpt.resume(cfg.train.resume, output_dir=cfg.train.output_dir)
+    step = state.step if state else 0
+    # The epoch position lives in Redis with the claims; checkpoints keep a copy for a Redis that lost it.
+    claims = PromptClaims(url, cfg.redis.stream, dataset_size=dataset_size, range_size=plan.prompts_per_rollout,
+                          seed=cfg.train.seed) if info.is_rank0 else None
+    saved_position = state.extra.get("claims_next_range") if state else None
+    if claims is not None and saved_position is not None and claims.restore(int(saved_position)):
+        log.info(f"Redis had lost the run's prompt position: restored range {saved_position} from the checkpoint")
+    tracker = cp.logging.MetricsTracker(run_dir, cfg.logging, run_config=cp.config.config_to_dict(cfg),
+                                        total_steps=total_steps, prefix="[GRPO] ")
+
+    # The queue (records with token ids outside the embedding table are dead-lettered) and the weight server.
+    vocab_size = policy.hf_model.get_input_embeddings().weight.shape[0]
+    queue = RedisRolloutQueue(cfg.redis, url=url, consumer=f"trainer-{info.rank}", vocab_size=vocab_size)
+    control = RunControl(queue)
+    stale = StalenessFilter.from_config(grpo)
+    settings = MediaSettings.from_config(dataset_cfg)
+    bad = BadSampleTracker(dataset_cfg.bad_sample_budget)
+    wire = None if dis.transfer_dtype == "auto" else getattr(torch, dis.transfer_dtype)
+    server = WeightServer(policy.hf_model, url, cfg.redis.stream, layout=cp.rollout.sync_layout(cfg.rollout),
+                          bucket_bytes=dis.bucket_mb << 20,
+                          transfer_dtype=wire or cp.policy.resolve_dtype(cfg.policy.dtype),
+                          host=dis.transfer_host or None, timeout_s=dis.transfer_timeout_s)
+    registry = job_id = None
+    if info.is_rank0:  # the trainer job is listed once; rollout jobs read its records_per_step for their throttle
+        registry = JobRegistry(url, cfg.redis.stream, ttl_s=dis.heartbeat_ttl_s)
+        job_id = registry.join("trainer", ranks=info.world_size, records_per_step=plan.records_per_step)
+        registry.start_heartbeat(job_id, lambda: {"step": step, "weight_version": step})
+    if info.is_rank0:
+        queue.publish_weight_version(step)
+    first = server.publish(step)
+    log.info(f"run dir {run_dir}; run {cfg.redis.stream!r} at {cp.config.redact_url(url)}; {total_steps} steps x "
+             f"{plan.records_per_step} records x {grpo.num_samples_per_prompt} samples; staleness bound "
+             f"{stale.max_staleness}; serving weights version {step} ({first.seconds:.2f}s to snapshot); {mesh}")
+    trained_log = open(run_dir / "records.jsonl", "a") if info.is_rank0 else None  # noqa: SIM115 (closed below)
+
+    while step < total_steps:
+        times: dict[str, float] = {}
+        t0 = time.perf_counter()
+        records, groups = fetch_records(queue, stale, plan.records_per_trainer, trainer_step=step, settings=settings,
+                                        bad=bad, timeout_s=dis.get_timeout_s, processor=processor,
+                                        num_completions=grpo.num_samples_per_prompt)
+        times["wait"] = time.perf_counter() - t0
+        t0 = time.perf_counter()
+        batch = collate_rollouts(groups, processor).to(info.device)
+        times["collate"] = time.perf_counter() - t0
+        update = cp.policy.grpo_update(policy, reference, optimizer, batch, record_advantages(records, info.device),
+                                       cfg, mesh.group("dp"), step=step + 1)
+        times.update(update.times)
+        scheduler.step()
+        step += 1
+
+        # Publish the version, then the snapshot; ack after, so the rollout throttle never counts the
+        # records as consumed before the weights that consumed them are on offer.
+        if info.is_rank0:
+            queue.publish_weight_version(step)
+        times["publish"] = server.publish(step).seconds
+        queue.ack(records)
+
+        # every trainer rank's records, for the producer summary and records.jsonl
+        trained = [row for rows in cp.parallel.all_gather_object([provenance(r) for r in records]) for row in rows]
+        shares = producer_shares(trained, step - 1)  # lag against the weights that trained them
+        if trained_log is not None:
+            for record_id, producer, version in trained:
+                trained_log.write(json.dumps({"step": step, "record_id": record_id, "producer": producer,
+                                              "weight_version": version}) + "\n")
+            trained_log.flush()
+            log.info(f"[GRPO] step {step}: records from {format_shares(shares)}; "
+                     f"{len(registry.live('rollout'))} rollout jobs live")
+        tracker.log_metrics({
+            **record_metrics(records, list(grpo.reward_function)), **update.metrics,
+            "response_length": float(batch.completion_lengths.float().mean()), "grad_norm": update.grad_norm,
+            "lr": scheduler.get_last_lr()[0], "bad_samples": bad.count, "weight_version": step,
+            **share_metrics(shares), **stale.metrics(), **server.metrics(),
+            **{k: v for k, v in queue.metrics().items() if k in ("queue/malformed", "queue/redelivered")},
+            **{f"time/{k}": v for k, v in times.items()}, "time/step": sum(times.values()),
+        }, step)
+        position = None
+        if cfg.train.ckpt.enable_checkpoint:  # the same on every rank, as checkpoint extras must be
+            position = cp.parallel.broadcast_object(claims.position()["next_range"] if claims is not None else None)
+        ckpt.maybe_save(step, weight_version=step, force=step == total_steps,
+                        extra=None if position is None else {"claims_next_range": position})
+
+    log.info(f"[GRPO] Training finished at step {step}/{total_steps}, saving final checkpoint in huggingface "
+             "safetensors...")
+    if info.is_rank0:
+        control.request_stop(f"trainer finished at step {step}")
+    server.close()
+    if cfg.train.ckpt.export_safetensors:
+        ckpt.export_final()
+    failures = ckpt.close()
+    if registry is not None:
+        registry.leave(job_id)
+        registry.close()
+        claims.close()
+        trained_log.close()
+    control.close()
+    queue.close()
+    tracker.finish()
+    if info.is_rank0:
+        cp.logging.plot_run(run_dir, keys=["reward/mean", *(f"reward/{n}" for n in grpo.reward_function),
+                                           "staleness/max", "rollout/producers"])
+    cp.parallel.destroy_distributed()
+    if failures:
+        raise SystemExit(f"{len(failures)} upload(s) failed: {failures}")
+
+
+if __name__ == "__main__":
+    main()

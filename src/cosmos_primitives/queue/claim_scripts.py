@@ -1,0 +1,109 @@
+"""Lua scripts run atomically inside Redis by :class:`~cosmos_primitives.queue.PromptClaims`.
+
+Keys (``P`` = the run's prefix, its stream name): ``P:claims:meta`` (hash: dataset_size,
+range_size, seed, which every job must agree on), ``P:claims:next`` (the next range id never
+handed out), ``P:claims:deadlines`` (sorted set: range id of each claim in flight -> its deadline,
+milliseconds of the Redis server's clock), ``P:claims:owners`` (hash: range id -> the job holding
+it; absent once released) and ``P:claims:stats`` (hash of run-wide counters). Every deadline is
+computed from ``TIME`` inside the script, so the jobs' clocks never matter.
+"""
+
+# KEYS[1] meta. ARGV[1] dataset size, ARGV[2] range size, ARGV[3] seed.
+# Stores the settings on first use; returns the stored ones when they differ from ARGV.
+_META_CHECK = """
+local m = redis.call('HMGET', KEYS[1], 'dataset_size', 'range_size', 'seed')
+if not m[1] then
+  redis.call('HSET', KEYS[1], 'dataset_size', ARGV[1], 'range_size', ARGV[2], 'seed', ARGV[3])
+elseif m[1] ~= ARGV[1] or m[2] ~= ARGV[2] or m[3] ~= ARGV[3] then
+  return {'mismatch', m[1], m[2] or '', m[3] or ''}
+end
+"""
+
+CHECK_META = _META_CHECK + "return {'ok'}\n"
+
+# KEYS[1] meta, KEYS[2] next, KEYS[3] deadlines, KEYS[4] owners, KEYS[5] stats.
+# ARGV[1..3] as CHECK_META, ARGV[4] job id, ARGV[5] claim ttl (ms), ARGV[6] range ids in the run
+# (-1: no end). The claim whose deadline passed longest ago goes first (a released one has
+# deadline 0), then the next new range. Returns {'reissued', range id, previous holder},
+# {'new', range id} or {'exhausted', next range id}.
+CLAIM = _META_CHECK + """
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local deadline = now + tonumber(ARGV[5])
+local expired = redis.call('ZRANGEBYSCORE', KEYS[3], '-inf', now, 'LIMIT', 0, 1)
+if #expired > 0 then
+  local rid = expired[1]
+  local previous = redis.call('HGET', KEYS[4], rid) or ''
+  redis.call('ZADD', KEYS[3], deadline, rid)
+  redis.call('HSET', KEYS[4], rid, ARGV[4])
+  redis.call('HINCRBY', KEYS[5], 'reissued', 1)
+  return {'reissued', rid, previous}
+end
+local nxt = tonumber(redis.call('GET', KEYS[2]) or '0')
+local limit = tonumber(ARGV[6])
+if limit >= 0 and nxt >= limit then
+  return {'exhausted', string.format('%d', nxt)}
+end
+local rid = string.format('%d', nxt)
+redis.call('SET', KEYS[2], string.format('%d', nxt + 1))
+redis.call('ZADD', KEYS[3], deadline, rid)
+redis.call('HSET', KEYS[4], rid, ARGV[4])
+return {'new', rid}
+"""
+
+# KEYS[1] deadlines, KEYS[2] owners. ARGV[1] job id, ARGV[2] claim ttl (ms).
+# Moves the deadline of every claim the job holds to now + ttl; returns how many.
+RENEW = """
+local t = redis.call('TIME')
+local deadline = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000) + tonumber(ARGV[2])
+local held = redis.call('HGETALL', KEYS[2])
+local n = 0
+for i = 1, #held, 2 do
+  if held[i + 1] == ARGV[1] then
+    redis.call('ZADD', KEYS[1], 'XX', deadline, held[i])
+    n = n + 1
+  end
+end
+return n
+"""
+
+# KEYS[1] deadlines, KEYS[2] owners, KEYS[3] stats. ARGV[1] range id, ARGV[2] job id.
+# Done when the job still holds the range (expired or not, as long as nobody else took it over):
+# returns 1; otherwise counts a late completion and returns 0.
+COMPLETE = """
+if redis.call('HGET', KEYS[2], ARGV[1]) == ARGV[2] then
+  redis.call('ZREM', KEYS[1], ARGV[1])
+  redis.call('HDEL', KEYS[2], ARGV[1])
+  redis.call('HINCRBY', KEYS[3], 'completed', 1)
+  return 1
+end
+redis.call('HINCRBY', KEYS[3], 'late_completes', 1)
+return 0
+"""
+
+# KEYS[1] deadlines, KEYS[2] owners, KEYS[3] stats. ARGV[1] job id.
+# Hands every claim of the job back: deadline 0 (re-issued before anything else), no holder.
+RELEASE = """
+local held = redis.call('HGETALL', KEYS[2])
+local n = 0
+for i = 1, #held, 2 do
+  if held[i + 1] == ARGV[1] then
+    redis.call('ZADD', KEYS[1], 'XX', 0, held[i])
+    redis.call('HDEL', KEYS[2], held[i])
+    n = n + 1
+  end
+end
+if n > 0 then
+  redis.call('HINCRBY', KEYS[3], 'released', n)
+end
+return n
+"""
+
+# KEYS[1] meta, KEYS[2] next, KEYS[3] deadlines, KEYS[4] stats.
+# Returns {next range id or '', claims in flight, of those past their deadline, flat meta, flat stats}.
+POSITION = """
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+return {redis.call('GET', KEYS[2]) or '', redis.call('ZCARD', KEYS[3]),
+        redis.call('ZCOUNT', KEYS[3], '-inf', now), redis.call('HGETALL', KEYS[1]), redis.call('HGETALL', KEYS[4])}
+"""

@@ -1,0 +1,219 @@
+"""Rollout side of the weight transfer between jobs: fetch the trainer's newest snapshot.
+
+One :class:`WeightClient` per rollout process (a *member*, named by ``member_id``). It finds the
+serving trainer through ``<prefix>:weights:server`` in Redis, and each ``fetch()`` pushes a request
+and receives the newest snapshot over this member's pair group with the trainer's sending rank
+(see :mod:`~cosmos_primitives.sync.weight_server` for the protocol and the failure semantics).
+The pair is formed on the first fetch (the plan arrives and the transfer is checked bit for bit)
+and reused while it works; any failure drops it, and the next ``fetch()`` forms a new one with a
+new nonce, against whichever trainer serves then (a restarted trainer has a new session).
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import Callable
+from typing import Any
+
+import msgspec
+import redis
+import torch
+from torch import nn
+
+from cosmos_primitives.sync.broadcast import SyncGroup, WeightReceiver
+from cosmos_primitives.sync.checks import WeightMismatchError
+from cosmos_primitives.sync.name_maps import NameMapError
+from cosmos_primitives.sync.result import SyncResult
+from cosmos_primitives.sync.stateless_group import connect_store, drop_group, pair_group, store_problem
+from cosmos_primitives.sync.transfer_protocol import (
+    ServerRecord,
+    TransferRequest,
+    WeightTransferError,
+    decode_record,
+    requests_key,
+    server_key,
+)
+
+
+class WeightClient:
+    """Rollout side; one per rollout process.
+
+    Args:
+        target: the engine's ``nn.Module`` or a ``RolloutEngine`` (as ``WeightReceiver`` takes them).
+        redis_url: the run's Redis; prefix: the run's key prefix (the trainer's).
+        member_id: this process's name among the members (e.g. ``f"{job}-{rank}"``); a restarted
+            process may reuse it.
+        engine: the engine whose ``weight_version`` follows a module ``target``.
+        timeout_s: bound of every step of a fetch (store connection, pair formation, each transfer
+            operation).
+        strict: every parameter of a module target must be fed.
+        poll_s: how often ``wait_for_server`` looks at Redis.
+        read_back: ``name -> tensor`` for the check of a ``RolloutEngine`` target's first transfer
+            over each pair (as ``WeightReceiver`` takes it).
+    """
+
+    def __init__(self, target: Any, redis_url: str, prefix: str, *, member_id: str, engine: Any = None,
+                 timeout_s: float = 60.0, strict: bool = True, poll_s: float = 0.2,
+                 read_back: Callable[[str], torch.Tensor] | None = None) -> None:
+        if not isinstance(target, nn.Module) and not callable(getattr(target, "update_weights", None)):
+            raise TypeError(f"target must be an nn.Module or a RolloutEngine with update_weights(); "
+                            f"got {type(target).__name__}")
+        if not member_id:
+            raise ValueError("member_id must be a non-empty name for this rollout process")
+        self._target, self._engine, self._strict, self._read_back = target, engine, strict, read_back
+        self.prefix, self.member_id = prefix, member_id
+        self.timeout_s, self.poll_s = float(timeout_s), float(poll_s)
+        self._redis = redis.Redis.from_url(redis_url, socket_timeout=max(10.0, self.timeout_s))
+        self._session: str | None = None
+        self._nonce = ""
+        self._store: Any = None
+        self._group: SyncGroup | None = None
+        self._receiver: WeightReceiver | None = None
+        self._version = -1
+        self._fetched_session: str | None = None
+        self.fetches = 0
+
+    @property
+    def weight_version(self) -> int:
+        """The version of the last fetched snapshot; -1 before the first and after a transfer that
+        broke off part way (the engine may then hold parts of two versions)."""
+        return self._version
+
+    def _record(self) -> ServerRecord | None:
+        try:
+            return decode_record(self._redis.get(server_key(self.prefix)))
+        except (redis.exceptions.RedisError, msgspec.DecodeError) as exc:
+            raise WeightTransferError(f"member '{self.member_id}' cannot read the weight server record "
+                                      f"'{server_key(self.prefix)}': {exc}") from exc
+
+    def published_version(self) -> int | None:
+        """The newest version on offer; ``None`` while no trainer serves."""
+        record = self._record()
+        return None if record is None else record.version
+
+    def wait_for_server(self, timeout_s: float | None = None) -> int:
+        """Block until a trainer serves under this prefix (its record is in Redis and its store
+        answers); its newest version.
+
+        Raises:
+            WeightTransferError: none did within ``timeout_s`` (``None``: wait without bound).
+        """
+        deadline = None if timeout_s is None else time.monotonic() + timeout_s
+        while True:
+            record = self._record()
+            # a killed trainer's record outlives it for a few seconds: it must also answer
+            if record is not None and not store_problem(record.host, record.port, self.timeout_s):
+                return record.version
+            if deadline is not None and time.monotonic() >= deadline:
+                raise WeightTransferError(f"member '{self.member_id}': no trainer serves weights under "
+                                          f"'{self.prefix}' after {timeout_s:.0f}s; start the trainer job with "
+                                          "the same Redis URL and run name")
+            time.sleep(self.poll_s)
+
+    def fetch(self) -> SyncResult:
+        """Receive the newest snapshot (versions published since the last fetch are skipped).
+
+        Afterwards ``weight_version`` (and the engine's) is that snapshot's version. When a kept
+        pair turns out to be gone (the trainer dropped it: idle, or replaced by a member with the
+        same id), the fetch is tried once more over a new pair.
+
+        Raises:
+            WeightTransferError: no trainer serves, or the transfer failed or timed out (the
+                trainer died or closed); names the prefix and member. The next call forms a new
+                pair. If it failed while receiving, the engine may hold a mix of two versions:
+                ``weight_version`` (and the engine's) is then -1 until a fetch succeeds.
+            NameMapError / WeightMismatchError: the engine does not fit the trainer's weights.
+        """
+        record = self._current_record()
+        reused = self._group is not None and self._session == record.session
+        try:
+            return self._fetch_once(record)
+        except WeightTransferError:
+            if not reused:
+                raise
+            return self._fetch_once(self._current_record())
+
+    def refresh(self) -> SyncResult | None:
+        """``fetch()`` unless this member already holds the version on offer from the trainer
+        serving now (``None`` then). A restarted trainer counts as new even at an equal or lower
+        version: its weights may come from another checkpoint.
+
+        Raises:
+            WeightTransferError / NameMapError / WeightMismatchError: as ``fetch()``.
+        """
+        record = self._current_record()
+        if record.session == self._fetched_session and record.version == self._version:
+            return None
+        return self.fetch()
+
+    def _current_record(self) -> ServerRecord:
+        record = self._record()
+        if record is None:
+            raise WeightTransferError(f"member '{self.member_id}': no trainer serves weights under '{self.prefix}' "
+                                      "(call wait_for_server first, or the trainer has stopped)")
+        return record
+
+    def _fetch_once(self, record: ServerRecord) -> SyncResult:
+        where = f"member '{self.member_id}' from trainer {record.hostname}:{record.pid} under '{self.prefix}'"
+        receiving = False
+        try:
+            if self._group is None or self._session != record.session:
+                self._drop()
+                self._nonce = uuid.uuid4().hex
+                self._session = record.session
+                self._store = connect_store(record.host, record.port, self.timeout_s)
+                self._request(record)
+                nccl = record.backend == "nccl"
+                self._group = pair_group(self._store, f"{self.member_id}/{self._nonce}", 1,
+                                         device_type="cuda" if nccl else "cpu", timeout_s=self.timeout_s,
+                                         peer_host=record.host)
+                # gloo buckets land in CPU memory and are copied into the engine wherever it lives
+                self._receiver = WeightReceiver(self._target, self._group, engine=self._engine, strict=self._strict,
+                                                device=None if nccl else "cpu", read_back=self._read_back)
+            else:
+                self._request(record)
+            assert self._receiver is not None
+            receiving = True
+            result = self._receiver.sync()
+        except (NameMapError, WeightMismatchError):
+            self._drop()
+            raise
+        except Exception as exc:
+            self._drop()
+            if receiving:
+                self._mark_unknown()
+            raise WeightTransferError(f"weight transfer to {where} failed: {type(exc).__name__}: {exc}") from exc
+        if result is None:
+            self._drop()
+            raise WeightTransferError(f"weight transfer to {where}: the trainer closed its weight server")
+        self._version = result.version
+        self._fetched_session = record.session
+        self.fetches += 1
+        return result
+
+    def _mark_unknown(self) -> None:
+        """After a transfer that broke off: some buckets may have been written."""
+        self._version = -1
+        holder = self._engine if isinstance(self._target, nn.Module) else self._target
+        if holder is not None and hasattr(holder, "weight_version"):
+            holder.weight_version = -1
+
+    def _request(self, record: ServerRecord) -> None:
+        key = requests_key(self.prefix, record.session)
+        request = msgspec.json.encode(TransferRequest(member=self.member_id, nonce=self._nonce))
+        pipe = self._redis.pipeline()
+        pipe.rpush(key, request)
+        pipe.expire(key, max(60, int(4 * self.timeout_s)))
+        pipe.execute()
+
+    def _drop(self) -> None:
+        drop_group(self._group)
+        self._group = self._receiver = None
+        self._store = None
+        self._session = None
+
+    def close(self) -> None:
+        """Drop the pair and the Redis connection."""
+        self._drop()
+        self._redis.close()

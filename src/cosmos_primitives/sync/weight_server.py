@@ -1,0 +1,364 @@
+"""Trainer side of the weight transfer between jobs: publish snapshots, serve them to whoever asks.
+
+The trainer and each rollout job are separate ``torchrun`` jobs, joined only by a Redis URL and
+a key prefix. Every trainer rank builds a :class:`WeightServer`; ``publish(version)`` is
+collective over them (gathering FSDP2 shards is) and leaves a snapshot on the sending rank (rank
+0 of ``process_group``): the weights at that version, cast to the wire dtype and packed into the
+buckets of the in-job broadcast. It returns without waiting for any rollout job.
+
+Serving (sending rank, background threads):
+
+- the sender hosts a ``TCPStore`` (``port=0``: a free port) on ``host`` / ``$COSMOS_TRANSFER_HOST`` /
+  this machine's address, and keeps ``<prefix>:weights:server`` in Redis (session id, address,
+  newest version) alive with a heartbeat (expiry ``max(5 s, 5 * heartbeat_s)``);
+- a member's ``fetch()`` pushes a request (member id, nonce) to ``<prefix>:weights:requests:<session>``;
+  a dispatcher thread pops it and hands it to that member's pair thread: a two-member process
+  group (sender rank 0, member rank 1; gloo on CPU, NCCL on CUDA) formed over
+  ``PrefixStore(member/nonce)`` of the store (through a store connection of that thread's own, so
+  a member that never shows up delays no other pair), kept for later fetches with the same nonce;
+- each request is answered with the newest snapshot, in the broadcast wire protocol (the plan
+  and a checksum round on a pair's first transfer), so a member that fell behind skips the
+  versions in between.
+
+Failure semantics: every pair operation, formation included, is bounded by ``timeout_s``. A pair
+that fails (the member died, even mid-transfer, or stalled) is dropped and its thread ends; the
+member forms a new pair (new nonce) on its next fetch. Other members' pairs are separate groups
+on separate threads and keep being served. ``publish`` never waits for a member: it waits at most
+``timeout_s`` for transfers still reading the snapshot before the current one (whose buffers it
+reuses: two snapshots at most, double buffering); past that it allocates fresh buffers.
+``close()`` answers the requests already routed to a pair, then aborts every pair group (a
+member waiting on one gets an error: its ``fetch()`` raises
+:class:`~cosmos_primitives.sync.transfer_protocol.WeightTransferError`), removes the Redis record
+and stops the store.
+
+Memory on the sender: two snapshots (the model in wire dtype, on the trainer's device) plus one
+gathered full parameter at a time during ``publish``.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import queue
+import socket
+import threading
+import time
+import uuid
+from typing import Any
+
+import msgspec
+import redis
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from cosmos_primitives.sync.broadcast import SyncGroup
+from cosmos_primitives.sync.result import SyncResult
+from cosmos_primitives.sync.send_plan import DEFAULT_BUCKET_BYTES, SendPlan
+from cosmos_primitives.sync.snapshot import WeightSnapshot, send_snapshot, take_snapshot
+from cosmos_primitives.sync.stateless_group import connect_store, drop_group, pair_group, serve_store, transfer_host
+from cosmos_primitives.sync.transfer_protocol import (
+    ServerRecord,
+    TransferRequest,
+    requests_key,
+    server_key,
+)
+
+log = logging.getLogger(__name__)
+
+_STOP = object()
+
+
+class _Pair:
+    """One member's transfer group and the thread that answers its requests."""
+
+    def __init__(self, server: WeightServer, member: str, nonce: str) -> None:
+        self.server, self.member, self.nonce = server, member, nonce
+        self.requests: queue.Queue[Any] = queue.Queue()
+        self.thread = threading.Thread(target=self._run, name=f"weights-pair-{member}", daemon=True)
+        self.done = False
+
+    def _run(self) -> None:
+        server = self.server
+        group: SyncGroup | None = None
+        snapshot: WeightSnapshot | None = None
+        try:
+            if server._snapshot_device.type == "cuda":  # a new thread starts on GPU 0
+                torch.cuda.set_device(server._snapshot_device)
+            # a connection of its own: a store object serialises its operations, and forming a
+            # pair waits in the store for the member, which must not hold up other pairs
+            store = connect_store(server.host, server.port, server.timeout_s)
+            group = pair_group(store, f"{self.member}/{self.nonce}", 0, device_type=server._snapshot_device.type,
+                               timeout_s=server.timeout_s, peer_host=server.host)
+            first = True
+            while True:
+                try:
+                    item = self.requests.get(timeout=server.idle_timeout_s)
+                except queue.Empty:  # a member that went away between fetches; a live one re-forms
+                    server._count("idle_drops")
+                    return
+                if item is _STOP:  # requests queued before it were answered
+                    return
+                snapshot = server._acquire()
+                result = send_snapshot(snapshot, server._plan, group, with_plan=first, verify=first)
+                server._release(snapshot)
+                snapshot = None
+                first = False
+                server._count_transfer(result)
+        except Exception as exc:  # the pair is dropped; the member re-forms it on its next fetch
+            server._count_failure(self.member, exc)
+        finally:
+            if snapshot is not None:  # counted as failed before a waiting publish() goes on
+                server._release(snapshot)
+            self.done = True
+            drop_group(group)
+            server._forget(self)
+
+
+class WeightServer:
+    """Trainer side; construct on every trainer rank.
+
+    Args:
+        model: the trainer's model (plain or FSDP2); the plan is built from it on every rank.
+        redis_url: the run's Redis.
+        prefix: the run's key prefix (e.g. its stream name, ``"cosmos:myrun"``).
+        process_group: the trainer ranks (default: the default world, or none when
+            ``torch.distributed`` is not initialised); its rank 0 sends.
+        layout, family, bucket_bytes, transfer_dtype: as for ``WeightBroadcaster``.
+        host: the address members connect to (default ``$COSMOS_TRANSFER_HOST``, else this
+            machine's); port: the store's port (0: a free one).
+        timeout_s: bound of every pair operation and of ``publish``'s wait for old transfers.
+        heartbeat_s: how often the Redis record is renewed; it expires after 5 of them, at least
+            5 s (so a trainer gone without ``close()`` stops being offered after that long).
+        idle_timeout_s: a pair with no request for this long is dropped (its member may be gone
+            without a word; a live one re-forms it on its next fetch, transparently).
+        backend: ``"gloo"`` (snapshots in CPU memory; the default for a CPU model) or ``"nccl"``
+            (snapshots on the GPU; the default for a CUDA model). ``"gloo"`` for a CUDA model
+            trades GPU memory and speed for members without GPUs or without NCCL reachability.
+    """
+
+    def __init__(self, model: nn.Module, redis_url: str, prefix: str, *, process_group: Any = None,
+                 layout: str = "hf", family: str | None = None, bucket_bytes: int = DEFAULT_BUCKET_BYTES,
+                 transfer_dtype: torch.dtype | None = None, host: str | None = None, port: int = 0,
+                 timeout_s: float = 60.0, heartbeat_s: float = 1.0, idle_timeout_s: float = 600.0,
+                 backend: str | None = None) -> None:
+        if min(timeout_s, heartbeat_s, idle_timeout_s) <= 0:
+            raise ValueError(f"timeout_s, heartbeat_s and idle_timeout_s must be > 0, got {timeout_s}, "
+                             f"{heartbeat_s}, {idle_timeout_s}")
+        self._plan = SendPlan(model, layout=layout, family=family, bucket_bytes=bucket_bytes,
+                              transfer_dtype=transfer_dtype)
+        on_cuda = self._plan.device.type == "cuda"
+        self.backend = backend or ("nccl" if on_cuda else "gloo")
+        if self.backend not in ("gloo", "nccl") or (self.backend == "nccl" and not on_cuda):
+            raise ValueError(f"backend must be 'gloo' or, for a CUDA model, 'nccl'; got {backend!r} for a "
+                             f"{self._plan.device.type} model")
+        self._snapshot_device = self._plan.device if self.backend == "nccl" else torch.device("cpu")
+        self.prefix = prefix
+        self.timeout_s = float(timeout_s)
+        self.heartbeat_s = float(heartbeat_s)
+        self.idle_timeout_s = float(idle_timeout_s)
+        self.record_ttl_s = max(5.0, 5 * self.heartbeat_s)
+        self.rank = dist.get_rank(process_group) if dist.is_available() and dist.is_initialized() else 0
+        if self.rank < 0:
+            raise ValueError("this rank is not in process_group: build the WeightServer on the trainer ranks only")
+        self.is_sender = self.rank == 0
+        self.weight_version: int | None = None
+        self.session = uuid.uuid4().hex
+        self._lock = threading.Condition()
+        self._current: WeightSnapshot | None = None
+        self._previous: WeightSnapshot | None = None
+        self._pairs: dict[str, _Pair] = {}
+        self._retired: set[tuple[str, str]] = set()  # (member, nonce) of pairs that ended
+        self._closed = False
+        self._stats = {"publish_s": 0.0, "transfers": 0.0, "transfer_failures": 0.0, "transfer_s": 0.0,
+                       "bytes_served": 0.0, "publish_waits_timed_out": 0.0, "idle_drops": 0.0}
+        self.last_failure: str | None = None
+        self._dispatcher: threading.Thread | None = None
+        self._redis: redis.Redis | None = None
+        self._store: Any = None
+        if self.is_sender:
+            self._redis = redis.Redis.from_url(redis_url, socket_timeout=max(10.0, 5 * self.heartbeat_s))
+            self.host = transfer_host(host)
+            self._store = serve_store(self.host, port, self.timeout_s)
+            self.port = int(self._store.port)
+
+    # publishing --------------------------------------------------------------------------------
+
+    def publish(self, version: int) -> SyncResult:
+        """Snapshot the weights as ``version`` and offer them. Collective over the trainer ranks.
+
+        Returns without waiting for any member (see the module docstring for the one bounded
+        wait). ``bytes_moved``: bytes packed into the snapshot (0 off the sender).
+
+        Raises:
+            ValueError: ``version`` < 0 or below the last published one.
+            RuntimeError: the server was closed.
+        """
+        if self._closed:
+            raise RuntimeError(f"WeightServer for '{self.prefix}' is closed")
+        if version < 0 or (self.weight_version is not None and version < self.weight_version):
+            raise ValueError(f"weight versions are >= 0 and never go back: got {version} after "
+                             f"{self.weight_version}")
+        start = time.perf_counter()
+        reuse = self._free_buffers() if self.is_sender else None
+        snapshot = take_snapshot(self._plan, version, is_src=self.is_sender, device=self._snapshot_device,
+                                 reuse=reuse)
+        if snapshot is not None:
+            with self._lock:
+                self._previous, self._current = self._current, snapshot
+            try:
+                self._write_record()
+            except redis.exceptions.RedisError as exc:  # training goes on; the heartbeat writes it later
+                log.warning("weight server for '%s': could not advertise version %d (%s); retrying with the "
+                            "heartbeat", self.prefix, version, exc)
+            if self._dispatcher is None:
+                self._dispatcher = threading.Thread(target=self._dispatch, name="weights-dispatch", daemon=True)
+                self._dispatcher.start()
+        self.weight_version = version
+        seconds = time.perf_counter() - start
+        self._stats["publish_s"] = seconds
+        return SyncResult(version=version, seconds=seconds, bytes_moved=snapshot.nbytes if snapshot else 0,
+                          num_copied=len(self._plan.target_names),
+                          num_buckets=len(self._plan.active_buckets) if snapshot else 0)
+
+    def _free_buffers(self) -> list[torch.Tensor] | None:
+        """The previous snapshot's buffers once no transfer reads them (waits at most ``timeout_s``)."""
+        with self._lock:
+            old = self._previous
+            if old is None:
+                return None
+            if not self._lock.wait_for(lambda: old.users == 0, timeout=self.timeout_s):
+                self._stats["publish_waits_timed_out"] += 1
+                self._previous = None
+                return None
+            self._previous = None
+            return old.buffers
+
+    def _acquire(self) -> WeightSnapshot:
+        with self._lock:
+            assert self._current is not None
+            self._current.users += 1
+            return self._current
+
+    def _release(self, snapshot: WeightSnapshot) -> None:
+        with self._lock:
+            snapshot.users -= 1
+            self._lock.notify_all()
+
+    # serving -----------------------------------------------------------------------------------
+
+    def _record(self) -> bytes:
+        assert self.weight_version is not None or self._current is not None
+        version = self._current.version if self._current is not None else -1
+        return msgspec.json.encode(ServerRecord(
+            session=self.session, host=self.host, port=self.port, backend=self.backend,
+            version=version, pid=os.getpid(), hostname=socket.gethostname()))
+
+    def _write_record(self) -> None:
+        assert self._redis is not None
+        self._redis.set(server_key(self.prefix), self._record(), px=int(1000 * self.record_ttl_s))
+
+    def _dispatch(self) -> None:
+        """Pop requests, route them to their member's pair; renew the record between them."""
+        assert self._redis is not None
+        key = requests_key(self.prefix, self.session)
+        next_beat = 0.0
+        while not self._closed:
+            try:
+                now = time.monotonic()
+                if now >= next_beat:
+                    self._write_record()
+                    next_beat = now + self.heartbeat_s
+                popped = self._redis.blpop([key], timeout=self.heartbeat_s)  # fractional: Redis >= 6
+                if popped is None or self._closed:
+                    continue
+                request = msgspec.json.decode(popped[1], type=TransferRequest)
+            except redis.exceptions.RedisError as exc:
+                log.warning("weight server for '%s': Redis unreachable (%s); retrying", self.prefix, exc)
+                time.sleep(self.heartbeat_s)
+                continue
+            except msgspec.DecodeError as exc:
+                log.warning("weight server for '%s': ignoring a malformed request (%s)", self.prefix, exc)
+                continue
+            try:
+                self._route(request)
+            except Exception:  # e.g. no thread could be started: this request is lost, the next one may not be
+                log.exception("weight server for '%s': could not serve member '%s'", self.prefix, request.member)
+
+    def _route(self, request: TransferRequest) -> None:
+        with self._lock:
+            if self._closed:
+                return
+            if (request.member, request.nonce) in self._retired:
+                # its pair failed or was replaced: the member gets an error on that group and
+                # forms a new one (a fresh nonce); the old store keys cannot form a group again
+                return
+            pair = self._pairs.get(request.member)
+            if pair is not None and pair.nonce != request.nonce:
+                pair.requests.put(_STOP)  # a stale pair: its member (e.g. restarted) formed a new one
+                self._retired.add((pair.member, pair.nonce))
+                pair = None
+            if pair is None:
+                pair = self._pairs[request.member] = _Pair(self, request.member, request.nonce)
+                pair.thread.start()
+            pair.requests.put(request)
+
+    def _forget(self, pair: _Pair) -> None:
+        with self._lock:
+            self._retired.add((pair.member, pair.nonce))
+            if self._pairs.get(pair.member) is pair:
+                del self._pairs[pair.member]
+
+    def _count_transfer(self, result: SyncResult) -> None:
+        with self._lock:
+            self._stats["transfers"] += 1
+            self._stats["transfer_s"] = result.seconds
+            self._stats["bytes_served"] += result.bytes_moved
+
+    def _count(self, what: str) -> None:
+        with self._lock:
+            self._stats[what] += 1
+
+    def _count_failure(self, member: str, exc: BaseException) -> None:
+        with self._lock:
+            self._stats["transfer_failures"] += 1
+            self.last_failure = f"member '{member}': {type(exc).__name__}: {exc}"
+        log.warning("weight server for '%s': dropped the transfer group of %s", self.prefix, self.last_failure)
+
+    # reporting / shutdown ----------------------------------------------------------------------
+
+    def metrics(self, prefix: str = "sync/") -> dict[str, float]:
+        """``sync/publish_s`` (last publish), ``sync/transfers``, ``sync/transfer_failures``,
+        ``sync/transfer_s`` (last transfer), ``sync/bytes_served``, ``sync/members`` (live pairs),
+        ``sync/published_version``, ``sync/publish_waits_timed_out``, ``sync/idle_drops``."""
+        with self._lock:
+            out = {f"{prefix}{k}": float(v) for k, v in self._stats.items()}
+            out[f"{prefix}members"] = float(sum(not p.done for p in self._pairs.values()))
+        out[f"{prefix}published_version"] = float(self.weight_version if self.weight_version is not None else -1)
+        return out
+
+    def close(self) -> None:
+        """Stop serving: pending requests get the closing header, the Redis record goes, the store stops."""
+        if self._closed:
+            return
+        self._closed = True
+        with self._lock:
+            pairs = list(self._pairs.values())
+        for pair in pairs:
+            pair.requests.put(_STOP)
+        for pair in pairs:
+            pair.thread.join(timeout=self.timeout_s)
+        if self._dispatcher is not None:
+            self._dispatcher.join(timeout=max(2.0, 2 * self.heartbeat_s))
+        if self._redis is not None:
+            try:
+                raw = self._redis.get(server_key(self.prefix))
+                if raw is not None and msgspec.json.decode(raw, type=ServerRecord).session == self.session:
+                    self._redis.delete(server_key(self.prefix))
+                self._redis.delete(requests_key(self.prefix, self.session))
+            except redis.exceptions.RedisError as exc:
+                log.warning("weight server for '%s': could not remove its Redis record (%s)", self.prefix, exc)
+            self._redis.close()
+        self._store = None
+        with self._lock:
+            self._current = self._previous = None

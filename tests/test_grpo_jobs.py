@@ -1,0 +1,218 @@
+"""Independent trainer and rollout jobs (``examples/grpo_trainer_job.py``, ``examples/grpo_rollout_job.py``):
+the pieces they add to the disaggregated recipe -- the ``--run`` / ``--redis`` command line, the job plan,
+records built from scored groups with fixed ids and a producer, and the per-producer step summary.
+
+The end-to-end check (a trainer job and rollout jobs as separate process trees, one SIGKILLed and
+replaced mid-run, against a real redis-server) is in ``test_grpo_learning.py``: it trains from the
+quickstart's SFT model and must reach the same learning bar as the colocated run.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+import cosmos_primitives as cp
+from cosmos_primitives.config import GRPOConfig, run_stream
+from cosmos_primitives.data.records import Completion, Prompt, RolloutGroup
+from cosmos_primitives.queue import decode_record, encode_record, records_from_scores
+from cosmos_primitives.queue.disaggregated_plan import plan_jobs
+from cosmos_primitives.queue.record_metrics import (
+    ProducerShare,
+    format_shares,
+    producer_shares,
+    provenance,
+    record_metrics,
+    share_metrics,
+)
+from cosmos_primitives.testing.recipe_runs import finish, kill_tree, launch_recipe, only_run_dir
+
+REPO = Path(__file__).resolve().parents[1]
+CONFIG = REPO / "examples" / "configs" / "grpo_tiny_jobs.toml"
+
+
+def test_run_names_give_the_runs_stream_and_bad_names_are_refused() -> None:
+    assert run_stream("grpo_7b-a.1") == "cosmos:grpo_7b-a.1"
+    for bad in ("", "two words", "a:b", "tab\there"):
+        with pytest.raises(ValueError, match="run name"):
+            run_stream(bad)
+
+
+def test_job_command_line_sets_the_stream_and_url() -> None:
+    cfg, path = cp.config.load_recipe_config(None, jobs=True, argv=[
+        "--config", str(CONFIG), "--run", "r1", "--redis", "redis://10.0.0.5:6379/2", "grpo.kl_beta=0.01"])
+    assert (cfg.redis.stream, cfg.redis.url, cfg.grpo.kl_beta, path) == (
+        "cosmos:r1", "redis://10.0.0.5:6379/2", 0.01, str(CONFIG))
+    with pytest.raises(SystemExit):  # --run is required: two runs must never share keys by accident
+        cp.config.load_recipe_config(None, jobs=True, argv=["--config", str(CONFIG)])
+
+
+def test_job_plan_splits_records_over_the_trainer_ranks_without_a_capacity_check() -> None:
+    cfg = cp.load_config(CONFIG, ["redis.max_pending=1"])  # far too small for the one-job recipe's check
+    assert plan_jobs(cfg, 2) == (16, 8, 8)
+    cfg = cp.load_config(CONFIG, ["disaggregated.records_per_step=12", "disaggregated.prompts_per_rollout=4"])
+    assert plan_jobs(cfg, 3) == (12, 4, 4)
+    with pytest.raises(ValueError, match=r"records_per_step = 12 must be a multiple of the 5 trainer ranks"):
+        plan_jobs(cfg, 5)
+
+
+def groups_of(answers: list[list[str]], version: int = 3) -> list[RolloutGroup]:
+    groups = []
+    for i, texts in enumerate(answers):
+        prompt = Prompt(conversation=[{"role": "user", "content": f"question {i}"}], prompt_id=f"q{i}", reference="B")
+        completions = [Completion(t, [7 + j], [-0.5], "stop") for j, t in enumerate(texts)]
+        groups.append(RolloutGroup(prompt=prompt, prompt_token_ids=[1, 2, 3], completions=completions,
+                                   weight_version=version))
+    return groups
+
+
+def test_records_from_scores_keep_ids_producer_and_reward_means_and_skip_dropped_groups() -> None:
+    grpo = GRPOConfig(num_samples_per_prompt=2, reward_function={"single_choice": 1.0}, dynamic_sampling=True)
+    groups = groups_of([["<answer>B</answer>", "<answer>C</answer>"],   # mixed rewards: kept
+                        ["<answer>C</answer>", "<answer>D</answer>"],   # all wrong: dynamic sampling drops it
+                        ["<answer>B</answer>", "<answer>B</answer>"]])  # all right: dropped
+    scored = cp.rewards.score_groups(groups, cp.rewards.RewardSet.from_config(grpo), grpo, max_response_length=8)
+    records = records_from_scores(groups, scored, ["single_choice"], record_ids=["e0-i4", "e0-i9", "e0-i2"],
+                                  meta={"producer": "rollout-x"})
+    assert [r.record_id for r in records] == ["e0-i4"]
+    (record,) = records
+    assert record.rewards == [1.0, 0.0] and record.weight_version == 3
+    assert record.meta == {"reward/single_choice": 0.5, "producer": "rollout-x", "reference": "B"}
+    assert decode_record(encode_record(record)) == record
+    with pytest.raises(ValueError, match="2 record ids for 3 groups"):
+        records_from_scores(groups, scored, ["single_choice"], record_ids=["a", "b"])
+    # without dynamic sampling every group is put, each with a fresh id
+    plain = GRPOConfig(num_samples_per_prompt=2, reward_function={"single_choice": 1.0})
+    scored = cp.rewards.score_groups(groups, cp.rewards.RewardSet.from_config(plain), plain, max_response_length=8)
+    records = records_from_scores(groups, scored, ["single_choice"])
+    assert len({r.record_id for r in records}) == 3 and [r.meta["reward/single_choice"] for r in records] == [0.5, 0, 1]
+
+
+def test_step_summary_per_producer_with_versions_and_lag() -> None:
+    grpo = GRPOConfig(num_samples_per_prompt=2, reward_function={"single_choice": 1.0})
+    records = []
+    for producer, version, texts in [("rollout-b", 4, ["<answer>B</answer>"] * 2), ("rollout-a", 3, ["x", "y"]),
+                                     ("rollout-b", 5, ["<answer>B</answer>", "z"])]:
+        groups = groups_of([texts], version=version)
+        scored = cp.rewards.score_groups(groups, cp.rewards.RewardSet.from_config(grpo), grpo, max_response_length=8)
+        records += records_from_scores(groups, scored, ["single_choice"], meta={"producer": producer})
+    shares = producer_shares([provenance(r) for r in records], trainer_step=5)
+    assert shares == [ProducerShare("rollout-a", 1, 3, 3, 2), ProducerShare("rollout-b", 2, 4, 5, 1)]
+    assert format_shares(shares) == "rollout-a 1 (v3, lag <= 2), rollout-b 2 (v4-5, lag <= 1)"
+    assert share_metrics(shares) == {"rollout/producers": 2.0, "rollout/max_lag": 2.0}
+    metrics = record_metrics(records, ["single_choice"])
+    assert metrics["reward/mean"] == pytest.approx(3 / 6) and metrics["reward/single_choice"] == pytest.approx(0.5)
+    assert metrics["rollout/weight_version"] == pytest.approx(4.0)
+    unknown = records[0].meta.pop("producer")
+    assert unknown == "rollout-b" and provenance(records[0])[1] == "unknown"
+
+
+def test_trainer_job_refuses_a_private_redis_server(tmp_path: Path) -> None:
+    proc = subprocess.run([sys.executable, "examples/grpo_trainer_job.py", "--config", str(CONFIG), "--run", "x",
+                           "disaggregated.start_local_redis=true", f"train.output_dir={tmp_path}"],
+                          cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert proc.returncode != 0
+    assert "independent jobs need a Redis every job can reach" in proc.stderr, proc.stderr[-2000:]
+
+
+@pytest.mark.parametrize("script", ["run_jobs_local.sh", "slurm/submit.sh", "slurm/common.sh", "slurm/redis.sbatch",
+                                    "slurm/trainer.sbatch", "slurm/rollout.sbatch"])
+def test_launch_scripts_parse_and_name_the_job_entry_points(script: str) -> None:
+    # bash -n is all that can run here (no Slurm); it catches a broken script, and the entry points it names must exist
+    path = REPO / "examples" / script
+    proc = subprocess.run(["bash", "-n", str(path)], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+    for entry in ("grpo_trainer_job.py", "grpo_rollout_job.py"):
+        if entry in path.read_text():
+            assert (REPO / "examples" / entry).is_file()
+
+
+# -- the end-to-end scenario (run by test_grpo_learning.py from the quickstart's SFT model) ----------
+
+
+def read_jsonl(path: Path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text().splitlines()] if path.is_file() else []
+
+
+def job_id_in(log: Path) -> str | None:
+    """The job id a rollout job logged once it had loaded weights (None before that)."""
+    match = re.search(r"\[rollout\] (\S+): loaded weight version", log.read_text(errors="replace")) \
+        if log.is_file() else None
+    return match.group(1) if match else None
+
+
+def run_jobs_with_a_kill(overrides: list[str], out: Path, redis_url: str, run: str, *, kill_after_step: int,
+                         trainer_nproc: int = 1, timeout_s: float = 900.0) -> dict:
+    """Two rollout jobs started before a trainer job, each its own process tree; once the trainer has trained
+    ``kill_after_step`` steps including records of the first rollout job, that job is SIGKILLed and a third
+    started. Returns the trainer's run dir, the logs and the three job ids (AssertionError if a job fails)."""
+    logs = out / "logs"
+    logs.mkdir(parents=True, exist_ok=True)
+    common = ["--run", run, "--redis", redis_url, *overrides]
+    rollout = REPO / "examples" / "grpo_rollout_job.py"
+    a = launch_recipe(rollout, CONFIG, common, logs / "rollout_a.log", cwd=REPO, new_session=True)
+    b = launch_recipe(rollout, CONFIG, common, logs / "rollout_b.log", cwd=REPO, new_session=True)
+    trainer = launch_recipe(REPO / "examples" / "grpo_trainer_job.py", CONFIG,
+                            [*common, f"train.output_dir={out / 'trainer'}"], logs / "trainer.log", cwd=REPO,
+                            nproc=trainer_nproc, new_session=True)
+    procs = [a, b, trainer]
+    try:
+        def a_has_been_trained_on() -> bool:
+            runs = list((out / "trainer").glob("*/records.jsonl"))
+            rows = read_jsonl(runs[0]) if runs else []
+            a_id = job_id_in(logs / "rollout_a.log")
+            return bool(rows) and rows[-1]["step"] >= kill_after_step and any(r["producer"] == a_id for r in rows)
+
+        deadline = time.monotonic() + timeout_s
+        while not a_has_been_trained_on():
+            for proc, name in ((a, "rollout_a"), (trainer, "trainer")):
+                if proc.poll() is not None:
+                    raise AssertionError(f"{name} exited with {proc.returncode} before the kill:\n"
+                                         f"{(logs / f'{name}.log').read_text(errors='replace')[-4000:]}")
+            if time.monotonic() > deadline:
+                raise AssertionError("the trainer never trained on rollout job a")
+            time.sleep(0.2)
+        killed_at = max(r["step"] for r in read_jsonl(next((out / "trainer").glob("*/records.jsonl"))))
+        kill_tree(a)
+        c = launch_recipe(rollout, CONFIG, common, logs / "rollout_c.log", cwd=REPO, new_session=True)
+        procs.append(c)
+        trainer_log = finish(trainer, logs / "trainer.log", timeout_s=timeout_s)
+        finish(b, logs / "rollout_b.log", timeout_s=120)
+        finish(c, logs / "rollout_c.log", timeout_s=120)
+    finally:
+        for proc in procs:
+            if proc.poll() is None:
+                kill_tree(proc)
+    return {"run_dir": only_run_dir(out / "trainer"), "trainer_log": trainer_log, "logs": logs,
+            "killed_at": killed_at, "ids": {name: job_id_in(logs / f"rollout_{name}.log") for name in "abc"}}
+
+
+def check_jobs_run(result: dict, steps: int, bound: int) -> list[dict]:
+    """The acceptance checks of a :func:`run_jobs_with_a_kill` run; returns the trainer's metrics rows."""
+    run_dir, ids = result["run_dir"], result["ids"]
+    rows = read_jsonl(run_dir / "metrics.jsonl")
+    assert [r["step"] for r in rows] == list(range(1, steps + 1))  # the trainer never stopped
+    trained = read_jsonl(run_dir / "records.jsonl")
+    assert sorted({r["step"] for r in trained}) == list(range(1, steps + 1))
+    # within the staleness bound: trained at step s (weights s - 1) from weights at most `bound` older
+    lags = [r["step"] - 1 - r["weight_version"] for r in trained]
+    assert min(lags) >= 0 and max(lags) <= bound, sorted(set(lags))
+    # no prompt group trained twice: record ids are fixed by (epoch, prompt)
+    record_ids = [r["record_id"] for r in trained]
+    assert len(record_ids) == len(set(record_ids)), [i for i in record_ids if record_ids.count(i) > 1]
+    producers_by_step = {}
+    for r in trained:
+        producers_by_step.setdefault(r["step"], set()).add(r["producer"])
+    assert ids["a"] in set().union(*(p for s, p in producers_by_step.items() if s <= result["killed_at"]))
+    after = set().union(*(p for s, p in producers_by_step.items() if s > result["killed_at"] + 1))
+    assert ids["c"] in after and ids["b"] in after, (ids, producers_by_step)
+    assert f"[rollout] {ids['c']}: stopping (trainer finished at step {steps})" in \
+        (result["logs"] / "rollout_c.log").read_text(errors="replace")
+    assert re.search(r"\[GRPO\] step \d+: records from \S+ \d+ \(v\d+", result["trainer_log"])
+    return rows

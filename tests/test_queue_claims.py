@@ -1,0 +1,241 @@
+"""Prompt claims against a real redis-server: every epoch covered once by several claimants, expired
+and released claims re-issued first (a late complete returns False), renewal, max_epochs, a new
+object continuing the position, concurrent claimants in threads and processes, clearing a run."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import threading
+import time
+from collections import Counter
+
+import pytest
+import redis
+
+from cosmos_primitives.config import RedisConfig, run_stream
+from cosmos_primitives.data import ResumableDistributedSampler
+from cosmos_primitives.queue import Claim, JobRegistry, PromptClaims, RedisRolloutQueue
+from cosmos_primitives.queue.run_control import RunControl
+
+RUN = run_stream("claims-test")
+
+
+def make_claims(url: str, **kw) -> PromptClaims:
+    settings = {"dataset_size": 23, "range_size": 4, "seed": 7, **kw}
+    return PromptClaims(url, RUN, **settings)
+
+
+def test_run_stream_names_the_prefix_and_refuses_bad_names() -> None:
+    assert run_stream("exp-1.a") == "cosmos:exp-1.a"
+    for bad in ("", "two words", "tab\there", "a:b"):
+        with pytest.raises(ValueError, match="run name"):
+            run_stream(bad)
+
+
+def test_several_claimants_cover_each_epoch_exactly_once_in_the_seeded_order(redis_url: str) -> None:
+    jobs = [make_claims(redis_url, max_epochs=2) for _ in range(3)]
+    claims: list[Claim] = []
+    turn = 0
+    while (claim := jobs[turn % 3].claim(f"job{turn % 3}")) is not None:
+        assert jobs[turn % 3].complete(claim)
+        claims.append(claim)
+        turn += 1
+    assert [c.range_id for c in claims] == list(range(12))  # 6 ranges per epoch (23 / 4, the last has 3)
+    for epoch in (0, 1):
+        in_epoch = [c for c in claims if c.epoch == epoch]
+        order = [i for c in in_epoch for i in c.indices]
+        assert order == ResumableDistributedSampler(23, seed=7).epoch_indices(epoch)  # the sampler's permutation
+        assert sorted(order) == list(range(23))
+    assert claims[0].indices != claims[6].indices  # reshuffled per epoch
+    assert {c.job_id for c in claims} == {"job0", "job1", "job2"}
+    position = jobs[0].position()
+    assert (position["epoch"], position["next_range"], position["completed"], position["in_flight"]) == (2, 12, 12, 0)
+    assert jobs[1].exhausted()
+
+
+def test_an_expired_claim_is_reissued_before_new_ranges_and_its_late_complete_returns_false(redis_url: str) -> None:
+    claims = make_claims(redis_url, claim_ttl_s=0.3)
+    first = claims.claim("A")
+    second = claims.claim("B")
+    assert (first.range_id, second.range_id) == (0, 1)  # A's claim is live: B gets a new range
+    time.sleep(0.45)
+    again = claims.claim("C")
+    assert (again.range_id, again.indices, again.job_id, again.reissued) == (0, first.indices, "C", True)
+    assert claims.position()["expired"] == 1  # B's range waits for the next claimant
+    assert claims.claim("D").range_id == 1
+    assert not claims.holds(first) and claims.holds(again)  # A can tell before putting duplicates
+    assert claims.complete(first) is False  # A was too late: C holds range 0 now
+    assert claims.complete(again) is True
+    assert not claims.holds(again)  # completed: nobody holds it
+    position = claims.position()
+    assert (position["late_completes"], position["reissued"], position["completed"]) == (1, 2, 1)
+    assert position["next_range"] == 2
+
+
+def test_an_expired_claim_that_nobody_took_can_still_be_completed(redis_url: str) -> None:
+    claims = make_claims(redis_url, claim_ttl_s=0.2)
+    claim = claims.claim("A")
+    time.sleep(0.3)
+    assert claims.complete(claim)  # its records are on the queue; nobody else produced them
+    assert claims.claim("B").range_id == 1
+
+
+def test_renew_keeps_the_claims_of_a_live_job(redis_url: str) -> None:
+    claims = make_claims(redis_url, claim_ttl_s=0.4)
+    held = [claims.claim("A"), claims.claim("A")]
+    other = claims.claim("B")
+    for _ in range(8):  # 0.8 s: twice the ttl
+        time.sleep(0.1)
+        assert claims.renew("A") == 2
+    taken = [claims.claim("C"), claims.claim("C")]
+    # B did not renew: its range went to C; A's two ranges were never re-issued
+    assert [(c.range_id, c.reissued) for c in taken] == [(other.range_id, True), (3, False)]
+    assert claims.complete(held[0]) and claims.complete(held[1])
+    assert not claims.complete(other)
+
+
+def test_release_hands_claims_back_at_once(redis_url: str) -> None:
+    claims = make_claims(redis_url, claim_ttl_s=60)
+    mine = [claims.claim("A"), claims.claim("A")]
+    assert claims.release("A") == 2
+    assert claims.release("A") == 0
+    taken = [claims.claim("B"), claims.claim("B")]
+    assert sorted(c.range_id for c in taken) == [0, 1] and all(c.reissued for c in taken)
+    assert claims.claim("B").range_id == 2
+    assert not claims.complete(mine[0])
+    assert claims.position()["released"] == 2
+
+
+def test_max_epochs_ends_claims_and_exhausted_waits_for_the_last_in_flight(redis_url: str) -> None:
+    claims = make_claims(redis_url, dataset_size=4, range_size=2, max_epochs=1, claim_ttl_s=0.3)
+    a, b = claims.claim("A"), claims.claim("B")
+    assert claims.claim("C") is None
+    assert not claims.exhausted()  # B's range is still in flight and may expire
+    assert claims.complete(a)
+    time.sleep(0.45)
+    rescued = claims.claim("C")
+    assert (rescued.range_id, rescued.indices) == (b.range_id, b.indices)
+    assert claims.claim("C") is None and not claims.exhausted()
+    assert claims.complete(rescued)
+    assert claims.exhausted()
+
+
+def test_a_new_object_continues_the_position_and_refuses_other_settings(redis_url: str) -> None:
+    before = make_claims(redis_url)
+    done = [before.claim("A") for _ in range(3)]
+    assert before.complete(done[0]) and before.complete(done[1])
+    before.close()
+    after = make_claims(redis_url)  # a restarted job
+    position = after.position()
+    assert (position["next_range"], position["in_flight"], position["completed"]) == (3, 1, 2)
+    assert after.claim("A2").range_id == 3  # done[2] is still held, not re-issued
+    assert after.complete(done[2])
+    with pytest.raises(ValueError, match=r"seed 7 there, 8 here.*same dataset"):
+        make_claims(redis_url, seed=8)
+    with pytest.raises(ValueError, match="dataset_size 23 there, 24 here"):
+        make_claims(redis_url, dataset_size=24)
+
+
+def test_record_ids_name_epoch_and_index_so_a_replayed_range_repeats_them(redis_url: str) -> None:
+    claims = make_claims(redis_url, claim_ttl_s=0.2)
+    first = claims.claim("A")
+    time.sleep(0.3)
+    replay = claims.claim("B")
+    assert [claims.record_id(first, i) for i in first.indices] == [claims.record_id(replay, i) for i in replay.indices]
+    assert claims.record_id(first, first.indices[0]) == f"e0-i{first.indices[0]}"
+    missing = next(i for i in range(23) if i not in first.indices)
+    with pytest.raises(ValueError, match=f"dataset index {missing} is not in claim 0"):
+        claims.record_id(first, missing)
+
+
+def test_bad_settings_are_refused_by_name(redis_url: str) -> None:
+    with pytest.raises(ValueError, match=r"range_size = 0.*claim_ttl_s = 0"):
+        make_claims(redis_url, range_size=0, claim_ttl_s=0)
+    with pytest.raises(ValueError, match="job_id is empty"):
+        make_claims(redis_url).claim("")
+
+
+def test_concurrent_threads_never_get_the_same_range(redis_url: str) -> None:
+    got: dict[int, list[int]] = {t: [] for t in range(8)}
+
+    def run(t: int) -> None:
+        claims = make_claims(redis_url, dataset_size=300, range_size=1, max_epochs=1)
+        while (claim := claims.claim(f"t{t}")) is not None:
+            got[t].append(claim.range_id)
+            claims.complete(claim)
+        claims.close()
+
+    threads = [threading.Thread(target=run, args=(t,)) for t in range(8)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=60)
+    counts = Counter(r for ids in got.values() for r in ids)
+    assert sorted(counts) == list(range(300)) and set(counts.values()) == {1}
+    assert sum(1 for ids in got.values() if ids) >= 2  # they really ran side by side
+
+
+_CLAIMANT = """
+import json, sys
+from cosmos_primitives.queue.prompt_claims import PromptClaims
+claims = PromptClaims(sys.argv[1], sys.argv[2], dataset_size=400, range_size=2, seed=3, max_epochs=1)
+out = []
+while (claim := claims.claim(sys.argv[3])) is not None:
+    out.append([claim.range_id, list(claim.indices)])
+    claims.complete(claim)
+print(json.dumps(out))
+"""
+
+
+@pytest.mark.slow  # each process imports torch for the permutation (~20 s on a loaded machine)
+def test_concurrent_processes_never_get_the_same_range(redis_url: str) -> None:
+    procs = [subprocess.Popen([sys.executable, "-c", _CLAIMANT, redis_url, RUN, f"p{i}"], stdout=subprocess.PIPE,
+                              text=True) for i in range(3)]
+    results = [json.loads(p.communicate(timeout=120)[0]) for p in procs]
+    assert all(p.returncode == 0 for p in procs)
+    ranges = Counter(r for result in results for r, _ in result)
+    assert sorted(ranges) == list(range(200)) and set(ranges.values()) == {1}
+    indices = sorted(i for result in results for _, idx in result for i in idx)
+    assert indices == list(range(400))
+
+
+def test_clear_stream_forgets_claims_and_jobs_of_the_run(redis_url: str) -> None:
+    claims = make_claims(redis_url)
+    claims.claim("A")
+    registry = JobRegistry(redis_url, RUN)
+    registry.join("rollout", job_id="r1")
+    other = PromptClaims(redis_url, run_stream("another"), dataset_size=5, range_size=1, seed=0)
+    other.claim("X")
+    with RedisRolloutQueue(RedisConfig(stream=RUN), url=redis_url) as queue, RunControl(queue) as control:
+        assert control.clear_stream() >= 5  # meta, next, deadlines, owners, job key, job set
+    client = redis.Redis.from_url(redis_url)
+    assert client.keys(f"{RUN}*") == []
+    assert other.position()["in_flight"] == 1  # another run's keys are left alone
+    assert registry.live() == {}
+    fresh = make_claims(redis_url, seed=99)  # a fresh run may change the settings
+    assert fresh.claim("A").range_id == 0
+
+
+def test_the_renewal_thread_keeps_claims_until_stopped(redis_url: str) -> None:
+    claims = make_claims(redis_url, claim_ttl_s=0.3)
+    held = claims.claim("A")
+    claims.start_renewal("A")
+    time.sleep(0.9)  # three ttls
+    assert claims.claim("B").range_id == 1  # A's range was kept
+    claims.stop_renewal("A")
+    time.sleep(0.45)
+    assert claims.claim("B").range_id == held.range_id  # no renewal: re-issued
+    claims.close()
+
+
+def test_restore_puts_back_a_saved_position_only_where_redis_lost_it(redis_url: str) -> None:
+    claims = make_claims(redis_url)
+    for _ in range(4):
+        claims.complete(claims.claim("A"))
+    saved = claims.position()["next_range"]
+    assert not claims.restore(1)  # the run has a position: Redis is newer than any checkpoint
+    claims.clear()  # what a Redis restart without persistence leaves
+    assert claims.restore(saved)
+    assert claims.claim("A").range_id == saved == 4

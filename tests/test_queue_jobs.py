@@ -1,0 +1,146 @@
+"""The job registry against a real redis-server: join, heartbeat, expiry of a silent job, leave, the
+heartbeat thread (which survives its own failures), and joining again after dropping out."""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+import pytest
+
+from cosmos_primitives.config import run_stream
+from cosmos_primitives.queue import JobRegistry, RedisServer
+
+RUN = run_stream("jobs-test")
+
+
+def test_join_lists_the_job_with_its_fields_and_heartbeat_updates_them(redis_url: str) -> None:
+    registry = JobRegistry(redis_url, RUN)
+    trainer = registry.join("trainer", weight_version=0)
+    rollout = registry.join("rollout", job_id="rollout-a", weight_version=0, records_put=0)
+    assert trainer.startswith(f"trainer-{socket.gethostname()}-{os.getpid()}-")
+    live = registry.live()
+    assert set(live) == {trainer, "rollout-a"}
+    job = live["rollout-a"]
+    assert (job["role"], job["host"], job["pid"]) == ("rollout", socket.gethostname(), os.getpid())
+    assert job["records_put"] == 0
+    assert job["started"] == job["last_seen"] and 0 <= job["age_s"] < 5
+    time.sleep(0.05)
+    registry.heartbeat(rollout, weight_version=3, records_put=16)
+    job = registry.live()["rollout-a"]
+    assert (job["weight_version"], job["records_put"]) == (3, 16)
+    assert job["last_seen"] > job["started"]
+    assert set(registry.live(role="rollout")) == {"rollout-a"}
+    registry.close()
+
+
+def test_a_job_that_stops_heartbeating_drops_out_and_leave_is_at_once(redis_url: str) -> None:
+    registry = JobRegistry(redis_url, RUN, ttl_s=0.3)
+    silent = registry.join("rollout")
+    beating = registry.join("rollout")
+    leaving = registry.join("trainer")
+    registry.leave(leaving)
+    assert set(registry.live()) == {silent, beating}
+    for _ in range(5):
+        time.sleep(0.1)
+        registry.heartbeat(beating)
+    assert set(registry.live()) == {beating}
+    assert registry._link.client.smembers(registry.index_key) == {beating.encode()}  # the expired id was pruned
+
+
+def test_the_heartbeat_thread_keeps_a_job_alive_with_fresh_fields_and_survives_failures(
+        redis_url: str, caplog: pytest.LogCaptureFixture) -> None:
+    registry = JobRegistry(redis_url, RUN, ttl_s=0.3)
+    job = registry.join("rollout", records_put=0)
+    calls = {"n": 0}
+
+    def fields() -> dict:
+        calls["n"] += 1
+        if calls["n"] == 2:
+            raise RuntimeError("engine busy")
+        return {"records_put": calls["n"]}
+
+    with caplog.at_level(logging.WARNING, logger="cosmos.queue"):
+        registry.start_heartbeat(job, fields)
+        time.sleep(0.9)  # three TTLs
+        live = registry.live()
+    assert job in live and live[job]["records_put"] >= 3
+    assert any("heartbeat of job" in r.message and "engine busy" in r.message for r in caplog.records)
+    with pytest.raises(ValueError, match="already heartbeats"):
+        registry.start_heartbeat(job)
+    registry.leave(job)
+    time.sleep(0.25)
+    assert registry.live() == {}  # the thread stopped: nothing re-created the key
+    registry.close()
+
+
+def test_a_job_that_dropped_out_joins_again_on_its_next_heartbeat(redis_url: str,
+                                                                  caplog: pytest.LogCaptureFixture) -> None:
+    registry = JobRegistry(redis_url, RUN, ttl_s=0.2)
+    job = registry.join("rollout", job_id="slow", weight_version=1)
+    time.sleep(0.3)
+    assert registry.live() == {}
+    with caplog.at_level(logging.WARNING, logger="cosmos.queue"):
+        registry.heartbeat(job, records_put=8)
+    back = registry.live()["slow"]
+    assert (back["role"], back["weight_version"], back["records_put"], registry.rejoins) == ("rollout", 1, 8, 1)
+    assert "joined again" in caplog.text
+    other = JobRegistry(redis_url, RUN, ttl_s=0.2)  # another object never joined it: it cannot rebuild the job
+    time.sleep(0.3)
+    with pytest.raises(ValueError, match=r"'slow' is not registered.*join it again"):
+        other.heartbeat("slow")
+
+
+def test_bad_names_are_refused(redis_url: str) -> None:
+    registry = JobRegistry(redis_url, RUN)
+    with pytest.raises(ValueError, match="role"):
+        registry.join("")
+    with pytest.raises(ValueError, match="without whitespace"):
+        registry.join("rollout", job_id="a b")
+    with pytest.raises(ValueError, match="ttl_s"):
+        JobRegistry(redis_url, RUN, ttl_s=0)
+
+
+_JOB = """
+import sys, time
+from cosmos_primitives.queue.job_registry import JobRegistry
+registry = JobRegistry(sys.argv[1], sys.argv[2], ttl_s=0.5)
+job = registry.join("rollout", job_id="doomed", records_put=0)
+registry.start_heartbeat(job, lambda: {"records_put": 7})
+print("joined", flush=True)
+time.sleep(600)
+"""
+
+
+def test_a_sigkilled_job_drops_out_after_its_ttl(redis_url: str) -> None:
+    proc = subprocess.Popen([sys.executable, "-c", _JOB, redis_url, RUN], stdout=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout.readline().strip() == "joined"
+        registry = JobRegistry(redis_url, RUN)
+        time.sleep(0.7)  # past one ttl: only the heartbeat thread keeps it listed
+        assert registry.live()["doomed"]["records_put"] == 7
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(timeout=10)
+        time.sleep(0.7)
+        assert registry.live() == {}
+    finally:
+        proc.kill()
+        proc.wait(timeout=10)
+
+
+def test_heartbeats_outlive_a_redis_restart_without_persistence(caplog: pytest.LogCaptureFixture) -> None:
+    with RedisServer(persistent=False) as server, caplog.at_level(logging.WARNING, logger="cosmos.queue"):
+        registry = JobRegistry(server.url, RUN, ttl_s=0.6)
+        job = registry.join("trainer", step=1)
+        registry.start_heartbeat(job, lambda: {"step": 2}, interval_s=0.1)
+        server.restart(down_s=0.5)  # the server forgets every key
+        time.sleep(0.5)
+        live = registry.live()
+        assert live[job]["role"] == "trainer" and live[job]["step"] == 2
+        assert registry.rejoins >= 1
+        registry.close()

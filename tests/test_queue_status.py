@@ -1,0 +1,109 @@
+"""``python -m cosmos_primitives.queue.status`` as a subprocess against a real redis-server: a populated
+run (jobs, queue depth, trained count, weight version, claims, dead letters), an unknown run, and an
+unreachable server."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+
+import redis
+
+from cosmos_primitives.config import RedisConfig, run_stream
+from cosmos_primitives.queue import JobRegistry, PromptClaims, RedisRolloutQueue
+from test_queue_redis import make_record
+
+
+def status(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "cosmos_primitives.queue.status", *args], capture_output=True,
+                          text=True, timeout=60, env={**os.environ, **(env or {})})
+
+
+def populate(url: str, stream: str) -> None:
+    """4 records put and taken by a trainer, 1 trained; a malformed entry dead-lettered; version 3;
+    a trainer and a rollout job; 3 ranges claimed, 2 completed."""
+    with RedisRolloutQueue(RedisConfig(stream=stream), url=url, consumer="trainer-0") as queue:
+        redis.Redis.from_url(url).xadd(stream, {"junk": "not a record"})
+        queue.put_many([make_record(i) for i in range(4)])
+        records = queue.get(4, timeout=5)
+        assert len(records) == 4
+        queue.ack(records[:1])
+        queue.publish_weight_version(3)
+    registry = JobRegistry(url, stream, ttl_s=60)
+    registry.join("trainer", job_id="trainer-x", weight_version=3)
+    registry.join("rollout", job_id="rollout-1", weight_version=2, records_put=4)
+    claims = PromptClaims(url, stream, dataset_size=10, range_size=2, seed=0)
+    taken = [claims.claim("rollout-1") for _ in range(3)]
+    assert claims.complete(taken[0]) and claims.complete(taken[1])
+
+
+def test_status_shows_a_populated_run(redis_url: str) -> None:
+    stream = run_stream("status-run")
+    populate(redis_url, stream)
+    done = status("--redis", redis_url, "--run", "status-run", "--json")
+    assert done.returncode == 0, done.stderr
+    report = json.loads(done.stdout)
+    assert report["stream"] == stream and report["exists"]
+    assert set(report["jobs"]) == {"trainer-x", "rollout-1"}
+    rollout = report["jobs"]["rollout-1"]
+    assert (rollout["role"], rollout["weight_version"], rollout["records_put"], rollout["pid"]) == (
+        "rollout", 2, 4, os.getpid())
+    assert 0 <= rollout["age_s"] < 30
+    queue = report["queue"]
+    assert (queue["depth"], queue["trained"]) == (3, 1)
+    assert [(g["name"], g["pending"], g["undelivered"]) for g in queue["groups"]] == [("trainer", 3, 0)]
+    assert report["weight_version"] == 3
+    claims = report["claims"]
+    assert (claims["epoch"], claims["next_range"], claims["ranges_per_epoch"], claims["in_flight"],
+            claims["completed"]) == (0, 3, 5, 1, 2)
+    assert report["dead_letters"]["count"] == 1
+    assert "no 'record' field" in report["dead_letters"]["last"][0]["reason"]
+
+    text = status("--stream", stream, env={"COSMOS_REDIS_URL": redis_url})  # the URL from the environment
+    assert text.returncode == 0, text.stderr
+    out = text.stdout
+    assert f"run stream {stream} at {redis_url}" in out
+    assert "live jobs: 2" in out
+    row = next(line for line in out.splitlines() if "rollout-1" in line).split()
+    assert row[:7] == ["rollout-1", "rollout", socket.gethostname(), str(os.getpid()), "2", "1", "4"]  # lag 3 - 2
+    assert "queue: 3 records waiting (group trainer: 3 delivered and not acknowledged" in out
+    assert "trained: 1 records" in out and "weight version: 3" in out
+    assert "claims: epoch 0: 3 of 5 ranges handed out" in out and "1 in flight" in out and "2 completed" in out
+    assert "dead letters: 1" in out and "no 'record' field" in out
+
+
+def test_status_of_an_unknown_run_says_nothing_is_there(redis_url: str) -> None:
+    done = status("--redis", redis_url, "--run", "nobody")
+    assert done.returncode == 1
+    assert f"nothing is there for stream cosmos:nobody at {redis_url}; no run streams there" in done.stdout
+    populate(redis_url, run_stream("present"))
+    done = status("--redis", redis_url, "--run", "nobody")
+    assert done.returncode == 1 and "runs there: present" in done.stdout
+    report = json.loads(status("--redis", redis_url, "--run", "nobody", "--json").stdout)
+    assert (report["exists"], report["other_runs"], report["jobs"], report["claims"]) == (False, ["present"], {}, None)
+
+
+def test_status_names_the_url_when_redis_is_unreachable() -> None:
+    with socket.socket() as sock:  # a port nobody listens on
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    done = status("--redis", f"redis://:hunter2@127.0.0.1:{port}/0", "--run", "x")
+    assert done.returncode == 2
+    assert f"cannot read Redis at redis://:***@127.0.0.1:{port}/0" in done.stderr
+    assert "hunter2" not in done.stderr + done.stdout
+    done = status("--run", "x", env={"COSMOS_REDIS_URL": ""})
+    assert done.returncode == 2 and "COSMOS_REDIS_URL" in done.stderr
+    done = status("--redis", "http://localhost:6379", "--run", "x")
+    assert done.returncode == 2 and "must start with redis://" in done.stderr
+    done = status("--redis", "redis://127.0.0.1:6379/0", "--run", "two words")
+    assert done.returncode == 2 and "without spaces" in done.stderr
+
+
+def test_status_of_a_stream_name_used_by_another_program_says_so(redis_url: str) -> None:
+    redis.Redis.from_url(redis_url).set("cosmos:clash", "not a stream")
+    done = status("--redis", redis_url, "--run", "clash")
+    assert done.returncode == 2
+    assert f"Redis at {redis_url} refused to show run stream cosmos:clash (ResponseError: WRONGTYPE" in done.stderr

@@ -1,0 +1,420 @@
+"""Weights from a trainer job to rollout processes of other jobs (``WeightServer`` / ``WeightClient``).
+
+The trainer is a job of its own: two gloo ranks in their own world (``run_distributed``), the
+model FSDP2-sharded over them. Each member is a separate spawned process with no process group
+at all. They meet only through a real redis-server; the test drives each of them through Redis
+lists (``ctl:*``) and checks, in one run: a member started before the trainer waits and then loads
+(4); a member started after a publish gets the trainer's weights bit for bit (1); members that
+skip versions get the newest (2); a member SIGKILLed mid-transfer delays no publish past the
+timeout, the other member keeps receiving, and a restarted process with the same member id
+loads the current version (3); after ``close()`` a fetch fails with a clear error (slow: five
+process starts).
+
+A second, fast test runs the server and its members on threads of the test process (the same
+groups and protocol, no process starts) through the failure cases: a member that asks and never
+shows up, one that stalls mid-transfer, a restarted member id, idle pairs, a trainer that closed
+or died, and a restarted trainer. The model is ``test_sync_broadcast``'s plain-torch Qwen2
+look-alike, which keeps ``transformers`` out of the spawned processes.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+import pickle
+import signal
+import threading
+import time
+from types import SimpleNamespace
+
+import pytest
+import redis
+import torch
+import torch.distributed as dist
+
+from cosmos_primitives.parallel.distributed import free_port
+from cosmos_primitives.testing import run_distributed
+from test_sync_broadcast import VOCAB, TinyQwen2Like, _state
+
+PREFIX = "cosmos:transfer-test"
+TIMEOUT_S = 5.0  # the pair timeout of both sides
+SLACK_S = 5.0
+
+
+def _redis(url: str) -> redis.Redis:
+    return redis.Redis.from_url(url, socket_timeout=None)  # blocking pops wait longer than the default 5 s
+
+
+def _send(r: redis.Redis, key: str, obj) -> None:
+    r.rpush(key, pickle.dumps(obj))
+
+
+def _recv(r: redis.Redis, key: str, timeout_s: float = 120.0):
+    popped = r.blpop([key], timeout=timeout_s)
+    if popped is None:
+        raise TimeoutError(f"nothing on '{key}' within {timeout_s}s")
+    return pickle.loads(popped[1])
+
+
+# the trainer job ---------------------------------------------------------------------------------
+
+def _trainer_rank(url: str) -> None:
+    from torch.distributed.device_mesh import DeviceMesh
+    from torch.distributed.fsdp import fully_shard
+
+    from cosmos_primitives.sync import WeightServer
+    from cosmos_primitives.sync.sources import full_tensor
+
+    rank = dist.get_rank()
+    model = TinyQwen2Like(seed=0)
+    mesh = DeviceMesh.from_group(dist.group.WORLD, "cpu")
+    for layer in model.model.layers:
+        fully_shard(layer, mesh=mesh)
+    fully_shard(model, mesh=mesh)
+    optim = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    server = WeightServer(model, url, PREFIX, bucket_bytes=700, timeout_s=TIMEOUT_S, heartbeat_s=0.5)
+    r = _redis(url) if rank == 0 else None
+    version = 0
+    times = [server.publish(version).seconds]
+    while True:
+        full = _state((n, full_tensor(p)) for n, p in model.named_parameters())
+        if rank == 0:
+            _send(r, "ctl:trainer:out", SimpleNamespace(version=version, state=full, publish_s=times,
+                                                        metrics=server.metrics()))
+            command = _recv(r, "ctl:trainer:in")
+        else:
+            command = None
+        box = [command]
+        dist.broadcast_object_list(box, src=0)
+        command = box[0]
+        if command == "stop":
+            server.close()
+            return
+        times = []
+        for _ in range(command):  # optimizer steps, each published
+            torch.manual_seed(100 * version + rank)
+            model(torch.randint(0, VOCAB, (2, 5))).square().mean().backward()
+            optim.step()
+            optim.zero_grad()
+            version += 1
+            times.append(server.publish(version).seconds)
+
+
+def _trainer_job(url: str, done: list) -> threading.Thread:
+    """The trainer job's two ranks, started (and waited for) from a thread of the test process."""
+
+    def run() -> None:
+        done.append(run_distributed(_trainer_rank, 2, args=(url,), timeout_s=300))
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    return thread
+
+
+# members -----------------------------------------------------------------------------------------
+
+class _StuckEngine:
+    """A RolloutEngine whose loader hangs in the first bucket (so the test can kill it mid-transfer)."""
+
+    def __init__(self, r: redis.Redis, key: str) -> None:
+        self.r, self.key, self.weight_version = r, key, -1
+
+    def update_weights(self, named_tensors, version: int) -> None:
+        _send(self.r, self.key, "inside")
+        time.sleep(3600)
+
+
+def _member(url: str, member_id: str, stuck: bool = False) -> None:
+    from cosmos_primitives.sync import WeightClient, WeightTransferError
+
+    r = _redis(url)
+    out = f"ctl:{member_id}:out"
+    model = TinyQwen2Like(seed=11)
+    holder = SimpleNamespace(weight_version=-1)
+    target = _StuckEngine(r, out) if stuck else model
+    client = WeightClient(target, url, PREFIX, member_id=member_id, engine=holder, timeout_s=TIMEOUT_S)
+    _send(r, out, ("ready", client.published_version(), client.weight_version))
+    while (command := _recv(r, f"ctl:{member_id}:in", timeout_s=300)) != "stop":
+        try:
+            if command == "wait_and_fetch":
+                client.wait_for_server(timeout_s=120)
+            result = client.fetch()
+            _send(r, out, (result, client.weight_version, holder.weight_version, _state(model.named_parameters())))
+        except WeightTransferError as exc:
+            _send(r, out, ("error", str(exc)))
+    client.close()
+
+
+def _spawn(target, *args) -> multiprocessing.Process:
+    proc = multiprocessing.get_context("spawn").Process(target=target, args=args)
+    proc.start()
+    return proc
+
+
+def _ask(r: redis.Redis, who: str, command):
+    _send(r, f"ctl:{who}:in", command)
+    return _recv(r, f"ctl:{who}:out")
+
+
+@pytest.mark.slow  # five process starts (~10 s each on a loaded 2-core machine)
+def test_rollout_members_of_other_jobs_follow_the_trainer(redis_url):
+    r = _redis(redis_url)
+    procs: list[multiprocessing.Process] = []
+    try:
+        # (4) a member started before any trainer: nothing on offer, it waits, then loads
+        procs.append(_spawn(_member, redis_url, "early"))
+        assert _recv(r, "ctl:early:out") == ("ready", None, -1)
+        _send(r, "ctl:early:in", "wait_and_fetch")
+        trainer_job = _trainer_job(redis_url, trainer_done := [])
+        trainer = _recv(r, "ctl:trainer:out")
+        result, version, holder_version, state = _recv(r, "ctl:early:out")
+        assert (result.version, version, holder_version, result.verified) == (0, 0, 0, True)
+        assert state == trainer.state
+        first_state = trainer.state
+
+        # (1) a member started after the trainer published gets exactly its current weights
+        trainer = _ask(r, "trainer", 1)
+        procs.append(_spawn(_member, redis_url, "late"))
+        assert _recv(r, "ctl:late:out")[:2] == ("ready", 1)
+        result, version, _, state = _ask(r, "late", "fetch")
+        assert (result.version, version, result.verified) == (1, 1, True)
+        assert state == trainer.state
+
+        # (2) members that skipped versions get the newest; later transfers reuse the pair
+        trainer = _ask(r, "trainer", 3)
+        for who in ("late", "early"):
+            result, version, holder_version, state = _ask(r, who, "fetch")
+            assert (result.version, version, holder_version, result.verified) == (4, 4, 4, False)
+            assert state == trainer.state
+        assert trainer.state != first_state, "the optimizer steps changed nothing"
+
+        # (3) a member killed mid-transfer: publishes stay bounded, the others keep receiving,
+        #     a restarted process with the same member id loads the current version
+        procs.append(stuck := _spawn(_member, redis_url, "victim", True))
+        assert _recv(r, "ctl:victim:out")[0] == "ready"
+        assert _ask(r, "victim", "fetch") == "inside"
+        os.kill(stuck.pid, signal.SIGKILL)
+        stuck.join(timeout=30)
+        trainer = _ask(r, "trainer", 3)
+        assert len(trainer.publish_s) == 3 and max(trainer.publish_s) < TIMEOUT_S + SLACK_S, trainer.publish_s
+        result, version, _, state = _ask(r, "early", "fetch")
+        assert (result.version, version) == (7, 7) and state == trainer.state
+        procs.append(_spawn(_member, redis_url, "victim"))
+        assert _recv(r, "ctl:victim:out")[:2] == ("ready", 7)
+        result, version, _, state = _ask(r, "victim", "fetch")
+        assert (result.version, version, result.verified) == (7, 7, True) and state == trainer.state
+        metrics = _ask(r, "trainer", 0).metrics
+        # 6 transfers were received; the last may not be counted yet when the trainer reports
+        assert metrics["sync/transfer_failures"] >= 1 and metrics["sync/transfers"] >= 5
+        assert metrics["sync/published_version"] == 7
+
+        # the trainer stops serving: a fetch then fails naming the member and the run
+        _send(r, "ctl:trainer:in", "stop")
+        trainer_job.join(timeout=60)
+        assert trainer_done == [[None, None]]
+        error = _ask(r, "early", "fetch")
+        assert error[0] == "error" and "'early'" in error[1] and PREFIX in error[1], error
+        for who in ("early", "late", "victim"):
+            _send(r, f"ctl:{who}:in", "stop")
+        for proc in procs:
+            proc.join(timeout=30)
+        assert [p.exitcode for p in procs] == [0, 0, -signal.SIGKILL, 0]
+    finally:
+        for proc in procs:
+            if proc.is_alive():
+                proc.kill()
+                proc.join(timeout=10)
+        r.close()
+
+
+# one process: the server and its members on threads (fast; the same protocol and groups) ------
+
+class _HeldEngine:
+    """A RolloutEngine whose loader waits for ``release`` (a member that stalls mid-transfer);
+    it loads into ``weights`` (not ``.model``: the check reads them back through ``read_back``)."""
+
+    def __init__(self) -> None:
+        self.inside, self.release = threading.Event(), threading.Event()
+        self.weights = dict(TinyQwen2Like(seed=4).named_parameters())
+        self.weight_version = -1
+
+    def update_weights(self, named_tensors, version: int) -> None:
+        self.inside.set()
+        self.release.wait(60)
+        with torch.no_grad():
+            for name, tensor in named_tensors:
+                self.weights[name].copy_(tensor)
+        self.weight_version = version
+
+
+def _in_thread(fn) -> tuple[threading.Thread, list]:
+    box: list = []
+
+    def run() -> None:
+        try:
+            box.append(fn())
+        except Exception as exc:
+            box.append(exc)
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    return thread, box
+
+
+def _wait_for(condition, seconds: float = 15.0) -> None:
+    deadline = time.monotonic() + seconds
+    while not condition():
+        assert time.monotonic() < deadline, "the server's threads did not get there in time"
+        time.sleep(0.05)
+
+
+def test_weight_server_serves_members_and_bounds_a_stalled_one(redis_url):
+    from cosmos_primitives.sync import WeightClient, WeightServer, WeightTransferError
+
+    timeout = 2.0
+    model = TinyQwen2Like(seed=0)
+    engine_model, holder = TinyQwen2Like(seed=1), SimpleNamespace(weight_version=-1)
+    a = WeightClient(engine_model, redis_url, PREFIX, member_id="a", engine=holder, timeout_s=timeout)
+
+    # no trainer yet: nothing on offer, waiting and fetching fail clearly
+    assert a.published_version() is None and a.weight_version == -1
+    with pytest.raises(WeightTransferError, match=f"'a'.*{PREFIX}"):
+        a.wait_for_server(timeout_s=0.3)
+    with pytest.raises(WeightTransferError, match="no trainer serves"):
+        a.fetch()
+
+    with pytest.raises(ValueError, match="nccl"):
+        WeightServer(model, redis_url, PREFIX, backend="nccl")  # a CPU model has no NCCL transfer
+    server = WeightServer(model, redis_url, PREFIX, bucket_bytes=512, timeout_s=timeout, heartbeat_s=0.2)
+    clients = [a]
+    try:
+        assert server.publish(0).bytes_moved > 0 and a.wait_for_server(timeout_s=5) == 0
+        first = a.fetch()
+        assert (first.version, first.verified, a.weight_version, holder.weight_version) == (0, True, 0, 0)
+        assert _state(engine_model.named_parameters()) == _state(model.named_parameters())
+
+        # a malformed request is skipped; a member that asks and never forms its pair delays no
+        # other member's first fetch
+        ghost = redis.Redis.from_url(redis_url)
+        ghost.rpush(f"{PREFIX}:weights:requests:{server.session}", b"not json", b'{"member": "ghost", "nonce": "n0"}')
+        ghost.close()
+        time.sleep(0.3)  # the ghost's pair thread now waits for it in the store
+        other = WeightClient(TinyQwen2Like(seed=3), redis_url, PREFIX, member_id="other", timeout_s=timeout)
+        clients.append(other)
+        start = time.monotonic()
+        assert other.fetch().version == 0 and time.monotonic() - start < timeout / 2
+        _wait_for(lambda: server.metrics()["sync/transfer_failures"] == 1)  # the ghost's pair, after `timeout`
+        assert "'ghost'" in server.last_failure
+
+        # versions published since the last fetch are skipped; the pair is reused (no new check)
+        for version in (1, 2, 3):
+            with torch.no_grad():
+                model.model.layers[0].mlp.up_proj.weight.mul_(1.5)
+            server.publish(version)
+        assert a.published_version() == 3
+        result = a.refresh()
+        assert (result.version, result.verified, holder.weight_version) == (3, False, 3)
+        assert _state(engine_model.named_parameters()) == _state(model.named_parameters())
+        _wait_for(lambda: server.metrics()["sync/transfers"] == 3)  # counted once the member has them
+        assert a.refresh() is None  # nothing new: no request
+        time.sleep(0.2)
+        assert server.metrics()["sync/transfers"] == 3
+
+        # a member stalled mid-transfer holds snapshot 3: the next publish reuses snapshot 2's
+        # buffers at once, the one after waits for snapshot 3 at most `timeout` (then takes fresh
+        # buffers); the stalled pair's own operation timeout drops it
+        held = _HeldEngine()
+        stalled = WeightClient(held, redis_url, PREFIX, member_id="stalled", timeout_s=timeout,
+                               read_back=held.weights.__getitem__)
+        clients.append(stalled)
+        stalled_thread, stalled_box = _in_thread(stalled.fetch)
+        assert held.inside.wait(30)
+        with torch.no_grad():
+            model.model.norm.weight.add_(1.0)
+        assert server.publish(4).seconds < timeout
+        assert server.publish(5).seconds < timeout + 3.0
+        _wait_for(lambda: server.metrics()["sync/transfer_failures"] == 2)  # the pair's own op timeout
+        assert "'stalled'" in server.last_failure
+        result = a.fetch()  # the other member is served meanwhile
+        assert result.version == 5 and _state(engine_model.named_parameters()) == _state(model.named_parameters())
+        held.release.set()
+        stalled_thread.join(30)
+        assert isinstance(stalled_box[0], WeightTransferError) and "'stalled'" in str(stalled_box[0])
+        assert stalled.weight_version == held.weight_version == -1  # part of version 3 was written
+        # its next fetch forms a new pair (checked again) and loads the current version
+        held.inside.clear()
+        result = stalled.fetch()
+        assert (result.version, result.verified, held.weight_version) == (5, True, 5)
+        assert _state(held.weights.items()) == _state(model.named_parameters())
+
+        # a restarted member with the same id replaces the old pair; a fetch over the replaced pair
+        # fails and is tried again over a new one
+        restarted_model = TinyQwen2Like(seed=2)
+        restarted = WeightClient(restarted_model, redis_url, PREFIX, member_id="a", timeout_s=timeout)
+        clients.append(restarted)
+        assert restarted.fetch().verified
+        assert _state(restarted_model.named_parameters()) == _state(model.named_parameters())
+        assert a.fetch().verified and a.weight_version == 5
+        _wait_for(lambda: server.metrics()["sync/transfers"] == 7)
+        _wait_for(lambda: server.metrics()["sync/members"] == 3)  # a, other, stalled; the replaced pair ends
+        metrics = server.metrics()
+        assert metrics["sync/published_version"] == 5.0 and metrics["sync/transfer_failures"] == 2.0
+    finally:
+        server.close()
+
+    # the trainer stops serving: fetches fail; a restarted trainer (new session) is found again
+    with pytest.raises(WeightTransferError, match="no trainer serves"):
+        a.fetch()
+    # a trainer killed without close(): its record outlives it for a few seconds, and a fetch
+    # then fails at once instead of retrying a dead address for the whole timeout
+    r = redis.Redis.from_url(redis_url)
+    r.set(f"{PREFIX}:weights:server", b'{"session": "dead", "host": "127.0.0.1", "port": %d, "backend": "gloo", '
+          b'"version": 5, "pid": 1, "hostname": "gone"}' % free_port(), px=3000)
+    r.close()
+    start = time.monotonic()
+    with pytest.raises(WeightTransferError, match="no weight server listens"):
+        a.fetch()
+    assert time.monotonic() - start < timeout / 2
+    with pytest.raises(WeightTransferError, match="no trainer serves"):
+        a.wait_for_server(timeout_s=0.5)  # the record alone is not a serving trainer
+    with torch.no_grad():
+        model.model.norm.weight.add_(1.0)
+    again = WeightServer(model, redis_url, PREFIX, bucket_bytes=512, timeout_s=timeout, heartbeat_s=0.2,
+                         idle_timeout_s=0.5)
+    try:
+        again.publish(5)  # a restarted trainer at a version the member has: new weights all the same
+        result = a.refresh()
+        assert (result.version, result.verified) == (5, True)
+        again.publish(6)
+        result = a.fetch()
+        assert (result.version, result.verified) == (6, False)
+        assert _state(engine_model.named_parameters()) == _state(model.named_parameters())
+        # an idle pair is dropped by the trainer; the member's next fetch re-forms it at once
+        _wait_for(lambda: again.metrics()["sync/idle_drops"] == 1 and again.metrics()["sync/members"] == 0)
+        again.publish(7)
+        start = time.monotonic()
+        result = a.fetch()
+        assert (result.version, result.verified) == (7, True) and time.monotonic() - start < timeout
+    finally:
+        again.close()
+        for client in clients:
+            client.close()
+
+
+def test_the_advertised_address_reaches_this_machine(monkeypatch):
+    """The default transfer host is an address a listener on every interface answers at (not
+    merely what the hostname resolves to); ``host`` and ``$COSMOS_TRANSFER_HOST`` win over it."""
+    import socket
+
+    from cosmos_primitives.sync.stateless_group import HOST_ENV, local_address_toward, transfer_host
+
+    monkeypatch.delenv(HOST_ENV, raising=False)
+    with socket.create_server(("0.0.0.0", 0)) as listener:
+        port = listener.getsockname()[1]
+        socket.create_connection((transfer_host(), port), timeout=5).close()
+    assert local_address_toward("127.0.0.1") == "127.0.0.1"
+    if local_address_toward("10.255.255.255"):  # a machine with a default route (this one's hostname
+        assert not transfer_host().startswith("127.")  # resolves to 127.0.0.1): never a loopback address
+    assert transfer_host("trainer-7") == "trainer-7"
+    monkeypatch.setenv(HOST_ENV, "10.1.2.3")
+    assert transfer_host() == "10.1.2.3" and transfer_host("trainer-7") == "trainer-7"
