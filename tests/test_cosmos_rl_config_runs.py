@@ -72,7 +72,7 @@ def inputs(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
     data.write_text("".join(json.dumps(r) + "\n" for r in rows))
     tokenizer = qwen_tokenizer()
     model = tiny_qwen2(seed=0)
-    _teach_boxed_answers(model, tokenizer, rows, steps=40)
+    _teach_boxed_answers(model, tokenizer, rows, steps=32)
     model.save_pretrained(root / "model")
     tokenizer.save_pretrained(root / "model")
     return root / "model", data
