@@ -11,6 +11,12 @@
 from __future__ import annotations
 
 from cosmos_primitives.rewards.compose import REWARD_ARGUMENTS, RewardBatch, RewardError, RewardSet, SampleReward
+from cosmos_primitives.rewards.math_rewards import (
+    boxed_math_reward,
+    direct_math_reward,
+    gsm8k_reward,
+    normalize_final_answer,
+)
 from cosmos_primitives.rewards.plugins import from_cosmos_rl, load_reward
 from cosmos_primitives.rewards.registry import UnknownRewardError, get_reward, register_reward, reward_names
 from cosmos_primitives.rewards.rule_based import (
@@ -35,13 +41,17 @@ __all__ = [
     "SampleReward",
     "UnknownRewardError",
     "boxed_answer_reward",
+    "boxed_math_reward",
+    "direct_math_reward",
     "exact_match_reward",
     "extract_answer",
     "extract_boxed",
     "format_reward",
     "from_cosmos_rl",
     "get_reward",
+    "gsm8k_reward",
     "load_reward",
+    "normalize_final_answer",
     "register_reward",
     "reward_names",
     "single_choice_reward",

@@ -18,15 +18,16 @@ RUN_TIMEOUT_S = 300.0
 
 
 def launch_recipe(script: str | Path, config: str | Path, overrides: Sequence[str], log: Path, *, cwd: str | Path,
-                  nproc: int = 1, env: dict[str, str] | None = None, new_session: bool = False) -> subprocess.Popen:
+                  nproc: int = 1, env: dict[str, str] | None = None, torchrun: bool | None = None,
+                  new_session: bool = False) -> subprocess.Popen:
     """Start ``script --config config *overrides`` from ``cwd``, stdout and stderr appended to ``log``.
 
-    ``nproc > 1`` runs it under ``torch.distributed.run --standalone`` (a free rendezvous port, so
-    parallel test sessions do not collide). The checkpoint pause hook (``PAUSE_ENV``) is only set
-    when ``env`` sets it. ``new_session``: the run gets a process group of its own, which
-    :func:`kill_tree` kills whole (a job started on its own, as on another node).
+    ``nproc > 1`` (or ``torchrun=True``) runs it under ``torch.distributed.run --standalone`` (a free
+    rendezvous port, so parallel test sessions do not collide). The checkpoint pause hook
+    (``PAUSE_ENV``) is only set when ``env`` sets it. ``new_session``: the run gets a process group
+    of its own, which :func:`kill_tree` kills whole (a job started on its own, as on another node).
     """
-    if nproc == 1:
+    if not (nproc > 1 if torchrun is None else torchrun):
         cmd = [sys.executable, str(script)]
     else:
         cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}", str(script)]
@@ -58,8 +59,12 @@ def finish(proc: subprocess.Popen, log: Path, timeout_s: float = RUN_TIMEOUT_S) 
 
 
 def kill_when(proc: subprocess.Popen, ready: Callable[[], bool], log: Path, what: str,
-              timeout_s: float = RUN_TIMEOUT_S) -> None:
-    """SIGKILL ``proc`` as soon as ``ready()`` is true; AssertionError if the run ends or stalls first."""
+              timeout_s: float = RUN_TIMEOUT_S, sig: int = signal.SIGKILL) -> None:
+    """Send ``sig`` to ``proc`` as soon as ``ready()`` is true; AssertionError if the run ends or stalls first.
+
+    SIGKILL (the default) is a crash; SIGTERM lets a ``torchrun`` launcher stop its workers (a
+    SIGKILLed launcher would leave them running), waiting up to 60 s before SIGKILL.
+    """
     deadline = time.monotonic() + timeout_s
     while not ready():
         if proc.poll() is not None or time.monotonic() > deadline:
@@ -68,9 +73,13 @@ def kill_when(proc: subprocess.Popen, ready: Callable[[], bool], log: Path, what
             raise AssertionError(f"the run ended (rc {proc.returncode}) or stalled before {what}; end of {log}:\n"
                                  f"{log.read_text(errors='replace')[-4000:]}")
         time.sleep(0.02)
-    os.kill(proc.pid, signal.SIGKILL)
-    proc.wait()
-    if proc.returncode != -signal.SIGKILL:
+    os.kill(proc.pid, sig)
+    try:
+        proc.wait(timeout=60)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+    if sig == signal.SIGKILL and proc.returncode != -signal.SIGKILL:
         raise AssertionError(f"the run had already exited with {proc.returncode} when killed")
 
 

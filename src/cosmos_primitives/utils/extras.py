@@ -19,6 +19,7 @@ EXTRA_OF_MODULE = {
     "datasets": "hub",
     "wandb": "wandb",
     "matplotlib": "plot",
+    "math_verify": "math",
     "torchvision": "video",
 }
 

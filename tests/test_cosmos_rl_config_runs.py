@@ -1,0 +1,119 @@
+"""One real cosmos-rl GRPO config runs as a user runs it: cosmos-rl's
+``configs/qwen2-5/qwen2-5-3b-p-fsdp1-tp1-r-tp1-pp1-grpo.toml`` (Qwen2.5 text, one replica of one
+rank, ``boxed_math`` reward) under ``torchrun --nproc_per_node 1 examples/grpo_vlm.py`` with only
+``policy.model_name_or_path`` and ``train.train_policy.dataset.name`` overridden: every size of the
+file is kept (192 rollouts per step = 12 prompts x ``n_generation`` 16, 2048-token responses,
+``rollout.batch_size`` 4 prompts per generate call, ``mini_batch`` 2, gradient checkpointing, bf16).
+
+The model is a tiny Qwen2 (the Qwen2.5 architecture) taught, in a few seconds of plain supervised
+steps here, to answer a sum as ``\\boxed{N}`` and end its turn, as an instruct model does: a random
+model never emits its end token, so every response would run to the file's 2048 tokens (192 of them
+per step take far longer than a test may on a CPU). The data are ``prompt`` / ``result`` rows like
+the file's Hub dataset, the results in LaTeX (``$7$``) as ``boxed_math`` reads them. The run is
+stopped (SIGTERM to torchrun) once the first optimizer step's metrics row is written."""
+
+from __future__ import annotations
+
+import json
+import math
+import signal
+from pathlib import Path
+
+import pytest
+import torch
+
+from cosmos_primitives.testing.models import tiny_qwen2
+from cosmos_primitives.testing.recipe_runs import kill_when, launch_recipe
+from cosmos_primitives.testing.tokenizer import qwen_tokenizer
+
+REPO = Path(__file__).resolve().parents[1]
+CONFIG = REPO / "tests/data/cosmos_rl_configs/cosmos-rl/configs/qwen2-5/qwen2-5-3b-p-fsdp1-tp1-r-tp1-pp1-grpo.toml"
+ITEMS = 48  # four steps of 12 prompts: the run would go on after the row the test waits for
+IM_END = 151645
+
+
+def _sums(n: int) -> list[dict[str, str]]:
+    rows = []
+    for i in range(n):
+        a, b = i % 9 + 1, (3 * i) % 7 + 2
+        rows.append({"prompt": f"What is {a} + {b}? Put the final answer in \\boxed{{}}.", "result": f"${a + b}$"})
+    return rows
+
+
+def _teach_boxed_answers(model: torch.nn.Module, tokenizer, rows: list[dict[str, str]], steps: int) -> None:
+    """Full-batch next-token steps on ``prompt -> \\boxed{answer}<|im_end|>`` (loss on the answer only)."""
+    pairs = [(tokenizer(r["prompt"])["input_ids"],
+              tokenizer("\\boxed{" + r["result"].strip("$") + "}")["input_ids"] + [IM_END]) for r in rows]
+    width = max(len(p) + len(a) for p, a in pairs)
+    ids = torch.full((len(pairs), width), IM_END)
+    labels = torch.full((len(pairs), width), -100)
+    mask = torch.zeros((len(pairs), width), dtype=torch.long)
+    for i, (prompt, answer) in enumerate(pairs):
+        ids[i, :len(prompt) + len(answer)] = torch.tensor(prompt + answer)
+        mask[i, :len(prompt) + len(answer)] = 1
+        labels[i, len(prompt):len(prompt) + len(answer)] = torch.tensor(answer)
+    targets = labels[:, 1:] != -100
+    optimizer = torch.optim.Adam(model.parameters(), lr=1e-2)
+    for _ in range(steps):
+        hidden = model.model(input_ids=ids, attention_mask=mask).last_hidden_state[:, :-1][targets]
+        loss = torch.nn.functional.cross_entropy(model.lm_head(hidden), labels[:, 1:][targets])
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+    assert loss.item() < 1.0, f"the tiny model did not learn the answer format (loss {loss.item():.2f})"
+
+
+@pytest.fixture(scope="module")
+def inputs(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    """A tiny Qwen2 folder that answers in ``\\boxed{}`` and stops, and a JSONL of prompt / result rows."""
+    root = tmp_path_factory.mktemp("cosmos_rl_run")
+    rows = _sums(ITEMS)
+    data = root / "math_examples.jsonl"
+    data.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    tokenizer = qwen_tokenizer()
+    model = tiny_qwen2(seed=0)
+    _teach_boxed_answers(model, tokenizer, rows, steps=32)
+    model.save_pretrained(root / "model")
+    tokenizer.save_pretrained(root / "model")
+    return root / "model", data
+
+
+def _first_step_row(metrics: Path) -> dict | None:
+    if not metrics.is_file():
+        return None
+    rows = [json.loads(line) for line in metrics.read_text().splitlines() if line.strip()]
+    return next((r for r in rows if r.get("step") == 1 and "reward/mean" in r), None)
+
+
+@pytest.mark.slow
+def test_cosmos_rl_qwen2_5_grpo_config_runs_with_only_paths_overridden(inputs: tuple[Path, Path],
+                                                                         tmp_path: Path) -> None:
+    model, data = inputs
+    log = tmp_path / "run.log"
+    # cwd = tmp_path: the file's output_dir "./outputs/..." lands there
+    proc = launch_recipe(REPO / "examples" / "grpo_vlm.py", CONFIG,
+                         [f"policy.model_name_or_path={model}", f"train.train_policy.dataset.name={data}"],
+                         log, cwd=tmp_path, nproc=1, torchrun=True)
+    metrics = tmp_path / "outputs" / "qwen2-5-3b-p-fsdp1-tp1-r-tp1-pp1-grpo"
+
+    def first_row() -> dict | None:
+        found = list(metrics.glob("*/metrics.jsonl")) if metrics.is_dir() else []
+        return _first_step_row(found[0]) if found else None
+
+    kill_when(proc, lambda: first_row() is not None, log, "the first optimizer step's metrics row",
+              timeout_s=400, sig=signal.SIGTERM)
+    text = log.read_text(errors="replace")
+    row = first_row()
+    assert row is not None
+
+    # the file's sizes as cosmos-rl means them: 192 rollouts per step and replica = 12 prompts x 16
+    assert "GRPO: 192 rollouts per step and rank is grpo.rollout_batch_size = 12 prompts x 16 samples" in text
+    assert "rollout.batch_size = 4 prompts is 64 sequences here" in text
+    assert f"{ITEMS // 12} steps x 12 prompts x 16 samples per rank" in text
+    assert "policy Qwen2ForCausalLM" in text and "world_size=1" in text
+    # the first optimizer step: boxed_math scored every rollout, a finite loss and gradient
+    assert 0.0 <= row["reward/boxed_math"] <= 1.0 and row["reward/mean"] == pytest.approx(row["reward/boxed_math"])
+    assert 0.0 < row["reward/mean"] < 1.0, row  # some sums right, some wrong: groups with a spread
+    assert math.isfinite(row["loss"]) and math.isfinite(row["grad_norm"]) and row["grad_norm"] > 0, row
+    assert 3 <= row["response_length"] < 2048, row  # answers ended with <|im_end|>, none ran to the cap
+    assert row["lr"] == pytest.approx(2 * 1e-6 / 20)  # optm_lr 1e-6, 20 warmup steps: the lr of step 2
