@@ -1,7 +1,7 @@
 """GRPO rollout job: generates for a trainer job it shares only a Redis URL and a run name with.
 
     torchrun --nproc_per_node 1 examples/grpo_rollout_job.py --config examples/configs/grpo_tiny_jobs.toml \\
-        --run my_run --redis redis://HOST:6379/0
+        --run-name my_run --redis redis://HOST:6379/0
 
 Start as many as you like, on any node, before or after the trainer job (``examples/grpo_trainer_job.py``,
 whose docstring shows the pair); kill one (even with SIGKILL) and start another at any time. Every rank

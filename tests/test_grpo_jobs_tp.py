@@ -29,7 +29,7 @@ def test_tp2_rollout_job_feeds_the_trainer_with_weights_that_follow_it(tmp_path:
     tensor of their shard on the first transfer and fetched each later version together."""
     logs = tmp_path / "logs"
     logs.mkdir()
-    common = ["--run", "tp", "--redis", redis_url,
+    common = ["--run-name", "tp", "--redis", redis_url,
               f"policy.model_name_or_path=demo:{tmp_path / 'model'}",
               f"train.train_policy.dataset.name=demo:{tmp_path / 'data' / 'train.jsonl'}", "custom.demo_items=32",
               "rollout.backend=vllm", "rollout.parallelism.tp_size=2", "rollout.max_response_length=6",
