@@ -32,6 +32,10 @@ def test_tp2_rollout_job_feeds_the_trainer_with_weights_that_follow_it(tmp_path:
     common = ["--run-name", "tp", "--redis", redis_url,
               f"policy.model_name_or_path=demo:{tmp_path / 'model'}",
               f"train.train_policy.dataset.name=demo:{tmp_path / 'data' / 'train.jsonl'}", "custom.demo_items=32",
+              # text only: the stand-in counts prompt tokens without a processor's image expansion
+              "custom.demo_model=tiny_qwen2", "custom.demo_data=arithmetic",
+              "train.train_policy.prompt_column_name=prompt", "train.train_policy.response_column_name=answer",
+              "grpo.reward_function={exact_match = 1.0}",
               "rollout.backend=vllm", "rollout.parallelism.tp_size=2", "rollout.max_response_length=6",
               "grpo.num_samples_per_prompt=2", "grpo.rollout_batch_size=4", "grpo.allowed_outdated_steps=1",
               f"train.max_steps={STEPS}", "train.optm_warmup_steps=0", "train.train_policy.mini_batch=8"]
