@@ -19,6 +19,14 @@ of this job is one rollout engine (``[rollout] backend``) and one member of the 
    job that falls behind skips versions), and waits while the queue already holds the staleness bound's
    worth of records (``cp.queue.RolloutThrottle``).
 
+With ``[rollout] backend = "vllm"`` and ``[rollout.parallelism] tp_size = k > 1`` the job is ``world / k``
+engines of ``k`` consecutive ranks, each acting in lockstep (``generate`` and the weight load are
+collectives over its ranks): the engine's first rank is the member of the run above and decides every
+step (stop / fetch / wait / claim), broadcast over the TP group; the other ranks fetch the full weights
+when told (each a ``WeightClient`` member ``<job>-tp<r>``; the group fetches until all hold one snapshot)
+and call ``generate`` with no prompts of their own (the engine gathers the group's, so every rank submits
+the first rank's). Untested on real vLLM (the stand-in in ``tests/standins/vllm`` only).
+
 It stops when the trainer sets the run's stop flag, handing back the claims it holds. Records of a
 range in flight when the job dies are never put (a record is one Redis entry: whole or absent).
 """
