@@ -21,6 +21,23 @@ STANDINS = Path(__file__).parent / "standins"
 STEPS = 3
 
 
+def test_torchrun_takes_the_run_name_as_run_name_but_not_as_run() -> None:
+    """torchrun's parser refuses ``--run`` anywhere on its line (an ambiguous prefix of its ``--run-path``), so
+    the job scripts also take ``--run-name``, and the docs and Slurm scripts write that after torchrun."""
+    from torch.distributed.run import get_args_parser
+
+    import cosmos_primitives as cp
+
+    line = ["--nproc_per_node", "2", "examples/grpo_rollout_job.py", "--config", str(CONFIG)]
+    with pytest.raises(SystemExit):
+        get_args_parser().parse_args([*line, "--run", "r1"])
+    args = get_args_parser().parse_args([*line, "--run-name", "r1", "--redis", "redis://h:1/0"])
+    cfg, _ = cp.config.load_recipe_config(None, jobs=True, argv=args.training_script_args)
+    assert (cfg.redis.stream, cfg.redis.url) == ("cosmos:r1", "redis://h:1/0")
+    for script in ("slurm/rollout.sbatch", "slurm/trainer.sbatch"):
+        assert "--run-name \"$RUN\"" in (REPO / "examples" / script).read_text()
+
+
 @pytest.mark.slow
 @pytest.mark.timeout(600)
 def test_tp2_rollout_job_feeds_the_trainer_with_weights_that_follow_it(tmp_path: Path, redis_url: str) -> None:
