@@ -2,10 +2,10 @@
 serves them its weights.
 
     torchrun --nproc_per_node 2 examples/grpo_trainer_job.py --config examples/configs/grpo_tiny_jobs.toml \\
-        --run my_run --redis redis://HOST:6379/0
+        --run-name my_run --redis redis://HOST:6379/0
     # on any node, at any time, as many as you like (examples/grpo_rollout_job.py):
     torchrun --nproc_per_node 1 examples/grpo_rollout_job.py --config examples/configs/grpo_tiny_jobs.toml \\
-        --run my_run --redis redis://HOST:6379/0
+        --run-name my_run --redis redis://HOST:6379/0
 
 The trainer job and the rollout jobs share nothing but the Redis URL and the run name (their keys live
 under the stream ``cosmos:<run>``); each is its own ``torchrun`` and may start, die and restart on its

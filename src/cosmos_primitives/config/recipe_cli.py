@@ -36,8 +36,11 @@ def load_recipe_config(description: str | None, *, plugins: bool = False, jobs: 
                             help="a reward function by import path, e.g. my_pkg.rewards:score (repeat for more; "
                             "they replace [grpo] reward_function, weight 1 each; cosmos-rl's signature is accepted)")
     if jobs:
-        parser.add_argument("--run", required=True, help="the run's name: the trainer job and every rollout job of "
-                            "one run give the same name (and Redis); the run's keys live under the stream cosmos:NAME")
+        # --run-name under torchrun, whose own parser refuses --run as an ambiguous prefix of its --run-path
+        parser.add_argument("--run", "--run-name", dest="run", required=True,
+                            help="the run's name: the trainer job and every rollout job of one run give the same "
+                            "name (and Redis); the run's keys live under the stream cosmos:NAME. Spell it "
+                            "--run-name after torchrun, which takes --run for its own --run-path")
         parser.add_argument("--redis", default=None, help="Redis URL shared by the run's jobs (default: [redis] url, "
                             "else $COSMOS_REDIS_URL)")
     parser.add_argument("overrides", nargs="*", help="dotted overrides, e.g. train.epoch=2 grpo.kl_beta=0.01")

@@ -204,6 +204,13 @@ class VLLMRolloutEngine:
         self._loaded: set[str] = set()
         self.weight_version = weight_version
 
+    @property
+    def tp_group(self) -> Any:
+        """This rank's TP group (``tensor_parallel_size`` consecutive ranks of the job) under torchrun with
+        ``tensor_parallel_size > 1``, else None. Its ranks must call :meth:`generate` and
+        :meth:`update_weights` together."""
+        return self._tp_group
+
     # sleep mode ----------------------------------------------------------------------------------
 
     def _wake(self, tag: str) -> None:

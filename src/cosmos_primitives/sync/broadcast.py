@@ -439,6 +439,8 @@ class WeightReceiver:
             seconds = time.perf_counter() - start
             if verify:
                 self._check(sums, write_errors)
+        if verify and self._module is None:
+            self._check_coverage()
         self.weight_version = version
         if self._module is not None and self._engine is not None:
             self._engine.weight_version = version
@@ -640,6 +642,20 @@ class WeightReceiver:
         if worst:
             raise WeightMismatchError(f"weight sync check failed on another rollout rank for "
                                       f"'{self._names[worst - 1]}'; see that rank's error")
+
+    def _check_coverage(self) -> None:
+        """A tensor-parallel engine (``checksum_layout`` None) holds shards that no sent tensor equals: the
+        check is then that its loader wrote every one of them (its ``unloaded_weights()`` is empty)."""
+        unloaded = getattr(self._engine, "unloaded_weights", None)
+        if getattr(self._engine, "checksum_layout", "") is not None or not callable(unloaded):
+            return
+        missing = unloaded()
+        if missing:
+            raise WeightMismatchError(
+                f"weight sync check failed on rollout rank {self.group.rank}: {len(missing)} of the engine's "
+                f"tensors were not loaded by the sync, e.g. {missing[:3]} (no tensor the trainer sends maps to "
+                "them in the engine's loader); fix the family's name map"
+            )
 
     def _received(self, t: int, wire_sum: tuple[int, int]) -> tuple[int, int]:
         """Checksum of what the engine holds for target ``t`` (read back when that is exact)."""

@@ -80,6 +80,12 @@ class WeightClient:
         broke off part way (the engine may then hold parts of two versions)."""
         return self._version
 
+    @property
+    def session(self) -> str | None:
+        """The serving session (a trainer's lifetime) of the last fetched snapshot; None before the first.
+        With ``weight_version`` it names the weights held: a restarted trainer reuses version numbers."""
+        return self._fetched_session
+
     def _record(self) -> ServerRecord | None:
         try:
             return decode_record(self._redis.get(server_key(self.prefix)))
