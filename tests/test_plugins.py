@@ -114,7 +114,7 @@ def test_reward_flag_replaces_the_reward_table() -> None:
 def test_reason1_rl_config_runs_on_the_tiny_model_through_the_plugin_path(tmp_path: Path) -> None:
     """Cosmos-Reason1's rl.toml as it is, with its dataset script and reward handed over by import
     path: only the model and data paths and the run's size (one process, one step, short answers,
-    for a CPU) are overridden."""
+    rollout TP 1, for a CPU) are overridden."""
     import os
 
     from cosmos_primitives.testing.recipe_runs import finish, launch_recipe
@@ -127,7 +127,9 @@ def test_reason1_rl_config_runs_on_the_tiny_model_through_the_plugin_path(tmp_pa
                  f"train.output_dir={tmp_path / 'out'}",
                  # the run's size: one process (the file shards over 2), one step of 2 prompts x 8, short answers
                  "policy.parallelism.dp_shard_size=1", "train.max_steps=1", "grpo.rollout_batch_size=2",
-                 "rollout.max_response_length=16"]
+                 "rollout.max_response_length=16",
+                 # the file's vLLM TP 2: the HF engine here (no GPU) runs whole models and refuses tp_size > 1
+                 "rollout.parallelism.tp_size=1"]
     env = {"PYTHONPATH": os.pathsep.join([str(repo / "src"), str(PLUGINS)]), "WANDB_MODE": "offline"}
     log = tmp_path / "run.log"
     text = finish(launch_recipe("examples/grpo_vlm.py", REASON1_RL, overrides, log, cwd=repo, env=env), log,
