@@ -181,11 +181,12 @@ def main() -> None:
             **{k: v for k, v in queue.metrics().items() if k in ("queue/malformed", "queue/redelivered")},
             **{f"time/{k}": v for k, v in times.items()}, "time/step": sum(times.values()),
         }, step)
-        position = None
-        if cfg.train.ckpt.enable_checkpoint:  # the same on every rank, as checkpoint extras must be
+        extra = None
+        if ckpt.should_save(step) or (step == total_steps and cfg.train.ckpt.enable_checkpoint):
+            # read only when a save follows; the same on every rank, as checkpoint extras must be
             position = cp.parallel.broadcast_object(claims.position()["next_range"] if claims is not None else None)
-        ckpt.maybe_save(step, weight_version=step, force=step == total_steps,
-                        extra=None if position is None else {"claims_next_range": position})
+            extra = {"claims_next_range": position}
+        ckpt.maybe_save(step, weight_version=step, force=step == total_steps, extra=extra)
 
     log.info(f"[GRPO] Training finished at step {step}/{total_steps}, saving final checkpoint in huggingface "
              "safetensors...")
