@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from cosmos_primitives import testing as cpt
-from cosmos_primitives.data import ColumnPromptDataset, CosmosRLPromptDataset, render_prompt
+from cosmos_primitives.data import ColumnPromptDataset, CosmosRLPromptDataset, encode_prompts, render_prompt
 from cosmos_primitives.data.records import Prompt, SamplingParams
 from cosmos_primitives.data.rollout_batch import collate_rollouts
 from cosmos_primitives.queue.record import decode_record, encode_record, record_from_group
@@ -60,6 +60,20 @@ def test_token_ids_through_the_vllm_standin(standin_vllm, tiny_qwen2_dir, qwen_t
     engine = VLLMRolloutEngine(str(tiny_qwen2_dir), qwen_tokenizer, dtype="float32")
     groups = engine.generate([Prompt(conversation=TEXT), Prompt(conversation=MESSAGES)], PARAMS)
     assert [g.prompt_token_ids for g in groups] == _expected(qwen_tokenizer)
+
+
+def test_encoding_left_pads_without_changing_the_callers_tokenizer() -> None:
+    tokenizer = cpt.qwen_tokenizer()
+    assert tokenizer.padding_side == "right"
+    short, long = Prompt(conversation="2 + 3?"), Prompt(conversation=TEXT)
+    batch = encode_prompts(tokenizer, [short, long])
+    assert tokenizer.padding_side == "right"
+    short_ids = tokenizer("2 + 3?")["input_ids"]
+    pad = batch["input_ids"].shape[1] - len(short_ids)
+    assert pad > 0
+    assert batch["attention_mask"][0].tolist() == [0] * pad + [1] * len(short_ids)
+    assert batch["input_ids"][0, pad:].tolist() == short_ids
+    assert batch["attention_mask"][1].all()
 
 
 def test_plain_text_with_media_is_refused(qwen_tokenizer) -> None:

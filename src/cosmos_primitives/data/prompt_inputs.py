@@ -51,9 +51,8 @@ def encode_prompts(processor: Any, prompts: Sequence[Prompt]) -> dict[str, torch
             for v, f in zip(videos, fps)
         ]
         kwargs["do_sample_frames"] = False
-    if not images and not videos and not hasattr(processor, "image_processor"):
-        kwargs.pop("padding_side")
-        processor.padding_side = "left"
+    # padding_side is a call argument (a tokenizer and a processor both take it), so the caller's
+    # tokenizer keeps its own padding_side
     return dict(processor(**kwargs))
 
 
