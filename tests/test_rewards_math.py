@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import logging
 import sys
 import threading
 
@@ -36,6 +37,50 @@ def test_boxed_math_scores_off_the_main_thread_too() -> None:
     worker.start()
     worker.join()
     assert scores == [1.0]
+
+
+def test_boxed_math_off_the_main_thread_warns_once_and_keeps_the_main_threads_limit(
+        monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    """Off the main thread math_verify runs without a limit on purpose: one warning per process saying
+    why, none of math_verify's own "Timeout is disabled" notices; the main thread keeps the limit."""
+    import math_verify
+    import math_verify.grader
+    import math_verify.parser
+
+    from cosmos_primitives.rewards import math_rewards
+
+    # a fresh process: math_verify has not warned yet, nor has boxed_math
+    monkeypatch.setattr(math_verify.parser, "TIMEOUT_WARNING_SHOWN", False, raising=False)
+    monkeypatch.setattr(math_verify.grader, "TIMEOUT_WARNING_SHOWN", False, raising=False)
+    math_rewards._warn_no_time_limit.cache_clear()
+    limits: list[tuple[str, object]] = []
+    parse, verify = math_verify.parse, math_verify.verify
+
+    def spy_parse(*args, **kwargs):
+        limits.append((threading.current_thread().name, kwargs["parsing_timeout"]))
+        return parse(*args, **kwargs)
+
+    def spy_verify(*args, **kwargs):
+        limits.append((threading.current_thread().name, kwargs["timeout_seconds"]))
+        return verify(*args, **kwargs)
+
+    monkeypatch.setattr(math_verify, "parse", spy_parse)
+    monkeypatch.setattr(math_verify, "verify", spy_verify)
+    caplog.set_level(logging.WARNING)
+
+    scores: list[float] = []
+    worker = threading.Thread(target=lambda: scores.extend(boxed_math_reward("\\boxed{19}", "$19$") for _ in range(3)),
+                              name="reward-worker")
+    worker.start()
+    worker.join()
+    scores.append(boxed_math_reward("\\boxed{19}", "$19$"))
+
+    assert scores == [1.0] * 4
+    assert not [r for r in caplog.records if "Timeout is disabled" in r.getMessage()]
+    notices = [r for r in caplog.records if "no time limit" in r.getMessage()]
+    assert len(notices) == 1 and "reward-worker" in notices[0].getMessage()
+    assert {limit for name, limit in limits if name == "reward-worker"} == {None}
+    assert {limit for name, limit in limits if name == threading.main_thread().name} == {5}
 
 
 def test_boxed_math_without_math_verify_names_the_extra(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -65,6 +65,34 @@ def _warn_unreadable_reference(reference: str) -> None:
                 "cosmos-rl); write references as '$...$' or '\\boxed{...}'")
 
 
+class _OffMainThreadTimeoutNotice(logging.Filter):
+    """Drops math_verify's "Timeout is disabled" warning for calls boxed_math makes without a time limit
+    on purpose (off the main thread); :func:`_warn_no_time_limit` says it once, with the reason."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.active = threading.local()
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not (getattr(self.active, "on", False) and str(record.msg).startswith("Timeout is disabled"))
+
+
+_TIMEOUT_NOTICE = _OffMainThreadTimeoutNotice()
+
+
+@functools.cache
+def _quiet_math_verify_timeout_notice() -> None:
+    for name in ("math_verify.parser", "math_verify.grader"):
+        logging.getLogger(name).addFilter(_TIMEOUT_NOTICE)
+
+
+@functools.cache
+def _warn_no_time_limit() -> None:
+    log.warning(f"boxed_math runs off the main thread (thread {threading.current_thread().name!r}): math_verify "
+                "bounds its sympy work with SIGALRM, which only the main thread may set, so boxed_math calls off "
+                "the main thread have no time limit (said once per process)")
+
+
 @register_reward("boxed_math")
 def boxed_math_reward(completion: str, reference: str | None) -> float:
     """cosmos-rl's ``boxed_math``: 1.0 iff ``math_verify`` finds the completion's answer (expression or
@@ -79,7 +107,12 @@ def boxed_math_reward(completion: str, reference: str | None) -> float:
         return 0.0
     # math_verify bounds its sympy work with SIGALRM, which only the main thread may set; elsewhere
     # (a reward server's or event loop's helper thread) it would raise, so it runs unbounded there
-    limit = 5 if threading.current_thread() is threading.main_thread() else None
+    on_main = threading.current_thread() is threading.main_thread()
+    limit = 5 if on_main else None
+    if not on_main:
+        _quiet_math_verify_timeout_notice()
+        _warn_no_time_limit()
+    _TIMEOUT_NOTICE.active.on = not on_main
     try:
         gold = math_verify.parse(reference, (math_verify.LatexExtractionConfig(),), parsing_timeout=limit)
         if not gold:
@@ -90,6 +123,8 @@ def boxed_math_reward(completion: str, reference: str | None) -> float:
         return 1.0 if answer and math_verify.verify(gold, answer, 6, timeout_seconds=limit) else 0.0
     except Exception:  # math_verify's timeouts and parser failures score 0, as in cosmos-rl
         return 0.0
+    finally:
+        _TIMEOUT_NOTICE.active.on = False
 
 
 @register_reward("direct_math")
