@@ -102,8 +102,9 @@ def main() -> None:
     total_steps = cfg.train.max_steps or cfg.train.epoch * steps_per_epoch
     optimizer = cp.policy.build_optimizer(policy, cfg.train)
     scheduler = cp.policy.build_lr_scheduler(optimizer, cfg.train, total_steps)
+    bad = BadSampleTracker(dataset_cfg.bad_sample_budget)  # media re-read from records; counts saved per rank
     ckpt = CheckpointManager(cfg.train.ckpt, run_dir, model=policy, optimizer=optimizer, scheduler=scheduler,
-                             processor=processor)
+                             per_rank={"bad_samples": bad}, processor=processor)
     state = ckpt.resume(cfg.train.resume, output_dir=cfg.train.output_dir)
     step = state.step if state else 0
     # The epoch position lives in Redis with the claims; checkpoints keep a copy for a Redis that lost it.
@@ -121,7 +122,6 @@ def main() -> None:
     control = RunControl(queue)
     stale = StalenessFilter.from_config(grpo)
     settings = MediaSettings.from_config(dataset_cfg)
-    bad = BadSampleTracker(dataset_cfg.bad_sample_budget)
     wire = None if dis.transfer_dtype == "auto" else getattr(torch, dis.transfer_dtype)
     server = WeightServer(policy.hf_model, url, cfg.redis.stream, layout=cp.rollout.sync_layout(cfg.rollout),
                           bucket_bytes=dis.bucket_mb << 20,

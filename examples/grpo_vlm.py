@@ -118,7 +118,7 @@ def main() -> None:
     optimizer = cp.policy.build_optimizer(policy, cfg.train)
     scheduler = cp.policy.build_lr_scheduler(optimizer, cfg.train, total_steps)
     ckpt = CheckpointManager(cfg.train.ckpt, run_dir, model=policy, optimizer=optimizer, scheduler=scheduler,
-                             sampler=sampler, processor=processor)
+                             sampler=sampler, per_rank={"bad_samples": bad}, processor=processor)
     state = ckpt.resume(cfg.train.resume, output_dir=cfg.train.output_dir)
     step = state.step if state else 0
     if state:

@@ -94,7 +94,7 @@ def train_from_queue(cfg, info, roles, plan: QueuePlan, mesh: RoleMesh, sync_gro
                                transfer_dtype=wire or cp.policy.resolve_dtype(cfg.policy.dtype))
     # the final export is made by the whole job in main(), so the trainers' checkpoints export nothing
     ckpt = CheckpointManager(msgspec.structs.replace(cfg.train.ckpt, export_safetensors=False), run_dir,
-                             model=policy, optimizer=optimizer, scheduler=scheduler,
+                             model=policy, optimizer=optimizer, scheduler=scheduler, per_rank={"bad_samples": bad},
                              process_group=trainer_groups[0], async_group=trainer_groups[1]) if trainer_groups else None
     state = ckpt.resume(cfg.train.resume, output_dir=cfg.train.output_dir) if ckpt is not None else None
     step = state.step if state else 0

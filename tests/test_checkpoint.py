@@ -99,6 +99,35 @@ def test_round_trip_continues_bitwise(tmp_path: Path) -> None:
         assert torch.equal(v, _params(b.model)[k]), k
 
 
+def test_per_rank_objects_such_as_bad_sample_counts_survive_a_resume(tmp_path: Path) -> None:
+    from cosmos_primitives.data import BadSampleError, BadSampleTracker
+
+    a = Setup(seed=0)
+    bad = BadSampleTracker(10)
+    bad.record(BadSampleError("clips/a.mp4", "no video stream"))
+    bad.record(BadSampleError("clips/a.mp4", "no video stream"))
+    bad.record(BadSampleError("clips/b.mp4", "truncated"))
+    cfg = CheckpointConfig(enable_checkpoint=True, save_mode="sync", export_safetensors=False)
+    a.step()
+    CheckpointManager(cfg, tmp_path / "run", model=a.model, optimizer=a.optimizer, sampler=a.sampler,
+                      per_rank={"bad_samples": bad}).save(1)
+    bad.record(BadSampleError("clips/c.mp4", "after the save"))  # not in the checkpoint
+
+    b = Setup(seed=0)
+    resumed = BadSampleTracker(10)
+    CheckpointManager(cfg, tmp_path / "run", model=b.model, optimizer=b.optimizer, sampler=b.sampler,
+                      per_rank={"bad_samples": resumed}).resume(True)
+    assert resumed.count == 3
+    assert resumed.worst() == [("clips/a.mp4", 2, "no video stream"), ("clips/b.mp4", 1, "truncated")]
+
+    # a checkpoint written before per-rank objects were saved still loads; the object keeps its state
+    CheckpointManager(cfg, tmp_path / "old", model=a.model, optimizer=a.optimizer, sampler=a.sampler).save(1)
+    fresh = BadSampleTracker(10)
+    CheckpointManager(cfg, tmp_path / "old", model=b.model, optimizer=b.optimizer, sampler=b.sampler,
+                      per_rank={"bad_samples": fresh}).resume(True)
+    assert fresh.count == 0 and b.sampler.state_dict() == a.sampler.state_dict()
+
+
 def test_frozen_params_can_stay_out_of_checkpoints(tmp_path: Path) -> None:
     a = Setup(seed=0)
     a.model[0].requires_grad_(False)  # a frozen base, rebuilt by the resuming run

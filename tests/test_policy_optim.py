@@ -11,7 +11,7 @@ import torch
 
 import cosmos_primitives as cp
 from cosmos_primitives.config.train import TrainConfig
-from cosmos_primitives.policy.optim import lr_factor
+from cosmos_primitives.policy.optim import BFloat16AdamW, lr_factor
 
 
 def _model() -> torch.nn.Module:
@@ -82,6 +82,49 @@ def test_scheduler_and_optimizer_resume_exactly() -> None:
     for key, value in model.state_dict().items():
         assert torch.equal(value, resumed.state_dict()[key]), key
     assert optimizer2.param_groups[0]["lr"] == optimizer.param_groups[0]["lr"]
+
+
+def test_bfloat16_adamw_resumed_from_a_checkpoint_takes_the_same_next_step(
+        tmp_path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The rounding-noise generator is saved per rank, so a resumed bfloat16 run continues bitwise."""
+    from cosmos_primitives.checkpoint import CheckpointManager
+    from cosmos_primitives.config import CheckpointConfig
+
+    train = TrainConfig(optm_lr=1e-4, master_dtype="bfloat16", seed=3)
+    cfg = CheckpointConfig(enable_checkpoint=True, save_mode="sync", export_safetensors=False)
+    x = torch.randn(16, 4, generator=torch.Generator().manual_seed(1)).bfloat16()
+
+    def build():
+        model = _model().bfloat16()
+        return model, cp.policy.build_optimizer(model, train)
+
+    def step(model, optimizer) -> dict[str, torch.Tensor]:
+        model(x).float().pow(2).mean().backward()
+        optimizer.step()
+        optimizer.zero_grad()
+        return {k: v.clone() for k, v in model.state_dict().items()}
+
+    model, optimizer = build()
+    assert isinstance(optimizer, BFloat16AdamW)
+    for _ in range(2):
+        step(model, optimizer)
+    CheckpointManager(cfg, tmp_path / "run", model=model, optimizer=optimizer).save(2)
+    with monkeypatch.context() as patch:  # as written before the generator was saved
+        patch.delattr(BFloat16AdamW, "rank_state_dict")
+        CheckpointManager(cfg, tmp_path / "old", model=model, optimizer=optimizer).save(2)
+    expected = step(model, optimizer)
+
+    resumed, resumed_optimizer = build()
+    CheckpointManager(cfg, tmp_path / "run", model=resumed, optimizer=resumed_optimizer).resume(True)
+    got = step(resumed, resumed_optimizer)
+    for key, value in expected.items():
+        assert torch.equal(got[key], value), key
+
+    # the older checkpoint still loads; its generator starts afresh, which rounds differently
+    old, old_optimizer = build()
+    CheckpointManager(cfg, tmp_path / "old", model=old, optimizer=old_optimizer).resume(True)
+    afresh = step(old, old_optimizer)
+    assert any(not torch.equal(afresh[k], v) for k, v in expected.items())
 
 
 def test_weight_decay_groups_and_config_errors() -> None:

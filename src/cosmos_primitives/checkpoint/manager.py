@@ -17,7 +17,9 @@ filesystem outside DCP and uploads)::
 
 What is saved lets a resumed run continue bitwise as if never stopped (same world size): weights,
 optimizer moments, scheduler, step / epoch / weight version, each rank's python / numpy / torch
-(and CUDA) RNG states and its sampler position, captured at the moment ``save`` is called.
+(and CUDA) RNG states, its sampler position, its ``per_rank`` objects (e.g. bad-sample counts) and
+its optimizer's own per-rank state (``rank_state_dict``, e.g. ``BFloat16AdamW``'s rounding-noise
+generators), captured at the moment ``save`` is called.
 
 Every rank records the size and SHA-256 of the files it wrote (``MANIFEST_rank<r>.json``) before the
 completion marker exists; resume verifies them and falls back to the newest checkpoint that
@@ -83,6 +85,9 @@ class CheckpointManager:
         optimizer: its optimizer (state saved sharded like the parameters), optional.
         scheduler: an LR scheduler (anything with ``state_dict`` / ``load_state_dict``), optional.
         sampler: the data sampler, saved per rank (``state_dict`` / ``load_state_dict``), optional.
+        per_rank: more objects each rank saves for itself beside the sampler, by name (``state_dict`` /
+            ``load_state_dict``), e.g. ``{"bad_samples": tracker}``. A checkpoint written without one
+            of the names (an older one) leaves that object as it is.
         processor, tokenizer: written into safetensors exports.
         s3_client_factory: makes the boto3 S3 client (default: from the ``AWS_*`` variables).
         hf_api_factory: makes the ``HfApi``-like object for Hub uploads (default: ``HfApi`` with ``HF_TOKEN``).
@@ -98,6 +103,10 @@ class CheckpointManager:
         frozen_params: ``False`` leaves parameters with ``requires_grad = False`` out of checkpoints
             (e.g. the base weights under LoRA adapters, which a resumed run rebuilds from the model's
             source); loading then restores the others and leaves those as built.
+
+    An optimizer with ``rank_state_dict()`` / ``load_rank_state_dict(state)`` (per-rank state that its
+    sharded ``state_dict`` does not carry, such as ``BFloat16AdamW``'s rounding-noise generators) has
+    that saved per rank as well.
     """
 
     def __init__(
@@ -109,6 +118,7 @@ class CheckpointManager:
         optimizer: Any = None,
         scheduler: SupportsStateDict | None = None,
         sampler: SupportsStateDict | None = None,
+        per_rank: dict[str, SupportsStateDict] | None = None,
         processor: Any = None,
         tokenizer: Any = None,
         s3_client_factory: Any = None,
@@ -128,6 +138,7 @@ class CheckpointManager:
         self.optimizer = optimizer
         self.scheduler = scheduler
         self.sampler = sampler
+        self.per_rank = dict(per_rank or {})
         self.processor = processor
         self.tokenizer = tokenizer
         self.exporter = exporter
@@ -255,7 +266,10 @@ class CheckpointManager:
         if self.scheduler is not None:
             state["scheduler"] = encode(self.scheduler.state_dict())
         state["train_state"] = encode(record)
-        private = {"rng": capture_rng_state(), "sampler": self.sampler.state_dict() if self.sampler else None}
+        private = {"rng": capture_rng_state(), "sampler": self.sampler.state_dict() if self.sampler else None,
+                   "per_rank": {name: obj.state_dict() for name, obj in self.per_rank.items()}}
+        if hasattr(self.optimizer, "rank_state_dict"):
+            private["optimizer"] = self.optimizer.rank_state_dict()
         # a key per rank: DCP keeps one copy of equal keys, while RNG streams differ between ranks
         state["rank_state"] = {f"rank{self.rank}": encode(private)}
         return state
@@ -435,6 +449,7 @@ class CheckpointManager:
             self.sampler.load_state_dict(private["sampler"])
         if rank_key == own_key:
             restore_rng_state(private["rng"])
+            self._load_per_rank(path, private)
         else:
             self._log.warning(
                 "checkpoint %s was written by %d ranks, this is rank %d of %d: its RNG streams are not "
@@ -444,6 +459,23 @@ class CheckpointManager:
         self._parent = str(path)
         self._log.info("Resumed from %s (step %d, epoch %d)", path, train.step, train.epoch)
         return train
+
+    def _load_per_rank(self, path: Path, private: dict[str, Any]) -> None:
+        """This rank's ``per_rank`` objects and optimizer rank state; what an older checkpoint lacks stays as built."""
+        saved = private.get("per_rank") or {}
+        for name, obj in self.per_rank.items():
+            if name in saved:
+                obj.load_state_dict(saved[name])
+            else:
+                self._log.warning("checkpoint %s holds no %r state (written before it was saved): it starts "
+                                  "from its initial state", path, name)
+        if hasattr(self.optimizer, "load_rank_state_dict"):
+            if "optimizer" in private:
+                self.optimizer.load_rank_state_dict(private["optimizer"])
+            else:
+                self._log.warning("checkpoint %s holds no per-rank optimizer state (written before it was "
+                                  "saved): %s starts it afresh, so the resume is not bitwise exact",
+                                  path, type(self.optimizer).__name__)
 
     def clean_incomplete(self) -> list[Path]:
         """Delete folders of this run that a crash left half-written (rank 0 only; returns them)."""

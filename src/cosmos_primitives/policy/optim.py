@@ -126,7 +126,9 @@ class BFloat16AdamW(torch.optim.Optimizer):
     step (1.2e-4), which round-to-nearest would drop every time. The formulas are
     ``torch.optim.AdamW``'s, and the state has its names (``step``, ``exp_avg``, ``exp_avg_sq``;
     DTensors sharded like the weights), so distributed checkpoints save it the same way. The
-    rounding noise comes from a per-rank generator seeded with ``seed + rank``. Each tensor is
+    rounding noise comes from a per-rank generator seeded with ``seed + rank``; its state is not part
+    of the (sharded) ``state_dict`` but of :meth:`rank_state_dict`, which ``CheckpointManager`` saves
+    per rank, so a resumed run rounds as the uninterrupted one would. Each tensor is
     updated in slices of :data:`UPDATE_CHUNK` elements, so the float32 temporaries stay a few
     tens of MiB however large the tensor (the embedding).
 
@@ -139,11 +141,42 @@ class BFloat16AdamW(torch.optim.Optimizer):
         super().__init__(params, {"lr": lr, "betas": betas, "eps": eps, "weight_decay": weight_decay})
         self._seed = seed + (dist.get_rank() if dist.is_initialized() else 0)
         self._generators: dict[torch.device, torch.Generator] = {}
+        self._restored: dict[torch.device, torch.Tensor] = {}  # loaded states of generators not made yet
 
     def _generator(self, device: torch.device) -> torch.Generator:
         if device not in self._generators:
-            self._generators[device] = torch.Generator(device=device).manual_seed(self._seed)
+            generator = torch.Generator(device=device)
+            restored = self._restored.pop(device, None)
+            if restored is None:
+                generator.manual_seed(self._seed)
+            else:
+                generator.set_state(restored)
+            self._generators[device] = generator
         return self._generators[device]
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """``torch.optim.Optimizer.load_state_dict``, keeping the moments float32 as saved (torch casts
+        floating state to its parameter's dtype, which would round them to bfloat16)."""
+        saved_ids = [i for group in state_dict["param_groups"] for i in group["params"]]
+        params = [p for group in self.param_groups for p in group["params"]]
+        moments = {param: {k: v for k, v in state_dict["state"].get(i, {}).items() if k in ("exp_avg", "exp_avg_sq")}
+                   for i, param in zip(saved_ids, params)}
+        super().load_state_dict(state_dict)
+        for param, saved in moments.items():
+            for key, value in saved.items():
+                self.state[param][key] = value.to(device=param.device, dtype=torch.float32)
+
+    def rank_state_dict(self) -> dict[str, Any]:
+        """This rank's rounding-noise generator states, ``{"generators": {device: uint8 state}}``
+        (copies): what the sharded optimizer state does not hold."""
+        states = {str(d): s.clone() for d, s in self._restored.items()}
+        states.update({str(d): g.get_state() for d, g in self._generators.items()})
+        return {"generators": states}
+
+    def load_rank_state_dict(self, state: dict[str, Any]) -> None:
+        """Continue the rounding noise from :meth:`rank_state_dict` (each generator resumes on first use)."""
+        self._generators = {}
+        self._restored = {torch.device(d): s.clone() for d, s in state["generators"].items()}
 
     def _update(self, weight: torch.Tensor, grad: torch.Tensor, exp_avg: torch.Tensor, exp_avg_sq: torch.Tensor, *,
                 group: dict[str, Any], step: float) -> None:
