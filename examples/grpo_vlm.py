@@ -12,7 +12,9 @@ separate ranks joined by a Redis queue, use ``examples/grpo_vlm_disaggregated.py
 
 One step: prompts -> ``n`` completions each (tagged with the weight version) -> rewards -> group
 advantages -> log-probs (old / reference / current) -> GRPO loss -> optimizer step -> weight sync.
-With ``[validation] enable`` the engine also answers held-out items every ``freq`` steps.
+With ``[validation] enable`` the engine also answers held-out items every ``freq`` steps: those of
+``[validation.dataset]``, or without its ``name`` the ``[train.train_policy.dataset] test_size`` items
+held out of the training prompts (unset: 10 %), which training then never sees.
 """
 
 from __future__ import annotations
@@ -30,8 +32,8 @@ from cosmos_primitives.data import (
     MCQPromptDataset,
     ResumableDistributedSampler,
     SamplingParams,
+    build_grpo_datasets,
     collate_rollouts,
-    prompt_dataset,
     prompt_stream,
 )
 from cosmos_primitives.sync import InProcessSync
@@ -107,7 +109,8 @@ def main() -> None:
     sync.sync(version=0)
 
     # Prompts, rewards, optimizer, checkpoints, metrics.
-    dataset = prompt_dataset(cfg.train.train_policy.dataset, cfg, processor)
+    # with [validation] enable and no validation.dataset.name, test_size holds validation prompts out
+    dataset, val_dataset = build_grpo_datasets(cfg, processor)
     sampler = ResumableDistributedSampler(len(dataset), rank=mesh.dp_rank, world_size=mesh.dp_size,
                                           seed=cfg.train.seed)
     bad = BadSampleTracker(cfg.train.train_policy.dataset.bad_sample_budget)
@@ -128,7 +131,6 @@ def main() -> None:
     dp_group = mesh.group("dp")
     log.info(f"run dir {run_dir}; {total_steps} steps x {grpo.rollout_batch_size} prompts x "
              f"{grpo.num_samples_per_prompt} samples per rank; {mesh}")
-    val_dataset = prompt_dataset(cfg.validation.dataset, cfg, processor) if cfg.validation.enable else None
     if val_dataset is not None and step == 0:
         tracker.log_metrics(validate(engine, val_dataset, cfg, mesh, bad), 0)
 

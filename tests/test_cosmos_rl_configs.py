@@ -200,7 +200,7 @@ def test_migrate_reports_maps_ignored_refused_and_defaults(capsys: pytest.Captur
     assert out.rstrip().endswith("loads with cp.load_config; the recipes start on it")
     assert migrate_main([str(REASON1_SFT)]) == 0  # validation on a held-out test_size: the SFT recipe runs it
     out = capsys.readouterr().out
-    assert "train.train_policy.dataset.test_size = 100  (SFT with validation.enable" in out
+    assert "train.train_policy.dataset.test_size = 100  (with validation.enable and no validation.dataset.name" in out
     assert "train.enable_validation = True -> validation.enable" in out
     assert migrate_main(["--table"]) == 0 and capsys.readouterr().out.count("\n| `") == len(RULES)
 

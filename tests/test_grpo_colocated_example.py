@@ -115,3 +115,15 @@ def test_validation_before_every_freq_steps_and_after_the_last(assets, tmp_path:
         assert r["validation/items"] == 6
         assert 0.0 <= r["validation/single_choice"] <= 1.0 and 0.0 <= r["validation/format"] <= 1.0
         assert r["validation/reward_mean"] == pytest.approx(r["validation/single_choice"] + r["validation/format"])
+
+
+def test_validation_on_prompts_test_size_holds_out_of_training(assets, tmp_path: Path) -> None:
+    """No validation.dataset.name: train.train_policy.dataset.test_size items of the 16 are held out
+    (cosmos-rl's meaning) and answered at step 0 and after the last step; training samples the rest."""
+    log, run_dir = run([*assets, *SMALL, "train.max_steps=2", "validation.enable=true", "validation.freq=2",
+                        "train.train_policy.dataset.test_size=4"], tmp_path / "out")
+    assert "validation: 4 of the 16 training prompts held out" in log and "training uses the other 12" in log
+    records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    validations = [r for r in records if "validation/items" in r]
+    assert [(r["step"], r["validation/items"]) for r in validations] == [(0, 4.0), (2, 4.0)]
+    assert [r["step"] for r in records if "grad_norm" in r] == [1, 2]

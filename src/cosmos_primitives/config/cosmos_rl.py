@@ -64,7 +64,7 @@ train.train_policy.dataset.name | "" | mapped | - | =
 train.train_policy.dataset.subset | "" | mapped | - | =
 train.train_policy.dataset.revision | "" | mapped | - | =
 train.train_policy.dataset.split | "" | mapped | - | = (a list of splits is read as "a+b", the concatenation)
-train.train_policy.dataset.test_size | - | mapped | - | = (SFT with validation.enable and no validation.dataset.name: the items (int) or fraction (float, rounded up) held out of training as the validation split, unset 0.1 as in cosmos-rl; drawn at random seeded by train.seed, where cosmos-rl takes the first / last rows; GRPO validation needs validation.dataset.name)
+train.train_policy.dataset.test_size | - | mapped | - | = (with validation.enable and no validation.dataset.name, SFT and colocated GRPO (examples/grpo_vlm.py) validate on the items (int) or fraction (float, rounded up) held out of training, unset 0.1 as in cosmos-rl; drawn at random seeded by train.seed, where cosmos-rl takes the first / last rows)
 train.train_policy.dataset.local_dir | "" | refused | [""] | set train.train_policy.dataset.name to the local folder or file
 train.train_policy.mini_batch | 2 | mapped | - | = (sequences per forward / backward; ours defaults to 1)
 train.train_policy.dataloader_shuffle | true | refused | [true] | the sampler always shuffles (seeded by [train] seed)
@@ -256,7 +256,7 @@ logging.group_name | - | ignored | - | launcher-only: W&B grouping
 logging.experiment_name | - | mapped | - | =
 logging.report_mfu | false | ignored | - | speed-only: MFU reporting
 profiler | - | ignored | - | speed-only: profiling (use torch.profiler around a step)
-validation.enable | false | mapped | - | = (SFT: token-mean loss of the validation split, logged as val/avg_loss; GRPO, colocated recipe: rewards of one completion per item of validation.dataset)
+validation.enable | false | mapped | - | = (SFT: token-mean loss of the validation split, logged as val/avg_loss; GRPO, colocated recipe: rewards of one completion per item of validation.dataset, or without its name of the train.train_policy.dataset.test_size items held out of training)
 validation.val_before_train | false | mapped | - | = (SFT; the GRPO recipe validates before its first step always)
 validation.freq | 20 | mapped | - | =
 validation.batch_size | - | ignored | - | speed-only: validation batching

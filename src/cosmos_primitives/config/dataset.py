@@ -29,7 +29,7 @@ class DatasetConfig(Section):
     Bad samples (missing or undecodable media, samples longer than the packing budget) are skipped,
     counted and logged; the run stops once more than ``bad_sample_budget`` were seen on one rank.
 
-    ``test_size`` (read on ``[train.train_policy.dataset]`` by the SFT recipe, cosmos-rl's key and
+    ``test_size`` (read on ``[train.train_policy.dataset]`` by the SFT and colocated GRPO recipes, cosmos-rl's key and
     meaning): with ``[validation] enable`` and no ``[validation.dataset] name``, this many items (an
     int) or this fraction of the items (a float in (0, 1), rounded up) are held out of training as
     the validation split (unset: 0.1, as cosmos-rl); chosen at random, seeded by ``[train] seed``

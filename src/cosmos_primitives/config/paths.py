@@ -77,18 +77,14 @@ def resolve_demo_paths(config: Config) -> Config:
 def check_runnable(config: Config, source: str) -> Config:
     """What a recipe calls at start-up: :func:`check_input_paths` plus the settings the loader
     refused (``config.unsupported``, e.g. cosmos-rl keys asking for FP8 or expert parallelism),
-    validation settings no recipe reads (GRPO validation without ``[validation.dataset] name``, a
-    ``[validation.dataset] test_size``), and a response column without a prompt column.
+    a ``[validation.dataset] test_size`` (no recipe reads it), and a response column without a prompt
+    column.
 
     Raises:
         ConfigError: every such problem at once, one line each naming the key and ``source``.
     """
     problems = [f"{source}: key '{key}' {what}" for key, what in config.unsupported.items()]
     policy = config.train.train_policy
-    if policy.type == "grpo" and config.validation.enable and not config.validation.dataset.name:
-        problems.append(f"{source}: key 'validation.enable' = true without validation.dataset.name: GRPO validation "
-                        "scores a separate dataset (only the SFT recipe holds part of the training data out, "
-                        "train.train_policy.dataset.test_size); set validation.dataset.name")
     if config.validation.dataset.test_size is not None:
         problems.append(f"{source}: key 'validation.dataset.test_size' = {config.validation.dataset.test_size!r} is "
                         "not read (cosmos-rl's trainers do not read it either): the held-out part of the training "

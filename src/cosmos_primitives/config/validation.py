@@ -20,7 +20,8 @@ class ValidationConfig(Section):
 
     GRPO (``examples/grpo_vlm.py``, colocated mode): before the first step, every ``freq`` steps
     and after the last, each rank generates one completion per item of its share of ``dataset``
-    (same columns as the training dataset's; its ``name`` is required) at ``temperature`` (0 =
+    (same columns as the training dataset's), or without its ``name`` of the items
+    ``[train.train_policy.dataset] test_size`` holds out of the training prompts, at ``temperature`` (0 =
     greedy) and scores it with ``reward_function``; the means over all items are logged as
     ``validation/<reward>`` (``single_choice`` alone = MCQ accuracy). ``max_items`` caps the items
     used (None: all).

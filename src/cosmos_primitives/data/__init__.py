@@ -73,6 +73,7 @@ _EXPORTS = {
     "split_validation": "sft_validation",
     "build_sft_datasets": "sft_validation",
     "build_sft_validation_loader": "sft_validation",
+    "build_grpo_datasets": "grpo_validation",
     "precompute_clip_folder": "precompute_text_embeddings",
     "reason_text_embeddings": "precompute_text_embeddings",
     "WebDatasetClips": "wfm_webdataset",
@@ -94,6 +95,7 @@ if TYPE_CHECKING:  # pragma: no cover
         load_conversation,
         normalize_conversation,
     )
+    from cosmos_primitives.data.grpo_validation import build_grpo_datasets  # noqa: F401
     from cosmos_primitives.data.hf_conversations import HFConversationDataset, load_hf_dataset  # noqa: F401
     from cosmos_primitives.data.mcq import MCQPromptDataset, answer_letter, mcq_choices, mcq_prompt_text  # noqa: F401
     from cosmos_primitives.data.media import MediaSettings, load_image  # noqa: F401
