@@ -23,6 +23,7 @@ from cosmos_primitives import testing as cpt
 from cosmos_primitives.config.policy import ParallelismConfig
 
 pytestmark = pytest.mark.slow
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def _step_inputs() -> dict[str, torch.Tensor]:
@@ -191,26 +192,50 @@ def test_uneven_heads_and_tokens_are_refused() -> None:
         assert f"{name}: 27 video tokens ((3, 6, 6) latents, patch (1, 2, 2))" in uneven and "cp_size = 2" in uneven
 
 
+def _recipe_metrics(config: Path, overrides: list[str], nproc: int, out: Path) -> list[dict]:
+    """examples/wfm_rl.py for two FlowGRPO steps on ``nproc`` gloo ranks (torchrun); its metrics records."""
+    from cosmos_primitives.logging import read_metrics
+    from cosmos_primitives.testing.recipe_runs import finish, launch_recipe, only_run_dir
+
+    common = ["logging.logger=[]", "train.max_steps=2", "wfm.num_samples_per_prompt=4", "wfm.num_inference_steps=4",
+              "wfm.eval_num_inference_steps=0", "wfm.sampler.sde_window_size=0", "train.ckpt.enable_checkpoint=false"]
+    log = out.with_suffix(".log")
+    proc = launch_recipe(ROOT / "examples" / "wfm_rl.py", config, [*common, f"train.output_dir={out}", *overrides], log,
+                         cwd=ROOT, nproc=nproc, env={"COSMOS_DEVICE": "cpu", "OMP_NUM_THREADS": "1"})
+    finish(proc, log)
+    return read_metrics(only_run_dir(out))
+
+
+def _assert_same_first_steps(one: list[dict], two: list[dict]) -> None:
+    """Two steps each, the same policy loss, gradient norm and rewards to 1e-4 relative."""
+    assert [r["step"] for r in two] == [r["step"] for r in one] == [1, 2]
+    for a, b in zip(one, two):
+        for key in ("policy_loss", "grad_norm", "reward_mean"):
+            assert b[key] == pytest.approx(a[key], rel=1e-4, abs=1e-7), (a["step"], key)
+
+
 def test_recipe_with_context_parallel_trains_as_one_process(tmp_path) -> None:
     """examples/wfm_rl.py with ``policy.parallelism.cp_size = 2`` (the guide's ``[model_parallel]
     context_parallel_size``) on 2 gloo ranks: both ranks of the cp group take the same prompts and noise,
     FSDP2 over dp_shard x cp, and two FlowGRPO steps log what one process logs (policy loss, gradient
     norm, rewards after the first update) to 1e-4 relative."""
-    from cosmos_primitives.logging import read_metrics
-    from cosmos_primitives.testing.recipe_runs import finish, launch_recipe, only_run_dir
+    config = ROOT / "examples" / "configs" / "wfm_flowgrpo_tiny.toml"
+    runs = {nproc: _recipe_metrics(config, [f"policy.parallelism.cp_size={nproc}"], nproc, tmp_path / f"out{nproc}")
+            for nproc in (1, 2)}
+    _assert_same_first_steps(runs[1], runs[2])
 
-    root = Path(__file__).resolve().parents[1]
-    common = ["logging.logger=[]", "train.max_steps=2", "wfm.num_samples_per_prompt=4", "wfm.num_inference_steps=4",
-              "wfm.eval_num_inference_steps=0", "wfm.sampler.sde_window_size=0", "train.ckpt.enable_checkpoint=false"]
-    runs = {}
-    for nproc in (1, 2):
-        out, log = tmp_path / f"out{nproc}", tmp_path / f"log{nproc}.txt"
-        proc = launch_recipe(root / "examples" / "wfm_rl.py", root / "examples" / "configs" / "wfm_flowgrpo_tiny.toml",
-                             [*common, f"train.output_dir={out}", f"policy.parallelism.cp_size={nproc}"], log,
-                             cwd=root, nproc=nproc, env={"COSMOS_DEVICE": "cpu", "OMP_NUM_THREADS": "1"})
-        finish(proc, log)
-        runs[nproc] = read_metrics(only_run_dir(out))
-    assert [r["step"] for r in runs[2]] == [r["step"] for r in runs[1]] == [1, 2]
-    for one, two in zip(runs[1], runs[2]):
-        for key in ("policy_loss", "grad_norm", "reward_mean"):
-            assert two[key] == pytest.approx(one[key], rel=1e-4, abs=1e-7), (one["step"], key)
+
+def test_cosmos_predict2_5_recipe_with_the_guides_context_parallel_snippet(tmp_path) -> None:
+    """The world-model guide's ``[model_parallel] context_parallel_size = 2`` for a (tiny) Cosmos-Predict2.5
+    folder: examples/wfm_rl.py on 2 gloo ranks splits the Cosmos transformer's video tokens and logs the
+    first two FlowGRPO steps as one process does without the snippet."""
+    from test_wfm_recipes import CONFIGS, write_folder
+
+    folder = write_folder(tmp_path / "tiny-cosmos-diffusers", cpt.tiny_cosmos_transformer(seed=0),
+                          cpt.tiny_unipc_flow_scheduler())
+    base = CONFIGS / "wfm_flowgrpo_tiny.toml"
+    snippet = tmp_path / "wfm_flowgrpo_tiny_cp2.toml"
+    snippet.write_text(base.read_text() + "\n[model_parallel]\ncontext_parallel_size = 2\n")
+    model = [f"policy.model_name_or_path={folder}"]
+    one = _recipe_metrics(base, model, 1, tmp_path / "out1")
+    _assert_same_first_steps(one, _recipe_metrics(snippet, model, 2, tmp_path / "out2"))
