@@ -100,9 +100,12 @@ def split_cosmos_tokens(transformer: torch.nn.Module, group: dist.ProcessGroup) 
     same inputs; each gets the whole output ``[B, C, T, H, W]``.
     """
     rank, size = dist.get_rank(group), dist.get_world_size(group)
+    blocks = list(transformer.transformer_blocks)
+    block_signature = inspect.signature(blocks[0].forward)  # CosmosTransformerBlock's; bound per call
+    norm_signature = inspect.signature(transformer.norm_out.forward)
 
     def slice_block_inputs(block: torch.nn.Module, args: tuple, kwargs: dict[str, Any]) -> tuple[tuple, dict]:
-        bound = inspect.signature(block.forward).bind(*args, **kwargs)
+        bound = block_signature.bind(*args, **kwargs)
         rope = bound.arguments.get("image_rotary_emb")
         if rope is None:
             raise ValueError("a Cosmos block was called without image_rotary_emb; its token count is unknown")
@@ -114,7 +117,7 @@ def split_cosmos_tokens(transformer: torch.nn.Module, group: dist.ProcessGroup) 
         return bound.args, bound.kwargs
 
     def slice_norm_inputs(norm: torch.nn.Module, args: tuple, kwargs: dict[str, Any]) -> tuple[tuple, dict]:
-        bound = inspect.signature(norm.forward).bind(*args, **kwargs)
+        bound = norm_signature.bind(*args, **kwargs)
         full = bound.arguments["hidden_states"].shape[1] * size
         for name in ("embedded_timestep", "temb"):
             if name in bound.arguments:
@@ -124,7 +127,7 @@ def split_cosmos_tokens(transformer: torch.nn.Module, group: dist.ProcessGroup) 
     def gather_tokens(module: torch.nn.Module, args: tuple, output: torch.Tensor) -> torch.Tensor:
         return GatherSequence.apply(output, group)
 
-    for block in transformer.transformer_blocks:
+    for block in blocks:
         block.attn1.set_processor(CosmosUlyssesSelfAttention(group))
         block.register_forward_pre_hook(slice_block_inputs, with_kwargs=True)
     transformer.norm_out.register_forward_pre_hook(slice_norm_inputs, with_kwargs=True)
