@@ -1,7 +1,7 @@
 """Context parallel for the world-model transformers, against one process, for one flow-matching step.
 
-Wan (``WanTransformer3DModel``, diffusers' Ulysses set up from our mesh): 2 gloo ranks, and FSDP2 over
-dp_shard x cp with cp = 2. Cosmos-Predict2.5 (``CosmosTransformer3DModel``, our split,
+Wan (``WanTransformer3DModel``, diffusers' Ulysses set up from our mesh): cp = 2, FSDP2 over dp_shard x
+cp with cp = 2, and cp = 4 (4 heads). Cosmos-Predict2.5 (``CosmosTransformer3DModel``, our split,
 ``policy/cosmos_context_parallel.py``): cp = 2 (2 heads), cp = 4 (4 heads, learnable position
 embedding, gradient checkpointing) and FSDP2 over dp_shard 2 x cp 2 (world 4, each dp rank one
 sample), each for text-to-world, video-to-world (one conditioning frame in the condition mask) and a
@@ -62,10 +62,12 @@ def _flow_step(policy: cp.policy.DiffusionPolicy, group=None) -> tuple[float, di
     return float(loss.detach()), _gradients(policy.transformer, group)
 
 
-def _cp_worker(fsdp: bool) -> tuple[float, dict[str, torch.Tensor], list[int]]:
-    """cp = 2; with ``fsdp``, FSDP2 over dp_shard x cp too (its gradient average replaces the cp all-reduce)."""
-    mesh = cp.parallel.ParallelMesh(ParallelismConfig(cp_size=2), device_type="cpu")
-    policy = cp.policy.DiffusionPolicy(cpt.tiny_wan_transformer(seed=0)).enable_context_parallel(mesh)
+def _cp_worker(cp_size: int, fsdp: bool) -> tuple[float, dict[str, torch.Tensor], list[int]]:
+    """cp = ``cp_size`` (2 heads, or 4 for cp = 4); with ``fsdp``, FSDP2 over dp_shard x cp too (its gradient
+    average replaces the cp all-reduce)."""
+    mesh = cp.parallel.ParallelMesh(ParallelismConfig(cp_size=cp_size), device_type="cpu")
+    wan = cpt.tiny_wan_transformer(seed=0, num_attention_heads=max(2, cp_size))
+    policy = cp.policy.DiffusionPolicy(wan).enable_context_parallel(mesh)
     if fsdp:
         policy.shard(mesh.fsdp_mesh)
     tokens: list[int] = []  # the sequence length each block's self-attention sees on this rank
@@ -75,12 +77,13 @@ def _cp_worker(fsdp: bool) -> tuple[float, dict[str, torch.Tensor], list[int]]:
     return (*_flow_step(policy, None if fsdp else mesh.group("cp")), tokens)
 
 
-@pytest.mark.parametrize("fsdp", [False, True], ids=["cp2", "fsdp-x-cp2"])
-def test_wan_transformer_context_parallel_matches_one_process(fsdp: bool) -> None:
-    ref_loss, ref_grads = _flow_step(cp.policy.DiffusionPolicy(cpt.tiny_wan_transformer(seed=0)))
-    per_rank = cpt.run_distributed(_cp_worker, 2, (fsdp,), timeout_s=400)
+@pytest.mark.parametrize(("cp_size", "fsdp"), [(2, False), (2, True), (4, False)], ids=["cp2", "fsdp-x-cp2", "cp4"])
+def test_wan_transformer_context_parallel_matches_one_process(cp_size: int, fsdp: bool) -> None:
+    wan = cpt.tiny_wan_transformer(seed=0, num_attention_heads=max(2, cp_size))
+    ref_loss, ref_grads = _flow_step(cp.policy.DiffusionPolicy(wan))
+    per_rank = cpt.run_distributed(_cp_worker, cp_size, (cp_size, fsdp), timeout_s=400)
     for rank, (loss, grads, tokens) in enumerate(per_rank):
-        assert tokens == [24, 24], tokens  # 48 video tokens, half on each rank, in both blocks
+        assert tokens == [48 // cp_size] * 2, tokens  # 48 video tokens, N / cp on each rank, in both blocks
         assert abs(loss - ref_loss) < 1e-6, (rank, loss, ref_loss)
         assert grads.keys() == ref_grads.keys()
         for name, g in ref_grads.items():

@@ -176,8 +176,9 @@ def save_tiny_qwen3(path: str | Path, seed: int = 0) -> Path:
     return path
 
 
-def tiny_wan_transformer(seed: int = 0, in_channels: int = 4, text_dim: int = 32, num_layers: int = 2) -> Any:
-    """A tiny diffusers ``WanTransformer3DModel`` (flow matching, velocity prediction).
+def tiny_wan_transformer(seed: int = 0, in_channels: int = 4, text_dim: int = 32, num_layers: int = 2,
+                         num_attention_heads: int = 2) -> Any:
+    """A tiny diffusers ``WanTransformer3DModel`` (flow matching, velocity prediction), heads of 16 channels.
 
     Input ``hidden_states``: ``[B, in_channels, T, H, W]`` latents with even ``H``, ``W``;
     ``encoder_hidden_states``: ``[B, L, text_dim]``; ``timestep``: ``[B]`` in ``[0, 1000]``.
@@ -186,7 +187,7 @@ def tiny_wan_transformer(seed: int = 0, in_channels: int = 4, text_dim: int = 32
     torch.manual_seed(seed)
     return diffusers.WanTransformer3DModel(
         patch_size=(1, 2, 2),
-        num_attention_heads=2,
+        num_attention_heads=num_attention_heads,
         attention_head_dim=16,
         in_channels=in_channels,
         out_channels=in_channels,
