@@ -181,7 +181,7 @@ def _refusals() -> list[str]:
     mesh = cp.parallel.ParallelMesh(ParallelismConfig(cp_size=2), device_type="cpu")
     errors = []
     builds = (lambda: cpt.tiny_cosmos_transformer(seed=0, num_attention_heads=3), cpt.tiny_cosmos_transformer,
-              lambda: cpt.tiny_wan_transformer(seed=0))
+              lambda: cpt.tiny_wan_transformer(seed=0), lambda: torch.nn.Linear(4, 4))  # the last: no plan at all
     for build in builds:
         transformer = build()
         try:
@@ -196,8 +196,9 @@ def _refusals() -> list[str]:
     return errors
 
 
-def test_uneven_heads_and_tokens_are_refused() -> None:
-    heads, cosmos_uneven, wan_uneven = cpt.run_distributed(_refusals, 2, timeout_s=400)[0]
+def test_uneven_heads_and_tokens_and_unknown_classes_are_refused() -> None:
+    heads, cosmos_uneven, wan_uneven, no_plan = cpt.run_distributed(_refusals, 2, timeout_s=400)[0]
+    assert "diffusers' Linear has no context-parallel plan" in no_plan and "cp_size = 1" in no_plan
     assert "cp_size = 2 does not divide CosmosTransformer3DModel's 3 attention heads" in heads
     for uneven, name in ((cosmos_uneven, "CosmosTransformer3DModel"), (wan_uneven, "WanTransformer3DModel")):
         assert f"{name}: 27 video tokens ((3, 6, 6) latents, patch (1, 2, 2))" in uneven and "cp_size = 2" in uneven
