@@ -203,6 +203,8 @@ def train(cfg: cp.Config) -> Path:
     # Model: the transformer (LoRA or full fine-tuning, FSDP2 under torchrun), its VAE and sigma grid.
     dtype = cp.policy.resolve_dtype(cfg.policy.dtype)
     sharded = info.world_size > 1
+    # the same LoRA initialisation on every rank and in every run (a diffusers folder's loader draws nothing)
+    cp.utils.seed_everything(seed)
     # under FSDP2 the weights stay float32 and are gathered in [policy] dtype (mixed precision)
     transformer, vae, noise_scheduler = build_models(cfg.policy, w.data.text_dim, device,
                                                      torch.float32 if sharded else dtype)

@@ -80,21 +80,24 @@ class _AllToAll(torch.autograd.Function):
         return out, None
 
 
-def _seq_to_heads(x: torch.Tensor, split: _Split) -> torch.Tensor:
-    """``[B, H, L, D]`` (all heads, local tokens) -> ``[B, H / cp, cp * L, D]`` (head slice, all tokens)."""
+def seq_to_heads(x: torch.Tensor, group: dist.ProcessGroup) -> torch.Tensor:
+    """``[B, H, L, D]`` (all heads, this rank's ``L`` tokens) -> ``[B, H / cp, cp * L, D]`` (this rank's
+    head slice, every rank's tokens in rank order); ``cp`` is ``group``'s size, which must divide ``H``."""
+    size = dist.get_world_size(group)
     b, h, n, d = x.shape
-    chunks = x.reshape(b, split.size, h // split.size, n, d).transpose(0, 1)
-    got = _AllToAll.apply(chunks, split.group)  # [cp (source rank = token slice), B, H / cp, L, D]
-    return got.permute(1, 2, 0, 3, 4).reshape(b, h // split.size, split.size * n, d)
+    chunks = x.reshape(b, size, h // size, n, d).transpose(0, 1)
+    got = _AllToAll.apply(chunks, group)  # [cp (source rank = token slice), B, H / cp, L, D]
+    return got.permute(1, 2, 0, 3, 4).reshape(b, h // size, size * n, d)
 
 
-def _heads_to_seq(x: torch.Tensor, split: _Split) -> torch.Tensor:
-    """Inverse of :func:`_seq_to_heads`: ``[B, H / cp, T, D]`` -> ``[B, H, T / cp, D]``."""
+def heads_to_seq(x: torch.Tensor, group: dist.ProcessGroup) -> torch.Tensor:
+    """Inverse of :func:`seq_to_heads`: ``[B, H / cp, T, D]`` -> ``[B, H, T / cp, D]``."""
+    size = dist.get_world_size(group)
     b, hs, t, d = x.shape
-    n = t // split.size
-    chunks = x.reshape(b, hs, split.size, n, d).permute(2, 0, 1, 3, 4)
-    got = _AllToAll.apply(chunks, split.group)  # [cp (source rank = head slice), B, H / cp, L, D]
-    return got.transpose(0, 1).reshape(b, split.size * hs, n, d)
+    n = t // size
+    chunks = x.reshape(b, hs, size, n, d).permute(2, 0, 1, 3, 4)
+    got = _AllToAll.apply(chunks, group)  # [cp (source rank = head slice), B, H / cp, L, D]
+    return got.transpose(0, 1).reshape(b, size * hs, n, d)
 
 
 def context_parallel_attention(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor,
@@ -123,13 +126,13 @@ def context_parallel_attention(module: torch.nn.Module, query: torch.Tensor, key
         key = key.repeat_interleave(heads // kv_heads, dim=1)
         value = value.repeat_interleave(heads // kv_heads, dim=1)
         kv_heads = heads
-    q, k, v = (_seq_to_heads(x, split) for x in (query, key, value))
+    q, k, v = (seq_to_heads(x, split.group) for x in (query, key, value))
     if kv_heads != heads:
         k = k.repeat_interleave(heads // kv_heads, dim=1)
         v = v.repeat_interleave(heads // kv_heads, dim=1)
     out = torch.nn.functional.scaled_dot_product_attention(
         q, k, v, attn_mask=split.attention_mask(), dropout_p=dropout if module.training else 0.0, scale=scaling)
-    return _heads_to_seq(out, split).transpose(1, 2).contiguous(), None
+    return heads_to_seq(out, split.group).transpose(1, 2).contiguous(), None
 
 
 def _register() -> None:

@@ -155,7 +155,7 @@ class DiffusionPolicy:
     def enable_context_parallel(self, mesh: Any) -> DiffusionPolicy:
         """Split the video tokens over ``mesh``'s ``"cp"`` ranks, in the transformer and the frozen
         reference (:func:`cosmos_primitives.policy.diffusion_cp.enable_transformer_context_parallel`:
-        Wan yes, Cosmos-Predict2.5 refused). The cp ranks must then feed the same samples and noise."""
+        Cosmos-Predict2.5 and Wan). The cp ranks must then feed the same samples and noise."""
         from cosmos_primitives.policy.diffusion_cp import enable_transformer_context_parallel
 
         enable_transformer_context_parallel(self.transformer, mesh)

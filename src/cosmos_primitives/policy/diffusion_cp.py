@@ -1,31 +1,29 @@
 """Context parallel for a diffusers flow transformer: its video tokens split over the cp ranks.
 
-Diffusers carries Ulysses context parallelism itself (``ContextParallelConfig``, a model's
-``_cp_plan`` naming where the token sequence is split and gathered, and ``dispatch_attention_fn``
-doing the all-to-all over heads around attention). This module turns it on from our mesh.
-It does not go through ``ModelMixin.enable_parallelism``: in diffusers 0.42.1 that computes the
-device as ``torch.device(device_type, rank % torch.accelerator.device_count())``
-(``models/modeling_utils.py``, ``_resolve_parallel_config``), which divides by zero on a machine
-without an accelerator. The same steps are taken here with the device given: a ``ParallelConfig``
-set up over a ``("ring", "ulysses")`` mesh whose ulysses dim is the job's ``"cp"`` groups, the
-config set on the model and on every attention processor that takes one, then diffusers'
-``hooks.context_parallel.apply_context_parallel`` with the model's ``_cp_plan``. These are
+``WanTransformer3DModel`` (Wan 2.1 / 2.2; the tiny test transformer) goes through diffusers' own
+Ulysses context parallel (``ContextParallelConfig``, the model's ``_cp_plan`` naming where the token
+sequence is split and gathered, and ``dispatch_attention_fn`` doing the all-to-all over heads around
+attention), turned on here from our mesh. It does not go through ``ModelMixin.enable_parallelism``: in
+diffusers 0.42.1 that computes the device as ``torch.device(device_type, rank %
+torch.accelerator.device_count())`` (``models/modeling_utils.py``, ``_resolve_parallel_config``), which
+divides by zero on a machine without an accelerator. The same steps are taken here with the device
+given: a ``ParallelConfig`` set up over a ``("ring", "ulysses")`` mesh whose ulysses dim is the job's
+``"cp"`` groups, the config set on the model and on every attention processor that takes one, then
+diffusers' ``hooks.context_parallel.apply_context_parallel`` with the model's ``_cp_plan``. These are
 diffusers' experimental (and partly private) interfaces; re-check them when diffusers moves.
 
-Models: ``WanTransformer3DModel`` (Wan 2.1 / 2.2; the tiny test transformer) has a ``_cp_plan``
-and its attention processor takes the parallel config to ``dispatch_attention_fn``, so it splits.
-``CosmosTransformer3DModel`` (Cosmos-Predict2.5) has neither in diffusers 0.42.1: no ``_cp_plan``,
-and its processors (``CosmosAttnProcessor2_0`` / ``2_5``) have no ``_parallel_config`` and call
-``dispatch_attention_fn`` without one, so no all-to-all would run; it is refused with an error
-saying so. Splitting it would take a plan of our own (rope, the learnable position embedding, the
-per-token time embedding of video-to-world, the gather after ``proj_out``) and processors that pass
-the config: not written.
+``CosmosTransformer3DModel`` (Cosmos-Predict2.5) has neither a ``_cp_plan`` nor processors that take
+a parallel config in diffusers 0.42.1; it gets our own split
+(:mod:`cosmos_primitives.policy.cosmos_context_parallel`: the same Ulysses scheme, with the rope,
+learnable position embedding and per-token time embeddings narrowed to the rank's tokens). Another
+class without a plan is refused.
 
-Gradients: every cp rank computes the loss from the gathered output; diffusers' gather gives each
-rank the gradient of its own token slice only, so the full gradient is the SUM over the cp group.
-The output's gradient is multiplied by cp here, so that averaging over the cp group (FSDP2 over
-``dp_shard x cp``, or :func:`~cosmos_primitives.parallel.context_parallel.all_reduce_context_parallel_grads`)
-gives it, as for the language-model context parallel.
+Gradients: every cp rank computes the loss from the gathered output; the gather gives each rank the
+gradient of its own token slice only, so the full gradient is the SUM over the cp group. The output's
+gradient is multiplied by cp (here for Wan, in the gather for Cosmos), so that averaging over the cp
+group (FSDP2 over ``dp_shard x cp``, or
+:func:`~cosmos_primitives.parallel.context_parallel.all_reduce_context_parallel_grads`) gives it, as
+for the language-model context parallel.
 """
 
 from __future__ import annotations
@@ -74,33 +72,75 @@ def enable_transformer_context_parallel(transformer: torch.nn.Module, mesh: Any)
     Collective: every rank of the job calls it.
 
     Args:
-        transformer: a diffusers transformer with a ``_cp_plan`` whose attention goes through
-            ``dispatch_attention_fn`` (``WanTransformer3DModel``).
+        transformer: ``CosmosTransformer3DModel`` (our split), or a diffusers transformer with a
+            ``_cp_plan`` whose attention goes through ``dispatch_attention_fn`` (``WanTransformer3DModel``).
         mesh: a :class:`~cosmos_primitives.parallel.mesh.ParallelMesh` with ``cp > 1``.
 
     Raises:
         NotImplementedError: the model class has no context-parallel plan or dispatcher (names it).
-        ValueError: heads not divisible by cp, or an attention backend without context parallel.
+        ValueError: heads not divisible by cp, an attention backend without context parallel (Wan), or
+            (at the call) a latent whose token count does not divide by cp.
     """
+    from cosmos_primitives.policy.cosmos_context_parallel import is_cosmos_transformer, split_cosmos_tokens
+
+    cp = mesh.size("cp")
+    name = type(transformer).__name__
+    cosmos = is_cosmos_transformer(transformer)
+    if not cosmos:
+        _check_diffusers_plan(transformer, cp)
+    heads = getattr(transformer.config, "num_attention_heads", None)
+    if heads is not None and heads % cp:
+        raise ValueError(f"[policy.parallelism] cp_size = {cp} does not divide {name}'s {heads} attention heads "
+                         "(Ulysses gives each cp rank heads / cp of them); pick a cp_size that divides it")
+    patch = tuple(getattr(transformer.config, "patch_size", None) or ())
+
+    def check_tokens(module: torch.nn.Module, args: tuple, kwargs: dict[str, Any]) -> None:
+        latents = kwargs.get("hidden_states", args[0] if args else None)
+        if isinstance(latents, torch.Tensor) and latents.dim() == 5 and len(patch) == 3:
+            tokens = math.prod(s // p for s, p in zip(latents.shape[2:], patch))
+            if tokens % cp:
+                raise ValueError(f"{name}: {tokens} video tokens ({tuple(latents.shape[2:])} latents, patch {patch}) "
+                                 f"do not divide over cp_size = {cp}; pick frames / height / width that do")
+
+    transformer.register_forward_pre_hook(check_tokens, with_kwargs=True)
+    if cosmos:
+        split_cosmos_tokens(transformer, mesh.group("cp"))  # its gather scales the output gradient by cp
+        return
+    _apply_diffusers_plan(transformer, mesh, cp)
+
+    def scale_output_grad(module: torch.nn.Module, args: tuple, kwargs: dict[str, Any], output: Any) -> Any:
+        if isinstance(output, tuple):
+            return (_ScaleGrad.apply(output[0], float(cp)), *output[1:])
+        output.sample = _ScaleGrad.apply(output.sample, float(cp))
+        return output
+
+    transformer.register_forward_hook(scale_output_grad, with_kwargs=True)
+
+
+def _attention_processors(transformer: torch.nn.Module) -> list[Any]:
+    """The attention processors of ``transformer`` that take a diffusers parallel config."""
+    return [m.processor for m in transformer.modules() if hasattr(getattr(m, "processor", None), "_parallel_config")]
+
+
+def _check_diffusers_plan(transformer: torch.nn.Module, cp: int) -> None:
+    """NotImplementedError unless ``transformer`` has a ``_cp_plan`` and processors that take a parallel config."""
+    if getattr(transformer, "_cp_plan", None) is None or not _attention_processors(transformer):
+        raise NotImplementedError(
+            f"[policy.parallelism] cp_size = {cp}: diffusers' {type(transformer).__name__} has no context-parallel "
+            "plan (_cp_plan) or attention processors that take a parallel config, and cosmos_primitives has no "
+            "split of its own for it (it has for CosmosTransformer3DModel), so its tokens cannot be split; set "
+            "cp_size = 1 and use dp_shard_size / dp_replicate_size"
+        )
+
+
+def _apply_diffusers_plan(transformer: torch.nn.Module, mesh: Any, cp: int) -> None:
+    """Diffusers' Ulysses over ``mesh``'s cp groups, with the model's ``_cp_plan`` (the module docstring)."""
     diffusers = require("diffusers", "world-model context parallel")
     from diffusers.hooks.context_parallel import apply_context_parallel
     from diffusers.models.attention_dispatch import AttentionBackendName, _AttentionBackendRegistry
 
-    cp = mesh.size("cp")
     name = type(transformer).__name__
-    plan = getattr(transformer, "_cp_plan", None)
-    processors = [m.processor for m in transformer.modules() if hasattr(getattr(m, "processor", None),
-                                                                          "_parallel_config")]
-    if plan is None or not processors:
-        raise NotImplementedError(
-            f"[policy.parallelism] cp_size = {cp}: diffusers' {name} has no context-parallel plan (_cp_plan) or "
-            "attention processors that take a parallel config (CosmosTransformer3DModel has neither in diffusers "
-            "0.42.1), so its tokens cannot be split; set cp_size = 1 and use dp_shard_size / dp_replicate_size"
-        )
-    heads = getattr(transformer.config, "num_attention_heads", None)
-    if heads is not None and heads % cp:
-        raise ValueError(f"[policy.parallelism] cp_size = {cp} does not divide {name}'s {heads} attention heads "
-                         "(Ulysses gives each cp rank heads / cp of them)")
+    processors = _attention_processors(transformer)
     for processor in processors:
         backend = processor._attention_backend
         backend = (_AttentionBackendRegistry.get_active_backend()[0] if backend is None
@@ -115,22 +155,4 @@ def enable_transformer_context_parallel(transformer: torch.nn.Module, mesh: Any)
     transformer._parallel_config = config
     for processor in processors:
         processor._parallel_config = config
-    apply_context_parallel(transformer, config.context_parallel_config, plan)
-    patch = tuple(getattr(transformer.config, "patch_size", None) or ())
-
-    def check_tokens(module: torch.nn.Module, args: tuple, kwargs: dict[str, Any]) -> None:
-        latents = kwargs.get("hidden_states", args[0] if args else None)
-        if isinstance(latents, torch.Tensor) and latents.dim() == 5 and len(patch) == 3:
-            tokens = math.prod(s // p for s, p in zip(latents.shape[2:], patch))
-            if tokens % cp:
-                raise ValueError(f"{name}: {tokens} video tokens ({tuple(latents.shape[2:])} latents, patch {patch}) "
-                                 f"do not divide over cp_size = {cp}; pick frames / height / width that do")
-
-    def scale_output_grad(module: torch.nn.Module, args: tuple, kwargs: dict[str, Any], output: Any) -> Any:
-        if isinstance(output, tuple):
-            return (_ScaleGrad.apply(output[0], float(cp)), *output[1:])
-        output.sample = _ScaleGrad.apply(output.sample, float(cp))
-        return output
-
-    transformer.register_forward_pre_hook(check_tokens, with_kwargs=True)
-    transformer.register_forward_hook(scale_output_grad, with_kwargs=True)
+    apply_context_parallel(transformer, config.context_parallel_config, transformer._cp_plan)

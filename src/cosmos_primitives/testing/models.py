@@ -176,8 +176,9 @@ def save_tiny_qwen3(path: str | Path, seed: int = 0) -> Path:
     return path
 
 
-def tiny_wan_transformer(seed: int = 0, in_channels: int = 4, text_dim: int = 32, num_layers: int = 2) -> Any:
-    """A tiny diffusers ``WanTransformer3DModel`` (flow matching, velocity prediction).
+def tiny_wan_transformer(seed: int = 0, in_channels: int = 4, text_dim: int = 32, num_layers: int = 2,
+                         num_attention_heads: int = 2) -> Any:
+    """A tiny diffusers ``WanTransformer3DModel`` (flow matching, velocity prediction), heads of 16 channels.
 
     Input ``hidden_states``: ``[B, in_channels, T, H, W]`` latents with even ``H``, ``W``;
     ``encoder_hidden_states``: ``[B, L, text_dim]``; ``timestep``: ``[B]`` in ``[0, 1000]``.
@@ -186,7 +187,7 @@ def tiny_wan_transformer(seed: int = 0, in_channels: int = 4, text_dim: int = 32
     torch.manual_seed(seed)
     return diffusers.WanTransformer3DModel(
         patch_size=(1, 2, 2),
-        num_attention_heads=2,
+        num_attention_heads=num_attention_heads,
         attention_head_dim=16,
         in_channels=in_channels,
         out_channels=in_channels,
@@ -200,19 +201,22 @@ def tiny_wan_transformer(seed: int = 0, in_channels: int = 4, text_dim: int = 32
     )
 
 
-def tiny_cosmos_transformer(seed: int = 0, latent_channels: int = 4, text_dim: int = 32, num_layers: int = 2) -> Any:
+def tiny_cosmos_transformer(seed: int = 0, latent_channels: int = 4, text_dim: int = 32, num_layers: int = 2,
+                            num_attention_heads: int = 2, extra_pos_embed_type: str | None = None) -> Any:
     """A tiny diffusers ``CosmosTransformer3DModel`` shaped like Cosmos-Predict2.5's (text-to-world).
 
     ``in_channels = latent_channels + 1`` (the condition-mask channel), a padding-mask channel added
     inside; ``timestep``: ``[B]`` sigma in ``[0, 1]``. Feed it through
     :func:`cosmos_primitives.rollout.flow_sampler.cosmos_velocity_fn`. Needs torchvision.
+    ``num_attention_heads`` heads of 16 channels; ``extra_pos_embed_type = "learnable"`` adds
+    Cosmos-Predict2's learnable position embedding, its tables drawn at random (diffusers' are zero).
     """
     diffusers = require("diffusers", "the tiny Cosmos transformer")
     torch.manual_seed(seed)
-    return diffusers.CosmosTransformer3DModel(
+    model = diffusers.CosmosTransformer3DModel(
         in_channels=latent_channels + 1,
         out_channels=latent_channels,
-        num_attention_heads=2,
+        num_attention_heads=num_attention_heads,
         attention_head_dim=16,
         num_layers=num_layers,
         text_embed_dim=text_dim,
@@ -220,8 +224,13 @@ def tiny_cosmos_transformer(seed: int = 0, latent_channels: int = 4, text_dim: i
         max_size=(16, 32, 32),
         patch_size=(1, 2, 2),
         concat_padding_mask=True,
-        extra_pos_embed_type=None,
+        extra_pos_embed_type=extra_pos_embed_type,
     )
+    if model.learnable_pos_embed is not None:
+        with torch.no_grad():
+            for table in model.learnable_pos_embed.parameters():
+                table.normal_()
+    return model
 
 
 COSMOS_PREDICT2_5_2B_TRANSFORMER: dict[str, Any] = {
