@@ -1,7 +1,9 @@
 """A tensor-parallel rollout job: ``examples/grpo_rollout_job.py`` with ``[rollout] backend = "vllm"`` and
 ``[rollout.parallelism] tp_size = 2`` in a 2-rank torchrun job (one engine over both ranks), against the
 vLLM stand-in's TP semantics (``tests/standins/vllm``: each rank holds its shard; the ranks of a TP group
-must submit the same requests), a trainer job of one rank and a real redis-server. Real vLLM cannot run
+must submit the same requests), a trainer job of two FSDP ranks and a real redis-server: the Cosmos-Reason1
+guide's 4-GPU RL snippet (rollout ``tp_size = 2``, policy ``dp_shard_size = 2``; tests/test_seed_parallelism.py)
+merged in as it is written. Real vLLM cannot run
 here: this checks the job's lockstep (one decision per step for the group, every rank fetching the same
 weights), not vLLM's kernels.
 """
@@ -16,6 +18,7 @@ import pytest
 
 from cosmos_primitives.testing.recipe_runs import finish, kill_tree, launch_recipe, only_run_dir
 from test_grpo_jobs import CONFIG, REPO, read_jsonl
+from test_seed_parallelism import REASON1_SNIPPETS, snippet_overrides
 
 STANDINS = Path(__file__).parent / "standins"
 STEPS = 3
@@ -53,13 +56,13 @@ def test_tp2_rollout_job_feeds_the_trainer_with_weights_that_follow_it(tmp_path:
               "custom.demo_model=tiny_qwen2", "custom.demo_data=arithmetic",
               "train.train_policy.prompt_column_name=prompt", "train.train_policy.response_column_name=answer",
               "grpo.reward_function={exact_match = 1.0}",
-              "rollout.backend=vllm", "rollout.parallelism.tp_size=2", "rollout.max_response_length=6",
+              "rollout.backend=vllm", *snippet_overrides(REASON1_SNIPPETS[("rl", 4)]), "rollout.max_response_length=6",
               "grpo.num_samples_per_prompt=2", "grpo.rollout_batch_size=4", "grpo.allowed_outdated_steps=1",
               f"train.max_steps={STEPS}", "train.optm_warmup_steps=0", "train.train_policy.mini_batch=8"]
     env = {"PYTHONPATH": os.pathsep.join([str(STANDINS), str(REPO / "src"), os.environ.get("PYTHONPATH", "")])}
     trainer = launch_recipe(REPO / "examples" / "grpo_trainer_job.py", CONFIG,
                             [*common, f"train.output_dir={tmp_path / 'trainer'}"], logs / "trainer.log", cwd=REPO,
-                            new_session=True)
+                            nproc=2, new_session=True)
     rollout = launch_recipe(REPO / "examples" / "grpo_rollout_job.py", CONFIG, common, logs / "rollout.log", cwd=REPO,
                             nproc=2, env=env, new_session=True)
     try:
@@ -78,6 +81,8 @@ def test_tp2_rollout_job_feeds_the_trainer_with_weights_that_follow_it(tmp_path:
     assert next(name for name, _, rank in loaded if rank == "1") == f"{job_id}-tp1"
     assert len({version for _, version, _ in loaded}) == 1, loaded  # both ranks started from one version
 
+    trainer_log = (logs / "trainer.log").read_text()
+    assert "ParallelMesh(pp=1, dp_replicate=1, dp_shard=2, cp=1, tp=1, world_size=2" in trainer_log, trainer_log[-3000:]
     run_dir = only_run_dir(tmp_path / "trainer")
     rows = read_jsonl(run_dir / "metrics.jsonl")
     assert [r["step"] for r in rows] == list(range(1, STEPS + 1))
