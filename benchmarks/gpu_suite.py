@@ -10,8 +10,9 @@ of a Qwen2.5-VL-3B-shaped model, a FlowGRPO step of a Cosmos-Predict2-2B-shaped 
 each recipe's tiny config in bf16 against float32. Each runs in its own process under its own time
 box, so one that fails, hangs or runs out of memory is recorded as such and the others still run.
 
-Writes ``gpu_suite.json`` (machine, versions, every figure, each part's status and log tail) and
-``gpu_suite.md`` (the same as a table) to ``--out``, and prints the table. Exit status 0 when every
+Writes ``gpu_suite.json`` (machine, versions, every figure, each part's status and log tail),
+``gpu_suite.md`` (the same as a table; both rewritten after each part) and ``gpu_suite.log`` (every
+part's output, one after another) to ``--out``, and prints the table. Exit status 0 when every
 part passed, 1 otherwise.
 """
 
@@ -69,7 +70,7 @@ def machine() -> dict[str, Any]:
 
 def run_part(name: str, box_s: float, dry: bool, out: Path, work: Path) -> dict[str, Any]:
     """Run one part in a child process (``--part``) within ``box_s`` seconds; its record."""
-    result_path, log_path = work / f"{name}.json", out / f"{name}.log"
+    result_path, log_path = work / f"{name}.json", work / f"{name}.log"
     cmd = [sys.executable, __file__, "--part", name, "--result", str(result_path), "--work", str(work / name)]
     if dry:
         cmd.append("--dry-run")
@@ -82,6 +83,8 @@ def run_part(name: str, box_s: float, dry: bool, out: Path, work: Path) -> dict[
         except subprocess.TimeoutExpired:
             status = f"timed out after {box_s:.0f} s"
     record: dict[str, Any] = {"status": status, "seconds": round(time.perf_counter() - start, 1), "box_s": box_s}
+    with (out / "gpu_suite.log").open("a", errors="replace") as combined:
+        combined.write(f"\n===== {name}: {status} =====\n{log_path.read_text(errors='replace')}")
     if result_path.exists():
         record.update(json.loads(result_path.read_text()))
     if status != "ok":
@@ -112,6 +115,14 @@ def markdown(report: dict[str, Any]) -> str:
         for note in part.get("notes", []):
             lines.append(f"- {name}: {note}")
     return "\n".join(lines) + "\n"
+
+
+def write_report(report: dict[str, Any], out: Path) -> str:
+    """Write ``gpu_suite.json`` and ``gpu_suite.md`` to ``out``; return the table."""
+    (out / "gpu_suite.json").write_text(json.dumps(report, indent=1, default=str))
+    table = markdown(report)
+    (out / "gpu_suite.md").write_text(table)
+    return table
 
 
 def child(args: argparse.Namespace) -> None:
@@ -159,15 +170,15 @@ def main() -> int:
     if not args.dry_run and report["machine"]["gpu"] is None:
         print("gpu_suite: no CUDA GPU visible; use --dry-run for the CPU smoke run", file=sys.stderr)
         return 2
+    (args.out / "gpu_suite.log").write_text("")
     with tempfile.TemporaryDirectory(prefix="gpu_suite_") as tmp:
         for name in chosen:
             box = DRY_RUN_BOX_S if args.dry_run else PARTS[name][1]
             print(f"gpu_suite: {name} (time box {box} s) ...", flush=True)
             report["parts"][name] = part = run_part(name, box, args.dry_run, args.out, Path(tmp))
             print(f"gpu_suite: {name}: {part['status']} in {part['seconds']} s", flush=True)
-    (args.out / "gpu_suite.json").write_text(json.dumps(report, indent=1, default=str))
-    table = markdown(report)
-    (args.out / "gpu_suite.md").write_text(table)
+            # after every part, so a machine taken back mid-run still leaves the parts done so far
+            table = write_report(report, args.out)
     print(table)
     return 0 if all(p["status"] == "ok" for p in report["parts"].values()) else 1
 

@@ -72,3 +72,44 @@ def test_require_passes_through_installed_modules() -> None:
     assert require("json").dumps([1]) == "[1]"
     with pytest.raises(MissingExtraError, match=r"cosmos_primitives\[vllm\]"):
         require("vllm", "vLLM rollouts")
+
+
+def test_local_json_datasets_read_without_the_hub_extra(tmp_path) -> None:
+    """The recipes' own data (``.jsonl`` / ``.json`` records) needs no ``datasets``: without it the
+    records come back as dicts equal to what ``datasets`` reads; other files still name the extra."""
+    import json
+
+    from cosmos_primitives.data.hf_conversations import load_hf_dataset
+
+    records = [{"question": "Which colour?", "choices": ["red", "blue"], "answer": "A", "image": "0.png"},
+               {"question": "And this one?", "choices": ["green", "red"], "answer": "B", "image": "1.png"}]
+    (tmp_path / "train.jsonl").write_text("\n".join(json.dumps(r) for r in records) + "\n\n")
+    (tmp_path / "train.json").write_text(json.dumps(records))
+    (tmp_path / "train.csv").write_text("question,answer\nq,A\n")
+    out = run_core_only(
+        f"""
+        import json
+        from cosmos_primitives.data.hf_conversations import load_hf_dataset
+        print(json.dumps([load_hf_dataset({str(tmp_path / 'train.jsonl')!r}),
+                          load_hf_dataset({str(tmp_path / 'train.json')!r})]))
+        load_hf_dataset({str(tmp_path / 'train.csv')!r})
+        """
+    )
+    assert "MissingExtraError" in out.stderr and "pip install 'cosmos_primitives[hub]'" in out.stderr
+    from_jsonl, from_json = json.loads(out.stdout)
+    assert from_jsonl == records and from_json == records
+    with_datasets = [dict(row) for row in load_hf_dataset(str(tmp_path / "train.jsonl"))]
+    assert with_datasets == records
+
+
+@pytest.mark.parametrize(("name", "text", "message"), [
+    ("bad.jsonl", '{"a": 1}\n{"a": \n', r"bad\.jsonl:2: not a JSON object"),
+    ("bad.jsonl", '{"a": 1}\n[1, 2]\n', r"bad\.jsonl: record 1 is a list"),
+    ("bad.json", '{"data": []}', r"bad\.json: a \.json dataset must hold a list"),
+])
+def test_malformed_json_records_name_the_file_and_line(tmp_path, name: str, text: str, message: str) -> None:
+    from cosmos_primitives.data.hf_conversations import read_json_records
+
+    (tmp_path / name).write_text(text)
+    with pytest.raises(ValueError, match=message):
+        read_json_records(tmp_path / name)

@@ -19,14 +19,58 @@ from cosmos_primitives.utils.extras import require
 _FILE_BUILDERS = {".json": "json", ".jsonl": "json", ".parquet": "parquet", ".csv": "csv", ".arrow": "arrow"}
 
 
+def _has_module(name: str) -> bool:
+    """Whether ``name`` can be imported (without importing it)."""
+    import importlib.util
+
+    try:
+        return importlib.util.find_spec(name) is not None
+    except (ImportError, ValueError):  # sys.modules[name] is None (import blocked) or has no spec
+        return False
+
+
+def read_json_records(path: Path) -> list[dict[str, Any]]:
+    """The records of a JSON Lines file (one object a line, blank lines skipped) or a JSON file
+    holding a list of objects; a malformed line or record is reported by file and line."""
+    import json
+
+    text = path.read_text(encoding="utf-8")
+    if path.suffix.lower() == ".jsonl":
+        rows = []
+        for number, line in enumerate(text.splitlines(), start=1):
+            if not line.strip():
+                continue
+            try:
+                rows.append(json.loads(line))
+            except json.JSONDecodeError as exc:
+                raise ValueError(f"{path}:{number}: not a JSON object ({exc.msg}); each line of a .jsonl "
+                                 "dataset must be one JSON object") from exc
+    else:
+        try:
+            rows = json.loads(text)
+        except json.JSONDecodeError as exc:
+            raise ValueError(f"{path}:{exc.lineno}: not valid JSON ({exc.msg})") from exc
+        if not isinstance(rows, list):
+            raise ValueError(f"{path}: a .json dataset must hold a list of records without the 'datasets' "
+                             "package (pip install 'cosmos_primitives[hub]' reads other layouts)")
+    bad = next((i for i, row in enumerate(rows) if not isinstance(row, dict)), None)
+    if bad is not None:
+        raise ValueError(f"{path}: record {bad} is a {type(rows[bad]).__name__}, not a JSON object")
+    return rows
+
+
 def load_hf_dataset(name: str, split: str = "train", subset: str = "", revision: str = "") -> Any:
     """A ``datasets.Dataset`` from a hub name, a ``save_to_disk`` folder, or a data file / folder.
 
     Local files (``.json``, ``.jsonl``, ``.parquet``, ``.csv``, ``.arrow``) are read with the
-    matching ``datasets`` builder; the whole file is the ``split``.
+    matching ``datasets`` builder; the whole file is the ``split``. Without ``datasets`` installed, a
+    local ``.jsonl`` or ``.json`` file (a list of records) is still read, as a list of dicts, so the
+    recipes' own JSON data needs no extra; everything else needs the ``hub`` extra.
     """
-    datasets = require("datasets", "Hugging Face conversation datasets")
     path = Path(name).expanduser()
+    if path.is_file() and path.suffix.lower() in (".json", ".jsonl") and not _has_module("datasets"):
+        return read_json_records(path)
+    datasets = require("datasets", "Hugging Face conversation datasets")
     if path.is_dir() and ((path / "dataset_info.json").is_file() or (path / "dataset_dict.json").is_file()):
         loaded = datasets.load_from_disk(str(path))
         if isinstance(loaded, datasets.DatasetDict):

@@ -1,5 +1,10 @@
-"""Peak host memory of a training step on the CPU: what ``benchmarks/bench_memory.py`` reports and
-what the memory plan (``cosmos_primitives.plan``) is checked against.
+"""Peak memory of a training step, on the CPU (host memory) or on one CUDA device: what
+``benchmarks/bench_memory.py`` reports and what the memory plan (``cosmos_primitives.plan``) is
+checked against.
+
+On a CUDA device (:func:`measure_training_peak_cuda`) the measure is torch's allocator
+(``max_memory_allocated``): exact tensor bytes, without the allocator's cache. On the CPU
+(:func:`measure_training_peak`) it is as follows.
 
 The measure is the process's **peak resident set size** (Linux ``VmHWM``) over the training steps,
 minus its resident size just before the model is built. To make it track live tensor bytes:
@@ -80,11 +85,11 @@ def random_qwen2(config: dict[str, Any], seed: int = 0) -> torch.nn.Module:
 
 
 def _train_steps(policy: torch.nn.Module, train: TrainConfig, mesh: ParallelMesh, tokens: int, steps: int,
-                 vocab: int) -> None:
+                 vocab: int, device: torch.device | None = None) -> None:
     optimizer = build_optimizer(policy, train)
     g = torch.Generator().manual_seed(1)
     for _ in range(steps):
-        ids = torch.randint(0, vocab, (1, tokens), generator=g)
+        ids = torch.randint(0, vocab, (1, tokens), generator=g).to(device or "cpu")
         out = token_logprobs(policy, {"input_ids": ids, "labels": ids})
         loss, _ = sft_loss(out.logprobs, ids, group=mesh.group("dp"))
         loss.backward()
@@ -121,3 +126,33 @@ def measure_training_peak(model_config: dict[str, Any], policy_cfg: PolicyConfig
     reset_peak_rss()
     _train_steps(policy, train, mesh, tokens, steps, model_config["vocab_size"])
     return {"peak": peak_rss_bytes() - baseline, "model": model, "baseline": baseline}
+
+
+def measure_training_peak_cuda(model_config: dict[str, Any], policy_cfg: PolicyConfig, train: TrainConfig,
+                               tokens: int, steps: int = 2) -> dict[str, int]:
+    """Peak CUDA memory of ``steps`` SFT steps of one packed row of ``tokens`` random tokens, on
+    this process's GPU (call on every rank of an initialised group, or in a plain process: a
+    one-rank group is made). Call it once per process: the allocator's state of an earlier model
+    would count.
+
+    The float32 model is built on the host and ``build_policy`` moves (or, with
+    ``fsdp_offload``, keeps) its shards; the peak counter is reset once it is placed.
+
+    Returns:
+        Bytes: ``peak`` (``max_memory_allocated`` over the steps above the baseline), ``model``
+        (allocated after building and sharding, above the baseline), ``baseline`` and
+        ``reserved`` (the allocator's peak reservation, cache included).
+    """
+    from cosmos_primitives.parallel.distributed import init_distributed
+
+    info = init_distributed()
+    mesh = ParallelMesh(policy_cfg.parallelism, device_type="cuda")
+    baseline = torch.cuda.memory_allocated(info.device)
+    policy = build_policy(policy_cfg, mesh, train=train, hf_model=random_qwen2(model_config))
+    gc.collect()
+    model = torch.cuda.memory_allocated(info.device) - baseline
+    torch.cuda.reset_peak_memory_stats(info.device)
+    _train_steps(policy, train, mesh, tokens, steps, model_config["vocab_size"], device=info.device)
+    torch.cuda.synchronize(info.device)
+    return {"peak": torch.cuda.max_memory_allocated(info.device) - baseline, "model": model,
+            "baseline": baseline, "reserved": torch.cuda.max_memory_reserved(info.device)}
