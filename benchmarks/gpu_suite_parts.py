@@ -70,7 +70,8 @@ def logprob_head(dry: bool, work: Path) -> Result:
     """Chunked (GRPO) and fused (SFT) log-prob heads vs naive full-vocab float32 logits: forward +
     backward time and peak memory above the inputs, at Qwen's 151,936-token vocabulary."""
     dev = device()
-    tokens, vocab, hidden_size, chunk = (256, 2048, 64, 64) if dry else (8192, 151936, 1536, 2048)
+    # the library default chunk ([policy] logprob_chunk_size = 1024); the H200 run of 2026-11-27 used 2,048
+    tokens, vocab, hidden_size, chunk = (256, 2048, 64, 64) if dry else (8192, 151936, 1536, 1024)
     dtype = torch.float32 if dev.type == "cpu" else torch.bfloat16
     torch.manual_seed(0)
     hidden = (torch.randn(1, tokens, hidden_size, device=dev) * 0.5).to(dtype).requires_grad_(True)
