@@ -153,10 +153,10 @@ def main() -> None:
             results = cp.testing.run_distributed(_worker, RANKS, args=(model_config, name, tokens), timeout_s=900)
         peak = max(r["peak"] for r in results)
         cfg = run_config(name, tokens, ranks)
-        host = estimate_memory(cfg, shape, world_size=ranks, device="cpu")
-        gpu = estimate_memory(cfg, shape, world_size=ranks, device="cuda")
+        estimate = estimate_memory(cfg, shape, world_size=ranks, device=args.device)  # of what was measured
+        gpu = estimate if on_cuda else estimate_memory(cfg, shape, world_size=ranks, device="cuda")
         rows[name] = {"peak_mib": peak / 2**20, "model_mib": max(r["model"] for r in results) / 2**20,
-                      "estimate_mib": (gpu if on_cuda else host).total / 2**20, "gpu_estimate_mib": gpu.total / 2**20}
+                      "estimate_mib": estimate.total / 2**20, "gpu_estimate_mib": gpu.total / 2**20}
         print(f"  {name}: measured {peak / 2**20:.0f} MiB, plan {rows[name]['estimate_mib']:.0f} MiB", flush=True)
         if args.json:  # after every run, so a run cut short keeps the rows measured
             write_json(args.json, args.device, layers, tokens, rows)

@@ -83,12 +83,13 @@ def run_part(name: str, box_s: float, dry: bool, out: Path, work: Path) -> dict[
         except subprocess.TimeoutExpired:
             status = f"timed out after {box_s:.0f} s"
     record: dict[str, Any] = {"status": status, "seconds": round(time.perf_counter() - start, 1), "box_s": box_s}
+    log = log_path.read_text(errors="replace")
     with (out / "gpu_suite.log").open("a", errors="replace") as combined:
-        combined.write(f"\n===== {name}: {status} =====\n{log_path.read_text(errors='replace')}")
+        combined.write(f"\n===== {name}: {status} =====\n{log}")
     if result_path.exists():
         record.update(json.loads(result_path.read_text()))
     if status != "ok":
-        record["log_tail"] = log_path.read_text(errors="replace")[-2500:]
+        record["log_tail"] = log[-2500:]
     return record
 
 
