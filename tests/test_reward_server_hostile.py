@@ -160,6 +160,25 @@ def _status_line(sock: socket.socket, timeout_s: float) -> str:
         return "<no answer>"
 
 
+def test_a_chunked_body_broken_after_its_headers_arrived_is_400_at_once(caplog):
+    """Headers first, the broken chunk sizes in a later read: aiohttp's C parser dropped that error and
+    the handler waited ``body_timeout_s`` (then 408); the server's connections parse in Python, which
+    hands it to the body being read. Each of 5 tries answers 400 within 5 s, with no traceback logged."""
+    caplog.set_level(logging.INFO)
+    with RewardServer(token=TOKEN, body_timeout_s=30.0) as srv:
+        lines = []
+        for _ in range(5):
+            with socket.create_connection(("127.0.0.1", srv.port), timeout=10) as sock:
+                sock.sendall(f"POST /api/reward/enqueue HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {TOKEN}\r\n"
+                             "Content-Type: application/octet-stream\r\nTransfer-Encoding: chunked\r\n\r\n".encode())
+                time.sleep(0.2)  # the server has parsed the headers and its handler is reading the body
+                sock.sendall(b"zz\r\nnot hex chunk sizes\r\n0\r\n\r\n")
+                lines.append(_status_line(sock, 5.0))
+        assert lines == ["HTTP/1.1 400 Bad Request"] * 5, lines
+        assert srv.stats["timed_out"] == 0 and srv.stats["memory_bytes"] == 0
+    assert not [r for r in caplog.records if r.exc_info], "a client's mistake logged a traceback"
+
+
 def test_stalled_bodies_get_408_and_free_their_slots():
     with RewardServer(token=TOKEN, max_pending=2, body_timeout_s=0.5) as srv:
         path = "/api/reward/enqueue"

@@ -55,6 +55,7 @@ from cosmos_primitives.rewards.remote_protocol import (
     ProtocolError,
     check_media,
 )
+from cosmos_primitives.rewards.server_http_parser import python_parser_protocol
 from cosmos_primitives.rewards.server_jobs import Job, JobTable
 from cosmos_primitives.rewards.server_memory import ByteBudget
 from cosmos_primitives.rewards.server_requests import (
@@ -262,13 +263,15 @@ class RewardServer:
         # bodies are parsed beside the workers, so a slow reward never delays the answer to an enqueue
         self._parse_pool = concurrent.futures.ThreadPoolExecutor(2, thread_name_prefix="reward-parse")
         try:
-            await web.TCPSite(self._runner, self.host, self.port).start()
+            # not web.TCPSite: each connection gets aiohttp's Python request parser (server_http_parser says why)
+            self._listener = await asyncio.get_running_loop().create_server(
+                python_parser_protocol(self._runner.server), self.host, self.port)
         except BaseException:
             await self._runner.cleanup()
             self._pool.shutdown(wait=False)
             self._parse_pool.shutdown(wait=False)
             raise
-        self.port = self._runner.addresses[0][1]
+        self.port = self._listener.sockets[0].getsockname()[1]
         self._queue: asyncio.Queue[Job] = asyncio.Queue()
         self._worker_tasks = [asyncio.ensure_future(self._worker()) for _ in range(self.workers)]
 
@@ -276,6 +279,7 @@ class RewardServer:
         for task in self._worker_tasks:
             task.cancel()
         await asyncio.gather(*self._worker_tasks, return_exceptions=True)
+        self._listener.close()  # stop accepting; the runner's cleanup closes the open connections
         await self._runner.cleanup()
         self._pool.shutdown(wait=False, cancel_futures=True)
         self._parse_pool.shutdown(wait=False, cancel_futures=True)

@@ -33,12 +33,20 @@ MAX_FETCH_BODY_BYTES = 64 * 1024
 _CLIENT_INPUT_ERRORS = (ValueError, TypeError, OverflowError, RecursionError, UnicodeError, LookupError)
 
 
+def _is_request_payload_error(exc: BaseException) -> bool:
+    """aiohttp's ``web_protocol.RequestPayloadError`` (named, so that aiohttp stays a lazy import)."""
+    return type(exc).__module__ == "aiohttp.web_protocol" and type(exc).__name__ == "RequestPayloadError"
+
+
 class ClientMistakesLog(logging.LoggerAdapter):
     """aiohttp's own logger, for the requests it refuses before any handler runs (malformed HTTP,
-    broken chunked encoding: answered 400 by aiohttp): one warning line each, not a traceback."""
+    broken chunked encoding: answered 400 by aiohttp), and for a broken body that aiohttp drains
+    after the handler answered it 400 (``RequestPayloadError``, logged by aiohttp as an "Unhandled
+    exception"): one warning line each, not a traceback."""
 
     def exception(self, msg: object, *args: object, exc_info: Any = True, **kwargs: Any) -> None:
-        if isinstance(exc_info, BaseException) and type(exc_info).__module__.startswith("aiohttp.http"):
+        if isinstance(exc_info, BaseException) and (type(exc_info).__module__.startswith("aiohttp.http")
+                                                    or _is_request_payload_error(exc_info)):
             self.warning(f"{msg}: %s", *args, str(exc_info).replace("\n", " "), **kwargs)
         else:
             super().exception(msg, *args, exc_info=exc_info, **kwargs)
