@@ -46,11 +46,18 @@ class HFRolloutEngine:
 
     @torch.no_grad()
     def generate(self, prompts: Sequence[Prompt], params: SamplingParams) -> list[RolloutGroup]:
-        """``params.n`` completions per prompt (prompt order kept; copies of a prompt adjacent)."""
+        """``params.n`` completions per prompt (prompt order kept; copies of a prompt adjacent).
+
+        The same ``params.seed`` on the same device and engine settings gives the same rollouts;
+        the uniforms are drawn on the model's device, so a CPU and a GPU run of one seed differ.
+        """
         if params.n < 1:
             raise ValueError(f"SamplingParams.n must be >= 1, got {params.n}")
-        generator = torch.Generator()
-        generator.manual_seed(params.seed if params.seed is not None else torch.seed() % (2**63))
+        generator = torch.Generator(device=self.device)
+        if params.seed is not None:
+            generator.manual_seed(params.seed)
+        else:
+            generator.seed()  # a fresh seed for this generator only; torch's global RNG is left alone
         per_call = max(1, self.max_batch_sequences // params.n)
         was_training = self.model.training
         self.model.eval()
