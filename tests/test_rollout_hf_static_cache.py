@@ -19,6 +19,15 @@ from test_rollout_hf import full_sequence_logprobs, image_prompt
 GREEDY = SamplingParams(n=2, temperature=0.0, max_new_tokens=6)
 
 
+@pytest.fixture(autouse=True)
+def one_thread():
+    """Tiny matmuls: one thread beats several fighting over a busy CPU (10x on a shared 2-core machine)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
 def text_prompts(*words: int) -> list[Prompt]:
     return [Prompt(conversation=[{"role": "user", "content": "count " * k}], prompt_id=f"p{k}") for k in words]
 

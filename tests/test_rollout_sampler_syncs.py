@@ -9,12 +9,19 @@ did three per step (two ``.cpu()``, one host-to-device uniform)."""
 
 from __future__ import annotations
 
+import sys
+from pathlib import Path
+
 import pytest
 import torch
 from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from cosmos_primitives.rollout.token_sampler import InverseCDFSampler
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+
+from bench_rollout_hf import SyncEachStepSampler
 
 aten = torch.ops.aten
 VALUE_DEPENDENT = {aten._local_scalar_dense.default, aten.nonzero.default, aten.masked_select.default,
@@ -60,6 +67,14 @@ def decode_steps_on_fake_cuda(sampler, steps: int = 3, rows: int = 4, vocab: int
                                       dict(temperature=0.0)], ids=["plain", "top_k_top_p", "greedy"])
 def test_no_host_sync_in_a_decode_step(settings) -> None:
     assert decode_steps_on_fake_cuda(InverseCDFSampler(**settings)) == []
+
+
+def test_the_counter_sees_the_syncs_of_the_old_sampler() -> None:
+    """The old behaviour (kept in the benchmark as its ``today`` variant) is caught: per step two
+    copies to the host and one CPU-drawn uniform sent to the device."""
+    syncs = decode_steps_on_fake_cuda(SyncEachStepSampler(temperature=1.0, generator=torch.Generator().manual_seed(0)))
+    assert len(syncs) == 3 * 3
+    assert syncs[:3] == ["_to_copy cpu -> cuda:0", "_to_copy cuda:0 -> cpu", "_to_copy cuda:0 -> cpu"]
 
 
 def test_a_generator_on_another_device_is_refused_by_name() -> None:
