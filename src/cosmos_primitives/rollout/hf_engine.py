@@ -42,7 +42,9 @@ class HFRolloutEngine:
         static_cache: decode into a static KV cache kept across calls (``[rollout] hf_static_cache``),
             compiled with CUDA graphs on CUDA. Every call then has ``max_batch_sequences // n * n``
             rows: a short last chunk is padded with copies of its last prompt, whose rows stop
-            after one token and are dropped. Off by default until measured on a GPU.
+            after one token and are dropped. The cache stays allocated between calls (``rows x
+            max_cache_len x layers x 2 x kv_heads x head_dim`` elements in the model's dtype),
+            also while a colocated trainer steps. Off by default until measured on a GPU.
         cache_len_multiple: the static cache holds ``prompt + max_new_tokens`` tokens rounded up to
             this multiple (a longer request grows it: one more compiled graph).
         compile_config: ``transformers.CompileConfig`` of the static-cache decode step; default:
@@ -70,6 +72,7 @@ class HFRolloutEngine:
         self.compile_config = compile_config
         self._cache: Any = None  # the StaticCache reused across calls
         self._cache_shape: tuple[int, int] | None = None  # its (rows, max_cache_len)
+        self._cache_device: torch.device | None = None
         self._resolved_compile: dict[str, Any] = {}  # device type -> CompileConfig or None
 
     @property
@@ -156,13 +159,14 @@ class HFRolloutEngine:
         from transformers import StaticCache, StoppingCriteriaList
 
         held = self._cache_shape
-        if held is None or held[0] != rows or held[1] < needed:
+        if held is None or held[0] != rows or held[1] < needed or self._cache_device != self.device:
             cache_len = -(-needed // self.cache_len_multiple) * self.cache_len_multiple
             if held is not None and held[0] == rows:
                 cache_len = max(cache_len, held[1])
             self._cache = None  # let the old cache go before the new one is allocated
             self._cache = StaticCache(config=self.model.config, max_cache_len=cache_len)
             self._cache_shape = (rows, cache_len)
+            self._cache_device = self.device
         else:
             # zeroed in place: the compiled graph captured these tensors' addresses
             self._cache.reset()
