@@ -196,6 +196,7 @@ def varlen_attention_forward(module: torch.nn.Module, query: torch.Tensor, key: 
         raise NotImplementedError(f"{VARLEN_ATTENTION} attention has no sliding window (layer "
                                   f"{getattr(module, 'layer_idx', '?')}); use 'sdpa' for this model")
     batch, heads, length, _ = query.shape
+    positions = _text_positions(kwargs.get("position_ids"))
     if kwargs.get("cu_seq_lens_q") is not None:
         cu_q, cu_k = kwargs["cu_seq_lens_q"], kwargs.get("cu_seq_lens_k")
         max_q, max_k = kwargs.get("max_length_q"), kwargs.get("max_length_k")
@@ -203,8 +204,8 @@ def varlen_attention_forward(module: torch.nn.Module, query: torch.Tensor, key: 
         if max_q is None:  # not a caller of this module: read it from the offsets (a host sync)
             max_q = int((cu_q[1:] - cu_q[:-1]).max())
         max_k = max_q if max_k is None else max_k
-    elif _text_positions(kwargs.get("position_ids")) is not None:
-        found = _sample_offsets(_text_positions(kwargs["position_ids"]), batch, length, query.device)
+    elif positions is not None:
+        found = _sample_offsets(positions, batch, length, query.device)
         cu_q = cu_k = found["cu_seq_lens_q"]
         max_q = max_k = found["max_length_q"]
     else:
