@@ -68,7 +68,11 @@ class ScoredPositions(NamedTuple):
         target = torch.device(device)
         if self.index.device.type == target.type and target.index in (None, self.index.device.index):
             return self
-        index, rows, targets = torch.stack([self.index, self.rows, self.targets]).to(device, non_blocking=True)
+        stacked = torch.stack([self.index, self.rows, self.targets])
+        if target.type == "cuda" and stacked.device.type == "cpu":
+            # from pageable memory the driver may wait for the stream before copying
+            stacked = stacked.pin_memory()
+        index, rows, targets = stacked.to(device, non_blocking=True)
         return ScoredPositions(index, rows, targets, self.shape)
 
 
