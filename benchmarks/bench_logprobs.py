@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import resource
 import subprocess
 import sys
@@ -54,7 +55,11 @@ def _cpu_seconds() -> float:
 
 
 HEADS = ("chunked", "fused", "grpo_chunked", "grpo_fused")
-VARIANTS = ("naive", *(f"{head}{suffix}" for head in HEADS for suffix in ("", "_eager", "_compiled")))
+EAGER_BLOCKS = (2048, 32768)
+"""Other column blocks of the eager epilogue to try (``fused_eager2048``; the default is
+``lm_head_chunk.BLOCK_COLUMNS``, 8,192): float32 scratch that stays in L2 vs fewer kernel launches."""
+VARIANTS = ("naive", *(f"{head}{suffix}" for head in HEADS for suffix in ("", "_eager", "_compiled")),
+            *(f"{head}_eager{block}" for head in ("chunked", "fused") for block in EAGER_BLOCKS))
 """Every name :func:`variant_loss` takes."""
 
 LIBRARY_DEFAULTS = {"sft": "fused", "grpo": "grpo_fused", "general": "chunked"}
@@ -81,19 +86,28 @@ def variant_loss(variant: str, hidden, weight, input_ids, grad_out, chunk_size: 
 
     hidden ``[1, T, H]``, weight ``[V, H]``, input_ids ``[1, T]``, grad_out ``[1, T]`` float32 in
     [0, 1) (the loss weights of ``naive`` / ``chunked`` / ``fused``; GRPO builds its inputs from it)."""
-    from cosmos_primitives.algo.fused_logprob_loss import token_loss_from_hidden, weighted_logprobs_from_hidden
-    from cosmos_primitives.algo.grpo_loss import grpo_loss, grpo_token_loss
-    from cosmos_primitives.algo.logprobs import naive_token_logprobs, token_logprobs_from_hidden
-    from cosmos_primitives.config.grpo import GRPOConfig
+    from cosmos_primitives.algo import lm_head_chunk
+    from cosmos_primitives.algo.logprobs import naive_token_logprobs
 
     if variant not in VARIANTS:
         raise ValueError(f"unknown variant {variant!r}; choose from {', '.join(VARIANTS)}")
     if variant == "naive":
         return (naive_token_logprobs(hidden, weight, input_ids) * grad_out).sum()
-    head, epilogue = variant, "auto"
-    for suffix in ("_eager", "_compiled"):
-        if variant.endswith(suffix):
-            head, epilogue = variant[: -len(suffix)], suffix[1:]
+    head, epilogue, block = re.fullmatch(r"(.+?)(?:_(eager|compiled)(\d*))?", variant).groups()
+    default_block = lm_head_chunk.BLOCK_COLUMNS
+    lm_head_chunk.BLOCK_COLUMNS = int(block) if block else default_block  # the backward keeps the forward's
+    try:
+        return _head_loss(head, epilogue or "auto", hidden, weight, input_ids, grad_out, chunk_size)
+    finally:
+        lm_head_chunk.BLOCK_COLUMNS = default_block
+
+
+def _head_loss(head: str, epilogue: str, hidden, weight, input_ids, grad_out, chunk_size: int):
+    from cosmos_primitives.algo.fused_logprob_loss import token_loss_from_hidden, weighted_logprobs_from_hidden
+    from cosmos_primitives.algo.grpo_loss import grpo_loss, grpo_token_loss
+    from cosmos_primitives.algo.logprobs import token_logprobs_from_hidden
+    from cosmos_primitives.config.grpo import GRPOConfig
+
     positions = _all_positions(input_ids)
     common = dict(positions=positions, chunk_size=chunk_size, epilogue=epilogue)
     if head == "chunked":

@@ -70,16 +70,18 @@ def resolve_epilogue(epilogue: str, device: torch.device) -> str:
 class HeadChunks:
     """The chunks of one head pass over ``hidden`` [N, H] against ``weight`` [V, H] (same dtype),
     and the buffers every chunk reuses: ``logits`` [min(chunk_size, N), V] in the weight's dtype
-    and, for the eager epilogue, up to two float32 ``[rows, block]`` scratch blocks."""
+    and, for the eager epilogue, up to two float32 ``[rows, block]`` scratch blocks (``block``
+    columns, default :data:`BLOCK_COLUMNS`)."""
 
-    def __init__(self, hidden: torch.Tensor, weight: torch.Tensor, chunk_size: int, epilogue: str = "auto") -> None:
+    def __init__(self, hidden: torch.Tensor, weight: torch.Tensor, chunk_size: int, epilogue: str = "auto",
+                 block: int | None = None) -> None:
         self.hidden, self.weight, self.chunk_size = hidden, weight, chunk_size
         self.n_tokens, self.vocab = hidden.shape[0], weight.shape[0]
         self.dtype = softmax_dtype(weight.dtype)
         self.compiled = resolve_epilogue(epilogue, weight.device) == "compiled"
         rows = min(chunk_size, self.n_tokens)
         self.logits = hidden.new_empty(rows, self.vocab, dtype=weight.dtype)
-        self.block = min(self.vocab, BLOCK_COLUMNS)
+        self.block = min(self.vocab, block or BLOCK_COLUMNS)
         self._scratch: list[torch.Tensor] = []
 
     def slices(self) -> Iterator[slice]:

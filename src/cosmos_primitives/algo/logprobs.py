@@ -108,7 +108,7 @@ class _ChunkedSelectiveLogSoftmax(torch.autograd.Function):
             if with_entropy:
                 entropy[rows] = chunk_entropy
         ctx.save_for_backward(hidden, weight, targets, lse, entropy)
-        ctx.chunk_size, ctx.with_entropy, ctx.epilogue = chunk_size, with_entropy, epilogue
+        ctx.chunk_size, ctx.with_entropy, ctx.epilogue, ctx.block = chunk_size, with_entropy, epilogue, head.block
         if not with_entropy:
             ctx.mark_non_differentiable(entropy)
         return logprobs, entropy
@@ -116,7 +116,7 @@ class _ChunkedSelectiveLogSoftmax(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad_logprobs, grad_entropy):  # type: ignore[override]
         hidden, weight, targets, lse, entropy = ctx.saved_tensors
-        head = HeadChunks(hidden, weight, ctx.chunk_size, ctx.epilogue)
+        head = HeadChunks(hidden, weight, ctx.chunk_size, ctx.epilogue, ctx.block)
         if grad_logprobs is None:
             grad_logprobs = torch.zeros_like(lse)
         grad_logprobs = grad_logprobs.to(head.dtype)
