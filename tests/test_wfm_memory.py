@@ -23,7 +23,7 @@ from cosmos_primitives.policy.flow_update import minibatch_rows, split_rows
 from cosmos_primitives.rollout.flow_sampler import recompute_step, sample_flow
 from cosmos_primitives.rollout.flow_sde import SDEParams
 from cosmos_primitives.testing import tiny_cosmos_transformer
-from cosmos_primitives.testing.saved_tensors import SavedTensorBytes
+from cosmos_primitives.testing.activation_memory import SavedTensorBytes
 
 pytest.importorskip("diffusers")
 pytest.importorskip("torchvision")  # the Cosmos transformer resizes its padding mask with it

@@ -1,13 +1,16 @@
-"""What autograd keeps for backward: the bytes of the distinct storages saved inside a block of code.
+"""Activation memory measured on any device (the CPU included): what autograd keeps for backward, and
+the peak bytes torch allocates while a function runs.
 
     with SavedTensorBytes(model) as saved:
         loss = model(x).pow(2).mean()
     saved.bytes        # activations held until loss.backward(); the model's own weights left out
 
-A device-independent count (it runs on the CPU as on a GPU), used to check
-activation checkpointing and to measure the per-token activation figures of the memory plan.
+    peak, end, _ = peak_allocated_bytes(lambda: model(x).pow(2).mean().backward())
 
-What it sees: every tensor saved for backward outside a non-reentrant ``torch.utils.checkpoint``
+Used to check activation checkpointing and to measure the per-token figures of the world-model
+memory plan (``benchmarks/bench_wfm_memory.py``).
+
+What :class:`SavedTensorBytes` sees: every tensor saved for backward outside a non-reentrant ``torch.utils.checkpoint``
 region, counted once per storage (views and tensors saved by several ops count once). Inside a
 checkpointed region the checkpoint's own hooks take the tensors (they are dropped and recomputed in
 backward), but the region's inputs are saved by the checkpoint outside it, so they count: with
@@ -18,6 +21,7 @@ parameters and buffers of the modules given.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from types import TracebackType
 from typing import Any
 
@@ -67,3 +71,32 @@ class SavedTensorBytes:
         assert self._hooks is not None
         self._hooks.__exit__(exc_type, exc, tb)
         self._storages.clear()  # the counts stay; the graph holds what it needs
+
+
+def peak_allocated_bytes(fn: Callable[[], Any]) -> tuple[int, int, Any]:
+    """Run ``fn()`` under torch's profiler and return ``(peak, end, result)``: the most bytes allocated by
+    torch above what was allocated when it started, the bytes still allocated above that at its end,
+    and ``fn``'s result.
+
+    Every allocation and free of torch's allocators is counted as it happens (on the CPU as on a GPU;
+    no malloc or caching-allocator slack), so on the CPU this is the peak a GPU's
+    ``max_memory_allocated`` would show for the same tensors, less what the device's own kernels
+    allocate differently (e.g. cuDNN / cuBLAS workspaces).
+    """
+    from torch._C._profiler import _EventType
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+        result = fn()
+    sizes = []
+    stack = list(prof.profiler.kineto_results.experimental_event_tree())
+    while stack:
+        node = stack.pop()
+        stack.extend(node.children)
+        if node.tag == _EventType.Allocation:
+            sizes.append((node.start_time_ns, node.extra_fields.alloc_size))
+    peak = current = 0
+    for _, size in sorted(sizes):
+        current += size
+        peak = max(peak, current)
+    return peak, current, result
