@@ -209,6 +209,8 @@ def train(cfg: cp.Config) -> Path:
     sharded = info.world_size > 1
     # the same LoRA initialisation on every rank and in every run (a diffusers folder's loader draws nothing)
     cp.utils.seed_everything(seed)
+    if cp.plan.startup.is_diffusers_folder(cfg.policy.model_name_or_path):  # bytes per rank, logged by rank 0
+        cp.plan.log_memory_plan(cfg, info.world_size, device, mode="wfm")
     # under FSDP2 the weights stay float32 and are gathered in [policy] dtype (mixed precision)
     transformer, vae, noise_scheduler = build_models(cfg.policy, w.data.text_dim, device,
                                                      torch.float32 if sharded else dtype)

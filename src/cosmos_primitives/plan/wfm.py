@@ -41,8 +41,14 @@ dtype by ``c / 2`` (both noted in the estimate: not measured). Not counted: the 
 and image- / video-to-world's clips, CUDA / NCCL workspaces and the caching allocator's slack
 (``max_memory_reserved`` runs above ``max_memory_allocated``), the reward service (another process).
 
-First GPU comparison: ``benchmarks/bench_wfm_memory.py`` (``flowgrpo_memory_2b``) reports the measured
-peak of the update next to :attr:`WFMMemoryEstimate.train_moment` for the same settings.
+GPU comparisons: ``benchmarks/bench_wfm_memory.py`` (``flowgrpo_memory_2b``) reports the measured peak of
+the update next to :attr:`WFMMemoryEstimate.train_moment` for the same settings (not run yet). The one
+GPU figure so far, the GPU pack's first H200 run (``flowgrpo_step_2b``: one rank without FSDP2,
+bfloat16 weights, float32 LoRA r 16 under autocast, 4 samples of 7,776 tokens in one forward, no
+checkpointing, guidance and KL off, T5-wide text) peaked at 110 GiB. This plan gives 120 GiB for that
+setting without autocast (float32 adapter copies: 33 GiB of it); counting autocast's copies as
+bfloat16 (half) and leaving out the guidance / KL passes it did not run (1.4 GiB) gives ~102 GiB,
+7 % under the measurement.
 
 The peak is the largest of the moments of a step: rollout, trained-step forward, backward,
 optimizer step, VAE decode, and the evaluation rollout.
@@ -335,6 +341,8 @@ def estimate_wfm_memory(cfg: Config, shape: WFMShape, *, world_size: int, sharde
     out_frames = (frames - 1) * shape.vae_temporal + 1
     pixels = height * width * shape.vae_spatial ** 2
     dec = MEASURED["vae_decode"]
+    if shape.vae_params != WAN2_1_VAE["params"]:
+        notes.append("the VAE decode figures are the Wan2.1 VAE's (measured); this VAE is another")
     decode = math.ceil(micro * (dec["per_pixel"] * pixels + dec["per_pixel_frame"] * pixels * out_frames))
     evaluation = 0
     if w.eval_num_inference_steps > 0:
