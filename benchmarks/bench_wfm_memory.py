@@ -70,15 +70,16 @@ def flowgrpo_memory_2b(dry: bool, work: Path | None = None, *, samples: int = 2,
 
     The transformer runs as one rank of the recipe does under ``torchrun``: float32 weights under
     FSDP2 (a one-process group) computing in bfloat16, LoRA in float32 master weights. ``dry``: the
-    tiny Cosmos transformer in float32 at tiny latents on whatever device is there (CI).
+    tiny Cosmos transformer in float32 at tiny latents on whatever device is there (CI). ``work`` is
+    unused (the GPU pack's part signature).
 
     Returns ``{"figures": {...}, "notes": [...]}``: ``rollout_s`` and ``rollout_peak_gib``, and per
     variant ``<variant>_train_s``, ``<variant>_peak_gib`` (the most allocated during its update, the
     rollout's trajectory and text included), ``<variant>_plan_gib`` (``cp.plan.estimate_wfm_memory``
     of the same settings) and ``<variant>_oom``. Seconds scale with ``samples`` x ``inference_steps``
-    x 2 (guidance) forward passes for the rollout, and with ``samples`` x ``trained_steps`` x ~6
-    forward-pass equivalents (guided policy and reference passes, backward, the recompute with
-    checkpointing) for the update; a forward pass grows with the tokens squared (attention).
+    x 2 (guidance) forward passes for the rollout, and with ``samples`` x ``trained_steps`` x 6
+    forward-pass equivalents for the update (guided policy and reference passes: 4, backward: ~2;
+    7 with checkpointing's recompute); a forward pass grows with the tokens squared (attention).
     The peak with checkpointing grows with ``micro_batch`` x tokens; without it with ``micro_batch``
     x tokens x 28 blocks.
     """
@@ -147,7 +148,7 @@ def flowgrpo_memory_2b(dry: bool, work: Path | None = None, *, samples: int = 2,
         plan_cfg = load_config(RECIPE, [*overrides, f"policy.model_gradient_checkpointing={str(checkpointing).lower()}",
                                         f"train.train_policy.mini_batch={micro}"])
         plan = estimate_wfm_memory(plan_cfg, shape, world_size=1, sharded=True, latent_shape=latent)
-        figures[f"{variant}_plan_gib"] = plan.train_moment / GIB
+        figures[f"{variant}_plan_gib"] = (plan.train_moment - plan.vae) / GIB  # no VAE is loaded here
         _reset_peak(dev)
         _synchronize(dev)
         start = time.perf_counter()
@@ -302,7 +303,6 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     run: Callable[[], Any]
     if args.figures:
-        torch.set_num_threads(max(1, torch.get_num_threads()))
         run = measure_figures
     else:
         def run() -> Result:

@@ -23,23 +23,31 @@ Formulas (exact byte counts of what the recipe allocates):
   the prompts' clip latents (``B`` latents) and, while encoding, the clips' frames in float32.
 - **VAE** weights, float32.
 
-Measured (``benchmarks/bench_wfm_memory.py --figures`` on the CPU, by the ``wfmmem`` session on
-2026-11-27 with torch 2.14 and diffusers 0.42.1, every torch allocation counted by the profiler;
-the constants of :data:`MEASURED`):
+Measured (``benchmarks/bench_wfm_memory.py --figures`` on the CPU by the ``wfmmem`` session on
+2026-11-27, torch 2.14.1, diffusers 0.42.1; every torch allocation counted from the profiler's
+allocation events, so no allocator slack; the constants of :data:`MEASURED`):
 
-- the rollout's guided no-grad step, per token of the batch;
-- a trained step (the guided recompute, its KL reference passes, the loss, backward) of one sample
-  of a Cosmos-Predict2.5-2B-wide block stack (2,048 wide, bfloat16, LoRA r 32), with and without
-  gradient checkpointing: the forward's peak and the backward's peak, each as
-  ``per_sample + per_token T + n (per_block + per_token_per_block T)``; ``m`` samples cost ``m`` times
-  one (per-sample constants and tokens both scale with ``m``);
-- the VAE decode of one sample (the Wan2.1 VAE of Cosmos-Predict2.5 / Wan2.1, float32), per output
-  pixel and per output pixel-frame, and the conversion of the decoded videos to ``uint8``.
+- the rollout's guided no-grad step of one sample (both guidance passes and the SDE step):
+  ``per_sample + per_token T``, for the whole batch ``B`` times that;
+- a trained step of one sample as ``flow_grpo_update`` runs it (the guided recompute, the guided KL
+  reference passes, the loss, backward; the LoRA gradients allocated beforehand, counted above) on
+  Cosmos-Predict2.5-2B's block stack (28 blocks 2,048 wide, bfloat16, LoRA r 32 computing in
+  bfloat16 as under FSDP2), with and without gradient checkpointing: the forward's and the
+  backward's peak, each ``per_sample + per_token T`` from runs at 128 and 256 tokens, carried
+  linearly to the recipe's 31,104 (flash attention keeps ``O(T)``: q, k, v, output, log-sum-exp),
+  ``per_block`` (from 1 and 2 blocks) carrying them to another depth; ``m`` samples cost ``m``
+  times one. Without checkpointing a block keeps 99,020 bytes per token, with it 4,096 (its input);
+- the VAE decode of one sample (the Wan2.1 VAE, float32): per output pixel (its feature maps at
+  full resolution, ~20 KB) and per output pixel-frame (the video), fitted through 21 frames of
+  64 x 64 and 13 of 128 x 128; the uint8 conversion after it peaks lower;
+- what float32 LoRA weights (one rank without FSDP2: bfloat16 weights, float32 adapters, so peft
+  computes them in float32) add to a block's saved activations per token.
 
 A transformer of another width scales the per-token figures by ``hidden / 2048`` and another compute
 dtype by ``c / 2`` (both noted in the estimate: not measured). Not counted: the VAE encode of DDRL's
-and image- / video-to-world's clips, CUDA / NCCL workspaces and the caching allocator's slack
-(``max_memory_reserved`` runs above ``max_memory_allocated``), the reward service (another process).
+and image- / video-to-world's clips, CUDA / NCCL / cuBLAS workspaces, attention kernels that keep
+more than the CPU's flash kernel, the caching allocator's slack (``max_memory_reserved`` runs above
+``max_memory_allocated``), the reward service (another process).
 
 GPU comparisons: ``benchmarks/bench_wfm_memory.py`` (``flowgrpo_memory_2b``) reports the measured peak of
 the update next to :attr:`WFMMemoryEstimate.train_moment` for the same settings (not run yet). The one
@@ -118,7 +126,7 @@ class WFMShape(NamedTuple):
         ``CosmosTransformer3DModel`` when absent), built on the meta device, trained with ``lora``
         (``[policy.lora]``: ``r x (in + out)`` per adapted linear layer, as peft adds them; None or
         disabled: every weight). ``vae_config``: ``vae/config.json`` of an ``AutoencoderKLWan``
-        (None: the Wan2.1 VAE)."""
+        (None or another class: the Wan2.1 VAE's figures)."""
         import diffusers
 
         fields = {k: v for k, v in config.items() if not k.startswith("_")}
@@ -145,7 +153,7 @@ class WFMShape(NamedTuple):
             text_dim = cfg.get("text_embed_dim") or cfg.get("text_dim")
         vae = dict(z_dim=WAN2_1_VAE["z_dim"], temporal=WAN2_1_VAE["temporal"], spatial=WAN2_1_VAE["spatial"],
                    params=WAN2_1_VAE["params"])
-        if vae_config is not None:
+        if vae_config is not None and vae_config.get("_class_name", "AutoencoderKLWan") == "AutoencoderKLWan":
             vae_fields = {k: v for k, v in vae_config.items() if not k.startswith("_")}
             with torch.device("meta"):
                 vae_model = diffusers.AutoencoderKLWan.from_config(vae_fields)
