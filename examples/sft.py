@@ -104,18 +104,21 @@ def main() -> None:
         # token mean over every micro-batch of every data-parallel rank
         tokens = sum(int(trained_mask(b["labels"]).sum()) for b in micro_batches)
         global_tokens = cp.parallel.all_reduce_sum(torch.tensor([tokens], device=info.device), dp_group).item()
-        nll_sum = 0.0
+        nll_sum = torch.zeros((), device=info.device)
         for batch in micro_batches:
-            batch = {k: v.to(info.device) if torch.is_tensor(v) else v for k, v in batch.items()}
+            # the batch stays on the host: token_logprobs finds the scored positions and the packed
+            # samples' offsets there before moving it, so the step makes no host sync on a GPU
+            labels = batch["labels"].to(info.device, non_blocking=True)
             # the LM head computes this loss's gradient in its forward: one GEMM less than autograd
-            weights = sft_token_weights(batch["labels"], group=dp_group, token_count=global_tokens)
+            weights = sft_token_weights(labels, group=dp_group, token_count=global_tokens)
             out = cp.policy.token_logprobs(policy, batch, chunk_size=cfg.policy.logprob_chunk_size,
                                            loss_weights=weights)
-            loss, stats = sft_loss(out.logprobs, batch["labels"], group=dp_group, token_count=global_tokens,
+            loss, stats = sft_loss(out.logprobs, labels, group=dp_group, token_count=global_tokens,
                                    weighted_sum=out.weighted_sum)
             loss.backward()
-            nll_sum += float(stats["loss"] * stats["tokens"])
+            nll_sum += stats["loss"].detach() * stats["tokens"]
         grad_norm = cp.parallel.clip_grad_norm_(policy.parameters(), cfg.train.optm_grad_norm_clip)
+        nll_sum = float(nll_sum)  # once per step, after the backward passes
         # a NaN / inf loss or gradient stops the run ([train] nonfinite = "stop") or skips the update
         if cp.checkpoint.check_finite(torch.tensor(nll_sum, device=info.device), grad_norm, step=step + 1,
                                       mode=cfg.train.nonfinite, group=dp_group):

@@ -10,6 +10,8 @@ replaces that builder.
 
 from __future__ import annotations
 
+import importlib
+
 import pytest
 import torch
 
@@ -79,3 +81,27 @@ def test_grpo_micro_batch_forward_loss_and_backward_make_no_host_sync(meta_polic
         loss.backward()
     assert not syncs.counts, syncs.places
     assert {"loss", "kl", "entropy", "clip_fraction"} <= metrics.keys()
+
+
+def test_packed_sft_step_with_varlen_attention_makes_no_host_sync(tiny_qwen2_model, monkeypatch) -> None:
+    """Packed rows (positions restarting per sample, no mask) through the varlen attention: the sample
+    offsets come from the loader's CPU positions and transformers' mask builder is skipped, so the
+    whole forward and backward waits for the device nowhere. The varlen kernel stands in for CUDA's
+    (meta tensors run its shape function)."""
+    varlen = importlib.import_module("cosmos_primitives.parallel.varlen_attention")
+    cp.parallel.enable_varlen_attention(tiny_qwen2_model)
+    policy = cp.policy.CausalLMPolicy(tiny_qwen2_model, chunk_size=8).to(device="meta", dtype=torch.bfloat16)
+    monkeypatch.setattr(varlen, "varlen_kernel_name", lambda *args, **kwargs: "aten._flash_attention_forward")
+    ids = _ids(rows=2, length=24)
+    positions = torch.cat([torch.arange(10), torch.arange(14)]).expand(2, 24).clone()
+    positions[1] = torch.cat([torch.arange(5), torch.arange(19)])
+    labels = ids.clone()
+    labels[positions == 0] = -100
+    batch = {"input_ids": ids, "labels": labels, "position_ids": positions}
+    weights = sft_token_weights(labels)
+    with HostSyncCounter() as syncs:
+        out = cp.policy.token_logprobs(policy, batch, loss_weights=weights)
+        loss, _ = sft_loss(out.logprobs, labels.to("meta", non_blocking=True), weighted_sum=out.weighted_sum)
+        loss.backward()
+    assert not syncs.counts, syncs.places
+    assert policy.hf_model.model.layers[0].self_attn.q_proj.weight.grad is not None

@@ -25,8 +25,11 @@ under ``torch.compile`` without graph breaks. Without them, every attention call
 samples from the device ``position_ids`` and waits for the device (one sync per layer). The
 per-sample fallback reads the sample offsets on the host (``.tolist()``).
 
-transformers itself still inspects packed ``position_ids`` once per forward
-(``masking_utils.find_packed_sequence_indices``, one host sync) before asking the mask function.
+transformers itself inspects packed ``position_ids`` once per forward
+(``masking_utils.find_packed_sequence_indices``, one host sync) before asking the mask function,
+unless the decoder is handed a ready mask mapping: ``token_logprobs`` passes
+:func:`no_mask_mapping` (``{"full_attention": None}``) to the decoders that accept one (Qwen2,
+Qwen3, Qwen2.5-VL), so their forward and backward make no host sync; Qwen3-VL keeps that one.
 """
 
 from __future__ import annotations
@@ -77,6 +80,17 @@ def _sample_offsets(positions: torch.Tensor | None, batch: int, length: int, dev
     cu = torch.cat([first, first.new_tensor([batch * length])]).to(torch.int32)
     longest = int((cu[1:] - cu[:-1]).max())
     return {"cu_seq_lens_q": cu, "cu_seq_lens_k": cu, "max_length_q": longest, "max_length_k": longest}
+
+
+def no_mask_mapping(model: torch.nn.Module) -> dict[str, None] | None:
+    """``{"full_attention": None}`` for a decoder whose layers are all full attention and that takes a
+    prepared mask mapping as its ``attention_mask`` (transformers 5: its config lists ``layer_types``),
+    else None. Handed to such a decoder with :func:`packed_attention_kwargs`, it skips transformers'
+    mask builder, whose check for packed rows waits for the device once per forward."""
+    config = getattr(model, "config", None)
+    text = config.get_text_config() if hasattr(config, "get_text_config") else config
+    layer_types = set(getattr(text, "layer_types", None) or ())
+    return {"full_attention": None} if layer_types == {"full_attention"} else None
 
 
 def packed_attention_kwargs(input_ids: torch.Tensor, position_ids: torch.Tensor | None = None) -> dict[str, Any]:

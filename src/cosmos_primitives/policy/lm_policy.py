@@ -18,7 +18,11 @@ from torch.distributed.tensor import DTensor, Replicate
 
 from cosmos_primitives.algo.fused_logprob_loss import TokenLoss, token_loss_from_hidden, weighted_logprobs_from_hidden
 from cosmos_primitives.algo.logprobs import ScoredPositions, TokenLogProbs, scored_positions, token_logprobs_from_hidden
-from cosmos_primitives.parallel.varlen_attention import packed_attention_kwargs, varlen_attention_enabled
+from cosmos_primitives.parallel.varlen_attention import (
+    no_mask_mapping,
+    packed_attention_kwargs,
+    varlen_attention_enabled,
+)
 from cosmos_primitives.policy.cp_logprobs import context_parallel_token_logprobs
 
 # Batch keys forwarded to the backbone; anything else in a batch (labels, sample ids, ...) is not.
@@ -240,6 +244,9 @@ def token_logprobs(
         # sample offsets from the loader's CPU positions: the device never waits for them
         kwargs = packed_attention_kwargs(batch["input_ids"], batch.get("position_ids"))
         inputs.update({k: to_device(v) for k, v in kwargs.items()})
+        mapping = no_mask_mapping(model)
+        if mapping is not None:  # the offsets replace the mask: skip transformers' mask builder (a sync)
+            inputs["attention_mask"] = mapping
     input_ids, labels, mask = to_device(batch["input_ids"]), to_device(batch.get("labels")), to_device(mask)
     loss_weights, positions = to_device(loss_weights), positions.to(device)
     if isinstance(model, CausalLMPolicy):
