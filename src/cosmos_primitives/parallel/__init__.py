@@ -1,6 +1,8 @@
-"""Process groups, the device mesh, FSDP2 / TP / activation checkpointing, and exact gradient clipping."""
+"""Process groups, the device mesh, FSDP2 / TP / activation checkpointing / per-block torch.compile, and exact
+gradient clipping."""
 
 from cosmos_primitives.parallel.activation_checkpoint import apply_activation_checkpointing
+from cosmos_primitives.parallel.compile import apply_compile
 from cosmos_primitives.parallel.distributed import (
     DistInfo,
     all_gather_object,
@@ -26,6 +28,7 @@ __all__ = [
     "all_gather_object",
     "all_reduce_sum",
     "apply_activation_checkpointing",
+    "apply_compile",
     "apply_fsdp",
     "apply_tensor_parallel",
     "barrier",
