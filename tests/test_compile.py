@@ -28,11 +28,16 @@ from cosmos_primitives.data.packing import collate_packed
 from cosmos_primitives.data.qwen_vl_encoding import encode_conversation
 from cosmos_primitives.parallel import compile as compile_module
 from cosmos_primitives.parallel.compile import apply_compile
+from cosmos_primitives.parallel.varlen_attention import VARLEN_ATTENTION, enable_varlen_attention
 from cosmos_primitives.policy import build as build_module
 
-ATTENTION_IMPLEMENTATIONS = ["sdpa"]
-"""Attention implementations (transformers names, registered ones included) the decoder layers must
-compile under without a graph break."""
+CASES = [
+    ("cpu", "sdpa"),
+    pytest.param("cuda", "sdpa", marks=pytest.mark.gpu),
+    pytest.param("cuda", VARLEN_ATTENTION, marks=pytest.mark.gpu),  # its CPU path reads offsets on the host
+]
+"""(device, attention implementation) under which the decoder layers must compile without a graph
+break; on CUDA in bfloat16 (the varlen kernels' dtype)."""
 
 PAD = 151643
 IMAGE_CONV = [
@@ -100,16 +105,22 @@ def graph_breaks() -> int:
     return sum(torch._dynamo.utils.counters["graph_break"].values())
 
 
-@pytest.mark.parametrize("attention", ATTENTION_IMPLEMENTATIONS)
+@pytest.mark.parametrize(("device", "attention"), CASES)
 @pytest.mark.parametrize("checkpointing", [False, True], ids=["plain", "checkpointing"])
 @pytest.mark.parametrize("family", ["qwen2", "qwen2_5_vl"])
-def test_decoder_layers_compile_whole_in_a_training_step(family: str, checkpointing: bool, attention: str,
-                                                         request: pytest.FixtureRequest) -> None:
+def test_decoder_layers_compile_whole_in_a_training_step(family: str, checkpointing: bool, device: str,
+                                                         attention: str, request: pytest.FixtureRequest) -> None:
+    dtype = torch.float32 if device == "cpu" else torch.bfloat16
+
     def build() -> torch.nn.Module:
-        hf = with_attention(cpt.tiny_qwen2(seed=0) if family == "qwen2" else cpt.tiny_qwen2_5_vl(seed=0), attention)
+        hf = cpt.tiny_qwen2(seed=0) if family == "qwen2" else cpt.tiny_qwen2_5_vl(seed=0)
+        if attention == VARLEN_ATTENTION:
+            assert enable_varlen_attention(hf)
+        else:
+            with_attention(hf, attention)
         if checkpointing:
             cp.parallel.apply_activation_checkpointing(hf)
-        return cp.policy.CausalLMPolicy(hf).train()
+        return cp.policy.CausalLMPolicy(hf).to(device, dtype).train()
 
     if family == "qwen2":
         batches = [text_batch([9, 14, 5]), text_batch([20, 3, 11, 6]), text_batch([7, 31])]
@@ -129,6 +140,7 @@ def test_decoder_layers_compile_whole_in_a_training_step(family: str, checkpoint
 
     frames = []
     for batch in batches:
+        batch = {k: v.to(device) for k, v in batch.items()}
         expected, got = train_step(eager, batch), train_step(compiled, batch)
         assert got.keys() == expected.keys()
         for name in expected:
@@ -137,6 +149,14 @@ def test_decoder_layers_compile_whole_in_a_training_step(family: str, checkpoint
     assert graph_breaks() == 0
     # one graph for both layers; a new row length compiles a dynamic-length graph once, then nothing
     assert frames == [1, 2, 2]
+
+
+def test_varlen_decoder_layers_compile_only_where_its_kernels_run() -> None:
+    hf = cpt.tiny_qwen2(seed=0)
+    assert enable_varlen_attention(hf)
+    result = apply_compile(hf, backend="eager", compute_dtype=torch.bfloat16, device_type="cpu")
+    assert result.compiled == [] and "runs sample by sample" in result.skipped["Qwen2DecoderLayer"]
+    assert "not compiled: Qwen2DecoderLayer" in result.summary()
 
 
 def segment_attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0, cu_seq_lens_q=None,
@@ -176,20 +196,24 @@ def test_build_policy_compiles_the_policy_where_compile_applies(monkeypatch, cos
     counter = CompileCounterWithBackend("eager")
 
     def spy(model, **kwargs):
-        calls.append(model)
-        return apply_compile(model, backend=counter)
+        calls.append((model, kwargs))
+        return apply_compile(model, **{**kwargs, "backend": counter})
+
+    def model() -> torch.nn.Module:  # eager attention: build_policy leaves it (sdpa becomes varlen)
+        return with_attention(cpt.tiny_qwen2(), "eager")
 
     monkeypatch.setattr(build_module, "apply_compile", spy)
     cfg = PolicyConfig(dtype="float32")
-    policy = cp.policy.build_policy(cfg, hf_model=cpt.tiny_qwen2(), device="cpu", train=TrainConfig(compile=True))
+    policy = cp.policy.build_policy(cfg, hf_model=model(), device="cpu", train=TrainConfig(compile=True))
     assert calls == [] and "[train] compile = true is not applied on 'cpu'" in cosmos_log.text
-    cp.policy.build_policy(cfg, hf_model=cpt.tiny_qwen2(), device="cpu", train=TrainConfig())
+    cp.policy.build_policy(cfg, hf_model=model(), device="cpu", train=TrainConfig())
     assert calls == []
 
     monkeypatch.setattr(build_module, "COMPILE_DEVICE_TYPES", ("cpu",))
-    policy = cp.policy.build_policy(cfg, hf_model=cpt.tiny_qwen2(), device="cpu", train=TrainConfig(compile=True))
-    assert calls == [policy.hf_model]
-    cp.policy.build_policy(cfg, hf_model=cpt.tiny_qwen2(), device="cpu", train=TrainConfig(compile=True), frozen=True)
+    policy = cp.policy.build_policy(cfg, hf_model=model(), device="cpu", train=TrainConfig(compile=True))
+    assert calls == [(policy.hf_model, {"compute_dtype": torch.float32, "device_type": "cpu"})]
+    assert "[train] compile: Qwen2DecoderLayer x 2" in cosmos_log.text
+    cp.policy.build_policy(cfg, hf_model=model(), device="cpu", train=TrainConfig(compile=True), frozen=True)
     assert len(calls) == 1  # the KL reference is not compiled
     train_step(policy, text_batch([6, 10]))
     assert counter.frame_count == 1 and graph_breaks() == 0

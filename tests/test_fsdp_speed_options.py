@@ -75,9 +75,11 @@ def _worker(text_dir: str) -> dict:
             # eps 1e-6 (cosmos-rl's): with 1e-8, a gradient element near eps makes Adam's first step
             # g / (|g| + eps) sensitive to the last bit in which fused and foreach kernels differ
             train = TrainConfig(optm_lr=1e-3, optm_weight_decay=0.1, optm_eps=1e-6, **VARIANTS[variant])
-            cfg = PolicyConfig(model_name_or_path=text_dir, dtype="bfloat16", parallelism=parallelism,
-                               model_gradient_checkpointing=True)
-            policy = cp.policy.build_policy(cfg, mesh, train=train)
+            cfg = PolicyConfig(dtype="bfloat16", parallelism=parallelism, model_gradient_checkpointing=True)
+            # eager attention: build_policy keeps it (sdpa would become varlen attention, whose CPU
+            # path reads sample offsets on the host: no full graph to compile there)
+            hf_model = cp.policy.load_hf_model(text_dir, dtype="float32", attn_implementation="eager")
+            policy = cp.policy.build_policy(cfg, mesh, hf_model=hf_model, train=train)
             optimizer = cp.policy.build_optimizer(policy, train)
             losses, gathered, params = [], None, []
             for _ in range(2):

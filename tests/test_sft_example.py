@@ -158,8 +158,11 @@ def compare_export_with_checkpoint(overrides: list[str], run_dir: str) -> dict:
     # no KV cache: with one, transformers ignores the packed rows' position resets and lets samples attend
     # to each other, unlike training
     inputs = {"use_cache": False, **{k: batch[k] for k in MODEL_INPUT_KEYS if k in batch}}
+    text_config = policy.hf_model.config.get_text_config()
     with torch.no_grad():
+        text_config._attn_implementation = "sdpa"  # the exported model's attention: bitwise-equal logits
         logits_trained = policy.hf_model(input_ids=batch["input_ids"], **inputs).logits
+        text_config._attn_implementation = cp.parallel.VARLEN_ATTENTION  # build_policy's
         logits_exported = exported(input_ids=batch["input_ids"], **inputs).logits
         logprobs_trained = cp.policy.token_logprobs(policy, batch).logprobs  # the recipe's path
         scored = batch["labels"][:, 1:] != -100

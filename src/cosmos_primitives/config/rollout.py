@@ -31,4 +31,7 @@ class RolloutConfig(Section):
     gpu_memory_utilization: Fraction = 0.3
     enforce_eager: bool = True
     include_stop_str_in_output: bool = False
+    # backend "hf": decode into a static KV cache kept across calls, compiled with CUDA graphs on CUDA;
+    # off until measured on a GPU (issue 28)
+    hf_static_cache: bool = False
     sampling_config: SamplingConfig = msgspec.field(default_factory=SamplingConfig)

@@ -1,5 +1,5 @@
-"""Process groups, the device mesh, FSDP2 / TP / activation checkpointing / per-block torch.compile, and exact
-gradient clipping."""
+"""Process groups, the device mesh, FSDP2 / TP / activation checkpointing / per-block torch.compile, exact
+gradient clipping, and variable-length attention for packed rows."""
 
 from cosmos_primitives.parallel.activation_checkpoint import apply_activation_checkpointing
 from cosmos_primitives.parallel.compile import apply_compile
@@ -20,8 +20,18 @@ from cosmos_primitives.parallel.fsdp import apply_fsdp, find_blocks, fsdp_units
 from cosmos_primitives.parallel.grad_norm import clip_grad_norm_, total_grad_norm
 from cosmos_primitives.parallel.mesh import MeshError, ParallelMesh
 from cosmos_primitives.parallel.tensor_parallel import apply_tensor_parallel, qwen2_layer_plan
+from cosmos_primitives.parallel.varlen_attention import (
+    VARLEN_ATTENTION,
+    available_varlen_kernels,
+    enable_varlen_attention,
+    packed_attention_kwargs,
+    varlen_attention,
+    varlen_attention_enabled,
+    varlen_kernel_name,
+)
 
 __all__ = [
+    "VARLEN_ATTENTION",
     "DistInfo",
     "MeshError",
     "ParallelMesh",
@@ -31,10 +41,12 @@ __all__ = [
     "apply_compile",
     "apply_fsdp",
     "apply_tensor_parallel",
+    "available_varlen_kernels",
     "barrier",
     "broadcast_object",
     "clip_grad_norm_",
     "destroy_distributed",
+    "enable_varlen_attention",
     "find_blocks",
     "free_port",
     "fsdp_units",
@@ -42,6 +54,10 @@ __all__ = [
     "get_world_size",
     "init_distributed",
     "is_rank0",
+    "packed_attention_kwargs",
     "qwen2_layer_plan",
     "total_grad_norm",
+    "varlen_attention",
+    "varlen_attention_enabled",
+    "varlen_kernel_name",
 ]

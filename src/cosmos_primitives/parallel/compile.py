@@ -31,20 +31,40 @@ reached by an ordinary GRPO run: {training, no-grad} x {static first shape, dyna
 block}. With ``fullgraph=True`` reaching the limit is an error in the middle of a run."""
 
 
-def compiles_in_full_graph(block: torch.nn.Module) -> tuple[bool, str]:
-    """Whether ``block`` can be compiled without graph breaks, and if not, why.
+def compiles_in_full_graph(block: torch.nn.Module, *, compute_dtype: torch.dtype | None = None,
+                           device_type: str | None = None) -> tuple[bool, str]:
+    """Whether ``block`` compiles without graph breaks where it will run, and if not, why.
 
-    Qwen2.5-VL's vision blocks under sdpa / eager attention split their sequence into one attention
-    call per image window at ``cu_seqlens.tolist()`` (a data-dependent Python list): no full graph.
-    Under a flash-style attention (transformers: ``"flash"`` in the implementation's name) they pass
-    ``cu_seqlens`` to one varlen kernel and compile whole.
+    - Qwen2.5-VL's vision blocks under sdpa / eager attention split their sequence into one
+      attention call per image window at ``cu_seqlens.tolist()`` (a data-dependent Python list): no
+      full graph. Under a flash-style attention (transformers: ``"flash"`` in the implementation's
+      name) they pass ``cu_seqlens`` to one varlen kernel and compile whole.
+    - A decoder layer under :data:`~cosmos_primitives.parallel.varlen_attention.VARLEN_ATTENTION`
+      compiles whole on its varlen kernels (a CUDA device, bfloat16 / float16 compute, a head size
+      they take); elsewhere it attends sample by sample at offsets read on the host.
+
+    Args:
+        compute_dtype: the dtype the block computes in (``[policy] dtype``; None: its weights').
+        device_type: where it will run (None: its weights' device).
     """
-    config = getattr(getattr(block, "attn", None), "config", None)
-    if "VisionBlock" in type(block).__name__ and config is not None:
-        implementation = getattr(config, "_attn_implementation", None) or "eager"
-        if "flash" not in implementation:
-            return False, (f"its attention ({implementation!r}) splits each row at cu_seqlens.tolist(), a "
-                           "data-dependent number of calls; a flash-style (varlen) attention compiles")
+    from cosmos_primitives.parallel.varlen_attention import VARLEN_ATTENTION, varlen_kernel_name
+
+    attention = getattr(block, "self_attn", None) or getattr(block, "attn", None)
+    config = getattr(attention, "config", None)
+    implementation = (getattr(config, "_attn_implementation", None) or "eager") if config is not None else None
+    if "VisionBlock" in type(block).__name__ and implementation is not None and "flash" not in implementation:
+        return False, (f"its attention ({implementation!r}) splits each row at cu_seqlens.tolist(), a "
+                       "data-dependent number of calls; a flash-style (varlen) attention compiles")
+    if implementation == VARLEN_ATTENTION:
+        weight = next(block.parameters())
+        dtype, device = compute_dtype or weight.dtype, device_type or weight.device.type
+        # a one-element query of the block's head size stands for its calls: the kernel choice
+        # depends on device, dtype and head size only
+        query = torch.empty(1, 1, getattr(attention, "head_dim", config.hidden_size // config.num_attention_heads),
+                            dtype=dtype, device=device)
+        if varlen_kernel_name(query, query) == "sdpa_per_sample":
+            return False, (f"{VARLEN_ATTENTION} attention in {dtype} on {device} runs sample by sample at offsets "
+                           "read on the host (its varlen kernels need CUDA and bfloat16 / float16)")
     return True, ""
 
 
@@ -65,7 +85,8 @@ class CompiledBlocks(NamedTuple):
 
 
 def apply_compile(model: torch.nn.Module, *, backend: str | Callable[..., Any] = "inductor",
-                  block_classes: Iterable[str | type] | None = None, fullgraph: bool = True) -> CompiledBlocks:
+                  block_classes: Iterable[str | type] | None = None, fullgraph: bool = True,
+                  compute_dtype: torch.dtype | None = None, device_type: str | None = None) -> CompiledBlocks:
     """Compile every transformer block of ``model`` in place (``module.compile``: names, state-dict
     keys and parameters unchanged).
 
@@ -78,6 +99,8 @@ def apply_compile(model: torch.nn.Module, *, backend: str | Callable[..., Any] =
         backend: ``torch.compile`` backend (``"inductor"``; tests count graphs with ``"eager"``).
         block_classes: block class names or types; default: the HF ``_no_split_modules``.
         fullgraph: a graph break raises at the first forward instead of running in pieces.
+        compute_dtype, device_type: where and in what the blocks will compute (FSDP2 casts and
+            moves them later), for :func:`compiles_in_full_graph`; None: their weights' now.
 
     Returns:
         :class:`CompiledBlocks` (``.summary()`` is the log line).
@@ -87,7 +110,7 @@ def apply_compile(model: torch.nn.Module, *, backend: str | Callable[..., Any] =
     compiled: list[str] = []
     skipped: dict[str, str] = {}
     for block in find_blocks(model, block_classes):
-        ok, why = compiles_in_full_graph(block)
+        ok, why = compiles_in_full_graph(block, compute_dtype=compute_dtype, device_type=device_type)
         if not ok:
             skipped[type(block).__name__] = why
             continue

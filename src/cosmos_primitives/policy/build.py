@@ -14,6 +14,7 @@ from cosmos_primitives.parallel.compile import COMPILE_DEVICE_TYPES, apply_compi
 from cosmos_primitives.parallel.fsdp import apply_fsdp
 from cosmos_primitives.parallel.mesh import ParallelMesh
 from cosmos_primitives.parallel.tensor_parallel import apply_tensor_parallel
+from cosmos_primitives.parallel.varlen_attention import enable_varlen_attention
 from cosmos_primitives.policy.lm_policy import CausalLMPolicy
 from cosmos_primitives.policy.lora import apply_lora
 from cosmos_primitives.policy.trainable import apply_trainable_patterns, trainable_summary
@@ -68,6 +69,11 @@ def build_policy(
             ``fsdp_reshard_after_forward`` (None: their defaults).
         frozen: build an evaluation-only copy (see above).
 
+    Attention: a text decoder loaded with ``"sdpa"`` (``load_hf_model``'s default) is switched to
+    :func:`~cosmos_primitives.parallel.enable_varlen_attention` (packed samples attend per sample,
+    no ``[B, 1, T, T]`` mask; padded batches and ``generate`` as under SDPA), except with context
+    parallel, which sets its own.
+
     Context parallel (``cp_size > 1``): the policy splits every row over ``mesh.group("cp")``
     (:mod:`cosmos_primitives.policy.cp_logprobs`; all ranks of a cp group take the same batch) and
     FSDP2 shards over dp_shard x cp; each cp rank's share of a gradient comes scaled by the cp
@@ -98,6 +104,9 @@ def build_policy(
         hf_model = load_hf_model(cfg.model_name_or_path, revision=cfg.model_revision, dtype=load_dtype)
     else:
         hf_model = hf_model.to(load_dtype)
+    context_parallel = mesh is not None and mesh.enabled("cp")  # it sets its own attention
+    if not context_parallel and hf_model.config.get_text_config()._attn_implementation == "sdpa":
+        enable_varlen_attention(hf_model)
     if frozen:
         hf_model.requires_grad_(False)
         summary = trainable_summary(hf_model)
@@ -119,7 +128,8 @@ def build_policy(
         # after checkpointing and TP, before FSDP2 (torchtitan's order): FSDP's hooks stay outside
         device_type = _device_type(hf_model, mesh, device)
         if device_type in COMPILE_DEVICE_TYPES:
-            log.info(f"[train] compile: {apply_compile(hf_model).summary()}")
+            compiled = apply_compile(hf_model, compute_dtype=compute_dtype, device_type=device_type)
+            log.info(f"[train] compile: {compiled.summary()}")
         else:
             log.info(f"[train] compile = true is not applied on {device_type!r} (only on "
                      f"{', '.join(COMPILE_DEVICE_TYPES)}): compiling there takes longer than the runs it is for")

@@ -18,6 +18,7 @@ from torch.distributed.tensor import DTensor, Replicate
 
 from cosmos_primitives.algo.fused_logprob_loss import weighted_logprobs_from_hidden
 from cosmos_primitives.algo.logprobs import TokenLogProbs, token_logprobs_from_hidden
+from cosmos_primitives.parallel.varlen_attention import packed_attention_kwargs, varlen_attention_enabled
 from cosmos_primitives.policy.cp_logprobs import context_parallel_token_logprobs
 
 # Batch keys forwarded to the backbone; anything else in a batch (labels, sample ids, ...) is not.
@@ -183,7 +184,10 @@ def token_logprobs(
             plain, unsharded HF model.
         batch: ``input_ids`` ``[B, T]``, optional ``labels`` ``[B, T]`` (scored where != -100) and
             the model inputs of :data:`MODEL_INPUT_KEYS`; other keys are ignored. Tensors are moved
-            to the model's device.
+            to the model's device. A batch without ``attention_mask`` for a model with
+            :data:`~cosmos_primitives.parallel.varlen_attention.VARLEN_ATTENTION` also gets its
+            sample offsets (:func:`~cosmos_primitives.parallel.packed_attention_kwargs`), computed
+            before the move.
         chunk_size: tokens per LM-head chunk (default: the policy's, or 1024).
         with_entropy: also return the per-token entropy.
         mask: ``[B, T]`` positions to score when the batch has no labels.
@@ -198,6 +202,10 @@ def token_logprobs(
         return value.to(device, non_blocking=True) if isinstance(value, torch.Tensor) else value
 
     inputs = {k: to_device(batch[k]) for k in MODEL_INPUT_KEYS if batch.get(k) is not None}
+    if batch.get("attention_mask") is None and varlen_attention_enabled(model):
+        # sample offsets from the loader's CPU positions: the device never waits for them
+        kwargs = packed_attention_kwargs(batch["input_ids"], batch.get("position_ids"))
+        inputs.update({k: to_device(v) for k, v in kwargs.items()})
     input_ids, labels, mask = to_device(batch["input_ids"]), to_device(batch.get("labels")), to_device(mask)
     loss_weights = to_device(loss_weights)
     if isinstance(model, CausalLMPolicy):

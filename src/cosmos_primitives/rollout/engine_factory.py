@@ -17,7 +17,8 @@ def build_rollout_engine(cfg: RolloutConfig, model_path: str, processor: Any, *,
     """The engine ``[rollout]`` asks for, loaded from ``model_path`` (a HF folder or hub name).
 
     ``backend = "hf"``: :class:`~cosmos_primitives.rollout.hf_engine.HFRolloutEngine` over a HF
-    model in ``dtype`` on ``device`` (``batch_size`` sequences per ``generate`` call). ``"vllm"``:
+    model in ``dtype`` on ``device`` (``batch_size`` sequences per ``generate`` call; ``hf_static_cache``:
+    its static KV cache, compiled with CUDA graphs on CUDA). ``"vllm"``:
     :class:`~cosmos_primitives.rollout.vllm_engine.VLLMRolloutEngine` (``gpu_memory_utilization``,
     ``enforce_eager``) in this process on this rank's GPU (vLLM's external launcher under torchrun);
     ``colocated``: a trainer shares the GPU, so the engine sleeps between rollouts; ``engine_ranks``:
@@ -52,7 +53,8 @@ def build_rollout_engine(cfg: RolloutConfig, model_path: str, processor: Any, *,
         from cosmos_primitives.rollout.hf_engine import HFRolloutEngine
 
         model = load_hf_model(model_path, dtype=dtype).eval().to(device)
-        return HFRolloutEngine(model, processor, max_batch_sequences=cfg.batch_size), model
+        engine = HFRolloutEngine(model, processor, max_batch_sequences=cfg.batch_size, static_cache=cfg.hf_static_cache)
+        return engine, model
     from cosmos_primitives.rollout.vllm_engine import VLLMRolloutEngine, launcher_settings
 
     par = cfg.parallelism

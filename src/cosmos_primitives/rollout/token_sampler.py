@@ -4,6 +4,12 @@ Why not ``generate(do_sample=True)``: over a 152k vocabulary on a CPU, ``torch.m
 draws one exponential variate per vocabulary entry per row (about 0.3 s per step for 64 rows);
 inverse-CDF sampling needs one uniform per row. Running ``generate`` greedily with this processor
 (which leaves only the sampled token finite) keeps HF's KV cache, stopping and padding logic.
+
+Nothing here waits for the device: the uniforms are drawn on the logits' device (from a generator
+on that device), and the chosen tokens and their log-probs stay there until
+:meth:`InverseCDFSampler.token_logprobs` copies them to the host once, after ``generate``. On a GPU
+a copy to the host or a host-drawn random number per step would stall the host until the device
+catches up, leaving the GPU idle while the next step is being queued.
 """
 
 from __future__ import annotations
@@ -22,7 +28,9 @@ class InverseCDFSampler(LogitsProcessor):
         temperature: > 0; ``0`` means greedy.
         top_k: keep the k most likely tokens (``-1`` or ``0``: off).
         top_p: keep the smallest set with cumulative probability >= top_p (``1.0``: off).
-        generator: CPU RNG for the uniforms (per request, for reproducible rollouts).
+        generator: RNG for the uniforms, on the logits' device (per request, for reproducible
+            rollouts: the engine seeds one per ``generate`` call); ``None``: torch's default RNG of
+            that device.
     """
 
     def __init__(self, temperature: float = 1.0, top_k: int = -1, top_p: float = 1.0,
@@ -35,9 +43,12 @@ class InverseCDFSampler(LogitsProcessor):
         self.top_k = top_k
         self.top_p = top_p
         self.generator = generator
-        self.steps: list[tuple[torch.Tensor, torch.Tensor]] = []  # (token [B], logprob [B]) per step
+        # one [B] tensor per step, on the logits' device (long token ids, float32 log-probs)
+        self._tokens: list[torch.Tensor] = []
+        self._logprobs: list[torch.Tensor] = []
 
     def __call__(self, input_ids: torch.LongTensor, scores: torch.FloatTensor) -> torch.FloatTensor:
+        """``scores``: ``[B, V]`` next-token logits -> ``[B, V]``: 0 at the chosen token, ``-inf`` elsewhere."""
         logits = scores.float()
         if self.temperature > 0:
             logits = logits / self.temperature
@@ -46,10 +57,18 @@ class InverseCDFSampler(LogitsProcessor):
             token = logprobs.argmax(dim=-1, keepdim=True)
         else:
             token = self._sample(logprobs)
-        self.steps.append((token.squeeze(-1).cpu(), logprobs.gather(-1, token).squeeze(-1).cpu()))
+        self._tokens.append(token.squeeze(-1))
+        self._logprobs.append(logprobs.gather(-1, token).squeeze(-1))
         return torch.full_like(scores, float("-inf")).scatter_(-1, token, 0.0)
 
     def _sample(self, logprobs: torch.Tensor) -> torch.Tensor:
+        """``[B, V]`` log-probs -> ``[B, 1]`` token ids, one uniform per row."""
+        if self.generator is not None and not _same_device(self.generator.device, logprobs.device):
+            raise ValueError(
+                f"InverseCDFSampler: the generator is on {self.generator.device} but the logits are on "
+                f"{logprobs.device}; make the generator on the logits' device, e.g. "
+                f"torch.Generator(device={str(logprobs.device)!r}).manual_seed(seed)"
+            )
         probs = logprobs.exp()
         if self.top_k > 0 and self.top_k < probs.shape[-1]:
             kth = probs.topk(self.top_k, dim=-1).values[:, -1:]
@@ -60,13 +79,19 @@ class InverseCDFSampler(LogitsProcessor):
             drop = sorted_probs.cumsum(-1) - sorted_probs >= self.top_p
             probs = probs.scatter(-1, order, sorted_probs.masked_fill(drop, 0.0))
         cdf = probs.cumsum(dim=-1)
-        u = torch.rand(probs.shape[0], 1, generator=self.generator).to(cdf.device) * cdf[:, -1:]
-        return torch.searchsorted(cdf, u).clamp_max(probs.shape[-1] - 1)
+        u = torch.rand(probs.shape[0], 1, generator=self.generator, device=cdf.device, dtype=cdf.dtype)
+        return torch.searchsorted(cdf, u * cdf[:, -1:]).clamp_max(probs.shape[-1] - 1)
 
     def token_logprobs(self) -> tuple[torch.Tensor, torch.Tensor]:
-        """(tokens ``[B, steps]``, log-probs ``[B, steps]`` float32) recorded so far."""
-        if not self.steps:
+        """(tokens ``[B, steps]`` long, log-probs ``[B, steps]`` float32) recorded so far, on the CPU.
+
+        The one copy from the device: call it after ``generate``, not per step.
+        """
+        if not self._tokens:
             return torch.empty(0, 0, dtype=torch.long), torch.empty(0, 0)
-        tokens = torch.stack([t for t, _ in self.steps], dim=1)
-        logprobs = torch.stack([lp for _, lp in self.steps], dim=1)
-        return tokens, logprobs
+        return torch.stack(self._tokens, dim=1).cpu(), torch.stack(self._logprobs, dim=1).cpu()
+
+
+def _same_device(a: torch.device, b: torch.device) -> bool:
+    """``cuda`` and ``cuda:0`` count as the same (a generator made with ``device="cuda"`` may report either)."""
+    return a.type == b.type and (a.index is None or b.index is None or a.index == b.index)
