@@ -2,8 +2,8 @@
 processes: each unit keeps or frees its gathered weights after the forward as the policy says (for a
 shard group of 2 ranks and of 1), and no choice changes what is trained: two SFT steps with bf16
 compute give the same losses and weights bit for bit, compiled blocks and the fused optimizer within
-float rounding. Tensor parallelism without FSDP2 (DTensor matrices beside plain norms) steps with
-fused and foreach AdamW.
+float rounding; a unit left gathered by a no-grad pass sees the next optimizer step. Tensor
+parallelism without FSDP2 (DTensor matrices beside plain norms) steps with fused and foreach AdamW.
 """
 
 from __future__ import annotations
@@ -54,6 +54,7 @@ def _gathered_after_forward(policy: torch.nn.Module) -> dict[str, bool]:
 def _worker(text_dir: str) -> dict:
     import torch.distributed as dist
     from torch._dynamo.testing import CompileCounterWithBackend
+    from torch.distributed.fsdp import FSDPModule
     from torch.distributed.tensor import DTensor
 
     from cosmos_primitives.algo.sft_loss import sft_loss
@@ -98,6 +99,29 @@ def _worker(text_dir: str) -> dict:
                                        "fused": optimizer.param_groups[0]["fused"]}
     result["compiled_graphs"] = counter.frame_count
 
+    # one shard rank, "default": units stay gathered after forward. A no-grad pass between the
+    # backward and the optimizer step leaves them gathered; the step must not leave the next forward
+    # on the gathered copy of the old weights
+    parallelism = ParallelismConfig(**LAYOUTS["replicate2"])
+    mesh = cp.parallel.ParallelMesh(parallelism, device_type="cpu")
+    hf_model = cp.policy.load_hf_model(text_dir, dtype="float32", attn_implementation="eager")
+    train = TrainConfig(optm_lr=1e-2)
+    policy = cp.policy.build_policy(PolicyConfig(dtype="bfloat16", parallelism=parallelism), mesh,
+                                    hf_model=hf_model, train=train)
+    optimizer = cp.policy.build_optimizer(policy, train)
+    sft_loss(cp.policy.token_logprobs(policy, batch).logprobs, batch["labels"], group=mesh.group("dp"))[0].backward()
+    with torch.no_grad():
+        before = cp.policy.token_logprobs(policy, batch).logprobs
+    optimizer.step()
+    with torch.no_grad():
+        after = cp.policy.token_logprobs(policy, batch).logprobs
+        for unit in policy.modules():
+            if isinstance(unit, FSDPModule):
+                unit.reshard()
+        regathered = cp.policy.token_logprobs(policy, batch).logprobs
+    result["stale"] = {"step_changed": float((after - before).abs().max()),
+                       "after_vs_regathered": float((after - regathered).abs().max())}
+
     # TP over 2 ranks, float32: no FSDP2, so TP's DTensor matrices sit beside plain norms / embeddings
     tp_par = ParallelismConfig(tp_size=2, dp_shard_size=1)
     tp_mesh = cp.parallel.ParallelMesh(tp_par, device_type="cpu")
@@ -130,6 +154,12 @@ def test_each_unit_reshards_after_forward_as_the_policy_says(runs: list[dict]) -
         # one shard rank (HSDP 2 x 1): "default" keeps everything gathered, no second cast and copy
         assert result["replicate2", "default"]["gathered"] == both
         assert result["replicate2", "always"]["gathered"] == {"layers.0": False, "layers.1": False, "root": False}
+
+
+def test_the_step_after_a_no_grad_pass_is_seen_by_the_next_forward(runs: list[dict]) -> None:
+    for result in runs:
+        assert result["stale"]["step_changed"] > 1e-3  # the step moved the log-probs
+        assert result["stale"]["after_vs_regathered"] == 0.0  # and the next forward saw it
 
 
 @pytest.mark.parametrize("layout", list(LAYOUTS))

@@ -9,6 +9,7 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
+from torch.distributed.fsdp import FSDPModule
 from torch.distributed.tensor import DTensor
 from torch.optim.lr_scheduler import LRScheduler
 
@@ -316,6 +317,8 @@ def build_optimizer(model: torch.nn.Module, train: TrainConfig) -> torch.optim.O
     :func:`fused_supported` (else ``"foreach"``, logged), ``"foreach"`` the multi-tensor kernels,
     ``"for-loop"`` one tensor at a time; :class:`BFloat16AdamW` buckets small slices unless
     ``"for-loop"``. The choice survives ``load_state_dict`` (torch would take the saved state's).
+    Before each step the optimizer reshards the FSDP2 units of ``model`` that a no-grad forward left
+    gathered (see ``fsdp_reshard_after_forward``), so the next forward gathers the new weights.
 
     Build it after ``apply_fsdp`` so that it holds the sharded parameters.
     """
@@ -328,9 +331,9 @@ def build_optimizer(model: torch.nn.Module, train: TrainConfig) -> torch.optim.O
     groups = optimizer_param_groups(model, train.optm_weight_decay)
     betas = (float(train.optm_betas[0]), float(train.optm_betas[1]))
     if train.master_dtype == "bfloat16":
-        return BFloat16AdamW(groups, lr=train.optm_lr, betas=betas, eps=train.optm_eps,
-                             weight_decay=train.optm_weight_decay, seed=train.seed,
-                             foreach=train.optm_impl != "for-loop")
+        return _resharding_before_step(model, BFloat16AdamW(groups, lr=train.optm_lr, betas=betas, eps=train.optm_eps,
+                                                            weight_decay=train.optm_weight_decay, seed=train.seed,
+                                                            foreach=train.optm_impl != "for-loop"))
     params = [p for group in groups for p in group["params"]]
     fused = train.optm_impl == "fused" and fused_supported(params)
     if train.optm_impl == "fused" and not fused:
@@ -351,6 +354,24 @@ def build_optimizer(model: torch.nn.Module, train: TrainConfig) -> torch.optim.O
                     state["step"] = state["step"].to(dtype=torch.float32, device=param.device if fused else "cpu")
 
     optimizer.register_load_state_dict_post_hook(keep_implementation)
+    return _resharding_before_step(model, optimizer)
+
+
+def _resharding_before_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> torch.optim.Optimizer:
+    """``optimizer`` resharding every FSDP2 unit of ``model`` before it steps.
+
+    A unit that keeps its gathered weights after forward (``[train] fsdp_reshard_after_forward``)
+    is resharded by its backward; after a no-grad forward (validation, old log-probs) it stays
+    gathered, and once the step has changed the master weights the next forward would run on that
+    copy of the old ones. Resharding an already sharded unit does nothing.
+    """
+    units = [m for m in model.modules() if isinstance(m, FSDPModule)]
+    if units:
+        def drop_gathered_weights(*_: Any) -> None:
+            for unit in units:
+                unit.reshard()
+
+        optimizer.register_step_pre_hook(drop_gathered_weights)
     return optimizer
 
 
