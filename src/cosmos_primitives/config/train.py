@@ -61,7 +61,9 @@ class TrainConfig(Section):
       layer's backward comes first); ``"always"``: every layer (the least memory, what this library
       did before); ``"never"``: no layer. The root unit (embeddings, final norm, LM head) stays
       gathered from its forward through the backward except with ``"always"``; a frozen model
-      (the KL reference) always reshards.
+      (the KL reference) always reshards. A no-grad forward leaves kept units gathered until the
+      next backward or optimizer step (``build_optimizer``'s reshards them before stepping; with an
+      optimizer of your own, call ``reshard()`` on every ``FSDPModule`` before its step).
     """
 
     epoch: AtLeastOne = 1
