@@ -13,7 +13,9 @@ frames, VAE-encoded, are held fixed as Cosmos-Predict2.5's image- / video-to-wor
 them with the VAE, score them with the reward service, turn rewards into group advantages, then
 update the LoRA adapters (``[policy.lora]``; without it all weights) with the FlowGRPO loss on a
 fraction of the stochastic steps (+ ``data_beta`` times the flow-matching loss on the prompts' real
-clips for DDRL; ``cp.policy.flow_grpo_update``). DiffusionNFT (``algorithm = "diffusion_nft"``)
+clips for DDRL; ``cp.policy.flow_grpo_update``), ``[wfm] num_minibatches`` optimizer steps per batch,
+each accumulating the gradients of micro-batches of ``[train.train_policy] mini_batch`` samples
+(the activation memory of one forward / backward). DiffusionNFT (``algorithm = "diffusion_nft"``)
 rolls out with plain ODE steps instead and trains on the clean samples alone
 (``cp.policy.diffusion_nft_update``). With ``[wfm] start_reward_server = true`` the reference reward
 server is started on loopback for the run. Metrics go to ``<output_dir>/<timestamp>/metrics.jsonl``;
@@ -96,9 +98,11 @@ def reward_client(remote: RemoteRewardConfig, start_server: bool, stack: context
 
 
 def score(client: RemoteRewardClient, vae: Any, latents: torch.Tensor, captions: list[str],
-          fps: float) -> tuple[torch.Tensor, Any]:
-    """Decode latents and score the videos: ``[B]`` float32 rewards, the ``[B, 3, T, H, W]`` uint8 videos."""
-    video = cp.rollout.video_to_uint8(cp.rollout.decode_video(vae, latents)).cpu().numpy()
+          fps: float, chunk: int) -> tuple[torch.Tensor, Any]:
+    """Decode latents ``chunk`` samples at a time (the decoder's float32 feature maps of a 480p video take
+    GBs per sample) and score the videos: ``[B]`` float32 rewards, the ``[B, 3, T, H, W]`` uint8 videos."""
+    video = torch.cat([cp.rollout.video_to_uint8(cp.rollout.decode_video(vae, part)).cpu()
+                       for part in latents.split(chunk)]).numpy()
     return torch.from_numpy(client.score_sync(captions, video, "video", video_fps=fps).total).float(), video
 
 
@@ -205,6 +209,8 @@ def train(cfg: cp.Config) -> Path:
     sharded = info.world_size > 1
     # the same LoRA initialisation on every rank and in every run (a diffusers folder's loader draws nothing)
     cp.utils.seed_everything(seed)
+    if cp.plan.startup.is_diffusers_folder(cfg.policy.model_name_or_path):  # bytes per rank, logged by rank 0
+        cp.plan.log_memory_plan(cfg, info.world_size, device, mode="wfm")
     # under FSDP2 the weights stay float32 and are gathered in [policy] dtype (mixed precision)
     transformer, vae, noise_scheduler = build_models(cfg.policy, w.data.text_dim, device,
                                                      torch.float32 if sharded else dtype)
@@ -240,11 +246,14 @@ def train(cfg: cp.Config) -> Path:
     negative = cp.data.negative_prompt_embedding(w.data, w.negative_prompt)[0].to(device) if guided else None
     blank = torch.zeros(1, 3, w.data.num_frames, w.data.height, w.data.width, device=device)  # every item's shape
     latent_shape = tuple(cp.rollout.encode_video(vae, blank).shape[1:])
+    del blank  # 370 MB at 93 x 432 x 768
     # image- / video-to-world: the clip's first latent frames, VAE-encoded, are held fixed (0: text-to-world)
     num_cond = w.condition_latent_frames(latent_shape[1])
     eval_batch, eval_ids = source.eval_prompts()  # fixed for the run
     cp.policy.check_text_width(transformer, eval_batch["text"].shape[-1])  # e.g. 100352 for Cosmos-Predict2.5
     nft = w.algorithm == "diffusion_nft"
+    # samples per forward / backward; the gradients of a [wfm] num_minibatches mini-batch are accumulated
+    micro_batch = cfg.train.train_policy.mini_batch
     total_steps = cfg.train.max_steps or cfg.train.epoch * source.steps_per_epoch()
     optimizer = cp.policy.build_optimizer(policy.transformer, cfg.train)
     lr_scheduler = cp.policy.build_lr_scheduler(optimizer, cfg.train, total_steps)
@@ -282,7 +291,7 @@ def train(cfg: cp.Config) -> Path:
                                guidance_scale=w.guidance_scale, guidance_convention=w.guidance_convention,
                                condition=eval_condition)
             captions = [c for c in batch["caption"] for _ in range(group)]
-            rewards, video = score(client, vae, traj.samples, captions, w.data.fps)
+            rewards, video = score(client, vae, traj.samples, captions, w.data.fps, micro_batch)
             tracker.log_metrics({"eval/reward_mean": rewards.mean()}, at_step)
             ids = [p for p in prompt_ids for _ in range(group)]
             if cp_rank == 0:  # the other ranks of its cp group made the same videos
@@ -322,7 +331,7 @@ def train(cfg: cp.Config) -> Path:
                                guidance_convention=w.guidance_convention, sde=None if nft else sde,
                                sde_steps=None if nft else window,  # DiffusionNFT: plain ODE rollouts
                                condition=condition)
-            rewards, _ = score(client, vae, traj.samples, captions, w.data.fps)
+            rewards, _ = score(client, vae, traj.samples, captions, w.data.fps, micro_batch)
             advantages = cp.algo.flow_grpo_advantages(rewards, group_ids, std_scope=w.advantage_std_scope).to(device)
             if w.advantage_transform == "neg_exp":
                 advantages = cp.algo.neg_exp_advantages(advantages, clip=w.adv_clip_max)
@@ -330,12 +339,13 @@ def train(cfg: cp.Config) -> Path:
             if nft:  # DiffusionNFT: the clean samples alone
                 logged = cp.policy.diffusion_nft_update(policy, velocity, optimizer, traj.samples, text, advantages, w,
                                                         cfg.train.optm_grad_norm_clip, rng["nft"], step=step,
-                                                        nonfinite=cfg.train.nonfinite, condition=condition)
+                                                        nonfinite=cfg.train.nonfinite, condition=condition,
+                                                        micro_batch=micro_batch)
             else:
                 data = clips if w.algorithm == "ddrl" else None
                 logged = cp.policy.flow_grpo_update(policy, velocity, optimizer, traj, text, negative, advantages,
                                                     data, w, cfg.train.optm_grad_norm_clip, rng, step=step,
-                                                    nonfinite=cfg.train.nonfinite)
+                                                    nonfinite=cfg.train.nonfinite, micro_batch=micro_batch)
             lr_scheduler.step()
             logged.update(reward_mean=rewards.mean(), reward_std=rewards.std(unbiased=False),
                           lr=lr_scheduler.get_last_lr()[0], bad_samples=source.bad.count)

@@ -182,3 +182,51 @@ def test_policy_fused_sft_gradients_match_unfused_and_hf(tiny_qwen2_dir: Path) -
     torch.testing.assert_close(stats["loss"], hf_loss.detach(), atol=1e-5, rtol=1e-5)
     with pytest.raises(ValueError, match="cannot be combined with with_entropy"):
         cp.policy.token_logprobs(policy, batch, with_entropy=True, loss_weights=torch.zeros(batch["labels"].shape))
+
+
+def test_a_nonlinear_token_loss_with_entropy_matches_full_logits() -> None:
+    """``token_loss_from_hidden``: any per-token loss of the log-prob and entropy, differentiated per
+    chunk, gives full-logit autograd's value and gradients (float64)."""
+    hidden, weight, ids, coeff = _inputs(t=12, v=60, seed=9)
+    mask = torch.rand(ids.shape, generator=torch.Generator().manual_seed(2)) > 0.3
+    positions = cp.algo.scored_positions(ids, mask=mask)
+    c = coeff.flatten()[positions.index]  # per-token constants, gathered in the head's order
+
+    def token_loss(logp, entropy, rows):
+        return c[rows] * torch.exp(0.5 * logp) + 0.3 * entropy**2 - c[rows] * logp * entropy
+
+    out = cp.algo.token_loss_from_hidden(hidden, weight, ids, token_loss, positions=positions, chunk_size=4,
+                                         with_entropy=True)
+    (2.0 * out.weighted_sum).backward()
+    grads = hidden.grad.clone(), weight.grad.clone()
+    hidden.grad = weight.grad = None
+
+    logp_all = torch.log_softmax(hidden[:, :-1] @ weight.t(), dim=-1)
+    logp = logp_all.gather(-1, ids[:, 1:, None]).squeeze(-1)
+    entropy = -(logp_all.exp() * logp_all).sum(-1)
+    keep = prediction_mask(ids, mask=mask)[:, 1:]
+    cc = coeff[:, 1:]
+    want = (cc * torch.exp(0.5 * logp) + 0.3 * entropy**2 - cc * logp * entropy)[keep].sum()
+    (2.0 * want).backward()
+    torch.testing.assert_close(out.weighted_sum.detach(), want.detach(), rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(out.logprobs[:, 1:][keep], logp[keep].detach(), rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(out.entropy[:, 1:][keep], entropy[keep].detach(), rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(grads[0], hidden.grad, rtol=1e-10, atol=1e-12)
+    torch.testing.assert_close(grads[1], weight.grad, rtol=1e-10, atol=1e-12)
+
+
+def test_token_loss_misuse_and_no_grad() -> None:
+    hidden, weight, ids, _ = _inputs(dtype=torch.float32)
+    with pytest.raises(ValueError, match=r"token_loss must return one loss per token, \[4\]; got \(\) for rows 0:4"):
+        cp.algo.token_loss_from_hidden(hidden, weight, ids, lambda lp, ent, rows: lp.sum(), chunk_size=4)
+    with torch.no_grad():
+        quiet = cp.algo.token_loss_from_hidden(hidden, weight, ids, lambda lp, ent, rows: -lp, chunk_size=4)
+    assert quiet.weighted_sum.grad_fn is None
+    plain = token_logprobs_from_hidden(hidden, weight, ids, chunk_size=4).logprobs
+    torch.testing.assert_close(quiet.weighted_sum, -plain.sum())
+    # a loss that ignores the entropy it was given: no entropy term in the gradient (none needed)
+    out = cp.algo.token_loss_from_hidden(hidden, weight, ids, lambda lp, ent, rows: -lp, chunk_size=4,
+                                         with_entropy=True)
+    out.weighted_sum.backward()
+    expected = torch.autograd.grad(-plain.sum(), hidden)[0]
+    torch.testing.assert_close(hidden.grad, expected)

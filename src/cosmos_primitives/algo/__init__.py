@@ -14,6 +14,7 @@ Add an algorithm with ``@register_policy_loss("name")`` (or ``register_advantage
 
 from cosmos_primitives.algo.advantages import compute_advantages, drgrpo_advantages, group_stats, grpo_advantages
 from cosmos_primitives.algo.aggregation import (
+    aggregation_weights,
     seq_mean_token_mean,
     seq_mean_token_sum,
     seq_mean_token_sum_norm,
@@ -30,14 +31,21 @@ from cosmos_primitives.algo.ddrl import DataLoss, ddrl_data_loss, neg_exp_advant
 from cosmos_primitives.algo.diffusion_nft import DiffusionNFTOutput, diffusion_nft_loss, optimality_probability
 from cosmos_primitives.algo.entropy import entropy_bonus
 from cosmos_primitives.algo.flow_grpo import FlowGRPOLoss, flow_grpo_advantages, flow_grpo_loss, select_train_steps
-from cosmos_primitives.algo.fused_logprob_loss import fused_weighted_logprob_sum, weighted_logprobs_from_hidden
-from cosmos_primitives.algo.grpo_loss import grpo_loss
+from cosmos_primitives.algo.fused_logprob_loss import (
+    fused_token_loss,
+    fused_weighted_logprob_sum,
+    token_loss_from_hidden,
+    weighted_logprobs_from_hidden,
+)
+from cosmos_primitives.algo.grpo_loss import GRPOTokenLoss, grpo_loss, grpo_token_loss
 from cosmos_primitives.algo.kl import kl_k1, kl_k2, kl_k3
 from cosmos_primitives.algo.logprobs import (
+    ScoredPositions,
     TokenLogProbs,
     chunked_selective_log_softmax,
     naive_token_logprobs,
     prediction_mask,
+    scored_positions,
     token_logprobs_from_hidden,
 )
 from cosmos_primitives.algo.policy_losses import (
@@ -73,11 +81,14 @@ __all__ = [
     "DiffusionNFTOutput",
     "DynamicSamplingResult",
     "FlowGRPOLoss",
+    "GRPOTokenLoss",
     "PolicyLossOutput",
+    "ScoredPositions",
     "TokenLogProbs",
     "UnknownNameError",
     "advantage_names",
     "aggregation_names",
+    "aggregation_weights",
     "aipo_loss",
     "apply_overlong_reward",
     "behaviour_weights",
@@ -91,6 +102,7 @@ __all__ = [
     "entropy_bonus",
     "flow_grpo_advantages",
     "flow_grpo_loss",
+    "fused_token_loss",
     "fused_weighted_logprob_sum",
     "get_advantage",
     "get_aggregation",
@@ -99,6 +111,7 @@ __all__ = [
     "group_stats",
     "grpo_advantages",
     "grpo_loss",
+    "grpo_token_loss",
     "gspo_loss",
     "kl_estimator_names",
     "kl_k1",
@@ -118,6 +131,7 @@ __all__ = [
     "register_aggregation",
     "register_kl_estimator",
     "register_policy_loss",
+    "scored_positions",
     "select_train_steps",
     "seq_mean_token_mean",
     "seq_mean_token_sum",
@@ -128,6 +142,7 @@ __all__ = [
     "shared_prefix_lengths",
     "token_advantages",
     "token_logprobs_from_hidden",
+    "token_loss_from_hidden",
     "token_mean",
     "trained_mask",
     "weighted_logprobs_from_hidden",

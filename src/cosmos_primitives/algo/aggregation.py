@@ -13,13 +13,17 @@ tokens), and the keywords ``token_count`` and ``max_tokens`` (each uses what it 
 
 Sequence means count every row of the batch (rows without tokens add 0). They need no token count
 under data parallelism as long as ranks hold equally many sequences.
+
+All four are linear in ``values`` with weights fixed by the mask: :func:`aggregation_weights` gives
+them, so that a loss made of per-token terms can be summed token by token (the fused LM head of
+``cp.algo.grpo_token_loss``).
 """
 
 from __future__ import annotations
 
 import torch
 
-from cosmos_primitives.algo.registry import register_aggregation
+from cosmos_primitives.algo.registry import get_aggregation, register_aggregation
 from cosmos_primitives.parallel.distributed import all_reduce_sum
 
 
@@ -73,6 +77,14 @@ def seq_mean_token_mean(
     return (values.sum(-1) / mask.sum(-1).clamp(min=1.0)).mean()
 
 
+def _check_max_tokens(max_tokens: int | None) -> None:
+    if max_tokens is None or max_tokens <= 0:
+        raise ValueError(
+            f"loss_type 'seq-mean-token-sum-norm' (Dr.GRPO) needs a positive max_tokens "
+            f"([grpo] unbiased_loss_max_tokens, e.g. the max response length); got {max_tokens!r}"
+        )
+
+
 @register_aggregation("seq-mean-token-sum-norm")
 def seq_mean_token_sum_norm(
     values: torch.Tensor,
@@ -82,11 +94,7 @@ def seq_mean_token_sum_norm(
     max_tokens: int | None = None,
 ) -> torch.Tensor:
     """Dr.GRPO: ``mean_i (sum_t values[i, t] * mask[i, t]) / max_tokens`` with a constant ``max_tokens``."""
-    if max_tokens is None or max_tokens <= 0:
-        raise ValueError(
-            f"loss_type 'seq-mean-token-sum-norm' (Dr.GRPO) needs a positive max_tokens "
-            f"([grpo] unbiased_loss_max_tokens, e.g. the max response length); got {max_tokens!r}"
-        )
+    _check_max_tokens(max_tokens)
     values, _ = _masked(values, mask)
     return values.sum(-1).mean() / max_tokens
 
@@ -101,3 +109,57 @@ def dp_mean_token_count(mask: torch.Tensor, group: torch.distributed.ProcessGrou
     count = all_reduce_sum(mask.detach().to(torch.float32).sum(), group)
     world = torch.distributed.get_world_size(group) if torch.distributed.is_initialized() else 1
     return count / world
+
+
+def _token_mean_weights(mask: torch.Tensor, token_count: float | torch.Tensor | None,
+                        max_tokens: int | None) -> torch.Tensor:
+    count = (mask.sum().clamp(min=1.0) if token_count is None
+             else torch.as_tensor(token_count, dtype=mask.dtype, device=mask.device).clamp(min=1e-8))
+    return (1.0 / count).expand_as(mask)
+
+
+def _seq_mean_token_sum_weights(mask: torch.Tensor, token_count: float | torch.Tensor | None,
+                                max_tokens: int | None) -> torch.Tensor:
+    return mask.new_full(mask.shape, 1.0 / mask.shape[0])
+
+
+def _seq_mean_token_mean_weights(mask: torch.Tensor, token_count: float | torch.Tensor | None,
+                                 max_tokens: int | None) -> torch.Tensor:
+    return ((1.0 / mask.shape[0]) / mask.sum(-1, keepdim=True).clamp(min=1.0)).expand_as(mask)
+
+
+def _seq_mean_token_sum_norm_weights(mask: torch.Tensor, token_count: float | torch.Tensor | None,
+                                     max_tokens: int | None) -> torch.Tensor:
+    _check_max_tokens(max_tokens)
+    return mask.new_full(mask.shape, (1.0 / max_tokens) / mask.shape[0])
+
+
+_LINEAR_WEIGHTS = {
+    token_mean: _token_mean_weights,
+    seq_mean_token_sum: _seq_mean_token_sum_weights,
+    seq_mean_token_mean: _seq_mean_token_mean_weights,
+    seq_mean_token_sum_norm: _seq_mean_token_sum_norm_weights,
+}
+
+
+def aggregation_weights(
+    loss_type: str,
+    mask: torch.Tensor,
+    *,
+    token_count: float | torch.Tensor | None = None,
+    max_tokens: int | None = None,
+    dtype: torch.dtype = torch.float32,
+) -> torch.Tensor | None:
+    """``[B, T]`` constants ``w`` with ``aggregate(values, mask) == sum(w * values)`` for any ``values``.
+
+    ``w`` is 0 where ``mask == 0``; ``token_count`` / ``max_tokens`` as for the aggregation. None
+    when ``loss_type``'s registered function is not one of the four built in here (a custom or
+    overriding aggregation need not be linear). No host sync: the counts stay on ``mask``'s device.
+    """
+    weights_of = _LINEAR_WEIGHTS.get(get_aggregation(loss_type))
+    if weights_of is None:
+        return None
+    if mask.ndim != 2:
+        raise ValueError(f"mask {tuple(mask.shape)} must be [B, T]")
+    weights = weights_of(mask.to(dtype), token_count, max_tokens)
+    return torch.where(mask.bool(), weights, torch.zeros((), dtype=dtype, device=mask.device))

@@ -9,16 +9,31 @@ Order of the terms (each optional one only when configured)::
           + kl_beta * aggregate(kl_estimator(logprobs, ref_logprobs))
           - entropy_coeff * aggregate(entropy)
           + positive_nll_coef * aggregate(-logprobs on tokens of sequences with A > 0, 0 elsewhere)
+
+With a token-wise policy loss (PPO-clip, AIPO), no off-policy sequence mask and a built-in (linear)
+aggregation, every term of a token depends only on that token's log-prob and entropy once the old /
+reference / rollout log-probs, the advantages and the aggregation weights are known:
+:func:`grpo_token_loss` writes the loss as such a sum, which the fused LM head differentiates chunk
+by chunk in its forward (three head GEMMs instead of four); :func:`grpo_loss` with ``weighted_sum``
+then gives the same value and metrics from the head's (detached) log-probs.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Any
+
 import torch
 
+from cosmos_primitives.algo.aggregation import aggregation_weights
 from cosmos_primitives.algo.entropy import entropy_bonus
+from cosmos_primitives.algo.kl import kl_k1, kl_k2, kl_k3
+from cosmos_primitives.algo.logprobs import ScoredPositions
 from cosmos_primitives.algo.policy_losses import (
+    aipo_loss,
     behaviour_weights,
     off_policy_sequence_mask,
+    ppo_clip_loss,
     token_advantages,
 )
 from cosmos_primitives.algo.registry import (
@@ -32,6 +47,9 @@ from cosmos_primitives.algo.registry import (
 from cosmos_primitives.config.grpo import GRPOConfig
 
 _VARIANT_LOSS = {"grpo": "ppo_clip", "dapo": "ppo_clip", "gspo": "gspo"}
+# registered functions whose per-token output depends on that token's inputs only
+_TOKENWISE_POLICY_LOSSES = (ppo_clip_loss, aipo_loss)
+_TOKENWISE_KL_ESTIMATORS = (kl_k1, kl_k2, kl_k3)
 
 
 def resolve_policy_loss(cfg: GRPOConfig) -> str:
@@ -89,6 +107,7 @@ def grpo_loss(
     rollout_logprobs: torch.Tensor | None = None,
     entropy: torch.Tensor | None = None,
     dp_token_count: float | torch.Tensor | None = None,
+    weighted_sum: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """The loss to back-propagate for one micro-batch, and its metrics.
 
@@ -106,6 +125,10 @@ def grpo_loss(
         entropy: [B, T] per-token entropy (with grad); required when ``entropy_coeff != 0``.
         dp_token_count: ``token-mean`` denominator under data parallelism
             (``cosmos_primitives.algo.aggregation.dp_mean_token_count``).
+        weighted_sum: the ``weighted_sum`` of the fused head run with :func:`grpo_token_loss`'s
+            per-token loss (same arguments); ``logprobs`` / ``entropy`` are then that head's detached
+            outputs. The loss's value and the metrics are computed from them as without it, and the
+            gradient is the head's (formed in its forward).
 
     Returns:
         ``(loss, metrics)``: a 0-d tensor, and detached 0-d tensors ``loss``, ``policy_loss``,
@@ -114,11 +137,15 @@ def grpo_loss(
         when computed ``kl``, ``entropy``, ``positive_nll``, ``behaviour_weight_mean``,
         ``behaviour_capped_fraction``, ``off_policy_masked_fraction`` (sequences).
     """
-    check_grpo_config(cfg)
-    if cfg.kl_beta != 0.0 and ref_logprobs is None:
-        raise ValueError(f"[grpo] kl_beta = {cfg.kl_beta} needs ref_logprobs (the frozen reference's log-probs)")
-    if cfg.entropy_coeff != 0.0 and entropy is None:
-        raise ValueError(f"[grpo] entropy_coeff = {cfg.entropy_coeff} needs entropy ([B, T] per-token entropy)")
+    if weighted_sum is not None:
+        with torch.no_grad():
+            value, metrics = grpo_loss(
+                logprobs.detach(), old_logprobs, advantages, mask, cfg=cfg, ref_logprobs=ref_logprobs,
+                rollout_logprobs=rollout_logprobs, entropy=None if entropy is None else entropy.detach(),
+                dp_token_count=dp_token_count)
+        # the value computed as without the fused head (the same number), the head's gradient
+        return value + (weighted_sum - weighted_sum.detach()), metrics
+    _check_loss_inputs(cfg, ref_logprobs, entropy)
     loss_type = resolve_loss_type(cfg)
     aggregate = get_aggregation(loss_type)
     agg_kwargs = {"token_count": dp_token_count, "max_tokens": cfg.unbiased_loss_max_tokens}
@@ -170,3 +197,115 @@ def grpo_loss(
         ratio_max=torch.where(on, ratio, torch.full_like(ratio, float("-inf"))).max(),
     )
     return loss, {k: v.detach().float() for k, v in metrics.items()}
+
+
+def _check_loss_inputs(cfg: GRPOConfig, ref_logprobs: torch.Tensor | None, entropy: torch.Tensor | None, *,
+                       entropy_known: bool = True) -> None:
+    check_grpo_config(cfg)
+    if cfg.kl_beta != 0.0 and ref_logprobs is None:
+        raise ValueError(f"[grpo] kl_beta = {cfg.kl_beta} needs ref_logprobs (the frozen reference's log-probs)")
+    if entropy_known and cfg.entropy_coeff != 0.0 and entropy is None:
+        raise ValueError(f"[grpo] entropy_coeff = {cfg.entropy_coeff} needs entropy ([B, T] per-token entropy)")
+
+
+class GRPOTokenLoss:
+    """:func:`grpo_loss` as a sum of per-token terms: a ``token_loss`` for the fused LM head
+    (``cp.policy.token_logprobs(..., token_loss=...)``, ``cp.algo.token_loss_from_hidden``).
+
+    Built by :func:`grpo_token_loss`, which gathers every per-token constant at the scored positions
+    once; ``loss(logprobs [n], entropy [n] or None, rows) -> [n]`` then reads ``rows`` of them
+    (a slice of the scored positions in order). Term of token i, with ``w_i`` the aggregation's
+    weight (``sum_i w_i v_i`` = the aggregation of ``v``)::
+
+        w_i * (policy_loss_i * behaviour_weight_i + kl_beta * kl_i - entropy_coeff * H_i
+               + positive_nll_coef * [A_i > 0] * (-logp_i))
+    """
+
+    def __init__(self, cfg: GRPOConfig, policy_loss: Callable[..., Any], kl_estimator: Callable[..., Any] | None,
+                 constants: dict[str, torch.Tensor | None]) -> None:
+        self.cfg, self.policy_loss, self.kl_estimator = cfg, policy_loss, kl_estimator
+        self.constants = constants
+        self.needs_entropy = cfg.entropy_coeff != 0.0
+
+    def __call__(self, logprobs: torch.Tensor, entropy: torch.Tensor | None, rows: slice) -> torch.Tensor:
+        cfg = self.cfg
+        c = {k: (None if v is None else v[rows][None]) for k, v in self.constants.items()}
+        logp, mask = logprobs[None], c["mask"]
+        # no old log-probs: on-policy, the old policy is this very forward (ratio 1, with gradient)
+        old = logp.detach() if c["old"] is None else c["old"]
+        per_token = self.policy_loss(logp, old, c["advantages"], mask, cfg).per_token_loss
+        if c["behaviour"] is not None:
+            per_token = per_token * c["behaviour"]
+        elif c["rollout"] is not None:
+            per_token = per_token * behaviour_weights(old, c["rollout"], mask, cfg.behav_imp_weight_cap)
+        weights = c["weights"]
+        loss = weights * per_token
+        if self.kl_estimator is not None:
+            loss = loss + cfg.kl_beta * (weights * self.kl_estimator(logp, c["ref"]))
+        if self.needs_entropy:
+            if entropy is None:
+                raise ValueError(f"[grpo] entropy_coeff = {cfg.entropy_coeff} needs the entropy: run the head "
+                                 "with with_entropy=True")
+            loss = loss - cfg.entropy_coeff * (weights * entropy[None])
+        if c["positive"] is not None:
+            loss = loss + cfg.positive_nll_coef * (weights * torch.where(c["positive"], -logp, torch.zeros_like(logp)))
+        return torch.where(mask.bool(), loss, torch.zeros_like(loss))[0]
+
+
+def grpo_token_loss(
+    old_logprobs: torch.Tensor | None,
+    advantages: torch.Tensor,
+    mask: torch.Tensor,
+    positions: ScoredPositions,
+    *,
+    cfg: GRPOConfig,
+    ref_logprobs: torch.Tensor | None = None,
+    rollout_logprobs: torch.Tensor | None = None,
+    dp_token_count: float | torch.Tensor | None = None,
+) -> GRPOTokenLoss | None:
+    """:func:`grpo_loss` (same arguments) as per-token terms at ``positions``, for the fused LM head.
+
+    Args:
+        old_logprobs: [B, T], or None for the on-policy case where the old policy is the forward
+            being trained (``grpo_loss`` then gets ``logprobs.detach()``).
+        positions: the scored positions the head runs over
+            (``cp.algo.scored_positions(input_ids, mask=mask)``, moved to the tensors' device).
+        advantages, mask, cfg, ref_logprobs, rollout_logprobs, dp_token_count: as for ``grpo_loss``.
+
+    Returns:
+        A :class:`GRPOTokenLoss`, or None when the configured loss is not a sum of per-token terms:
+        GSPO (one ratio per sequence), off-policy sequence masking (a sequence mean of log-probs),
+        or a registered policy loss, KL estimator or aggregation other than the built-in token-wise
+        ones. Gathering the constants makes no host sync.
+    """
+    _check_loss_inputs(cfg, ref_logprobs, None, entropy_known=False)
+    policy_loss = get_policy_loss(resolve_policy_loss(cfg))
+    if policy_loss not in _TOKENWISE_POLICY_LOSSES or cfg.off_policy_masking_delta is not None:
+        return None
+    kl_estimator = None
+    if ref_logprobs is not None and cfg.kl_beta != 0.0:
+        kl_estimator = get_kl_estimator(cfg.kl_estimator)
+        if kl_estimator not in _TOKENWISE_KL_ESTIMATORS:
+            return None
+    weights = aggregation_weights(resolve_loss_type(cfg), mask, token_count=dp_token_count,
+                                  max_tokens=cfg.unbiased_loss_max_tokens, dtype=advantages.dtype)
+    if weights is None:
+        return None
+    if mask.ndim != 2 or positions.shape != tuple(mask.shape):
+        raise ValueError(f"mask {tuple(mask.shape)} must be the [B, T] of the positions {positions.shape}")
+    index = positions.index.to(mask.device)
+
+    def at_positions(values: torch.Tensor | None) -> torch.Tensor | None:
+        return None if values is None else values.detach().reshape(-1).index_select(0, index)
+
+    adv = token_advantages(advantages, mask.to(advantages.dtype))
+    behaviour = None
+    if rollout_logprobs is not None and old_logprobs is not None:
+        behaviour = behaviour_weights(old_logprobs, rollout_logprobs, mask, cfg.behav_imp_weight_cap)
+    positive = (mask.bool() & (adv > 0)) if cfg.positive_nll_coef else None
+    constants = {
+        "mask": mask, "advantages": adv, "old": old_logprobs, "weights": weights, "behaviour": behaviour,
+        "rollout": rollout_logprobs if behaviour is None else None, "ref": ref_logprobs if kl_estimator else None,
+        "positive": positive,
+    }
+    return GRPOTokenLoss(cfg, policy_loss, kl_estimator, {k: at_positions(v) for k, v in constants.items()})

@@ -186,7 +186,8 @@ class WFMConfig(Section):
     ddrl_rollout_sigma: bool = True
     ddrl_loss_weighting: Literal["velocity", "x0"] = "velocity"
     train_step_fraction: float = 1.0
-    # optimizer steps per rollout batch (the rollout batch is split into this many mini-batches)
+    # optimizer steps per rollout batch (the rollout batch is split into this many mini-batches); each
+    # accumulates the gradients of micro-batches of [train.train_policy] mini_batch samples (its memory)
     num_minibatches: AtLeastOne = 1
     # DiffusionNFT: the implicit-policy step beta, forward-process points per sample, their t range
     nft_beta: float = 1.0

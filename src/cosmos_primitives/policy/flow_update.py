@@ -3,7 +3,17 @@ term) on the recorded SDE steps, or DiffusionNFT on the clean samples alone.
 
 Both split the batch into ``[wfm] num_minibatches`` mini-batches with one optimizer step each,
 clip the gradient norm, and guard the step with ``cp.checkpoint.check_finite`` (``[train] nonfinite``).
-They return the mean of each metric over the mini-batches.
+They return the mean of each metric over the mini-batches (and trained steps / forward-process points).
+
+Gradient accumulation: each mini-batch runs forward / backward in micro-batches of ``micro_batch``
+samples (``[train.train_policy] mini_batch`` in ``examples/wfm_rl.py``; ``None``: the whole
+mini-batch at once). Every loss here is a mean over samples, so each micro-batch's loss is scaled
+by its share of the mini-batch (``samples / mini-batch samples``) and the accumulated gradient is
+the mini-batch's own; the random draws (trained steps, DDRL noise, DiffusionNFT points) are made
+for the whole mini-batch before it is split, so the result does not depend on ``micro_batch``
+(up to float rounding). Only one micro-batch's activations (one trained step, one forward pass)
+are alive at a time: with the transformer's gradient checkpointing that is its block inputs plus
+one block recomputed in backward. Under FSDP2 each backward reduce-scatters the (LoRA) gradients.
 """
 
 from __future__ import annotations
@@ -38,48 +48,108 @@ def _optimizer_step(policy: DiffusionPolicy, optimizer: Any, loss: torch.Tensor,
     return float(grad_norm)
 
 
+def split_rows(rows: slice, size: int | None) -> list[slice]:
+    """``rows`` (a ``slice`` with start and stop) cut into consecutive slices of at most ``size`` rows
+    (``None``: one slice, the whole range)."""
+    if size is not None and size < 1:
+        raise ValueError(f"micro-batch size must be >= 1 ([train.train_policy] mini_batch); got {size}")
+    step = rows.stop - rows.start if size is None else size
+    return [slice(i, min(i + step, rows.stop)) for i in range(rows.start, rows.stop, max(step, 1))]
+
+
+def minibatch_rows(batch: int, num_minibatches: int) -> list[slice]:
+    """The rows of each of ``num_minibatches`` mini-batches of a ``batch``-sample rollout batch, as
+    ``torch.arange(batch).chunk(num_minibatches)`` cuts them (contiguous, the last may be shorter)."""
+    return [slice(int(c[0]), int(c[-1]) + 1) for c in torch.arange(batch).chunk(num_minibatches)]
+
+
+class _WeightedMeans:
+    """Per-key weighted sums of 0-d tensors (one ``.item()`` per key when read): the mean of a metric
+    over a mini-batch from its micro-batches' means, each weighted by its share of the samples."""
+
+    def __init__(self) -> None:
+        self.sums: dict[str, torch.Tensor] = {}
+
+    def add(self, values: dict[str, torch.Tensor], weight: float) -> None:
+        for key, value in values.items():
+            value = value.detach().float() * weight
+            self.sums[key] = self.sums[key] + value if key in self.sums else value
+
+    def flush_into(self, metrics: dict[str, list[float]]) -> None:
+        for key, value in self.sums.items():
+            metrics.setdefault(key, []).append(value.item())
+        self.sums = {}
+
+
+def _ddrl_draws(clips: torch.Tensor, w: WFMConfig,
+                generator: torch.Generator) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+    """The data term's fresh noise ``[n, C, T, H, W]`` and sigma ``[n]`` for a mini-batch's clips (each None
+    where the rollout's own is reused), drawn as ``ddrl_data_loss`` would draw them for the whole mini-batch."""
+    noise = sigma = None
+    if not w.ddrl_rollout_noise:
+        noise = torch.randn(clips.shape, generator=generator, device=clips.device, dtype=torch.float32)
+    if not w.ddrl_rollout_sigma:
+        sigma = torch.rand(clips.shape[0], generator=generator, device=clips.device)
+    return noise, sigma
+
+
 def flow_grpo_update(policy: DiffusionPolicy, velocity: VelocityFn, optimizer: Any, traj: FlowTrajectory,
                      text: torch.Tensor, negative: torch.Tensor | None, advantages: torch.Tensor,
                      clips: torch.Tensor | None, w: WFMConfig, grad_clip: float, rng: dict[str, torch.Generator],
-                     *, step: int, nonfinite: str) -> dict[str, float]:
+                     *, step: int, nonfinite: str, micro_batch: int | None = None) -> dict[str, float]:
     """The FlowGRPO loss over a random ``train_step_fraction`` of the trajectory's SDE steps (``rng["train_steps"]``),
     + ``data_beta`` x the DDRL data loss on ``clips`` ``[B, C, T, H, W]`` (latents; ``rng["ddrl"]``) when given.
 
     ``text`` ``[B, L, D]``, ``advantages`` ``[B]``; ``negative`` the guidance's ``[1, L, D]`` or None.
+    ``micro_batch``: samples per forward / backward (module docstring); None: a whole mini-batch.
     The trajectory's conditioning frames (image- / video-to-world) stay out of the log-probs, the KL and
     the data loss (the clips' first frames are the condition there).
+
+    Per mini-batch of ``n`` samples and ``P`` trained steps the loss is
+    ``1/P sum_steps [policy loss + kl_beta KL + data_beta data loss]``, each term a mean over the ``n``
+    samples. The data term runs its own forward / backward after the policy term's, so the two
+    forward graphs are never alive together.
     """
     num_train_timesteps = policy.num_train_timesteps
     positions = select_train_steps(traj.sde_steps.numel(), w.train_step_fraction, generator=rng["train_steps"])
     k = traj.num_condition_frames
     metrics: dict[str, list[float]] = {}
-    for mb in torch.arange(traj.batch_size).chunk(w.num_minibatches):
-        sub, sub_text, sub_adv = traj.select(mb), text[mb], advantages[mb]
+    for rows in minibatch_rows(traj.batch_size, w.num_minibatches):
+        n = rows.stop - rows.start
         optimizer.zero_grad(set_to_none=True)
         mb_loss = torch.zeros((), device=text.device)
         for pos in positions.tolist():
-            now = recompute_step(velocity, sub, int(sub.sde_steps[pos]), sub_text, negative)
-            kl = None
-            if w.kl_beta > 0:
-                with policy.reference() as ref_velocity:
-                    ref = recompute_step(ref_velocity, sub, int(sub.sde_steps[pos]), sub_text, negative)
-                kl = gaussian_mean_kl(now.mean[:, :, k:], ref.mean[:, :, k:], now.std, reduction=w.kl_reduction)
-            out = flow_grpo_loss(now.log_prob, sub.log_probs[:, pos], sub_adv, clip_range=w.clip_range,
-                                 adv_clip_max=w.adv_clip_max, kl=kl, kl_beta=w.kl_beta)
-            loss = out.loss
-            if clips is not None:
-                with torch.set_grad_enabled(w.data_beta > 0):  # with data_beta = 0 it is only measured
-                    data = ddrl_data_loss(velocity, clips[mb], sub_text,
-                                          noise=sub.initial_noise if w.ddrl_rollout_noise else None,
-                                          sigma=now.sigma if w.ddrl_rollout_sigma else None,
-                                          generator=rng["ddrl"], num_train_timesteps=num_train_timesteps,
-                                          weighting=w.ddrl_loss_weighting, num_condition_frames=k)
-                loss = loss + w.data_beta * data.loss
-                metrics.setdefault("data_loss", []).append(data.loss.item())
-            (loss / len(positions)).backward()
-            mb_loss += loss.detach() / len(positions)
-            for key in ("policy_loss", "kl", "clip_fraction", "approx_kl", "ratio_mean"):
-                metrics.setdefault(key, []).append(getattr(out, key).item())
+            sde_step = int(traj.sde_steps[pos])
+            noise, sigma = _ddrl_draws(clips[rows], w, rng["ddrl"]) if clips is not None else (None, None)
+            step_means = _WeightedMeans()
+            for micro in split_rows(rows, micro_batch):
+                share = (micro.stop - micro.start) / n  # the micro-batch's weight in the mini-batch mean
+                sub, sub_text = traj.select(micro), text[micro]
+                now = recompute_step(velocity, sub, sde_step, sub_text, negative)
+                kl = None
+                if w.kl_beta > 0:
+                    with policy.reference() as ref_velocity:
+                        ref = recompute_step(ref_velocity, sub, sde_step, sub_text, negative)
+                    kl = gaussian_mean_kl(now.mean[:, :, k:], ref.mean[:, :, k:], now.std, reduction=w.kl_reduction)
+                out = flow_grpo_loss(now.log_prob, sub.log_probs[:, pos], advantages[micro], clip_range=w.clip_range,
+                                     adv_clip_max=w.adv_clip_max, kl=kl, kl_beta=w.kl_beta)
+                (out.loss * (share / len(positions))).backward()
+                mb_loss += out.loss.detach() * (share / len(positions))
+                step_means.add({key: getattr(out, key) for key in ("policy_loss", "kl", "clip_fraction", "approx_kl",
+                                                                    "ratio_mean")}, share)
+                if clips is not None:
+                    offset = slice(micro.start - rows.start, micro.stop - rows.start)  # into the mini-batch's draws
+                    with torch.set_grad_enabled(w.data_beta > 0):  # with data_beta = 0 it is only measured
+                        data = ddrl_data_loss(velocity, clips[micro], sub_text,
+                                              noise=sub.initial_noise if noise is None else noise[offset],
+                                              sigma=now.sigma if sigma is None else sigma[offset],
+                                              num_train_timesteps=num_train_timesteps,
+                                              weighting=w.ddrl_loss_weighting, num_condition_frames=k)
+                    if w.data_beta > 0:
+                        (data.loss * (w.data_beta * share / len(positions))).backward()
+                    mb_loss += data.loss.detach() * (w.data_beta * share / len(positions))
+                    step_means.add({"data_loss": data.loss}, share)
+            step_means.flush_into(metrics)
         metrics.setdefault("grad_norm", []).append(
             _optimizer_step(policy, optimizer, mb_loss, grad_clip, step=step, nonfinite=nonfinite))
     return {k: sum(v) / len(v) for k, v in metrics.items()}
@@ -88,7 +158,7 @@ def flow_grpo_update(policy: DiffusionPolicy, velocity: VelocityFn, optimizer: A
 def diffusion_nft_update(policy: DiffusionPolicy, velocity: VelocityFn, optimizer: Any, samples: torch.Tensor,
                          text: torch.Tensor, advantages: torch.Tensor, w: WFMConfig, grad_clip: float,
                          generator: torch.Generator, *, step: int, nonfinite: str,
-                         condition: torch.Tensor | None = None) -> dict[str, float]:
+                         condition: torch.Tensor | None = None, micro_batch: int | None = None) -> dict[str, float]:
     """DiffusionNFT (``cp.algo.diffusion_nft_loss``) on the clean rollout samples ``[B, C, T, H, W]``.
 
     Each sample gets ``[wfm] nft_num_timesteps`` forward-process points ``x_t = (1 - t) x0 + t eps``
@@ -97,6 +167,8 @@ def diffusion_nft_update(policy: DiffusionPolicy, velocity: VelocityFn, optimize
     mini-batches are pulled relative to the policy that generated the batch. No guidance (CFG-free).
     ``condition`` ``[B, C, K, H, W]`` (image- / video-to-world): the clean first ``K`` latent frames of
     every ``x_t`` (the model's condition); the loss covers the generated frames ``K:`` only.
+    ``micro_batch``: samples per forward / backward, for ``v_old`` too (module docstring); None: a
+    whole mini-batch (``v_old``: the whole batch).
     """
     nt = policy.num_train_timesteps
     b = samples.shape[0]
@@ -108,31 +180,37 @@ def diffusion_nft_update(policy: DiffusionPolicy, velocity: VelocityFn, optimize
         x_t, _ = noisy_latents(samples.float().cpu(), eps, t)
         draws.append((replace_condition_frames(x_t.to(samples.device), condition), t.to(samples.device)))
 
-    def v_at(fn: VelocityFn, x_t: torch.Tensor, t: torch.Tensor, mb: Any = slice(None)) -> torch.Tensor:
-        """The velocity at ``x_t[mb]``, ``t[mb]``; ``[mb, C, T, H, W]``."""
+    def v_at(fn: VelocityFn, x_t: torch.Tensor, t: torch.Tensor, rows: slice) -> torch.Tensor:
+        """The velocity at ``x_t[rows]``, ``t[rows]``; ``[rows, C, T, H, W]``."""
         if k:
-            return fn(x_t[mb], t[mb] * nt, text[mb], num_condition_frames=k)
-        return fn(x_t[mb], t[mb] * nt, text[mb])
+            return fn(x_t[rows], t[rows] * nt, text[rows], num_condition_frames=k)
+        return fn(x_t[rows], t[rows] * nt, text[rows])
 
     with torch.no_grad():
-        v_old = [v_at(velocity, x_t, t) for x_t, t in draws]
+        v_old = [torch.cat([v_at(velocity, x_t, t, rows) for rows in split_rows(slice(0, b), micro_batch)])
+                 for x_t, t in draws]
     metrics: dict[str, list[float]] = {}
-    for mb in torch.arange(b).chunk(w.num_minibatches):
+    for rows in minibatch_rows(b, w.num_minibatches):
+        n = rows.stop - rows.start
         optimizer.zero_grad(set_to_none=True)
         mb_loss = torch.zeros((), device=text.device)
         for (x_t, t), old in zip(draws, v_old):
-            v_theta = v_at(velocity, x_t, t, mb)[:, :, k:]
-            v_ref = None
-            if w.kl_beta > 0:
-                with policy.reference() as ref_velocity:
-                    v_ref = v_at(ref_velocity, x_t, t, mb)[:, :, k:]
-            out = diffusion_nft_loss(v_theta, old[mb][:, :, k:], x_t[mb][:, :, k:], samples[mb][:, :, k:], t[mb],
-                                     advantages[mb], beta=w.nft_beta, adv_clip_max=w.adv_clip_max, v_ref=v_ref,
-                                     kl_beta=w.kl_beta)
-            (out.loss / len(draws)).backward()
-            mb_loss += out.loss.detach() / len(draws)
-            for key in ("policy_loss", "positive_loss", "negative_loss", "kl"):
-                metrics.setdefault(key, []).append(getattr(out, key).item())
+            point_means = _WeightedMeans()
+            for micro in split_rows(rows, micro_batch):
+                share = (micro.stop - micro.start) / n
+                v_theta = v_at(velocity, x_t, t, micro)[:, :, k:]
+                v_ref = None
+                if w.kl_beta > 0:
+                    with policy.reference() as ref_velocity:
+                        v_ref = v_at(ref_velocity, x_t, t, micro)[:, :, k:]
+                out = diffusion_nft_loss(v_theta, old[micro][:, :, k:], x_t[micro][:, :, k:],
+                                         samples[micro][:, :, k:], t[micro], advantages[micro], beta=w.nft_beta,
+                                         adv_clip_max=w.adv_clip_max, v_ref=v_ref, kl_beta=w.kl_beta)
+                (out.loss * (share / len(draws))).backward()
+                mb_loss += out.loss.detach() * (share / len(draws))
+                point_means.add({key: getattr(out, key) for key in ("policy_loss", "positive_loss", "negative_loss",
+                                                                     "kl")}, share)
+            point_means.flush_into(metrics)
         metrics.setdefault("grad_norm", []).append(
             _optimizer_step(policy, optimizer, mb_loss, grad_clip, step=step, nonfinite=nonfinite))
     return {k: sum(v) / len(v) for k, v in metrics.items()}

@@ -19,10 +19,11 @@ import attrs
 import torch
 
 from cosmos_primitives.algo.aggregation import dp_mean_token_count
-from cosmos_primitives.algo.grpo_loss import grpo_loss
-from cosmos_primitives.algo.logprobs import TokenLogProbs
+from cosmos_primitives.algo.grpo_loss import grpo_loss, grpo_token_loss
+from cosmos_primitives.algo.logprobs import ScoredPositions, TokenLogProbs, scored_positions
 from cosmos_primitives.algo.prefix_filter import mask_shared_prefixes
 from cosmos_primitives.checkpoint.nonfinite import check_finite
+from cosmos_primitives.config.grpo import GRPOConfig
 from cosmos_primitives.data.rollout_batch import RolloutBatch
 from cosmos_primitives.parallel.grad_norm import clip_grad_norm_
 from cosmos_primitives.parallel.mesh import ParallelMesh
@@ -60,11 +61,69 @@ def grpo_reference(cfg: Config, policy: torch.nn.Module, device: torch.device | 
     return build_policy(cfg.policy, mesh, device=device, train=cfg.train, frozen=True)
 
 
-def _logprobs(model: torch.nn.Module, batch: RolloutBatch, rows: slice, *, temperature: float, chunk_size: int,
-              with_entropy: bool = False) -> TokenLogProbs:
-    """Log-probs (and entropy) of the completion tokens of ``batch`` rows ``rows``: ``[rows, T]`` float32."""
+def _logprobs(model: torch.nn.Module, batch: RolloutBatch, rows: slice, positions: ScoredPositions, *,
+              temperature: float, chunk_size: int) -> TokenLogProbs:
+    """Log-probs of the completion tokens of ``batch`` rows ``rows``: ``[rows, T]`` float32."""
     return token_logprobs(model, batch.rows(rows), mask=batch.completion_mask[rows], chunk_size=chunk_size,
-                          with_entropy=with_entropy, temperature=temperature)
+                          temperature=temperature, positions=positions)
+
+
+def _context_parallel(policy: torch.nn.Module) -> bool:
+    group = getattr(policy, "cp_group", None)
+    return group is not None and torch.distributed.get_world_size(group) > 1
+
+
+def grpo_micro_batch_loss(
+    policy: torch.nn.Module,
+    inputs: dict[str, Any],
+    mask: torch.Tensor,
+    advantages: torch.Tensor,
+    cfg: GRPOConfig,
+    *,
+    positions: ScoredPositions | None = None,
+    old_logprobs: torch.Tensor | None = None,
+    ref_logprobs: torch.Tensor | None = None,
+    rollout_logprobs: torch.Tensor | None = None,
+    token_count: float | torch.Tensor | None = None,
+    temperature: float = 1.0,
+    chunk_size: int | None = None,
+    fused: bool = True,
+) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """The forward and ``[grpo]`` loss of one micro-batch: ``(loss to back-propagate, metrics)``.
+
+    With ``fused`` (and a loss that is a sum of per-token terms, :func:`cp.algo.grpo_token_loss`;
+    not under context parallelism) the LM head forms the loss's gradient in its forward (three head
+    GEMMs instead of four); the loss's value, its gradient and the metrics are those of
+    ``cp.algo.grpo_loss`` on the log-probs and entropy either way.
+
+    Args:
+        policy: the trained policy (``cp.policy.CausalLMPolicy``).
+        inputs: the micro-batch's model inputs (``batch.rows(rows)``: ``input_ids`` ``[R, T]`` and more).
+        mask: ``[R, T]`` completion mask.
+        advantages: ``[R]`` (or ``[R, T]``).
+        positions: the scored positions, ``cp.algo.scored_positions(input_ids, mask=mask)`` found on
+            the host from CPU copies; None: found from ``inputs`` / ``mask`` where they are (a host
+            sync on a GPU).
+        old_logprobs: ``[R, T]`` the PPO ratio's old policy; None: this forward's (on-policy).
+        ref_logprobs, rollout_logprobs, token_count: ``grpo_loss``'s ``ref_logprobs``,
+            ``rollout_logprobs`` and ``dp_token_count``.
+        temperature, chunk_size: for ``token_logprobs``.
+
+    Returns:
+        ``grpo_loss``'s ``(loss, metrics)``; the metrics are detached device tensors.
+    """
+    if positions is None:
+        positions = scored_positions(inputs["input_ids"], mask=mask)
+    token_loss = None
+    if fused and not _context_parallel(policy):
+        token_loss = grpo_token_loss(old_logprobs, advantages, mask, positions.to(mask.device), cfg=cfg,
+                                     ref_logprobs=ref_logprobs, rollout_logprobs=rollout_logprobs,
+                                     dp_token_count=token_count)
+    out = token_logprobs(policy, inputs, mask=mask, chunk_size=chunk_size, with_entropy=True,
+                         temperature=temperature, token_loss=token_loss, positions=positions)
+    return grpo_loss(out.logprobs, out.logprobs.detach() if old_logprobs is None else old_logprobs, advantages,
+                     mask, cfg=cfg, ref_logprobs=ref_logprobs, rollout_logprobs=rollout_logprobs,
+                     entropy=out.entropy, dp_token_count=token_count, weighted_sum=out.weighted_sum)
 
 
 def grpo_update(policy: torch.nn.Module, reference: torch.nn.Module | None, optimizer: torch.optim.Optimizer,
@@ -79,7 +138,14 @@ def grpo_update(policy: torch.nn.Module, reference: torch.nn.Module | None, opti
     of the update. With ``[grpo] behav_imp_weight_cap`` or ``off_policy_masking_delta`` set, the
     engine's log-probs go to the loss as the behaviour policy (AReaL behaviour weights / off-policy
     masking) and the ratio's old policy is the weights at the start of the update. The loss is the
-    token mean over every micro-batch of every data-parallel rank of ``dp_group``.
+    token mean over every micro-batch of every data-parallel rank of ``dp_group``. Each micro-batch
+    runs :func:`grpo_micro_batch_loss` (the fused head where the loss allows it).
+
+    Host syncs: the scored positions of every micro-batch are found once, on the host, from one
+    copy of ``input_ids`` and ``completion_mask``; the metrics come back in one transfer after the
+    last backward; so the forwards and backwards wait for the GPU nowhere (the gradient clipping and
+    the finite check between optimizer steps do, and one synchronisation ends the old / reference
+    log-prob phase so that ``times`` are the GPU's).
 
     Args:
         policy: the trained policy (``cp.policy.CausalLMPolicy``, FSDP2-sharded or not).
@@ -112,37 +178,45 @@ def grpo_update(policy: torch.nn.Module, reference: torch.nn.Module | None, opti
     token_count = dp_mean_token_count(batch.completion_mask, dp_group)
     if float(token_count) == 0.0:  # every group of every rank was dropped (all-reduced: all ranks agree)
         return GRPOUpdate({}, 0.0, {"logprobs": time.perf_counter() - t0, "update": 0.0})
+    device = batch.completion_mask.device
+    host_ids, host_mask = batch.inputs["input_ids"].cpu(), batch.completion_mask.cpu()
+    positions = [scored_positions(host_ids[r], mask=host_mask[r]).to(device) for r in rows]
+    shares = [float(host_mask[r].sum() / host_mask.sum()) for r in rows]  # of the metrics' token-weighted means
     # None: this update's first forward is the old policy (free when there is one iteration)
     old = [batch.rollout_logprobs[r] for r in rows]
     with torch.no_grad():
         if behaviour_logprobs or grpo.old_logprobs == "recompute":
-            old = [_logprobs(policy, batch, r, temperature=temperature, chunk_size=chunk).logprobs
-                   for r in rows] if grpo.mu_iterations > 1 else None
+            old = [_logprobs(policy, batch, r, p, temperature=temperature, chunk_size=chunk).logprobs
+                   for r, p in zip(rows, positions, strict=True)] if grpo.mu_iterations > 1 else None
         with adapters_disabled(policy.hf_model) if reference is policy else contextlib.nullcontext():
-            ref = [_logprobs(reference, batch, r, temperature=temperature, chunk_size=chunk).logprobs
-                   for r in rows] if reference is not None else None
+            ref = [_logprobs(reference, batch, r, p, temperature=temperature, chunk_size=chunk).logprobs
+                   for r, p in zip(rows, positions, strict=True)] if reference is not None else None
+    if device.type == "cuda" and (old is not None or ref is not None):
+        torch.cuda.synchronize(device)
     times["logprobs"] = time.perf_counter() - t0
 
     t0 = time.perf_counter()
-    metric_sums: dict[str, float] = {}
+    micro_metrics: list[dict[str, torch.Tensor]] = []
     for _ in range(grpo.mu_iterations):
         iteration_loss = torch.zeros((), device=advantages.device)
         for i, r in enumerate(rows):
-            out = _logprobs(policy, batch, r, temperature=temperature, chunk_size=chunk, with_entropy=True)
-            loss, metrics = grpo_loss(
-                out.logprobs, old[i] if old else out.logprobs.detach(), advantages[r],
-                batch.completion_mask[r], cfg=grpo, ref_logprobs=ref[i] if ref else None,
+            loss, metrics = grpo_micro_batch_loss(
+                policy, batch.rows(r), batch.completion_mask[r], advantages[r], grpo, positions=positions[i],
+                old_logprobs=old[i] if old else None, ref_logprobs=ref[i] if ref else None,
                 rollout_logprobs=batch.rollout_logprobs[r] if behaviour_logprobs else None,
-                entropy=out.entropy, dp_token_count=token_count)
+                token_count=token_count, temperature=temperature, chunk_size=chunk)
             loss.backward()
             iteration_loss += loss.detach()
-            weight = float(batch.completion_mask[r].sum() / batch.completion_mask.sum())
-            for k, v in metrics.items():
-                metric_sums[k] = metric_sums.get(k, 0.0) + float(v) * weight / grpo.mu_iterations
+            micro_metrics.append(metrics)
         grad_norm = clip_grad_norm_(policy.parameters(), cfg.train.optm_grad_norm_clip)
         # a NaN / inf loss or gradient stops the run ([train] nonfinite = "stop") or skips this step
         if check_finite(iteration_loss, grad_norm, step=step, mode=cfg.train.nonfinite, group=dp_group):
             optimizer.step()
         optimizer.zero_grad(set_to_none=True)
+    values = iter(torch.stack([v for m in micro_metrics for v in m.values()]).tolist())
+    metric_sums: dict[str, float] = {}
+    for i, metrics in enumerate(micro_metrics):
+        for k in metrics:
+            metric_sums[k] = metric_sums.get(k, 0.0) + next(values) * shares[i % len(rows)] / grpo.mu_iterations
     times["update"] = time.perf_counter() - t0
     return GRPOUpdate({k: metric_sums[k] for k in LOGGED_METRICS if k in metric_sums}, float(grad_norm), times)

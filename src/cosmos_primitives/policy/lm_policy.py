@@ -16,8 +16,8 @@ import torch
 import torch.distributed as dist
 from torch.distributed.tensor import DTensor, Replicate
 
-from cosmos_primitives.algo.fused_logprob_loss import weighted_logprobs_from_hidden
-from cosmos_primitives.algo.logprobs import TokenLogProbs, token_logprobs_from_hidden
+from cosmos_primitives.algo.fused_logprob_loss import TokenLoss, token_loss_from_hidden, weighted_logprobs_from_hidden
+from cosmos_primitives.algo.logprobs import ScoredPositions, TokenLogProbs, scored_positions, token_logprobs_from_hidden
 from cosmos_primitives.parallel.varlen_attention import packed_attention_kwargs, varlen_attention_enabled
 from cosmos_primitives.policy.cp_logprobs import context_parallel_token_logprobs
 
@@ -77,14 +77,21 @@ def hf_token_logprobs(
     with_entropy: bool = False,
     temperature: float = 1.0,
     loss_weights: torch.Tensor | None = None,
+    token_loss: TokenLoss | None = None,
+    positions: ScoredPositions | None = None,
     cp_group: dist.ProcessGroup | None = None,
     **model_inputs: Any,
 ) -> TokenLogProbs:
     """Backbone forward, then the chunked log-prob head (see :class:`CausalLMPolicy.forward`)."""
     if loss_weights is not None and with_entropy:
         raise ValueError("loss_weights (the fused log-prob loss) cannot be combined with with_entropy=True")
+    if loss_weights is not None and token_loss is not None:
+        raise ValueError("pass loss_weights or token_loss, not both (loss_weights is the token loss w * logprobs)")
     model_inputs.pop("use_cache", None)
     if cp_group is not None and dist.get_world_size(cp_group) > 1:
+        if token_loss is not None:
+            raise NotImplementedError("token_loss (the fused per-token loss) is not available with context "
+                                      "parallelism; compute the log-probs and the loss separately")
         return context_parallel_token_logprobs(
             hf_model, backbone_of(hf_model), _head_weight(hf_model), input_ids, cp_group, labels=labels, mask=mask,
             chunk_size=chunk_size, with_entropy=with_entropy, temperature=temperature, loss_weights=loss_weights,
@@ -96,9 +103,12 @@ def hf_token_logprobs(
     weight = _head_weight(hf_model)
     if loss_weights is not None:
         return weighted_logprobs_from_hidden(hidden, weight, input_ids, loss_weights, labels=labels, mask=mask,
-                                             chunk_size=chunk_size)
-    return token_logprobs_from_hidden(hidden, weight, input_ids, labels=labels, mask=mask, chunk_size=chunk_size,
-                                      with_entropy=with_entropy)
+                                             positions=positions, chunk_size=chunk_size)
+    if token_loss is not None:
+        return token_loss_from_hidden(hidden, weight, input_ids, token_loss, labels=labels, mask=mask,
+                                      positions=positions, chunk_size=chunk_size, with_entropy=with_entropy)
+    return token_logprobs_from_hidden(hidden, weight, input_ids, labels=labels, mask=mask, positions=positions,
+                                      chunk_size=chunk_size, with_entropy=with_entropy)
 
 
 class CausalLMPolicy(torch.nn.Module):
@@ -134,6 +144,8 @@ class CausalLMPolicy(torch.nn.Module):
         chunk_size: int | None = None,
         temperature: float = 1.0,
         loss_weights: torch.Tensor | None = None,
+        token_loss: TokenLoss | None = None,
+        positions: ScoredPositions | None = None,
         **model_inputs: Any,
     ) -> TokenLogProbs:
         """Per-token log-probs of ``input_ids`` under the model.
@@ -151,6 +163,13 @@ class CausalLMPolicy(torch.nn.Module):
                 ``sum(w * logprobs)`` and its gradient in this forward pass (fewer LM-head GEMMs;
                 e.g. ``cp.algo.sft_token_weights``); returned as ``weighted_sum``, with
                 ``logprobs`` detached. Not with ``with_entropy``.
+            token_loss: per-token loss contributions ``token_loss(logprobs [n], entropy [n] or None,
+                rows) -> [n]`` (:data:`~cosmos_primitives.algo.fused_logprob_loss.TokenLoss`, e.g.
+                ``cp.algo.grpo_token_loss``): also compute their sum and its gradient in this forward
+                pass; returned as ``weighted_sum``, with ``logprobs`` and ``entropy`` detached. Not
+                with context parallelism.
+            positions: the scored positions (:func:`~cosmos_primitives.algo.logprobs.scored_positions`),
+                found beforehand on the host; ``labels`` / ``mask`` are then not read by the head.
             **model_inputs: passed to the backbone: ``attention_mask`` ``[B, T]`` (omit for packed
                 rows), ``position_ids`` ``[B, T]`` or ``[3 or 4, B, T]`` (mRoPE), ``pixel_values``,
                 ``image_grid_thw``, ``pixel_values_videos``, ``video_grid_thw``, ``second_per_grid_ts``.
@@ -163,7 +182,8 @@ class CausalLMPolicy(torch.nn.Module):
         return hf_token_logprobs(
             self.hf_model, input_ids, labels=labels, mask=mask, with_entropy=with_entropy,
             chunk_size=self.chunk_size if chunk_size is None else chunk_size, temperature=temperature,
-            loss_weights=loss_weights, cp_group=self.cp_group, **model_inputs,
+            loss_weights=loss_weights, token_loss=token_loss, positions=positions, cp_group=self.cp_group,
+            **model_inputs,
         )
 
 
@@ -176,8 +196,14 @@ def token_logprobs(
     mask: torch.Tensor | None = None,
     temperature: float = 1.0,
     loss_weights: torch.Tensor | None = None,
+    token_loss: TokenLoss | None = None,
+    positions: ScoredPositions | None = None,
 ) -> TokenLogProbs:
     """Per-token log-probs of a collated batch (``cp.data`` packed or padded).
+
+    The positions to score are found where the batch's ``input_ids`` / ``labels`` / ``mask`` are,
+    before they are moved: on the host for a loader's CPU batch, so that a GPU forward and backward
+    make no host sync (a batch already on the GPU costs one, unless ``positions`` are given).
 
     Args:
         model: a :class:`CausalLMPolicy` (sharded or not; called through its ``forward``) or a
@@ -195,22 +221,31 @@ def token_logprobs(
         loss_weights: ``[B, T]`` constants: also return ``weighted_sum = sum(loss_weights *
             logprobs)`` with its gradient computed in the forward pass (see
             :meth:`CausalLMPolicy.forward`); SFT passes ``cp.algo.sft_token_weights(labels)``.
+        token_loss: per-token loss contributions whose sum and gradient the head computes in the
+            forward (see :meth:`CausalLMPolicy.forward`); GRPO passes ``cp.algo.grpo_token_loss(...)``.
+        positions: the scored positions, found beforehand (``cp.algo.scored_positions``).
     """
     device = next(model.parameters()).device
 
     def to_device(value: Any) -> Any:
         return value.to(device, non_blocking=True) if isinstance(value, torch.Tensor) else value
 
+    if positions is None:
+        ids = batch["input_ids"]
+        labels = batch.get("labels")
+        positions = scored_positions(ids, labels=None if labels is None else labels.to(ids.device),
+                                     mask=None if mask is None else mask.to(ids.device))
     inputs = {k: to_device(batch[k]) for k in MODEL_INPUT_KEYS if batch.get(k) is not None}
     if batch.get("attention_mask") is None and varlen_attention_enabled(model):
         # sample offsets from the loader's CPU positions: the device never waits for them
         kwargs = packed_attention_kwargs(batch["input_ids"], batch.get("position_ids"))
         inputs.update({k: to_device(v) for k, v in kwargs.items()})
     input_ids, labels, mask = to_device(batch["input_ids"]), to_device(batch.get("labels")), to_device(mask)
-    loss_weights = to_device(loss_weights)
+    loss_weights, positions = to_device(loss_weights), positions.to(device)
     if isinstance(model, CausalLMPolicy):
         return model(input_ids, labels=labels, mask=mask, with_entropy=with_entropy, chunk_size=chunk_size,
-                     temperature=temperature, loss_weights=loss_weights, **inputs)
+                     temperature=temperature, loss_weights=loss_weights, token_loss=token_loss,
+                     positions=positions, **inputs)
     return hf_token_logprobs(model, input_ids, labels=labels, mask=mask, with_entropy=with_entropy,
                              chunk_size=chunk_size or 1024, temperature=temperature, loss_weights=loss_weights,
-                             **inputs)
+                             token_loss=token_loss, positions=positions, **inputs)

@@ -19,6 +19,10 @@ minus its resident size just before the model is built. To make it track live te
 
 torch's CPU allocator has no cache, so on the CPU the resident set is what tensors hold plus a few
 MiB of interpreter noise. Linux only.
+
+Without running anything, :class:`TensorMemoryTracker` counts the bytes of the tensors ops create
+(meta or fake tensors included), so the peak memory of a GPU-sized computation can be checked on a
+CPU in seconds.
 """
 
 from __future__ import annotations
@@ -29,6 +33,9 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from torch.multiprocessing.reductions import StorageWeakRef
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_leaves
 
 from cosmos_primitives.algo.sft_loss import sft_loss
 from cosmos_primitives.config.policy import PolicyConfig
@@ -74,6 +81,49 @@ def release_freed_memory() -> None:
 def map_large_allocations() -> None:
     """Serve allocations of >= 64 KiB with mmap from now on, so frees shrink the resident set."""
     ctypes.CDLL("libc.so.6").mallopt(M_MMAP_THRESHOLD, 64 << 10)
+
+
+class TensorMemoryTracker(TorchDispatchMode):
+    """Peak bytes of the tensors created while active, op by op (a ``TorchDispatchMode``).
+
+    Every op's outputs whose storage is new (not one of its inputs', so views, in-place and
+    ``out=`` ops add nothing) are live until the storage is freed; tensors that existed before
+    the ``with`` block do not count. Works on ``meta`` and fake tensors, so the peak of a GPU-sized
+    forward / backward can be found on a CPU without computing it. Only allocations made by
+    dispatched ops count (not, e.g., a kernel's internal workspace).
+
+    Attributes:
+        peak: the most bytes live at once (after an op's outputs were counted).
+        live: bytes live now.
+        allocations: ``(dtype, shape)`` of every new output, in order.
+    """
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.peak = 0
+        self.allocations: list[tuple[torch.dtype, tuple[int, ...]]] = []
+        self._storages: dict[int, tuple[StorageWeakRef, int]] = {}
+
+    @property
+    def live(self) -> int:
+        self._storages = {k: v for k, v in self._storages.items() if not v[0].expired()}
+        return sum(nbytes for _, nbytes in self._storages.values())
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        kwargs = kwargs or {}
+        out = func(*args, **kwargs)
+        self.live  # noqa: B018 (forget freed storages first: a new one may reuse a freed one's address)
+        inputs = {t.untyped_storage()._cdata for t in tree_leaves((args, kwargs)) if isinstance(t, torch.Tensor)}
+        for t in tree_leaves(out):
+            if not isinstance(t, torch.Tensor):
+                continue
+            storage = t.untyped_storage()
+            if storage._cdata in inputs or storage._cdata in self._storages:
+                continue
+            self._storages[storage._cdata] = (StorageWeakRef(storage), storage.nbytes())
+            self.allocations.append((t.dtype, tuple(t.shape)))
+        self.peak = max(self.peak, self.live)
+        return out
 
 
 def random_qwen2(config: dict[str, Any], seed: int = 0) -> torch.nn.Module:
