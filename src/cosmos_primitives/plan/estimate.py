@@ -24,7 +24,7 @@ micro-batch; ``N`` parameters, ``N_t`` trainable, ``R`` outside the blocks, ``B`
 - **optimizer step** (``[train] optm_impl``): fused ``torch.optim.AdamW`` needs no temporaries;
   foreach holds one float32 copy of the trainable shard (``sqrt(exp_avg_sq)``) while it steps;
   for-loop a few float32 temporaries of the largest tensor (the embedding); ``BFloat16AdamW``
-  updates slices (buckets) of 4 M elements.
+  updates slices (buckets) of 4 M elements with at most four float32 temporaries of one.
 - **reference** (GRPO, ``kl_beta > 0`` without LoRA): ``N c / (S tp)``, sharded like the policy.
 - **rollout engine** (colocated GRPO): vLLM takes ``gpu_memory_utilization`` of the device; the
   HF engine holds a full copy ``N c`` and the KV cache of one generate call.
@@ -161,7 +161,8 @@ def estimate_memory(cfg: Config, shape: ModelShape, *, world_size: int,
 
     largest_tensor = math.ceil(shape.vocab * shape.hidden / split)  # the embedding shard
     if cfg.train.master_dtype == "bfloat16":
-        step = 8 * 4 * min(largest_tensor, 1 << 22)  # float32 temporaries of one slice or bucket (BFloat16AdamW)
+        # BFloat16AdamW: at most four float32 temporaries of one slice or bucket (measured op by op)
+        step = 4 * 4 * min(largest_tensor, 1 << 22)
     elif cfg.train.optm_impl == "fused":
         step = 0  # one kernel per tensor list, no temporaries (torch has fused AdamW for CUDA and CPU)
     elif cfg.train.optm_impl == "foreach":

@@ -132,7 +132,7 @@ def round_stochastic_(target: torch.Tensor, value: torch.Tensor, generator: torc
     """
     bits = value.contiguous().view(torch.int32)
     noise = torch.randint(0, 1 << 16, bits.shape, dtype=torch.int32, device=bits.device, generator=generator)
-    target.copy_(((bits + noise) & -65536).view(torch.float32))
+    target.copy_(noise.add_(bits).bitwise_and_(-65536).view(torch.float32))  # in place: no more temporaries
 
 
 UPDATE_CHUNK = 1 << 22
@@ -217,7 +217,7 @@ class BFloat16AdamW(torch.optim.Optimizer):
         grad = grad.float()
         exp_avg.lerp_(grad, 1.0 - beta1)
         exp_avg_sq.mul_(beta2).addcmul_(grad, grad, value=1.0 - beta2)
-        denom = (exp_avg_sq.sqrt() / math.sqrt(1.0 - beta2**step)).add_(eps)
+        denom = exp_avg_sq.sqrt().div_(math.sqrt(1.0 - beta2**step)).add_(eps)
         updated = weight.float().mul_(1.0 - lr * weight_decay)
         updated.addcdiv_(exp_avg, denom, value=-lr / (1.0 - beta1**step))
         if weight.dtype == torch.bfloat16:
