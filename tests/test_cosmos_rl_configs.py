@@ -105,7 +105,10 @@ def test_reason1_rl_reads_as_cosmos_rl_means_it() -> None:
     with pytest.warns(UserWarning) as caught:
         cfg = load_config(REASON1_RL)
     (message,) = [str(w.message) for w in caught if "read as a cosmos-rl config" in str(w.message)]
-    assert "train.compile (speed-only" in message and "redis (launcher-only" in message
+    assert "train.async_tp_enabled (speed-only" in message and "redis (launcher-only" in message
+    # the speed keys it sets are read (compile = false, optm_impl = "fused", reshard "default")
+    assert "train.compile" not in message
+    assert (cfg.train.compile, cfg.train.optm_impl, cfg.train.fsdp_reshard_after_forward) == (False, "fused", "default")
     assert cfg.train.optm_eps == 1e-6  # train.epsilon
     assert cfg.train.optm_lr == 2e-6 and cfg.train.optm_warmup_steps == 20
     assert cfg.grpo.temperature == 0.9  # trainer-side temperature
@@ -130,6 +133,22 @@ def test_own_style_files_keep_our_defaults(tmp_path: Path) -> None:
         cfg = load_config(path)
     assert (cfg.train.optm_lr, cfg.rollout.batch_size, cfg.grpo.num_samples_per_prompt) == (1e-5, 4, 8)
     assert cfg.unsupported == {}
+
+
+def test_compile_is_on_for_a_cosmos_rl_file_that_leaves_it_unset(tmp_path: Path) -> None:
+    for text, expected in (('redis = "1"\n[train]\nepoch = 2\n', True),  # cosmos-rl's default
+                           ('redis = "1"\n[train]\ncompile = false\n', False),
+                           ("[train]\nepoch = 2\n", False),  # ours
+                           ("[train]\ncompile = true\noptm_impl = 'for-loop'\nfsdp_reshard_after_forward = 'never'\n",
+                            True)):
+        path = tmp_path / "c.toml"
+        path.write_text(text)
+        assert load_quietly(path).train.compile is expected, text
+    cfg = load_quietly(path)
+    assert (cfg.train.optm_impl, cfg.train.fsdp_reshard_after_forward) == ("for-loop", "never")
+    path.write_text("[train]\noptm_impl = ['fused', 'foreach']\n")  # cosmos-rl's list per model part
+    with pytest.raises(ConfigError, match="optm_impl"):
+        load_quietly(path)
 
 
 @pytest.mark.parametrize(
@@ -193,7 +212,8 @@ def test_migrate_reports_maps_ignored_refused_and_defaults(capsys: pytest.Captur
     assert migrate_main([str(REASON1_RL)]) == 0  # the recipes start on it
     out = capsys.readouterr().out
     assert "train.epsilon = 1e-06 -> train.optm_eps" in out
-    assert "train.compile: speed-only" in out
+    assert "train.async_tp_enabled: speed-only" in out
+    assert "train.compile = False  (torch.compile of every decoder layer" in out
     assert "train.train_policy.prompt_column_name = 'qa_pairs'  (the prompt column" in out
     assert "grpo.old_logprobs = 'recompute'" in out  # a default that differs
     assert "rollout.batch_size = 4 prompts is 32 sequences here" in out

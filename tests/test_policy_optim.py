@@ -158,3 +158,101 @@ def test_clip_grad_norm_matches_torch_on_plain_tensors(norm_type: float) -> None
     before = [p.grad.clone() for p in ours.parameters()]
     cp.parallel.clip_grad_norm_(ours.parameters(), 0.0, norm_type)
     assert all(torch.equal(a, p.grad) for a, p in zip(before, ours.parameters()))
+
+
+def _grads(model: torch.nn.Module, steps: int) -> list[list[torch.Tensor]]:
+    g = torch.Generator().manual_seed(5)
+    return [[torch.randn(p.shape, generator=g) for p in model.parameters()] for _ in range(steps)]
+
+
+def _run(model: torch.nn.Module, optimizer: torch.optim.Optimizer, grads: list[list[torch.Tensor]]) -> None:
+    for step_grads in grads:
+        for p, grad in zip(model.parameters(), step_grads):
+            p.grad = grad.to(p.dtype)
+        optimizer.step()
+
+
+@pytest.mark.parametrize("impl", ["fused", "foreach", "for-loop"])
+def test_optm_impl_picks_the_adamw_kernels_and_they_take_the_same_steps(impl: str) -> None:
+    train = TrainConfig(optm_lr=1e-2, optm_weight_decay=0.1, optm_impl=impl)
+    model = _model()
+    optimizer = cp.policy.build_optimizer(model, train)
+    assert [(g["fused"], g["foreach"]) for g in optimizer.param_groups] == [
+        (impl == "fused", impl == "foreach")] * 2
+    reference = _model()
+    grads = _grads(model, 4)
+    _run(model, optimizer, grads)
+    # torch's own default on CPU tensors (one tensor at a time)
+    _run(reference, torch.optim.AdamW(cp.policy.optim.optimizer_param_groups(reference, 0.1), lr=1e-2), grads)
+    for a, b in zip(model.parameters(), reference.parameters()):
+        torch.testing.assert_close(a, b, rtol=1e-6, atol=1e-7)
+
+
+def test_fused_where_torch_has_the_kernels_foreach_elsewhere() -> None:
+    from cosmos_primitives.policy.optim import FUSED_ADAMW_DEVICE_TYPES, fused_supported
+
+    assert {"cuda", "cpu"} <= set(FUSED_ADAMW_DEVICE_TYPES)
+    assert fused_supported([torch.zeros(3), torch.zeros(2, 2, dtype=torch.bfloat16)])
+    assert not fused_supported([torch.zeros(3), torch.zeros(3, device="meta")])  # no kernels for that device
+    assert not fused_supported([torch.zeros(3, dtype=torch.int64)])
+    with torch.device("meta"):
+        model = _model()
+    optimizer = cp.policy.build_optimizer(model, TrainConfig(optm_impl="fused"))
+    assert [(g["fused"], g["foreach"]) for g in optimizer.param_groups] == [(False, True)] * 2
+    with pytest.raises(ValueError, match="optm_impl = 'fast'; use one of fused, foreach, for-loop"):
+        cp.policy.build_optimizer(_model(), TrainConfig(optm_impl="fast"))  # type: ignore[arg-type]
+
+
+def test_the_implementation_survives_loading_another_ones_state() -> None:
+    grads = _grads(_model(), 4)
+    saved_model = _model()
+    saved = cp.policy.build_optimizer(saved_model, TrainConfig(optm_lr=1e-2, optm_impl="foreach"))
+    _run(saved_model, saved, grads[:2])
+    model = copy.deepcopy(saved_model)
+    optimizer = cp.policy.build_optimizer(model, TrainConfig(optm_lr=1e-2, optm_impl="fused"))
+    optimizer.load_state_dict(copy.deepcopy(saved.state_dict()))  # as read from a file
+    assert all(g["fused"] and not g["foreach"] for g in optimizer.param_groups)  # not the saved run's choice
+    assert {str(s["step"].dtype) for s in optimizer.state.values()} == {"torch.float32"}
+    _run(model, optimizer, grads[2:])
+    _run(saved_model, saved, grads[2:])
+    for a, b in zip(model.parameters(), saved_model.parameters()):
+        torch.testing.assert_close(a, b, rtol=1e-6, atol=1e-7)
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
+def test_bfloat16_adamw_buckets_give_the_slice_by_slice_result(monkeypatch: pytest.MonkeyPatch, device: str) -> None:
+    """Small slices share one bucket (fewer kernels), tensors larger than a slice are split, float32
+    and non-contiguous weights ride along, a parameter without a gradient skips a step: every weight
+    and moment equals the slice-by-slice update bit for bit (and the rounding noise is the same).
+    On CUDA the moments' multi-tensor kernels are not the per-tensor ones: the GPU run checks them."""
+    from cosmos_primitives.policy import optim
+
+    def run(foreach: bool) -> tuple[list[torch.Tensor], list[torch.Tensor], int]:
+        g = torch.Generator().manual_seed(0)
+        shapes = [(37, 5), (3,), (1000,), (64, 33), (7,), (5, 9), (2000, 3)]
+        params = [torch.nn.Parameter((torch.randn(s, generator=g) * 0.02).bfloat16().to(device)) for s in shapes]
+        params.append(torch.nn.Parameter(torch.randn(6, 4, generator=g).to(device).t()))  # float32, not contiguous
+        params.append(torch.nn.Parameter(torch.randn(9, 2, generator=g).bfloat16().to(device).t()))
+        groups = [{"params": params[:5], "weight_decay": 0.1}, {"params": params[5:], "weight_decay": 0.0}]
+        optimizer = BFloat16AdamW(groups, lr=1e-3, seed=3, foreach=foreach)
+        buckets = []
+        monkeypatch.setattr(optimizer, "_update_bucket",
+                            lambda pieces, **kw: (buckets.append(len(pieces)),
+                                                  BFloat16AdamW._update_bucket(optimizer, pieces, **kw)))
+        for step in range(4):
+            for i, p in enumerate(params):
+                p.grad = None if step == 1 and i in (2, 6) else torch.randn(p.shape, generator=g).to(device, p.dtype)
+            optimizer.step()
+        moments = [optimizer.state[p][k] for p in params for k in ("exp_avg", "exp_avg_sq")]
+        return [p.detach().clone() for p in params], moments, len(buckets)
+
+    for chunk in (1 << 22, 500):  # whole tensors; slices of 500 elements (several per tensor)
+        monkeypatch.setattr(optim, "UPDATE_CHUNK", chunk)
+        weights, moments, buckets = run(foreach=True)
+        slice_weights, slice_moments, none = run(foreach=False)
+        assert buckets > 0 and none == 0
+        assert all(torch.equal(a, b) for a, b in zip(weights, slice_weights))
+        assert all(torch.equal(a, b) for a, b in zip(moments, slice_moments))
+    assert cp.policy.build_optimizer(_model().bfloat16(), TrainConfig(master_dtype="bfloat16")).foreach
+    assert not cp.policy.build_optimizer(_model().bfloat16(),
+                                         TrainConfig(master_dtype="bfloat16", optm_impl="for-loop")).foreach

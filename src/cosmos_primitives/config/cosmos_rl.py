@@ -131,7 +131,7 @@ train.train_policy.collect_rollout_logprobs | false | ignored | - | records alwa
 train.train_policy.use_rollout_logprobs_for_loss | false | mapped | - | grpo.old_logprobs ("rollout" when true, else "recompute"; ours defaults to "rollout")
 train.optm_name | "AdamW" | mapped | - | =
 train.optm_lr | 1e-6 | mapped | - | = (ours defaults to 1e-5)
-train.optm_impl | "fused" | ignored | - | speed-only: optimizer kernel
+train.optm_impl | "fused" | mapped | - | = (AdamW kernels: "fused" where torch has them for the parameters' device, else "foreach"; one value, not a list per model part)
 train.optm_weight_decay | 0.01 | mapped | - | =
 train.optm_betas | [0.9, 0.999] | mapped | - | =
 train.optm_warmup_steps | 20 | mapped | - | = (a float <= 1 is a fraction of the total steps; ours defaults to 0)
@@ -149,7 +149,7 @@ train.transfer_dtype | - | mapped | - | disaggregated.transfer_dtype
 train.logprob_dtype | "float32" | refused | ["float32"] | log-probs are computed in float32 here; remove the key
 train.fsdp_reduce_dtype | "float32" | ignored | - | speed-only: gradient reduce dtype
 train.fsdp_offload | false | mapped | - | = (FSDP2 CPUOffloadPolicy: parameters, gradients and optimizer state in host memory)
-train.fsdp_reshard_after_forward | "default" | ignored | - | speed-only: FSDP resharding
+train.fsdp_reshard_after_forward | "default" | mapped | - | = ("default": as cosmos-rl's (every block but the last reshards) with a shard group of 2+ ranks or fsdp_offload; with one shard rank nothing reshards (cheaper, same results); the root unit stays gathered through the backward)
 train.train_batch_per_replica | 8 | mapped | - | = (a cosmos-rl file's value is per replica: divided by its data-parallel size; in GRPO it counts rollouts, so grpo.rollout_batch_size = it / n_generation)
 train.fp8.enable_fp8 | false | refused | [false] | FP8 training is not supported; remove [train.fp8]
 train.fp8.fp8_recipe | "dynamic_scaling" | ignored | - | only acts with enable_fp8
@@ -174,7 +174,7 @@ train.output_dir | "./outputs" | mapped | - | =
 train.timestamp | "" | ignored | - | launcher-only: the run folder is named at start
 train.epsilon | 1e-6 | mapped | - | train.optm_eps (ours defaults to 1e-8)
 train.async_tp_enabled | false | ignored | - | speed-only: async tensor parallelism
-train.compile | true | ignored | - | speed-only: torch.compile
+train.compile | true | mapped | - | = (torch.compile of every decoder layer, fullgraph; applied on CUDA only; ours defaults to false)
 train.sync_weight_interval | 1 | mapped | - | =
 train.coalesce_weight_sync | false | ignored | - | speed-only: weight-sync batching
 train.deterministic | false | ignored | - | speed-only: deterministic kernels
@@ -337,6 +337,7 @@ COSMOS_RL_DEFAULTS: dict[str, Any] = {
     "train.optm_lr": 1e-6,
     "train.optm_eps": 1e-6,
     "train.optm_warmup_steps": 20,
+    "train.compile": True,
     "train.train_policy.mini_batch": 2,
     "train.train_policy.sequence_packing": False,
     "train.train_policy.dataset.system_prompt": "",  # an empty system message, not the template's default

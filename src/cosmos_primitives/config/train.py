@@ -37,6 +37,33 @@ class TrainConfig(Section):
       "bfloat16"``). The AdamW moments and the update stay float32 either way, and the update is
       rounded stochastically into the bfloat16 weights, so updates smaller than a bfloat16 step
       are not lost (``cp.policy.build_optimizer``).
+
+    Speed options (cosmos-rl's key names; none changes what is trained beyond float rounding):
+
+    - ``optm_impl``: the AdamW kernels. ``"fused"`` (default, as cosmos-rl's): one fused kernel per
+      parameter group and device (``torch.optim.AdamW(fused=True)``; CUDA and CPU, DTensors
+      included), no float32 temporaries, falling back to ``"foreach"`` (logged) where torch has no
+      fused kernel for a parameter's device; ``"foreach"``: torch's multi-tensor kernels (torch's
+      own default on CUDA, what this library used before); ``"for-loop"``: one tensor at a time.
+      With ``master_dtype = "bfloat16"``, ``"for-loop"`` updates one tensor slice at a time and the
+      others a bucket of slices per multi-tensor kernel (``BFloat16AdamW``).
+    - ``compile``: ``torch.compile`` of every decoder layer (``fullgraph=True``, inductor;
+      ``cp.parallel.apply_compile``) when the policy runs on a CUDA device; on the CPU it is not
+      applied (logged): inductor's C++ code generation takes tens of seconds per graph there and
+      CPU runs are tests and small demos. Off by default (cosmos-rl's default, true, applies to its
+      files): the first steps pay the compilation.
+    - ``fsdp_reshard_after_forward``: whether FSDP2 frees each decoder layer's gathered
+      (compute-dtype) weights after its forward and gathers them again for its backward.
+      ``"default"``: not when the shard group has one rank and nothing is offloaded (one
+      data-parallel rank with mixed precision: nothing to save but the second cast and copy of
+      every layer per step; the gathered copy, ``N x`` compute-dtype bytes, lives from the forward
+      to the end of the backward), else every layer but the last (cosmos-rl's default: the last
+      layer's backward comes first); ``"always"``: every layer (the least memory, what this library
+      did before); ``"never"``: no layer. The root unit (embeddings, final norm, LM head) stays
+      gathered from its forward through the backward except with ``"always"``; a frozen model
+      (the KL reference) always reshards. A no-grad forward leaves kept units gathered until the
+      next backward or optimizer step (``build_optimizer``'s reshards them before stepping; with an
+      optimizer of your own, call ``reshard()`` on every ``FSDPModule`` before its step).
     """
 
     epoch: AtLeastOne = 1
@@ -58,6 +85,9 @@ class TrainConfig(Section):
     nonfinite: Literal["stop", "skip"] = "stop"
     fsdp_offload: bool = False
     master_dtype: Literal["float32", "bfloat16"] = "float32"
+    optm_impl: Literal["fused", "foreach", "for-loop"] = "fused"
+    compile: bool = False
+    fsdp_reshard_after_forward: Literal["default", "always", "never"] = "default"
     sync_weight_interval: AtLeastOne = 1
     ckpt: CheckpointConfig = msgspec.field(default_factory=CheckpointConfig)
     train_policy: TrainPolicyConfig = msgspec.field(default_factory=TrainPolicyConfig)

@@ -1,7 +1,8 @@
-"""Process groups, the device mesh, FSDP2 / TP / activation checkpointing, exact gradient clipping, and
-variable-length attention for packed rows."""
+"""Process groups, the device mesh, FSDP2 / TP / activation checkpointing / per-block torch.compile, exact
+gradient clipping, and variable-length attention for packed rows."""
 
 from cosmos_primitives.parallel.activation_checkpoint import apply_activation_checkpointing
+from cosmos_primitives.parallel.compile import apply_compile
 from cosmos_primitives.parallel.distributed import (
     DistInfo,
     all_gather_object,
@@ -37,6 +38,7 @@ __all__ = [
     "all_gather_object",
     "all_reduce_sum",
     "apply_activation_checkpointing",
+    "apply_compile",
     "apply_fsdp",
     "apply_tensor_parallel",
     "available_varlen_kernels",

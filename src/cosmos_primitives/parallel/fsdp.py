@@ -4,6 +4,7 @@ optional CPU offload."""
 from __future__ import annotations
 
 from collections.abc import Iterable
+from typing import Literal, NamedTuple
 
 import torch
 from torch.distributed.device_mesh import DeviceMesh
@@ -43,6 +44,48 @@ def find_blocks(model: torch.nn.Module, block_classes: Iterable[str | type] | No
     return blocks
 
 
+RESHARD_POLICIES = ("default", "always", "never")
+"""Values of ``[train] fsdp_reshard_after_forward`` (cosmos-rl's)."""
+
+
+class ReshardAfterForward(NamedTuple):
+    """Whether FSDP2 frees a unit's gathered parameters after its forward (and gathers them again
+    for its backward): the blocks but the last, the last block, the root unit."""
+
+    blocks: bool
+    last_block: bool
+    root: bool
+
+
+def resolve_reshard_after_forward(policy: Literal["default", "always", "never"], *, shard_size: int,
+                                  offload: bool = False) -> ReshardAfterForward:
+    """``[train] fsdp_reshard_after_forward`` -> what each unit does.
+
+    ``"always"``: every unit reshards (the least memory; two all-gathers, each with its cast to the
+    compute dtype, of every unit per step). ``"never"``: none does (one all-gather per unit and
+    step; the gathered copy of the whole model, ``N x`` compute-dtype bytes per rank, lives from
+    the forward to the end of the backward). ``"default"``: with ``shard_size == 1`` and no
+    offload, ``"never"``: one rank shards nothing, so resharding saves no memory of the shard's
+    and only repeats the cast and copy in backward; else the blocks reshard except the last, whose
+    backward comes right after the forward (cosmos-rl's default), and the root does not, as it is
+    needed first in backward (FSDP2's and torchtitan's choice for the root).
+
+    Args:
+        shard_size: ranks of the FSDP shard group (``dp_shard x cp``; the last dim of
+            ``mesh.fsdp_mesh``).
+        offload: ``[train] fsdp_offload`` (the point of offloading is to keep only the working
+            units on the device, so ``"default"`` reshards the blocks then).
+    """
+    if policy == "always":
+        return ReshardAfterForward(True, True, True)
+    if policy == "never":
+        return ReshardAfterForward(False, False, False)
+    if policy == "default":
+        blocks = shard_size > 1 or offload
+        return ReshardAfterForward(blocks, False, False)
+    raise ValueError(f"[train] fsdp_reshard_after_forward = {policy!r}; use one of {', '.join(RESHARD_POLICIES)}")
+
+
 def apply_fsdp(
     model: torch.nn.Module,
     mesh: DeviceMesh | ParallelMesh,
@@ -50,7 +93,7 @@ def apply_fsdp(
     param_dtype: torch.dtype | None = torch.bfloat16,
     reduce_dtype: torch.dtype = torch.float32,
     block_classes: Iterable[str | type] | None = None,
-    reshard_after_forward: bool = True,
+    reshard_after_forward: bool | Literal["default", "always", "never"] = True,
     offload: bool = False,
 ) -> torch.nn.Module:
     """Shard ``model`` in place with FSDP2: one ``fully_shard`` unit per block, then the root.
@@ -69,8 +112,10 @@ def apply_fsdp(
             the stored dtype. Optimizer state stays in the stored (master) dtype.
         reduce_dtype: dtype of the gradient reduce-scatter / all-reduce (float32 by default).
         block_classes: block class names or types; default: the HF ``_no_split_modules``.
-        reshard_after_forward: free gathered block parameters after forward (re-gather in
-            backward); False trades memory for one all-gather less per block.
+        reshard_after_forward: free gathered parameters after forward (re-gather in backward);
+            False trades memory for one all-gather (and cast) less per unit and step. A bool
+            applies to every unit, the root included; a ``[train] fsdp_reshard_after_forward``
+            policy is resolved by :func:`resolve_reshard_after_forward` for the mesh's shard group.
         offload: FSDP2 ``CPUOffloadPolicy`` (``[train] fsdp_offload``): sharded parameters,
             gradients and optimizer state live in host memory (pinned when the mesh is on an
             accelerator), each unit's shard is copied to the device for its all-gather and its
@@ -86,10 +131,17 @@ def apply_fsdp(
     policy = MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=reduce_dtype)
     # pinned host memory needs an accelerator; a CPU mesh offloads to where it already is
     offload_policy = CPUOffloadPolicy(pin_memory=fsdp_mesh.device_type != "cpu") if offload else OffloadPolicy()
-    for block in find_blocks(model, block_classes):
-        fully_shard(block, mesh=fsdp_mesh, mp_policy=policy, reshard_after_forward=reshard_after_forward,
-                    offload_policy=offload_policy)
-    fully_shard(model, mesh=fsdp_mesh, mp_policy=policy, reshard_after_forward=reshard_after_forward,
+    if isinstance(reshard_after_forward, bool):
+        reshard = ReshardAfterForward(reshard_after_forward, reshard_after_forward, reshard_after_forward)
+    else:
+        # the shard dim is the last one (HSDP: (dp_replicate, dp_shard))
+        shard_size = fsdp_mesh.size(fsdp_mesh.ndim - 1)
+        reshard = resolve_reshard_after_forward(reshard_after_forward, shard_size=shard_size, offload=offload)
+    blocks = find_blocks(model, block_classes)
+    for i, block in enumerate(blocks):
+        fully_shard(block, mesh=fsdp_mesh, mp_policy=policy, offload_policy=offload_policy,
+                    reshard_after_forward=reshard.last_block if i == len(blocks) - 1 else reshard.blocks)
+    fully_shard(model, mesh=fsdp_mesh, mp_policy=policy, reshard_after_forward=reshard.root,
                 offload_policy=offload_policy)
     return model
 

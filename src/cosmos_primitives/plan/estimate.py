@@ -8,8 +8,11 @@ micro-batch; ``N`` parameters, ``N_t`` trainable, ``R`` outside the blocks, ``B`
   moments) ``8 N_t / (S tp)``. With ``[train] fsdp_offload`` these three live in host memory.
 - **gathered units** (FSDP2 mixed precision): the root unit stays gathered from its forward to the
   end of the backward (``R c``) and one or two blocks are gathered at a time (``B c`` each, one
-  prefetched). At the end of the backward the root's unsharded gradient (``R c``) and its float32
-  copy for the reduce-scatter (``4 R``) exist together.
+  prefetched); when the blocks are not resharded after forward (``[train]
+  fsdp_reshard_after_forward``: ``"never"``, or ``"default"`` with one shard rank and no offload)
+  the whole model is gathered at the end of the forward (``N c / tp``). At the end of the backward
+  the root's unsharded gradient (``R c``) and its float32 copy for the reduce-scatter (``4 R``)
+  exist together.
 - **activations** per token and decoder layer (HF Qwen2 eager autograd, SDPA): ``c (6 h + 4 kv +
   4 I) + 8 h`` bytes (q / k / v / attention output, rotary copies, the four ``I``-wide MLP tensors,
   the float32 inputs of the two RMSNorms); with ``[policy] model_gradient_checkpointing`` each
@@ -18,10 +21,10 @@ micro-batch; ``N`` parameters, ``N_t`` trainable, ``R`` outside the blocks, ``B`
 - **log-prob head** (``cp.algo`` chunked head): its backward holds the float32 gradient of the LM
   head weight ``4 V h``, its per-chunk low-precision product ``c V h``, and a float32 and a
   ``c`` buffer of ``min(chunk, T) x V``.
-- **optimizer step**: ``torch.optim.AdamW`` on GPU (foreach) holds one float32 copy of the
-  trainable shard (``sqrt(exp_avg_sq)``) while it steps; on CPU tensors it steps one tensor at a
-  time (a few float32 temporaries of the largest tensor, the embedding); ``BFloat16AdamW`` updates
-  slices of 4 M elements.
+- **optimizer step** (``[train] optm_impl``): fused ``torch.optim.AdamW`` needs no temporaries;
+  foreach holds one float32 copy of the trainable shard (``sqrt(exp_avg_sq)``) while it steps;
+  for-loop a few float32 temporaries of the largest tensor (the embedding); ``BFloat16AdamW``
+  updates slices (buckets) of 4 M elements with at most four float32 temporaries of one.
 - **reference** (GRPO, ``kl_beta > 0`` without LoRA): ``N c / (S tp)``, sharded like the policy.
 - **rollout engine** (colocated GRPO): vLLM takes ``gpu_memory_utilization`` of the device; the
   HF engine holds a full copy ``N c`` and the KV cache of one generate call.
@@ -37,6 +40,7 @@ import math
 from typing import Literal, NamedTuple
 
 from cosmos_primitives.config.root import Config
+from cosmos_primitives.parallel.fsdp import resolve_reshard_after_forward
 from cosmos_primitives.parallel.mesh import resolve_sizes
 from cosmos_primitives.plan.shape import ModelShape
 
@@ -144,7 +148,8 @@ def estimate_memory(cfg: Config, shape: ModelShape, *, world_size: int,
         notes.append("fsdp_offload: parameters, gradients and AdamW state in host memory; the optimizer steps on CPU")
 
     root, block = shape.root_params // tp, shape.block_params // tp
-    gathered_forward = (root + 2 * block) * c if fsdp else 0
+    reshard = resolve_reshard_after_forward(cfg.train.fsdp_reshard_after_forward, shard_size=shards, offload=offload)
+    gathered_forward = ((root + 2 * block) * c if reshard.blocks else shape.total_params // tp * c) if fsdp else 0
     root_reduce = (root * c + root * 4 + block * c) if fsdp else 0  # unsharded root grad + its float32 copy
 
     per_token = activation_bytes_per_token(shape, c, cfg.policy.model_gradient_checkpointing)
@@ -156,11 +161,14 @@ def estimate_memory(cfg: Config, shape: ModelShape, *, world_size: int,
 
     largest_tensor = math.ceil(shape.vocab * shape.hidden / split)  # the embedding shard
     if cfg.train.master_dtype == "bfloat16":
-        step = 8 * 4 * min(largest_tensor, 1 << 22)  # float32 temporaries of one slice (BFloat16AdamW)
-    elif device == "cuda":
-        step = math.ceil(shape.trainable_params * 4 / split)  # foreach: sqrt(exp_avg_sq) of every tensor at once
+        # BFloat16AdamW: at most four float32 temporaries of one slice or bucket (measured op by op)
+        step = 4 * 4 * min(largest_tensor, 1 << 22)
+    elif cfg.train.optm_impl == "fused":
+        step = 0  # one kernel per tensor list, no temporaries (torch has fused AdamW for CUDA and CPU)
+    elif cfg.train.optm_impl == "foreach":
+        step = math.ceil(shape.trainable_params * 4 / split)  # sqrt(exp_avg_sq) of every tensor at once
     else:
-        step = 2 * 4 * largest_tensor  # single-tensor AdamW on CPU tensors
+        step = 2 * 4 * largest_tensor  # one tensor at a time
     if offload and device == "cuda":
         step = 0
 

@@ -10,6 +10,7 @@ from cosmos_primitives.config.policy import PolicyConfig
 from cosmos_primitives.config.train import TrainConfig
 from cosmos_primitives.logging.console import get_logger
 from cosmos_primitives.parallel.activation_checkpoint import apply_activation_checkpointing
+from cosmos_primitives.parallel.compile import COMPILE_DEVICE_TYPES, apply_compile
 from cosmos_primitives.parallel.fsdp import apply_fsdp
 from cosmos_primitives.parallel.mesh import ParallelMesh
 from cosmos_primitives.parallel.tensor_parallel import apply_tensor_parallel
@@ -40,8 +41,11 @@ def build_policy(
     unless ``trainable_patterns`` name more), apply ``trainable_patterns`` / ``freeze_patterns``
     (logging the trainable count),
     ``model_gradient_checkpointing``, wrap in :class:`CausalLMPolicy`, tensor-parallelise the
-    Qwen2 layers over ``mesh["tp"]`` when ``tp_size > 1``, and shard with FSDP2 over
-    ``mesh.fsdp_mesh`` (HSDP when ``dp_replicate_size > 1``).
+    Qwen2 layers over ``mesh["tp"]`` when ``tp_size > 1``, ``torch.compile`` each block with
+    ``[train] compile`` (:func:`~cosmos_primitives.parallel.apply_compile`; on a CUDA device only,
+    logged otherwise; not for ``frozen``), and shard with FSDP2 over ``mesh.fsdp_mesh`` (HSDP when
+    ``dp_replicate_size > 1``), each unit resharded after its forward or not as ``[train]
+    fsdp_reshard_after_forward`` says (:func:`~cosmos_primitives.parallel.fsdp.resolve_reshard_after_forward`).
 
     Precision: with a mesh, master weights are ``[train] master_dtype`` (float32 by default; AdamW
     state is float32 either way, see :func:`~cosmos_primitives.policy.build_optimizer`) and
@@ -61,7 +65,8 @@ def build_policy(
         hf_model: an already built HF model to use instead of loading ``model_name_or_path``
             (cast to ``master_dtype`` master weights with a mesh, to ``[policy] dtype`` without).
         device: target device without a mesh (with one, FSDP places shards on the mesh device).
-        train: ``[train]``, for ``fsdp_offload`` and ``master_dtype`` (None: their defaults).
+        train: ``[train]``, for ``fsdp_offload``, ``master_dtype``, ``compile`` and
+            ``fsdp_reshard_after_forward`` (None: their defaults).
         frozen: build an evaluation-only copy (see above).
 
     Attention: a text decoder loaded with ``"sdpa"`` (``load_hf_model``'s default) is switched to
@@ -119,8 +124,19 @@ def build_policy(
     policy.trainable_summary = summary
     if mesh is not None and mesh.enabled("tp"):
         apply_tensor_parallel(hf_model, mesh["tp"])
+    if train.compile and not frozen:
+        # after checkpointing and TP, before FSDP2 (torchtitan's order): FSDP's hooks stay outside
+        device_type = _device_type(hf_model, mesh, device)
+        if device_type in COMPILE_DEVICE_TYPES:
+            compiled = apply_compile(hf_model, compute_dtype=compute_dtype, device_type=device_type)
+            log.info(f"[train] compile: {compiled.summary()}")
+        else:
+            log.info(f"[train] compile = true is not applied on {device_type!r} (only on "
+                     f"{', '.join(COMPILE_DEVICE_TYPES)}): compiling there takes longer than the runs it is for")
     if mesh is not None and (mesh.fsdp_mesh.size() > 1 or compute_dtype != master_dtype or train.fsdp_offload):
-        apply_fsdp(policy, mesh, param_dtype=compute_dtype, offload=train.fsdp_offload)
+        # the KL reference never runs a backward: gathered weights kept after its forward would stay
+        reshard = "always" if frozen else train.fsdp_reshard_after_forward
+        apply_fsdp(policy, mesh, param_dtype=compute_dtype, offload=train.fsdp_offload, reshard_after_forward=reshard)
     elif mesh is not None:
         # one FSDP rank shards nothing, and master weights already in the compute dtype need no
         # mixed precision: plain module, no per-step all-gather / reduce-scatter copies
@@ -129,3 +145,12 @@ def build_policy(
     elif device is not None:
         policy.to(device)
     return policy.eval() if frozen else policy.train()
+
+
+def _device_type(model: torch.nn.Module, mesh: ParallelMesh | None, device: torch.device | str | None) -> str:
+    """Where ``model`` will run: the mesh's device type, else ``device``'s, else its weights'."""
+    if mesh is not None:
+        return mesh.device_type
+    if device is not None:
+        return torch.device(device).type
+    return next(model.parameters()).device.type
