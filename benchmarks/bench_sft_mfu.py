@@ -21,6 +21,8 @@ from __future__ import annotations
 import argparse
 import sys
 import time
+from collections.abc import Callable
+from typing import Any
 
 import torch
 
@@ -72,13 +74,22 @@ def synchronize(device: torch.device) -> None:
 
 def measure_sft(config, *, seq_len: int, rows: int, steps: int, warmup_steps: int, chunk_size: int,
                 activation_checkpointing: bool = False, dtype: str = "bfloat16",
-                log: bool = True) -> dict[str, float]:
+                log: bool = True, policy_options: dict[str, Any] | None = None,
+                train_options: dict[str, Any] | None = None, profile: bool = False,
+                after_build: Callable[[torch.nn.Module], None] | None = None) -> dict[str, Any]:
     """Run ``steps`` SFT steps of a random ``Qwen2ForCausalLM(config)`` under FSDP2 over every rank
     of the (already initialised) default group, on packed rows of ``seq_len`` tokens.
 
+    The batch stays on the host until ``cp.policy.token_logprobs`` moves it, as in ``examples/sft.py``.
+    ``policy_options`` / ``train_options`` set ``[policy]`` / ``[train]`` fields (the ablations of
+    ``benchmarks/gpu_parts_speed.py``); ``after_build(policy)`` may alter the built policy (e.g. put
+    back the attention implementation of a baseline). ``profile``: one more step under
+    ``torch.profiler`` after the timed ones, whose top device kernels are returned.
+
     Returns (summed over ranks, timed steps only): ``params``, ``tokens``, ``attn_flops``,
     ``seconds`` (the mean rank's), ``tokens_per_s_per_device``, ``achieved_tflops_per_device``,
-    ``peak_memory_gib`` (CUDA only, else NaN) and ``first_loss``.
+    ``peak_memory_gib`` (CUDA only, else NaN), ``first_loss`` and, with ``profile``,
+    ``top_kernels`` (``[(name, milliseconds)]``, the most expensive first).
     """
     from transformers import Qwen2ForCausalLM
 
@@ -94,9 +105,11 @@ def measure_sft(config, *, seq_len: int, rows: int, steps: int, warmup_steps: in
         hf_model = Qwen2ForCausalLM(config)
     n_params = sum(p.numel() for p in hf_model.parameters())
     cfg = PolicyConfig(dtype=dtype, logprob_chunk_size=chunk_size,
-                       model_gradient_checkpointing=activation_checkpointing)
-    policy = cp.policy.build_policy(cfg, mesh, hf_model=hf_model)
-    train = TrainConfig(optm_lr=1e-5, optm_warmup_steps=2, optm_decay_type="constant")
+                       model_gradient_checkpointing=activation_checkpointing, **(policy_options or {}))
+    train = TrainConfig(optm_lr=1e-5, optm_warmup_steps=2, optm_decay_type="constant", **(train_options or {}))
+    policy = cp.policy.build_policy(cfg, mesh, hf_model=hf_model, train=train)
+    if after_build is not None:
+        after_build(policy)
     optimizer = cp.policy.build_optimizer(policy, train)
     scheduler = cp.policy.build_lr_scheduler(optimizer, train)
 
@@ -105,23 +118,29 @@ def measure_sft(config, *, seq_len: int, rows: int, steps: int, warmup_steps: in
     if info.device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(info.device)
     timed_tokens, timed_attn_flops, timed_seconds, first_loss = 0, 0.0, 0.0, float("nan")
-    for step in range(steps):
+
+    def one_step() -> tuple[list, torch.Tensor, dict]:
         batch_rows = [packed_row(seq_len, config.vocab_size, gen) for _ in range(rows)]
-        ids = torch.stack([r[0] for r in batch_rows]).to(info.device)
-        positions = torch.stack([r[1] for r in batch_rows]).to(info.device)
+        ids = torch.stack([r[0] for r in batch_rows])
+        positions = torch.stack([r[1] for r in batch_rows])
         labels = ids.clone()
         labels[positions == 0] = -100  # the first token of a sample has no prediction in its sample
         batch = {"input_ids": ids, "labels": labels, "position_ids": positions}
-        synchronize(info.device)
-        start = time.perf_counter()
-        weights = sft_token_weights(labels, group=mesh.group("dp"))
+        device_labels = labels.to(info.device, non_blocking=True)
+        weights = sft_token_weights(device_labels, group=mesh.group("dp"))
         out = cp.policy.token_logprobs(policy, batch, loss_weights=weights)
-        loss, stats = sft_loss(out.logprobs, labels, group=mesh.group("dp"), weighted_sum=out.weighted_sum)
+        loss, stats = sft_loss(out.logprobs, device_labels, group=mesh.group("dp"), weighted_sum=out.weighted_sum)
         loss.backward()
         cp.parallel.clip_grad_norm_(policy.parameters(), 1.0)
         optimizer.step()
         scheduler.step()
         optimizer.zero_grad(set_to_none=True)
+        return batch_rows, ids, stats
+
+    for step in range(steps):
+        synchronize(info.device)
+        start = time.perf_counter()
+        batch_rows, ids, stats = one_step()
         synchronize(info.device)
         seconds = time.perf_counter() - start
         if step == 0:
@@ -133,6 +152,7 @@ def measure_sft(config, *, seq_len: int, rows: int, steps: int, warmup_steps: in
                 n * n for r in batch_rows for n in r[2])
         if log and info.is_rank0:
             print(f"step {step}: loss {float(stats['loss']):.3f}  {ids.numel() / seconds:,.0f} tokens/s/device")
+    top_kernels = profile_top_kernels(one_step, info.device) if profile else None
 
     totals = torch.tensor([timed_tokens, timed_attn_flops, timed_seconds], dtype=torch.float64, device=info.device)
     cp.parallel.all_reduce_sum(totals)
@@ -143,7 +163,30 @@ def measure_sft(config, *, seq_len: int, rows: int, steps: int, warmup_steps: in
     return {"params": float(n_params), "tokens": tokens, "attn_flops": attn_flops, "seconds": seconds,
             "tokens_per_s_per_device": tokens / seconds / world,
             "achieved_tflops_per_device": flops / seconds / world / 1e12,
-            "peak_memory_gib": peak, "first_loss": first_loss}
+            "peak_memory_gib": peak, "first_loss": first_loss, "top_kernels": top_kernels}
+
+
+def profile_top_kernels(step: Callable[[], Any], device: torch.device, top: int = 8) -> list[tuple[str, float]]:
+    """Run ``step()`` once under ``torch.profiler``: the ``top`` kernels by total device time,
+    ``[(name, milliseconds)]`` (CPU ops by CPU time on a machine without a GPU)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
+    with profile(activities=activities) as prof:
+        step()
+        synchronize(device)
+    rows = []
+    for event in prof.key_averages():
+        if device.type == "cuda":
+            if getattr(event, "device_type", None) != torch.autograd.DeviceType.CUDA:
+                continue
+            us = getattr(event, "self_device_time_total", None)
+            if us is None:
+                us = getattr(event, "self_cuda_time_total", 0.0)
+        else:
+            us = event.self_cpu_time_total
+        rows.append((event.key[:120], us / 1e3))
+    return sorted(rows, key=lambda r: -r[1])[:top]
 
 
 def main() -> int:

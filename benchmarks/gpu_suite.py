@@ -1,6 +1,7 @@
 """The GPU validation pack: every GPU check in one command, time-boxed, one JSON and one table.
 
-    python3 benchmarks/gpu_suite.py --out "$OUT"                  # on a GPU machine, about 9 minutes
+    python3 benchmarks/gpu_suite.py --out "$OUT" --command 1      # on a GPU machine: one device command
+    python3 benchmarks/gpu_suite.py --out "$OUT"                  # every part (about 20 minutes)
     python3 benchmarks/gpu_suite.py --out /tmp/pack --dry-run     # tiny shapes on the CPU (CI runs this)
     python3 benchmarks/gpu_suite.py --out "$OUT" --wheels .whl    # first install carried wheels
 
@@ -33,6 +34,9 @@ from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
 DRY_RUN_BOX_S = 90
+PARTIAL = "partial.json"
+"""A part that measures several things writes its figures so far to ``<work>/partial.json``
+(``gpu_parts_speed.save_partial``) after each, so a time box or a crash still keeps them."""
 """Each part's time box in a dry run (tiny shapes; the whole dry run stays under 2 minutes on 2 cores
 when nothing fails)."""
 
@@ -86,8 +90,12 @@ def run_part(name: str, box_s: float, dry: bool, out: Path, work: Path) -> dict[
     log = log_path.read_text(errors="replace")
     with (out / "gpu_suite.log").open("a", errors="replace") as combined:
         combined.write(f"\n===== {name}: {status} =====\n{log}")
+    partial_path = work / name / PARTIAL
     if result_path.exists():
         record.update(json.loads(result_path.read_text()))
+    elif partial_path.exists():  # a part cut short keeps the figures it had measured
+        record.update(json.loads(partial_path.read_text()))
+        record.setdefault("notes", []).append("cut short: the figures measured before it stopped")
     if status != "ok":
         record["log_tail"] = log[-2500:]
     return record
@@ -115,6 +123,10 @@ def markdown(report: dict[str, Any]) -> str:
     for name, part in report["parts"].items():
         for note in part.get("notes", []):
             lines.append(f"- {name}: {note}")
+    for name, part in report["parts"].items():
+        for label, kernels in (part.get("top_kernels") or {}).items():
+            listed = "; ".join(f"{kernel} {ms:.2f} ms" for kernel, ms in kernels or [])
+            lines.append(f"- {name} / {label} top kernels: {listed}")
     return "\n".join(lines) + "\n"
 
 
@@ -144,6 +156,8 @@ def main() -> int:
                         help="where the JSON, table and logs go")
     parser.add_argument("--dry-run", action="store_true", help="tiny shapes on the CPU (CI)")
     parser.add_argument("--parts", default="", help="comma-separated subset of the parts (default: all)")
+    parser.add_argument("--command", type=int, default=None,
+                        help="run the parts of one device command (gpu_suite_parts.COMMANDS: 1, 2 or 3)")
     parser.add_argument("--wheels", type=Path, help="install the wheels in this folder first (no index needed)")
     parser.add_argument("--part", help=argparse.SUPPRESS)
     parser.add_argument("--result", help=argparse.SUPPRESS)
@@ -157,9 +171,11 @@ def main() -> int:
 
     sys.path.insert(0, str(REPO / "src"))
     sys.path.insert(0, str(REPO / "benchmarks"))
-    from gpu_suite_parts import PARTS
+    from gpu_suite_parts import COMMANDS, PARTS
 
-    chosen = [p for p in args.parts.split(",") if p] or list(PARTS)
+    if args.command is not None and args.command not in COMMANDS:
+        parser.error(f"--command {args.command}: the commands are {sorted(COMMANDS)}")
+    chosen = [p for p in args.parts.split(",") if p] or (COMMANDS[args.command] if args.command else list(PARTS))
     unknown = sorted(set(chosen) - set(PARTS))
     if unknown:
         parser.error(f"unknown --parts {unknown}; the parts are {', '.join(PARTS)}")

@@ -21,92 +21,15 @@ import torch
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "benchmarks"))
 
-from bench_logprobs import variant_loss  # noqa: E402
-from bench_sft_mfu import matmul_tflops, measure_sft, qwen2_1_5b_config, spec_peak_tflops, synchronize  # noqa: E402
+from bench_sft_mfu import synchronize  # noqa: E402
 from bench_weight_sync import module_with, qwen_like_shapes  # noqa: E402
+from gpu_parts_speed import attention, device, flowgrpo_memory, heads, probes, rollout, sft_ablations  # noqa: E402
 
 Result = dict[str, Any]
 
 
-def device() -> torch.device:
-    return torch.device("cuda", 0) if torch.cuda.is_available() else torch.device("cpu")
-
-
 def _peak_gib(dev: torch.device) -> float | None:
     return torch.cuda.max_memory_allocated(dev) / 2**30 if dev.type == "cuda" else None
-
-
-def sft_mfu(dry: bool, work: Path) -> Result:
-    """SFT step throughput and MFU of a Qwen2.5-1.5B-shaped model in bf16 on packed 4k rows (FSDP2
-    on one device, fused log-prob head), against the spec peak and a measured bf16 matmul."""
-    from transformers import Qwen2Config
-
-    dev = device()
-    if dry:
-        config = Qwen2Config(vocab_size=4096, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                             num_attention_heads=4, num_key_value_heads=2, tie_word_embeddings=True, use_cache=False)
-        shape = dict(seq_len=256, rows=1, steps=2, warmup_steps=1, chunk_size=128)
-        matmul = matmul_tflops(dev, n=256, iters=3)
-    else:
-        config = qwen2_1_5b_config()
-        shape = dict(seq_len=4096, rows=2, steps=8, warmup_steps=3, chunk_size=2048)
-        matmul = matmul_tflops(dev)
-    config._attn_implementation = "sdpa"
-    r = measure_sft(config, dtype="bfloat16", log=False, **shape)
-    name = torch.cuda.get_device_name(dev) if dev.type == "cuda" else "cpu"
-    peak = spec_peak_tflops(name)
-    achieved = r["achieved_tflops_per_device"]
-    return {"figures": {
-        "model_params_b": r["params"] / 1e9, "seq_len": shape["seq_len"], "rows": shape["rows"],
-        "tokens_per_s": r["tokens_per_s_per_device"], "achieved_tflops": achieved,
-        "mfu_vs_spec": achieved / peak if peak else None, "spec_peak_tflops": peak,
-        "matmul_bf16_tflops": matmul, "achieved_vs_matmul": achieved / matmul,
-        "peak_memory_gib": r["peak_memory_gib"] if dev.type == "cuda" else None,
-        "first_loss": r["first_loss"]},
-        "notes": ["target MFU >= 40 % of the spec peak"] + ([] if peak else [f"no spec peak known for {name}"])}
-
-
-def logprob_head(dry: bool, work: Path) -> Result:
-    """Chunked (GRPO) and fused (SFT) log-prob heads vs naive full-vocab float32 logits: forward +
-    backward time and peak memory above the inputs, at Qwen's 151,936-token vocabulary."""
-    dev = device()
-    # the library default chunk ([policy] logprob_chunk_size = 1024); the H200 run of 2026-11-27 used 2,048
-    tokens, vocab, hidden_size, chunk = (256, 2048, 64, 64) if dry else (8192, 151936, 1536, 1024)
-    dtype = torch.float32 if dev.type == "cpu" else torch.bfloat16
-    torch.manual_seed(0)
-    hidden = (torch.randn(1, tokens, hidden_size, device=dev) * 0.5).to(dtype).requires_grad_(True)
-    weight = (torch.randn(vocab, hidden_size, device=dev) * 0.05).to(dtype).requires_grad_(True)
-    ids = torch.randint(0, vocab, (1, tokens), device=dev)
-    g = torch.rand(1, tokens, device=dev)
-
-    def run(variant: str) -> torch.Tensor:
-        variant_loss(variant, hidden, weight, ids, g, chunk).backward()
-        grads = hidden.grad.float().sum() + weight.grad.float().sum()
-        hidden.grad = weight.grad = None
-        return grads
-
-    figures: dict[str, Any] = {"tokens": tokens, "vocab": vocab, "hidden": hidden_size, "dtype": str(dtype)}
-    for variant in ("naive", "chunked", "fused"):
-        run(variant)  # warm-up (kernels, allocator)
-        synchronize(dev)
-        base = torch.cuda.memory_allocated(dev) if dev.type == "cuda" else 0
-        if dev.type == "cuda":
-            torch.cuda.reset_peak_memory_stats(dev)
-        times = []
-        for _ in range(1 if dry else 3):
-            start = time.perf_counter()
-            run(variant)
-            synchronize(dev)
-            times.append(time.perf_counter() - start)
-        figures[f"{variant}_ms"] = min(times) * 1e3
-        figures[f"{variant}_peak_mib"] = ((torch.cuda.max_memory_allocated(dev) - base) / 2**20
-                                          if dev.type == "cuda" else None)
-    for variant in ("chunked", "fused"):
-        figures[f"{variant}_time_ratio"] = figures[f"{variant}_ms"] / figures["naive_ms"]
-        if figures["naive_peak_mib"]:
-            figures[f"{variant}_memory_ratio"] = figures[f"{variant}_peak_mib"] / figures["naive_peak_mib"]
-    return {"figures": figures, "notes": ["targets: memory <= 1/8 of naive, time <= 1.1x naive"]
-            + (["memory is measured on CUDA only"] if dev.type == "cpu" else [])}
 
 
 def weight_sync_7b(dry: bool, work: Path) -> Result:
@@ -343,13 +266,31 @@ def recipes_bf16(dry: bool, work: Path) -> Result:
     return {"figures": figures, "notes": notes}
 
 
+
 PARTS = {
-    "sft_mfu": (sft_mfu, 60),
-    "logprob_head": (logprob_head, 30),
+    "probes": (probes, 25),
+    "attention": (attention, 30),
+    "heads": (heads, 45),
+    "sft_ablations": (sft_ablations, 210),
+    "flowgrpo_memory": (flowgrpo_memory, 110),
+    "rollout": (rollout, 130),
+    "grpo_step_vl3b": (grpo_step_vl3b, 90),
     "weight_sync_7b": (weight_sync_7b, 30),
-    "grpo_step_vl3b": (grpo_step_vl3b, 110),
     "flowgrpo_step_2b": (flowgrpo_step_2b, 60),
     "recipes_bf16": (recipes_bf16, 240),
 }
-"""Each part's function and its time box in seconds on a GPU (530 s together, within 9 minutes). On an
-H200 on 2026-11-27 the parts took 22, 8, 7, 72, 29 and 178 s (benchmarks/gpu_runs/2026-11-27_h200)."""
+"""Each part's function and its time box in seconds on a GPU. On an H200 on 2026-11-27 the older
+parts took: weight_sync_7b 7 s, grpo_step_vl3b 72 s, flowgrpo_step_2b 29 s, recipes_bf16 178 s."""
+
+COMMANDS = {
+    1: ["probes", "attention", "heads", "sft_ablations"],
+    2: ["flowgrpo_memory", "rollout", "grpo_step_vl3b"],
+    3: ["weight_sync_7b", "flowgrpo_step_2b", "recipes_bf16"],
+}
+"""The device commands of a session (``gpu_suite.py --command N``), each inside COMMAND_BOX_S: the
+first holds what decides most (what the machine offers, attention, heads, the SFT ablations with
+their baseline run again), the second the world-model memory, rollout and a GRPO step; the third
+re-checks what earlier sessions measured (run it only with time to spare)."""
+
+COMMAND_BOX_S = 330
+"""A command's parts together, in seconds: with the wheels' install, inside 6 minutes."""
