@@ -251,7 +251,8 @@ def check_weight_update(engine: HFRolloutEngine, *, new_tokens: int = 32, rows: 
     Returns:
         ``changed_by``: the largest log-prob change the update made (> 0.1 expected);
         ``copy_vs_eager`` / ``rebind_vs_eager``: :func:`compare_rollouts` of the compiled engine
-        against eager after each update; ``ok``: both changed, and both within 5 % of the change.
+        against eager after each update; ``ok``: both changed, and both within 25 % of the change
+        (a stale graph: ~100 %).
     """
     model = engine.model
     rows = rows or engine.max_batch_sequences
@@ -272,8 +273,11 @@ def check_weight_update(engine: HFRolloutEngine, *, new_tokens: int = 32, rows: 
     changed_by = compare_rollouts(before, copied)["max_logprob_diff"]
     copy_vs_eager, rebind_vs_eager = compare_rollouts(copied, copied_eager), compare_rollouts(rebound, rebound_eager)
     rebind_changed = compare_rollouts(copied, rebound)["max_logprob_diff"]
-    ok = (changed_by > 0.1 and rebind_changed > 0.1 and copy_vs_eager["max_logprob_diff"] < 0.05 * changed_by
-          and rebind_vs_eager["max_logprob_diff"] < 0.05 * rebind_changed)
+    # a stale graph would stay as far from eager as the update moved it (ratio ~1); on an H100 in bf16
+    # (2026-11-27) compiled vs eager differed by 3.6 % (copy) and 6.8 % (rebind) of the change: the
+    # inductor kernels round differently, and the tripled norm scales that noise up with the logits
+    ok = (changed_by > 0.1 and rebind_changed > 0.1 and copy_vs_eager["max_logprob_diff"] < 0.25 * changed_by
+          and rebind_vs_eager["max_logprob_diff"] < 0.25 * rebind_changed)
     return {"parameter": name, "changed_by": changed_by, "rebind_changed_by": rebind_changed,
             "copy_vs_eager": copy_vs_eager, "rebind_vs_eager": rebind_vs_eager, "ok": ok}
 

@@ -76,7 +76,8 @@ def measure_sft(config, *, seq_len: int, rows: int, steps: int, warmup_steps: in
                 activation_checkpointing: bool = False, dtype: str = "bfloat16",
                 log: bool = True, policy_options: dict[str, Any] | None = None,
                 train_options: dict[str, Any] | None = None, profile: bool = False,
-                after_build: Callable[[torch.nn.Module], None] | None = None) -> dict[str, Any]:
+                after_build: Callable[[torch.nn.Module], None] | None = None,
+                micro_batches: int = 1) -> dict[str, Any]:
     """Run ``steps`` SFT steps of a random ``Qwen2ForCausalLM(config)`` under FSDP2 over every rank
     of the (already initialised) default group, on packed rows of ``seq_len`` tokens.
 
@@ -85,6 +86,8 @@ def measure_sft(config, *, seq_len: int, rows: int, steps: int, warmup_steps: in
     ``benchmarks/gpu_parts_speed.py``); ``after_build(policy)`` may alter the built policy (e.g. put
     back the attention implementation of a baseline). ``profile``: one more step under
     ``torch.profiler`` after the timed ones, whose top device kernels are returned.
+    ``micro_batches``: forward / backward passes of ``rows`` rows accumulated into each optimizer
+    step (``examples/sft.py`` accumulates every micro-batch of ``train_batch_per_replica``).
 
     Returns (summed over ranks, timed steps only): ``params``, ``tokens``, ``attn_flops``,
     ``seconds`` (the mean rank's), ``tokens_per_s_per_device``, ``achieved_tflops_per_device``,
@@ -120,17 +123,23 @@ def measure_sft(config, *, seq_len: int, rows: int, steps: int, warmup_steps: in
     timed_tokens, timed_attn_flops, timed_seconds, first_loss = 0, 0.0, 0.0, float("nan")
 
     def one_step() -> tuple[list, torch.Tensor, dict]:
-        batch_rows = [packed_row(seq_len, config.vocab_size, gen) for _ in range(rows)]
-        ids = torch.stack([r[0] for r in batch_rows])
-        positions = torch.stack([r[1] for r in batch_rows])
-        labels = ids.clone()
-        labels[positions == 0] = -100  # the first token of a sample has no prediction in its sample
-        batch = {"input_ids": ids, "labels": labels, "position_ids": positions}
-        device_labels = labels.to(info.device, non_blocking=True)
-        weights = sft_token_weights(device_labels, group=mesh.group("dp"))
-        out = cp.policy.token_logprobs(policy, batch, loss_weights=weights)
-        loss, stats = sft_loss(out.logprobs, device_labels, group=mesh.group("dp"), weighted_sum=out.weighted_sum)
-        loss.backward()
+        step_rows, step_ids = [], []
+        for _ in range(micro_batches):
+            batch_rows = [packed_row(seq_len, config.vocab_size, gen) for _ in range(rows)]
+            ids = torch.stack([r[0] for r in batch_rows])
+            positions = torch.stack([r[1] for r in batch_rows])
+            labels = ids.clone()
+            labels[positions == 0] = -100  # the first token of a sample has no prediction in its sample
+            batch = {"input_ids": ids, "labels": labels, "position_ids": positions}
+            device_labels = labels.to(info.device, non_blocking=True)
+            weights = sft_token_weights(device_labels, group=mesh.group("dp"))
+            out = cp.policy.token_logprobs(policy, batch, loss_weights=weights)
+            loss, stats = sft_loss(out.logprobs, device_labels, group=mesh.group("dp"),
+                                   weighted_sum=out.weighted_sum)
+            (loss / micro_batches).backward()
+            step_rows += batch_rows
+            step_ids.append(ids)
+        batch_rows, ids = step_rows, torch.cat(step_ids)
         cp.parallel.clip_grad_norm_(policy.parameters(), 1.0)
         optimizer.step()
         scheduler.step()
@@ -168,7 +177,8 @@ def measure_sft(config, *, seq_len: int, rows: int, steps: int, warmup_steps: in
 
 def profile_top_kernels(step: Callable[[], Any], device: torch.device, top: int = 8) -> list[tuple[str, float]]:
     """Run ``step()`` once under ``torch.profiler``: the ``top`` kernels by total device time,
-    ``[(name, milliseconds)]`` (CPU ops by CPU time on a machine without a GPU)."""
+    ``[(name, milliseconds)]`` (CPU ops by CPU time on a machine without a GPU), after a first row
+    with the sum over every event."""
     from torch.profiler import ProfilerActivity, profile
 
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
@@ -186,7 +196,9 @@ def profile_top_kernels(step: Callable[[], Any], device: torch.device, top: int 
         else:
             us = event.self_cpu_time_total
         rows.append((event.key[:120], us / 1e3))
-    return sorted(rows, key=lambda r: -r[1])[:top]
+    ranked = sorted(rows, key=lambda r: -r[1])
+    # the sum of every kernel (a GPU range such as Optimizer.step#... also counts its kernels again)
+    return [("all device time (sum over events)", sum(ms for _, ms in ranked)), *ranked[:top]]
 
 
 def main() -> int:

@@ -18,7 +18,7 @@
 # gpu_tests.log.
 set -uo pipefail
 cd "$(dirname "$0")/.."
-command="${1:?usage: gpu_session.sh 1|2|3}"
+command="${1:?usage: gpu_session.sh 1|2|3|4}"
 out="${OUT_DIR:-${OUT:?set OUT_DIR or OUT}}"
 mkdir -p "$out"
 export PYTHONUNBUFFERED=1 PYTHONPATH="$PWD/src${PYTHONPATH:+:$PYTHONPATH}"
@@ -33,6 +33,7 @@ echo "gpu_session: command $command exit $? at ${SECONDS} s"
 case "$command" in
   1) tests=(tests/test_varlen_attention.py tests/test_logprobs.py tests/test_host_syncs.py) ;;
   2) tests=(tests/test_compile.py tests/test_policy_optim.py tests/test_rollout_hf_static_cache.py) ;;
+  4) tests=(tests/test_varlen_attention.py tests/test_compile.py) ;;
   *) tests=(tests/test_data_packing.py) ;;
 esac
 left=$((total - SECONDS))

@@ -8,6 +8,7 @@ Model shapes follow the published configs; weights are random (nothing can be do
 
 from __future__ import annotations
 
+import gc
 import math
 import os
 import subprocess
@@ -23,7 +24,16 @@ sys.path.insert(0, str(REPO / "benchmarks"))
 
 from bench_sft_mfu import synchronize  # noqa: E402
 from bench_weight_sync import module_with, qwen_like_shapes  # noqa: E402
-from gpu_parts_speed import attention, device, flowgrpo_memory, heads, probes, rollout, sft_ablations  # noqa: E402
+from gpu_parts_speed import (  # noqa: E402
+    attention,
+    device,
+    flowgrpo_memory,
+    heads,
+    probes,
+    rollout,
+    sft_ablations,
+    sft_recheck,
+)
 
 Result = dict[str, Any]
 
@@ -115,6 +125,8 @@ def grpo_step_vl3b(dry: bool, work: Path) -> Result:
         model.save_pretrained(model_dir)
         tiny_qwen2_5_vl_processor().save_pretrained(model_dir)
         del model
+        gc.collect()
+        torch.cuda.empty_cache()  # the recipe runs in another process: hand it this process's cached 16 GB
         overrides = ["custom.demo_items=64", "policy.dtype=bfloat16", "train.max_steps=2",
                      f"policy.model_name_or_path={model_dir}"]
     overrides += [f"train.train_policy.dataset.name=demo:{work / 'colour_mcq' / 'train.jsonl'}",
@@ -268,7 +280,7 @@ def recipes_bf16(dry: bool, work: Path) -> Result:
 
 
 PARTS = {
-    "probes": (probes, 25),
+    "probes": (probes, 40),
     "attention": (attention, 30),
     "heads": (heads, 45),
     "sft_ablations": (sft_ablations, 210),
@@ -278,6 +290,7 @@ PARTS = {
     "weight_sync_7b": (weight_sync_7b, 30),
     "flowgrpo_step_2b": (flowgrpo_step_2b, 60),
     "recipes_bf16": (recipes_bf16, 240),
+    "sft_recheck": (sft_recheck, 120),
 }
 """Each part's function and its time box in seconds on a GPU. On an H200 on 2026-11-27 the older
 parts took: weight_sync_7b 7 s, grpo_step_vl3b 72 s, flowgrpo_step_2b 29 s, recipes_bf16 178 s."""
@@ -286,11 +299,13 @@ COMMANDS = {
     1: ["probes", "attention", "heads", "sft_ablations"],
     2: ["flowgrpo_memory", "rollout", "grpo_step_vl3b"],
     3: ["weight_sync_7b", "flowgrpo_step_2b", "recipes_bf16"],
+    4: ["sft_recheck", "flowgrpo_memory", "grpo_step_vl3b"],
 }
 """The device commands of a session (``gpu_suite.py --command N``), each inside COMMAND_BOX_S: the
 first holds what decides most (what the machine offers, attention, heads, the SFT ablations with
 their baseline run again), the second the world-model memory, rollout and a GRPO step; the third
-re-checks what earlier sessions measured (run it only with time to spare)."""
+re-checks what earlier sessions measured (run it only with time to spare); the fourth re-measures,
+after fixes, what the first two found (the first H100 run of 2026-11-27)."""
 
 COMMAND_BOX_S = 330
 """A command's parts together, in seconds: with the wheels' install, inside 6 minutes."""

@@ -15,6 +15,7 @@ from cosmos_primitives.policy.diffusion import DiffusionPolicy, apply_lora
 from cosmos_primitives.rollout.flow_sampler import flow_sigmas, recompute_step, sample_flow
 from cosmos_primitives.rollout.flow_sde import SDEParams
 from cosmos_primitives.testing import run_distributed, tiny_flow_scheduler, tiny_wan_transformer
+from cosmos_primitives.testing.models import tiny_cosmos_transformer
 
 LATENTS = torch.randn(4, 4, 1, 4, 4, generator=torch.Generator().manual_seed(0))
 TEXT = torch.randn(4, 5, 32, generator=torch.Generator().manual_seed(1))
@@ -140,3 +141,38 @@ def test_fsdp2_training_step_equals_the_single_process_step():
     for diff, moved in results:
         assert moved > 1e-3  # the step changed the adapters ...
         assert diff < 1e-6  # ... identically with the batch split over two ranks
+
+
+def _checkpointed_bf16_step_without_fsdp_recompute_cast() -> str:
+    """A bf16 FSDP2 step with diffusers' checkpointing where FSDP2 does not cast a recompute's inputs
+    (torch 2.11 skips it in backward, 2.14 casts): every block call, recompute included, must still
+    get bf16 inputs, else checkpointing's metadata check fails."""
+    from torch.distributed.fsdp._fully_shard import _fsdp_state
+
+    original = _fsdp_state.FSDPState._cast_forward_inputs
+
+    def cast_outside_backward(self, args, kwargs):  # torch 2.11's behaviour
+        if self._training_state == _fsdp_state.TrainingState.PRE_BACKWARD:
+            return args, kwargs
+        return original(self, args, kwargs)
+
+    _fsdp_state.FSDPState._cast_forward_inputs = cast_outside_backward
+    torch.manual_seed(0)
+    policy = DiffusionPolicy(tiny_cosmos_transformer(latent_channels=4, text_dim=32), gradient_checkpointing=True,
+                             lora=LoraConfig(r=4, lora_alpha=8.0, target_modules=["to_q", "to_k", "to_v"]))
+    policy.shard(param_dtype=torch.bfloat16)
+    seen: set[torch.dtype] = set()
+    for block in policy.transformer.transformer_blocks:
+        block.register_forward_pre_hook(
+            lambda module, args, kwargs: seen.update(t.dtype for t in [*args, *kwargs.values()]
+                                                     if isinstance(t, torch.Tensor) and t.is_floating_point()),
+            with_kwargs=True)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # FSDP2's note about view outputs of the wrapped root
+        out = policy.velocity_fn()(torch.randn(1, 4, 2, 4, 4), torch.tensor([500.0]), torch.randn(1, 8, 32))
+        out.float().square().mean().backward()
+    return ",".join(sorted(str(d) for d in seen))
+
+
+def test_checkpointed_blocks_recompute_in_the_compute_dtype_under_fsdp2():
+    assert run_distributed(_checkpointed_bf16_step_without_fsdp_recompute_cast, 1) == ["torch.bfloat16"]

@@ -12,9 +12,11 @@ from __future__ import annotations
 import copy
 from collections.abc import Iterator
 from contextlib import contextmanager
+from functools import partial
 from typing import Any
 
 import torch
+from torch.utils._pytree import tree_map
 
 from cosmos_primitives.config.policy import LoraConfig
 from cosmos_primitives.policy.lora import adapters_disabled, apply_lora
@@ -82,8 +84,23 @@ def shard_transformer(transformer: torch.nn.Module, mesh: Any = None, *, param_d
         kwargs["mp_policy"] = MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=torch.float32)
     for block in transformer_blocks(transformer):
         fully_shard(block, **kwargs)
+        if param_dtype is not None:
+            # diffusers checkpoints around the block's call, so its recompute re-enters the FSDP unit
+            # during backward, where torch 2.11's FSDP2 skips the input cast: the recompute then ran in
+            # float32 and failed checkpointing's metadata check (seen on an H100, 2026-11-27)
+            block.register_forward_pre_hook(partial(_cast_floating_inputs, param_dtype), with_kwargs=True)
     fully_shard(transformer, **kwargs)
     return transformer
+
+
+def _cast_floating_inputs(dtype: torch.dtype, module: torch.nn.Module, args: tuple,
+                          kwargs: dict[str, Any]) -> tuple[tuple, dict[str, Any]]:
+    """Forward pre-hook: every floating-point tensor argument in ``dtype`` (FSDP2's own input cast, also
+    when the forward is an activation-checkpointing recompute)."""
+    def cast(value: Any) -> Any:
+        return value.to(dtype) if isinstance(value, torch.Tensor) and value.is_floating_point() else value
+
+    return tree_map(cast, args), tree_map(cast, kwargs)
 
 
 class DiffusionPolicy:
