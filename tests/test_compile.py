@@ -223,20 +223,22 @@ def test_build_policy_compiles_the_policy_where_compile_applies(monkeypatch, cos
     assert counter.frame_count == 1 and graph_breaks() == 0
 
 
-def test_a_grpo_like_mix_of_batches_stays_within_the_recompile_limit(monkeypatch) -> None:
+def test_a_grpo_like_mix_of_batches_stays_within_the_recompile_limit() -> None:
     """Training and no-grad passes (with checkpointing), packed rows and rows of one sample (no
     mask), new lengths: each is a variant of the one function every block shares, and torch's
     default limit (8) would stop a ``fullgraph`` run with an error after three steps."""
-    monkeypatch.setattr(torch._dynamo.config, "recompile_limit", 8)
-    hf = cpt.tiny_qwen2(seed=0)
-    cp.parallel.apply_activation_checkpointing(hf)
-    policy = cp.policy.CausalLMPolicy(hf).train()
-    counter = CompileCounterWithBackend("eager")
-    apply_compile(hf, backend=counter)
-    assert torch._dynamo.config.recompile_limit == compile_module.RECOMPILE_LIMIT
-    for lengths in ([10, 14], [5, 30, 7], [40]):
-        batch = text_batch(lengths)
-        train_step(policy, batch)
-        with torch.no_grad():
-            cp.policy.token_logprobs(policy, batch)
-    assert counter.frame_count > 8 and graph_breaks() == 0
+    # dynamo's own patch restores the setting; pytest's monkeypatch deletes it from dynamo's config
+    # module on undo, and every later compile in the process then fails
+    with torch._dynamo.config.patch(recompile_limit=8):
+        hf = cpt.tiny_qwen2(seed=0)
+        cp.parallel.apply_activation_checkpointing(hf)
+        policy = cp.policy.CausalLMPolicy(hf).train()
+        counter = CompileCounterWithBackend("eager")
+        apply_compile(hf, backend=counter)
+        assert torch._dynamo.config.recompile_limit == compile_module.RECOMPILE_LIMIT
+        for lengths in ([10, 14], [5, 30, 7], [40]):
+            batch = text_batch(lengths)
+            train_step(policy, batch)
+            with torch.no_grad():
+                cp.policy.token_logprobs(policy, batch)
+        assert counter.frame_count > 8 and graph_breaks() == 0
