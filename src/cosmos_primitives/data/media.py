@@ -100,7 +100,8 @@ def _part_keys(part: dict[str, Any], names: tuple[str, ...], where: str) -> dict
         if value is None:
             continue
         if isinstance(value, bool) or not isinstance(value, (int, float)):
-            raise ValueError(f"{where}: '{name}' must be a number, got {value!r}")
+            raise ValueError(f"{where}: '{name}' must be a number, got {value!r}; give it as a number in the "
+                             "conversation part (qwen-vl-utils reads it as one)")
         keys[name] = int(value) if name in _INTEGER_KEYS and float(value).is_integer() else value
     return keys
 
