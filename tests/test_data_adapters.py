@@ -17,11 +17,11 @@ from cosmos_primitives.data.mcq import MCQPromptDataset, answer_letter, mcq_prom
 from cosmos_primitives.data.media import MediaSettings, default_media_dir
 from cosmos_primitives.data.mrope import MRopeSpec
 from cosmos_primitives.data.qwen_vl_encoding import IGNORE_INDEX, encode_conversation
+from cosmos_primitives.data.qwen_vl_sizing import frame_indices, smart_nframes
 from cosmos_primitives.data.records import Prompt
 from cosmos_primitives.data.sampler import ResumableDistributedSampler
 from cosmos_primitives.data.sft_loader import SFTBatchLoader, build_sft_dataset
 from cosmos_primitives.data.video_folder import VideoFolderDataset
-from cosmos_primitives.data.video_sampling import plan_frame_indices
 
 
 class _Records(logging.Handler):
@@ -69,21 +69,22 @@ def saved_hf_dataset(tmp_path_factory) -> Path:
 def test_hf_dataset_resolves_media_and_applies_fps_defaults_and_overrides(saved_hf_dataset, video_clips) -> None:
     clips = video_clips["medium"].parent
     cfg = DatasetConfig(name=str(saved_hf_dataset), media_dir=str(clips), fps=2.0, max_frames=32,
-                        max_pixels=28 * 28 * 9)
+                        max_pixels=28 * 28 * 9, min_pixels=3136)
     ds = build_sft_dataset(cfg)
     assert isinstance(ds, HFConversationDataset) and len(ds) == 3
     first = ds[0]
     video_part = first.conversation[0]["content"][0]
     assert video_part["video"] == str(clips / "medium.mp4")
     # defaults from the config: 30 frames at 10 fps, sampled at 2 fps
-    expected = plan_frame_indices(30, 10.0, 2.0, max_frames=32)
+    expected = frame_indices(0, 29, smart_nframes(30, 10.0, fps=2.0, max_frames=32))
     assert first.frame_indices == [expected]
     assert [cpt.decode_frame_index(f) for f in first.videos[0]] == expected
-    assert first.video_fps == [pytest.approx(len(expected) / 30 * 10.0)] and video_part["fps"] == first.video_fps[0]
+    assert first.video_fps == [pytest.approx(len(expected) / 30 * 10.0)]
+    assert "fps" not in video_part  # the part is kept as the row gave it: re-reading it takes the same frames
     assert first.videos[0].shape[1] * first.videos[0].shape[2] <= 28 * 28 * 9
     # the part's own fps / max_pixels win over the config
     second = ds[1]
-    assert len(second.frame_indices[0]) == len(plan_frame_indices(30, 10.0, 4.0, max_frames=32)) == 12
+    assert len(second.frame_indices[0]) == smart_nframes(30, 10.0, fps=4.0, max_frames=32) == 12
     assert second.videos[0].shape[1:3] == (56, 56)
     # Arrow's None fields (from other rows' parts) are gone
     assert "fps" not in ds.conversation(0)[0]["content"][0]
@@ -208,8 +209,8 @@ def test_bad_samples_are_skipped_counted_logged_then_fail_past_budget(tiny_vl_pr
     clips = video_clips["short"].parent
     rows = [{"conversations": [_video_turn(name, "What?"), _answer(f"Clip {i}.")]}
             for i, name in enumerate(["short.mp4", "corrupt.mp4", "medium.mp4", "does_not_exist.mp4", "short.mp4"])]
-    ds = HFConversationDataset(rows, media_dir=clips, settings=MediaSettings(max_pixels=28 * 28 * 4, max_frames=4),
-                               name="rows")
+    settings = MediaSettings(max_pixels=28 * 28 * 4, min_pixels=3136, max_frames=4)
+    ds = HFConversationDataset(rows, media_dir=clips, settings=settings, name="rows")
     encode = functools.partial(encode_conversation, tiny_vl_processor, mrope=MRopeSpec(tokens_per_second=4.0))
 
     def loader(budget: int) -> SFTBatchLoader:
@@ -285,7 +286,8 @@ def test_mcq_dataset_builds_prompts_with_media_reference_and_row(video_clips, co
         {"id": "i1", "image": str(color_images["green"]), "question": "Which colour fills the image?",
          "choices": ["red", "green", "blue", "yellow"], "answer": "green"},
     ]
-    ds = MCQPromptDataset(rows, media_dir=clips, settings=MediaSettings(fps=2.0, max_pixels=28 * 28 * 4))
+    ds = MCQPromptDataset(rows, media_dir=clips, settings=MediaSettings(fps=2.0, max_pixels=28 * 28 * 4,
+                                                                             min_pixels=3136))
     video = ds[0]
     assert isinstance(video, Prompt) and video.prompt_id == "v1"
     assert video.reference == "B" and video.row == rows[0]
@@ -347,6 +349,7 @@ def test_build_sft_loader_from_config_keys(video_folder, tiny_vl_processor) -> N
         "train.train_policy.dataset.video_suffix=.camera_front_wide_120fov",
         "train.train_policy.dataset.label_field=caption",
         "train.train_policy.dataset.max_pixels=3136",
+        "train.train_policy.dataset.min_pixels=3136",
         "train.train_policy.dataset.bad_sample_budget=1",
         "train.train_policy.packing_budget=512",
         "train.train_policy.mini_batch=2",

@@ -27,7 +27,7 @@ from cosmos_primitives.data.sampler import ResumableDistributedSampler
 from cosmos_primitives.data.sft_loader import SFTBatchLoader
 from cosmos_primitives.data.video_folder import VideoFolderDataset
 
-SETTINGS = MediaSettings(max_pixels=28 * 28 * 4, max_frames=4)
+SETTINGS = MediaSettings(max_pixels=28 * 28 * 4, min_pixels=3136, max_frames=4)
 
 
 def write_png_declaring(path: Path, width: int, height: int) -> Path:
@@ -212,6 +212,7 @@ kind = "hf"
 media_dir = "{hostile_media}"
 max_frames = 4
 max_pixels = 3136
+min_pixels = 3136
 bad_sample_budget = 3
 [train.ckpt]
 enable_checkpoint = false

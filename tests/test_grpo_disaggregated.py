@@ -112,7 +112,7 @@ def mcq_media(tmp_path_factory: pytest.TempPathFactory):
     cpt.write_mp4(root / "clip.mp4", num_frames=20, fps=8.0, size=(48, 64))  # sampled at 1.6 fps
     rows.append({"id": "video0", "question": "What happens?", "choices": ["nothing", "a flash"], "answer": "A",
                  "video": "clip.mp4"})
-    settings = MediaSettings(fps=2.0, max_pixels=64 * 64, max_frames=4)
+    settings = MediaSettings(fps=2.0, max_pixels=64 * 64, min_pixels=3136, max_frames=4)
     dataset = MCQPromptDataset(rows, media_dir=root, settings=settings)
     return root, settings, [dataset[i] for i in range(len(rows))]
 

@@ -22,9 +22,13 @@ class DatasetConfig(Section):
     Hub dataset, cosmos-rl's clip folder ``$COSMOS_CACHE/datasets/<owner>/<name>/<subset>/video_clips``
     when it exists); a file not found there is looked up by name below it. SFT rows whose
     conversation has no media part get the file of their ``video_column`` (or ``image_column``).
-    Videos are sampled at ``fps`` frames per second, at most ``max_frames`` frames (an even number,
-    as Qwen2.5-VL's temporal patch is 2 frames), each frame resized to at most ``max_pixels`` pixels
-    (a per-part ``"fps"`` / ``"max_pixels"`` in the conversation overrides these).
+    Images and videos are read as cosmos-rl's Qwen-VL packers read them (qwen-vl-utils' rules): a
+    conversation part's own ``"fps"`` / ``"max_pixels"`` / ``"min_pixels"`` / ``"max_frames"`` (or
+    any other qwen-vl-utils key) wins, then ``fps`` / ``max_pixels`` / ``min_pixels`` /
+    ``max_frames`` here, then qwen-vl-utils' defaults (unset here: 2 fps; frames per video floored
+    to an even number, at most ``min(768, frames in the clip)``; per video frame at least 128 x 28 x
+    28 pixels and at most 768 x 28 x 28; images 4 .. 16384 x 28 x 28 pixels). ``max_pixels`` /
+    ``min_pixels`` bound images and video frames alike.
 
     Bad samples (missing or undecodable media, samples longer than the packing budget) are skipped,
     counted and logged; the run stops once more than ``bad_sample_budget`` were seen on one rank.
@@ -46,10 +50,11 @@ class DatasetConfig(Section):
     test_size: AtLeastOne | OpenFraction | None = None
     kind: Literal["auto", "hf", "video_folder"] = "auto"
     media_dir: str = ""
-    fps: Positive = 2.0
-    max_pixels: AtLeastOne = 81920
-    min_pixels: AtLeastOne = 3136
-    max_frames: AtLeastOne = 32
+    # unset: qwen-vl-utils' default, as cosmos-rl's packers use for a part without the key
+    fps: Positive | None = None
+    max_pixels: AtLeastOne | None = None
+    min_pixels: AtLeastOne | None = None
+    max_frames: AtLeastOne | None = None
     video_backend: Literal["auto", "decord", "pyav"] = "auto"
     bad_sample_budget: NonNegativeInt = 100
     # video folder adapter

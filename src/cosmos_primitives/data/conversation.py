@@ -96,7 +96,8 @@ def load_conversation(conversation: list[dict[str, Any]], media_dir: str | Path 
                       sample_id: str = "") -> ConversationSample:
     """Resolve every media path of a (normalized) conversation and load the media.
 
-    The returned conversation holds absolute media paths (and each video's effective ``fps``).
+    The returned conversation holds absolute media paths (the parts' other keys as they were); the
+    sample's ``video_fps`` the rate each video was sampled at.
 
     Raises:
         BadSampleError: a media file is missing or cannot be decoded (``.path`` names it).
@@ -125,7 +126,7 @@ def _load_part(part: dict[str, Any], media_dir, settings: MediaSettings, sample:
         sample.frame_indices.append(media.indices)
     sample.media_paths.append(str(path))
     loaded = dict(part)
+    # Only the path changes: the part's own sampling keys stay, so re-reading it with the same
+    # settings (a rollout record on the trainer side) takes the same frames.
     loaded[kind] = str(path)
-    if kind == "video":
-        loaded["fps"] = sample.video_fps[-1]
     return loaded

@@ -33,7 +33,9 @@ def encode_prompts(processor: Any, prompts: Sequence[Prompt]) -> dict[str, torch
 
     Returns the processor's tensors: ``input_ids`` / ``attention_mask`` ``[P, L]`` and, for VLM
     processors, ``pixel_values`` / ``image_grid_thw`` / ``pixel_values_videos`` /
-    ``video_grid_thw`` / ``second_per_grid_ts`` for the prompts' media in order.
+    ``video_grid_thw`` / ``second_per_grid_ts`` for the prompts' media in order. Images and videos go
+    in as loaded (:class:`~cosmos_primitives.data.MediaSettings` sizes them as qwen-vl-utils does,
+    so the processor keeps their size), each video at its ``video_fps``.
     """
     texts = [render_prompt(processor, p) for p in prompts]
     images = [img for p in prompts for img in p.images]
@@ -51,6 +53,9 @@ def encode_prompts(processor: Any, prompts: Sequence[Prompt]) -> dict[str, torch
             for v, f in zip(videos, fps)
         ]
         kwargs["do_sample_frames"] = False
+        if hasattr(getattr(processor, "video_processor", None), "cap_pixels_per_frame"):
+            # frames are already sized as qwen-vl-utils sizes them; the processor must keep that size
+            kwargs["cap_pixels_per_frame"] = False
     # padding_side is a call argument (a tokenizer and a processor both take it), so the caller's
     # tokenizer keeps its own padding_side
     return dict(processor(**kwargs))

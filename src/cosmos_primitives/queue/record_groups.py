@@ -37,8 +37,8 @@ def group_from_record(record: RolloutRecord, settings: MediaSettings | None = No
         record: a record made by :func:`~cosmos_primitives.queue.record.record_from_group` with its
             conversation included.
         settings: how to read media (``MediaSettings.from_config`` of the dataset the rollout side
-            read); a video part's own ``fps`` (the effective rate the rollout sampled) keeps the
-            same frames.
+            read); the conversation holds each part's own keys as the rollout side read them, so
+            the same settings take the same frames.
         media_dir: folder for relative references (conversations from ``cp.data`` adapters hold
             absolute paths, so it is usually not needed).
 
