@@ -17,7 +17,6 @@ import sys
 from pathlib import Path
 
 import pytest
-from eval_scripted_engine import ScriptedEngine
 
 from cosmos_primitives import testing as cpt
 from cosmos_primitives.config.evaluation import EvalConfig
@@ -32,6 +31,7 @@ from cosmos_primitives.eval import (
 )
 from cosmos_primitives.eval.benchmark import parse_item
 from cosmos_primitives.eval.prompts import item_conversation, load_item_prompt
+from eval_scripted_engine import ScriptedEngine
 
 DATA = Path(__file__).parent / "data"
 TOOL = DATA / "cosmos_reason1_eval_tool"
@@ -87,9 +87,8 @@ def test_the_issues_examples_score_as_the_tool_scores_them() -> None:
 
 def test_prompts_equal_the_tools_messages() -> None:
     cfg = EvalConfig()
-    for case in REFERENCE["prompts"]:
-        k = REFERENCE["prompts"].index(case) % 3
-        item = parse_item({**case["qa"], "video": f"robovqa/clips/clip{k}.mp4"}, 1, "robovqa")
+    for k, case in enumerate(REFERENCE["prompts"]):
+        item = parse_item({**case["qa"], "video": f"robovqa/clips/clip{k % 3}.mp4"}, 1, "robovqa")
         assert item_conversation(item, case["answer_type"], cfg.system_prompt, fps=cfg.fps) == case["messages"]
         assert item.answer == case["correct_answer"]
 
