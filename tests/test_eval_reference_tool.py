@@ -21,6 +21,7 @@ import pytest
 from cosmos_primitives import testing as cpt
 from cosmos_primitives.config.evaluation import EvalConfig
 from cosmos_primitives.data.media import MediaSettings
+from cosmos_primitives.data.prompt_inputs import encode_prompts
 from cosmos_primitives.eval import (
     calculate_accuracy,
     evaluate,
@@ -111,6 +112,21 @@ def test_video_frames_are_sized_as_qwen_vl_utils_sizes_them(tmp_path: Path) -> N
         if [t, 3, h, w] != expected:
             mismatches.append((clip["num_frames"], clip["fps"], clip["size"], [t, 3, h, w], expected))
     assert mismatches == []
+
+
+def test_the_processor_is_told_2_fps_as_the_tools_vllm_is(tiny_vl_processor, tmp_path: Path) -> None:
+    """The tool hands vLLM frames sampled at 4 fps without their rate, so the Qwen2.5-VL processor
+    assumes 2 fps: one temporal patch (2 frames) spans 1 s of mRoPE time. ``processor_fps = 0``
+    tells the sampled rate instead (0.5 s)."""
+    cpt.write_mp4(tmp_path / "clip.mp4", num_frames=16, fps=8.0, size=(56, 56))
+    item = parse_item({"question": "q", "index2ans": CHOICES, "answer": "A", "video": "clip.mp4"}, 1, "av")
+    settings = MediaSettings(fps=4.0, max_pixels=3136, min_pixels=3136, max_frames=768)
+    told = {}
+    for processor_fps in (EvalConfig().processor_fps, 0.0):
+        prompt = load_item_prompt(item, "reasoning", tmp_path, settings, processor_fps=processor_fps)
+        assert len(prompt.videos[0]) == 8  # 2 s sampled at 4 fps
+        told[processor_fps] = encode_prompts(tiny_vl_processor, [prompt])["second_per_grid_ts"].tolist()
+    assert told == {2.0: [1.0], 0.0: [0.5]}
 
 
 @pytest.mark.parametrize("scenario", REFERENCE["retries"], ids=[s["name"] for s in REFERENCE["retries"]])
