@@ -239,7 +239,7 @@ RETRY_SCENARIOS = [
      "config": {"answer_type": "letter", "max_retries": 2, "max_tokens": 512, "temperature": 0.6,
                 "repetition_penalty": 1.05, "seed": 7},
      "items": [["q0", "B"], ["q1", "A"], ["q2", "D"]],
-     "script": {"q0": ["b", "the one", "B"], "q1": ["A"], "q2": ["", "", ""]}},
+     "script": {"q0": ["b", "the one", "B"], "q1": ["<think>sure</think> A"], "q2": ["", "", ""]}},
     {"name": "temperature clamped at 0.9",
      "config": {"answer_type": "reasoning", "max_retries": 4, "max_tokens": 100, "temperature": 0.8,
                 "repetition_penalty": 1.0, "seed": 3},

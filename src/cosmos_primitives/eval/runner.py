@@ -79,7 +79,7 @@ def _record(item: BenchmarkItem, cfg: EvalConfig, prompt_tokens: int, completion
         "video_id": item.clip,
         "prompt": item_conversation(item, cfg.answer_type, cfg.system_prompt, fps=cfg.fps),
         "correct_answer": item.answer,
-        "reasoning": extract_reasoning(completion.text),
+        "reasoning": extract_reasoning(completion.text) if cfg.answer_type == "reasoning" else "",
         "answer": answer,
         "full_response": completion.text,
         "is_correct": is_correct(answer, item),
