@@ -180,7 +180,8 @@ def test_reason1_guide_yaml_and_flags_run_on_the_tiny_model(exported: Path, colo
     assert "colour_mcq" in capsys.readouterr().out
 
 
-def test_reason1_guide_command_finds_benchmarks_under_data_dir(exported: Path, tmp_path: Path) -> None:
+def test_reason1_guide_command_finds_benchmarks_under_data_dir(exported: Path, tmp_path: Path,
+                                                              capsys: pytest.CaptureFixture) -> None:
     """The guide's command as it is, no --benchmark: the YAML's datasets (robovqa, av) are read from
     data/benchmark/<dataset>/<dataset>_benchmark_qa_pairs.json with their clips."""
     data = tmp_path / "data"
@@ -200,6 +201,14 @@ def test_reason1_guide_command_finds_benchmarks_under_data_dir(exported: Path, t
     saved = json.loads((results / "final" / "reasoning" / "robovqa" / "clip1.json").read_text())
     assert [entry["id"] for entry in saved] == ["clip1-0", "clip1-1"]  # one file per clip, as the tool writes it
     assert saved[0]["media"] == ["robovqa/clips/clip1.mp4"] and saved[0]["prompt_tokens"] > 20  # the clip's tokens too
+
+    # the tool's own flags: --config_file, --skip_saved (the YAML says skip_saved: false), --limit (per
+    # dataset, whole clips); everything is saved, so nothing is generated
+    with pytest.warns(UserWarning, match="evaluation.num_processes"):
+        limited = _load_example().main(["--config_file", str(yaml_path), "--model_name", str(exported), "--data_dir",
+                                         str(data), "--results_dir", str(results), "--skip_saved", "--limit", "1"])
+    assert (limited["robovqa"]["total"], limited["av"]["total"]) == (1, 1)
+    assert "0 generated, 2 reused" in capsys.readouterr().out
 
 
 def test_eval_yaml_keys_are_mapped_ignored_or_refused(tmp_path: Path) -> None:
