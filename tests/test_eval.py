@@ -28,6 +28,7 @@ from cosmos_primitives.eval import (
     prompt_text,
 )
 from cosmos_primitives.eval.benchmark import parse_item
+from cosmos_primitives.eval.prompts import system_prompt_for
 from cosmos_primitives.logging.console import get_logger
 from cosmos_primitives.rollout.base import RolloutEngine
 from eval_scripted_engine import ScriptedEngine
@@ -257,6 +258,15 @@ def test_extract_prediction_rules() -> None:
     assert extract_reasoning("<answer>A</answer>") == ""
     assert prompt_text(mcq) == "q\n(A) a\n(B) b\n(C) c\n(D) d" + GUIDE_MCQ_PROMPT[GUIDE_MCQ_PROMPT.index(
         "\nAnswer with"):]
+    # the wording the RL recipe trains on, for a model that has seen no other; no system message
+    assert prompt_text(mcq, "reasoning", "training") == "q\n(A) a\n(B) b\n(C) c\n(D) d" + (
+        "\nAnswer with the option's letter from the given choices directly.\nPlease answer the question in the "
+        "following format: <think> your reasoning </think> <answer> your answer </answer>.")
+    assert prompt_text(mcq, "letter", "training") == prompt_text(mcq, "letter")
+    assert (system_prompt_for("guide", None), system_prompt_for("training", None)) == ("Answer the questions.", "")
+    assert system_prompt_for("training", "Be brief.") == "Be brief." and system_prompt_for("guide", "") == ""
+    with pytest.raises(ValueError, match=r"\[eval\] prompt must be one of \('guide', 'training'\)"):
+        prompt_text(mcq, "reasoning", "trained")
     open_ended = parse_item({"question": "Describe.", "answer": " Spin "}, 1, "d")
     assert open_ended.choices is None and open_ended.answer == "Spin"
     assert prompt_text(open_ended, "letter") == "Describe."

@@ -31,7 +31,7 @@ from cosmos_primitives.eval import (
     load_benchmark_dir,
 )
 from cosmos_primitives.eval.benchmark import parse_item
-from cosmos_primitives.eval.prompts import item_conversation, load_item_prompt
+from cosmos_primitives.eval.prompts import item_conversation, load_item_prompt, system_prompt_for
 from eval_scripted_engine import ScriptedEngine
 
 DATA = Path(__file__).parent / "data"
@@ -90,7 +90,8 @@ def test_prompts_equal_the_tools_messages() -> None:
     cfg = EvalConfig()
     for k, case in enumerate(REFERENCE["prompts"]):
         item = parse_item({**case["qa"], "video": f"robovqa/clips/clip{k % 3}.mp4"}, 1, "robovqa")
-        assert item_conversation(item, case["answer_type"], cfg.system_prompt, fps=cfg.fps) == case["messages"]
+        system = system_prompt_for(cfg.prompt, cfg.system_prompt)
+        assert item_conversation(item, case["answer_type"], system, fps=cfg.fps) == case["messages"]
         assert item.answer == case["correct_answer"]
 
 
@@ -106,7 +107,7 @@ def test_video_frames_are_sized_as_qwen_vl_utils_sizes_them(tmp_path: Path) -> N
                       size=tuple(clip["size"]))
         item = parse_item({"id": f"c{k}", "question": "q", "index2ans": CHOICES, "answer": "A",
                            "video": f"clip{k}.mp4"}, 1, "av")
-        prompt = load_item_prompt(item, "reasoning", tmp_path, settings, cfg.system_prompt, cfg.processor_fps)
+        prompt = load_item_prompt(item, "reasoning", tmp_path, settings, processor_fps=cfg.processor_fps)
         t, h, w, _ = prompt.videos[0].shape
         expected = clip["shape"]
         if [t, 3, h, w] != expected:

@@ -38,8 +38,11 @@ class EvalConfig(Section):
 
     Prompt: ``answer_type`` ``"reasoning"`` asks for ``<think>..</think> <answer>..</answer>`` and
     reads the letter in the first ``<answer>``; ``"letter"`` asks for the letter directly and reads
-    the first capital letter (decoded greedily, 10 new tokens, as the tool does).
-    ``system_prompt``: the system message (empty: none).
+    the first capital letter (decoded greedily, 10 new tokens, as the tool does). ``prompt``:
+    ``"guide"``, the tool's wording; ``"training"``, the wording the Cosmos-Reason1 RL recipe trains
+    on ("<answer> your answer </answer>"), for a model that has seen no other. ``system_prompt``: the
+    system message (``""``: none; unset: the guide's "Answer the questions.", none for
+    ``"training"``).
 
     Generation: ``temperature``, ``top_p``, ``top_k`` (-1: off), ``repetition_penalty``,
     ``max_tokens``, ``seed`` (every generate call); ``max_retries``: items whose answer is empty are
@@ -64,7 +67,8 @@ class EvalConfig(Section):
     datasets: list[str] = msgspec.field(default_factory=list)
     limit: int = -1
     answer_type: Literal["reasoning", "letter"] = "reasoning"
-    system_prompt: str = "Answer the questions."
+    prompt: Literal["guide", "training"] = "guide"
+    system_prompt: str | None = None
     skip_saved: bool = True
     backend: Literal["hf", "vllm"] = "hf"
     dtype: Literal["auto", "bfloat16", "float16", "float32"] = "auto"

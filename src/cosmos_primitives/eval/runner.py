@@ -24,7 +24,7 @@ from cosmos_primitives.data.records import Completion, Prompt
 from cosmos_primitives.eval.accuracy import accuracy_table, format_accuracy_table
 from cosmos_primitives.eval.benchmark import BenchmarkItem, load_benchmark
 from cosmos_primitives.eval.model_loading import load_eval_engine
-from cosmos_primitives.eval.prompts import check_answer_type, item_conversation, load_item_prompt
+from cosmos_primitives.eval.prompts import check_answer_type, item_conversation, load_item_prompt, system_prompt_for
 from cosmos_primitives.eval.result_store import ResultStore, run_dir
 from cosmos_primitives.eval.sampling import first_sampling_params, retry_sampling_params
 from cosmos_primitives.eval.scoring import extract_prediction, extract_reasoning, is_correct
@@ -33,7 +33,7 @@ from cosmos_primitives.logging.progress import progress
 from cosmos_primitives.rollout.base import RolloutEngine
 
 # settings that change what a prediction is; saved with it and compared on re-runs
-SETTING_KEYS = ("answer_type", "system_prompt", "temperature", "top_p", "top_k", "repetition_penalty",
+SETTING_KEYS = ("answer_type", "prompt", "system_prompt", "temperature", "top_p", "top_k", "repetition_penalty",
                 "max_tokens", "seed", "max_retries", "fps", "max_pixels", "min_pixels", "max_frames",
                 "processor_fps")
 
@@ -77,7 +77,8 @@ def _record(item: BenchmarkItem, cfg: EvalConfig, prompt_tokens: int, completion
     return {
         "datasource": item.dataset,
         "video_id": item.clip,
-        "prompt": item_conversation(item, cfg.answer_type, cfg.system_prompt, fps=cfg.fps),
+        "prompt": item_conversation(item, cfg.answer_type, system_prompt_for(cfg.prompt, cfg.system_prompt),
+                                    fps=cfg.fps, style=cfg.prompt),
         "correct_answer": item.answer,
         "reasoning": extract_reasoning(completion.text) if cfg.answer_type == "reasoning" else "",
         "answer": answer,
@@ -153,6 +154,7 @@ def evaluate(model: Any, benchmark: str | Path | Sequence[BenchmarkItem], *, res
     """
     cfg = cfg or EvalConfig()
     check_answer_type(cfg.answer_type)
+    system_prompt = system_prompt_for(cfg.prompt, cfg.system_prompt)
     if cfg.batch_size < 1:
         raise ValueError(f"[eval] batch_size must be >= 1, got {cfg.batch_size}")
     if cfg.max_retries < 0:
@@ -199,8 +201,8 @@ def evaluate(model: Any, benchmark: str | Path | Sequence[BenchmarkItem], *, res
         batch_items, prompts = [], []
         for item in todo[first:first + cfg.batch_size]:
             try:
-                prompts.append(load_item_prompt(item, cfg.answer_type, data_dir, settings, cfg.system_prompt,
-                                                cfg.processor_fps))
+                prompts.append(load_item_prompt(item, cfg.answer_type, data_dir, settings, system_prompt,
+                                                cfg.processor_fps, cfg.prompt))
                 batch_items.append(item)
             except BadSampleError as exc:
                 log.warning(f"item {item.id!r} of {item.dataset!r} (line {item.line}) is not evaluated: "
