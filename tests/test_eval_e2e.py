@@ -70,7 +70,8 @@ def test_exported_checkpoint_on_images_and_video(exported: Path, colour_bench, t
     engine = load_eval_engine(exported)
     assert isinstance(engine, HFRolloutEngine)
     recording = RecordingEngine(engine)
-    cfg = EvalConfig(temperature=0.0, max_tokens=4, fps=4.0, max_pixels=3136, batch_size=3)
+    cfg = EvalConfig(temperature=0.0, max_tokens=4, fps=4.0, max_pixels=3136, min_pixels=3136, batch_size=3,
+                     max_retries=0)
     report = evaluate(recording, path, data_dir=data, results_dir=tmp_path / "results", cfg=cfg)
 
     by_id = {g.prompt.prompt_id: g for g in recording.groups}
@@ -80,15 +81,17 @@ def test_exported_checkpoint_on_images_and_video(exported: Path, colour_bench, t
     assert VIDEO_PAD_ID in by_id["v0"].prompt_token_ids and IMAGE_PAD_ID not in by_id["v0"].prompt_token_ids
 
     items = {i.id: i for i in load_benchmark(path)}
-    records = [json.loads(p.read_text()) for p in sorted((tmp_path / "results").glob("*/*.json"))]
+    files = sorted((tmp_path / "results").rglob("*.json"))
+    assert [p.relative_to(tmp_path / "results").parts[:2] for p in files] == [("RecordingEngine", "reasoning")] * 3
+    records = [entry for p in files for entry in json.loads(p.read_text())]
     assert len(records) == 3
     for record in records:
         group = by_id[record["id"]]
-        assert record["raw_output"] == group.completions[0].text
+        assert record["full_response"] == group.completions[0].text
         assert record["completion_tokens"] == len(group.completions[0].token_ids) <= 4
-        prediction = extract_prediction(record["raw_output"], items[record["id"]])
-        assert record["extracted_answer"] == prediction
-        assert record["correct"] == is_correct(prediction, items[record["id"]])
+        prediction = extract_prediction(record["full_response"], items[record["id"]])
+        assert record["answer"] == prediction
+        assert record["is_correct"] == is_correct(prediction, items[record["id"]])
     assert report.table == accuracy_table(records) == calculate_accuracy(tmp_path / "results")
     assert set(report.table) == {"colour_mcq", "clips", "overall"} and report.table["overall"]["total"] == 3
 
@@ -110,7 +113,7 @@ def test_example_script_with_config(exported: Path, colour_bench, tmp_path: Path
             "--max-tokens", "3", "--datasets", "colour_mcq", "eval.max_pixels=3136"]
     table = example.main(argv)
     assert table["overall"]["total"] == 2 and set(table) == {"colour_mcq", "overall"}
-    saved = json.loads((results / "colour_mcq" / "test-0.json").read_text())
+    [saved] = json.loads((results / "final" / "reasoning" / "colour_mcq" / "test-0.json").read_text())
     assert saved["settings"]["temperature"] == 0.0 and saved["settings"]["max_tokens"] == 3
     assert saved["settings"]["max_pixels"] == 3136 and saved["settings"]["fps"] == 2.0  # flags, overrides, file
     out = capsys.readouterr().out
@@ -169,14 +172,16 @@ def test_reason1_guide_yaml_and_flags_run_on_the_tiny_model(exported: Path, colo
         table = example.main(["--config", str(yaml_path), "--model_name", str(exported), "--benchmark", str(path),
                               "--data_dir", str(data), "--results_dir", str(results), "eval.dtype=float32"])
     assert table["overall"]["total"] == 2 and set(table) == {"colour_mcq", "overall"}
-    saved = json.loads((results / "colour_mcq" / "test-0.json").read_text())
+    [saved] = json.loads((results / "final" / "reasoning" / "colour_mcq" / "test-0.json").read_text())
     assert saved["settings"]["temperature"] == 0.6 and saved["settings"]["fps"] == 4  # from the YAML
+    assert saved["prompt"][0] == {"role": "system", "content": "Answer the questions."}
     capsys.readouterr()
     assert example.main(["--score-only", "--result_dir", str(results), "--dataset", "colour_mcq"]) == table
     assert "colour_mcq" in capsys.readouterr().out
 
 
-def test_reason1_guide_command_finds_benchmarks_under_data_dir(exported: Path, tmp_path: Path) -> None:
+def test_reason1_guide_command_finds_benchmarks_under_data_dir(exported: Path, tmp_path: Path,
+                                                              capsys: pytest.CaptureFixture) -> None:
     """The guide's command as it is, no --benchmark: the YAML's datasets (robovqa, av) are read from
     data/benchmark/<dataset>/<dataset>_benchmark_qa_pairs.json with their clips."""
     data = tmp_path / "data"
@@ -193,8 +198,17 @@ def test_reason1_guide_command_finds_benchmarks_under_data_dir(exported: Path, t
                                       str(data), "--results_dir", str(results), "eval.dtype=float32"])
     assert set(table) == {"robovqa", "av", "overall"}
     assert (table["robovqa"]["total"], table["av"]["total"], table["overall"]["failed"]) == (3, 1, 0)
-    saved = json.loads((results / "robovqa" / "clip1-0.json").read_text())
-    assert saved["media"] == ["robovqa/clips/clip1.mp4"] and saved["prompt_tokens"] > 20  # the clip's tokens too
+    saved = json.loads((results / "final" / "reasoning" / "robovqa" / "clip1.json").read_text())
+    assert [entry["id"] for entry in saved] == ["clip1-0", "clip1-1"]  # one file per clip, as the tool writes it
+    assert saved[0]["media"] == ["robovqa/clips/clip1.mp4"] and saved[0]["prompt_tokens"] > 20  # the clip's tokens too
+
+    # the tool's own flags: --config_file, --skip_saved (the YAML says skip_saved: false), --limit (per
+    # dataset, whole clips); everything is saved, so nothing is generated
+    with pytest.warns(UserWarning, match="evaluation.num_processes"):
+        limited = _load_example().main(["--config_file", str(yaml_path), "--model_name", str(exported), "--data_dir",
+                                         str(data), "--results_dir", str(results), "--skip_saved", "--limit", "1"])
+    assert (limited["robovqa"]["total"], limited["av"]["total"]) == (1, 1)
+    assert "0 generated, 2 reused" in capsys.readouterr().out
 
 
 def test_eval_yaml_keys_are_mapped_ignored_or_refused(tmp_path: Path) -> None:

@@ -1,8 +1,11 @@
 """``[eval]``: benchmark evaluation of a model or exported checkpoint (``cp.eval``, ``examples/evaluate.py``).
 
-Defaults are the generation settings Cosmos-Reason benchmark numbers are reported with
-(REFERENCE.md section 1): temperature 0.6, 1024 new tokens, videos sampled at 4 fps, seed 1, and
-``top_p = 0.95`` as the reference evaluation tool uses. ``temperature = 0`` decodes greedily.
+The defaults are those of the Cosmos-Reason1 guide's evaluation tool (cosmos-reason1
+``examples/benchmark/tools/eval/evaluate.py`` and its ``configs/evaluate.yaml``): answer type
+``reasoning``, temperature 0.6 with top-p 0.95, 1024 new tokens, 10 retries of empty answers,
+videos sampled at 4 fps, seed 1, the system prompt "Answer the questions.", and video frames sized
+as qwen-vl-utils sizes a part that names no pixel bounds. ``docs/evaluation.md`` lists what matches
+the tool and what this library adds.
 """
 
 from __future__ import annotations
@@ -13,6 +16,12 @@ import msgspec
 
 from cosmos_primitives.config.base import AtLeastOne, Section
 
+# qwen-vl-utils' bounds for a video part that names none (patch 14 x merge 2 = 28 px per token side)
+QWEN_VL_VIDEO_MIN_PIXELS = 128 * 28 * 28
+QWEN_VL_VIDEO_MAX_PIXELS = 768 * 28 * 28
+QWEN_VL_MAX_FRAMES = 768
+QWEN_VL_PROCESSOR_DEFAULT_FPS = 2.0
+
 
 class EvalConfig(Section):
     """``[eval]``.
@@ -22,20 +31,33 @@ class EvalConfig(Section):
     ``data_dir`` (media paths of the items are relative to it; empty: the benchmark's folder; with no
     ``benchmark``, the Cosmos-Reason1 guide's data folder: ``<data_dir>/benchmark/<dataset>/
     <dataset>_benchmark_qa_pairs.json``, ``cp.eval.load_benchmark_dir``),
-    ``results_dir`` (one JSON per item under ``<results_dir>/<dataset>/``), ``datasets`` (only these
-    dataset names; empty: all), ``limit`` (first N items after the filter; -1: all).
+    ``results_dir`` (predictions go to ``<results_dir>/<model folder name>/<answer_type>/<dataset>/
+    <clip>.json``, the tool's layout), ``datasets`` (only these dataset names; empty: all),
+    ``limit`` (> 0: per dataset, the first clips making at least N items, as the tool's ``--limit``;
+    for a benchmark file, its first N items; 0 or -1: all).
 
-    How: ``answer_type`` ``"reasoning"`` asks for ``<think>..</think> <answer>..</answer>`` and
-    scores the first ``<answer>``; ``"letter"`` asks for the option's letter directly (the reference
-    tool decodes it greedily with 10 new tokens: ``temperature = 0``, ``max_tokens = 10``).
-    ``skip_saved``: items with a saved prediction are not generated again. ``max_retries``: items
-    whose extracted answer is empty are sampled again (new seed) up to this many times; only with
-    ``temperature > 0`` (the reference tool's configs use 10).
+    Prompt: ``answer_type`` ``"reasoning"`` asks for ``<think>..</think> <answer>..</answer>`` and
+    reads the letter in the first ``<answer>``; ``"letter"`` asks for the letter directly and reads
+    the first capital letter (decoded greedily, 10 new tokens, as the tool does). ``prompt``:
+    ``"guide"``, the tool's wording; ``"training"``, the wording the Cosmos-Reason1 RL recipe trains
+    on ("<answer> your answer </answer>"), for a model that has seen no other. ``system_prompt``: the
+    system message (``""``: none; unset: the guide's "Answer the questions.", none for
+    ``"training"``).
+
+    Generation: ``temperature``, ``top_p``, ``top_k`` (-1: off), ``repetition_penalty``,
+    ``max_tokens``, ``seed`` (every generate call); ``max_retries``: items whose answer is empty are
+    sampled again up to this many times, retry ``r`` with ``max_tokens + 256 r`` new tokens at
+    temperature ``min(temperature + 0.05 r, 0.9)`` (``cp.eval.sampling``).
+    ``skip_saved``: items with a saved prediction are not generated again.
     ``backend``: ``"hf"`` (transformers ``generate``) or ``"vllm"`` (optional extra, GPU), with
     ``tp_size`` and ``max_model_len`` for vLLM. ``batch_size``: prompts per ``generate`` call.
 
-    Media: videos sampled at ``fps`` frames per second, at most ``max_frames`` frames, every frame
-    and image resized to at most ``max_pixels`` pixels.
+    Media: videos sampled at ``fps`` frames per second, at most ``max_frames`` frames, each frame
+    (and image) resized to between ``min_pixels`` and ``max_pixels`` pixels, by ``cp.data``; the
+    defaults are qwen-vl-utils' for a part without bounds. ``processor_fps``: the frame rate the
+    model's processor is told for each video, which sets the video's time positions; 2.0, as the
+    tool (it hands vLLM the sampled frames without their rate, so the processor assumes its default
+    2 fps); 0: the rate the frames were sampled at.
     """
 
     model: str = ""
@@ -45,7 +67,8 @@ class EvalConfig(Section):
     datasets: list[str] = msgspec.field(default_factory=list)
     limit: int = -1
     answer_type: Literal["reasoning", "letter"] = "reasoning"
-    system_prompt: str = ""
+    prompt: Literal["guide", "training"] = "guide"
+    system_prompt: str | None = None
     skip_saved: bool = True
     backend: Literal["hf", "vllm"] = "hf"
     dtype: Literal["auto", "bfloat16", "float16", "float32"] = "auto"
@@ -59,9 +82,10 @@ class EvalConfig(Section):
     repetition_penalty: float = 1.0
     max_tokens: AtLeastOne = 1024
     seed: int = 1
-    max_retries: int = 0
+    max_retries: int = 10
     # media
     fps: float = 4.0
-    max_pixels: int = 81920
-    min_pixels: int = 3136
-    max_frames: int = 64
+    max_pixels: int = QWEN_VL_VIDEO_MAX_PIXELS
+    min_pixels: int = QWEN_VL_VIDEO_MIN_PIXELS
+    max_frames: int = QWEN_VL_MAX_FRAMES
+    processor_fps: float = QWEN_VL_PROCESSOR_DEFAULT_FPS

@@ -1,4 +1,5 @@
-"""MCQ / exact-match evaluation of a model or exported checkpoint on benchmark files.
+"""MCQ / exact-match evaluation of a model or exported checkpoint on benchmark files, reproducing
+the Cosmos-Reason1 guide's evaluation tool (prompts, answer extraction, retries, results layout).
 
 ::
 
@@ -26,8 +27,12 @@ _EXPORTS = {
     "prompt_text": "prompts",
     "extract_letter": "scoring",
     "extract_prediction": "scoring",
+    "extract_reasoning": "scoring",
     "is_correct": "scoring",
+    "first_sampling_params": "sampling",
+    "retry_sampling_params": "sampling",
     "ResultStore": "result_store",
+    "run_dir": "result_store",
     "accuracy_table": "accuracy",
     "format_accuracy_table": "accuracy",
     "calculate_accuracy": "accuracy",
@@ -44,8 +49,14 @@ if TYPE_CHECKING:  # pragma: no cover
     from cosmos_primitives.eval.benchmark_dir import benchmark_files, benchmark_root, load_benchmark_dir  # noqa: F401
     from cosmos_primitives.eval.model_loading import load_eval_engine  # noqa: F401
     from cosmos_primitives.eval.prompts import prompt_text  # noqa: F401
-    from cosmos_primitives.eval.result_store import ResultStore  # noqa: F401
+    from cosmos_primitives.eval.result_store import ResultStore, run_dir  # noqa: F401
     from cosmos_primitives.eval.runner import EvalReport, evaluate  # noqa: F401
-    from cosmos_primitives.eval.scoring import extract_letter, extract_prediction, is_correct  # noqa: F401
+    from cosmos_primitives.eval.sampling import first_sampling_params, retry_sampling_params  # noqa: F401
+    from cosmos_primitives.eval.scoring import (  # noqa: F401
+        extract_letter,
+        extract_prediction,
+        extract_reasoning,
+        is_correct,
+    )
 
 __getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)

@@ -1,8 +1,10 @@
 """Accuracy tables: correct / total per dataset and overall, from predictions or a results directory.
 
-Accuracy = correct / total over the items that were evaluated (REFERENCE.md section 1). Items that
-could not be evaluated (missing or undecodable media) are not in ``total``; they are counted in
-``failed`` so a table never hides them. ``overall`` pools all items (micro average).
+Accuracy = correct / total over the items that were evaluated, as the guide's
+``calculate_accuracy.py`` counts it: ``overall`` pools every prediction (micro average) and equals
+the "Mean accuracy" that script prints for the same folder. Items that could not be evaluated
+(missing or undecodable media) are not in ``total`` (the tool leaves them out too); they are
+counted in ``failed`` so a table never hides them.
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ def accuracy_table(records: Iterable[dict[str, Any]],
     """``{dataset: {"correct", "total", "accuracy", "failed"}, ..., "overall": {...}}``.
 
     Args:
-        records: predictions, each with ``dataset`` and ``correct`` (bool).
+        records: predictions, each with ``datasource`` and ``is_correct`` (the results files' keys).
         failures: items that could not be evaluated, each with ``dataset``.
 
     ``accuracy`` is a fraction in ``[0, 1]`` (0.0 when ``total`` is 0); datasets are sorted by name,
@@ -33,9 +35,9 @@ def accuracy_table(records: Iterable[dict[str, Any]],
         return counts.setdefault(dataset, {"correct": 0, "total": 0, "accuracy": 0.0, "failed": 0})
 
     for record in records:
-        entry = row(str(record["dataset"]))
+        entry = row(str(record["datasource"]))
         entry["total"] += 1
-        entry["correct"] += int(bool(record["correct"]))
+        entry["correct"] += int(bool(record["is_correct"]))
     for failure in failures:
         row(str(failure["dataset"]))["failed"] += 1
     table = {name: counts[name] for name in sorted(counts)}
@@ -60,8 +62,10 @@ def format_accuracy_table(table: dict[str, dict[str, Any]]) -> str:
 
 
 def calculate_accuracy(results_dir: str | Path, datasets: Iterable[str] = ()) -> dict[str, dict[str, Any]]:
-    """Recompute the accuracy table from a results directory alone (every saved prediction, and the
-    failure lists of the last runs), for all datasets or only ``datasets``."""
+    """Recompute the accuracy table from a results folder alone, for all datasets or only
+    ``datasets``: every prediction at any depth below it, as the guide's ``calculate_accuracy.py
+    --result_dir`` reads it (``overall`` is its mean accuracy), and the failure lists of the last
+    runs."""
     results_dir = Path(results_dir)
     if not results_dir.is_dir():
         raise FileNotFoundError(f"results directory {results_dir} does not exist")

@@ -19,13 +19,18 @@ Cosmos-Reason1 benchmark files (``<dataset>_benchmark_qa_pairs.json``) hold one 
 ``{"video": "clips/<clip>.mp4", "qa_pairs": {...} or [{...}, ...]}``; each QA pair becomes an item
 with the row's other keys, id ``<clip>`` (one pair) or ``<clip>-<k>`` (a list), so pointing
 ``data_dir`` at ``<data>/<dataset>`` evaluates a downloaded benchmark as it is.
+
+Saved predictions are grouped as the guide's evaluation tool groups them: one results file per
+clip (``BenchmarkItem.clip``: the clip's file name without its extension, as the tool's
+``video_id``), holding that clip's QA pairs by their index (``question_idx``). An item of a plain
+file is its own group: ``clip`` is its ``id``, ``question_idx`` 0.
 """
 
 from __future__ import annotations
 
 import json
 from collections.abc import Sequence
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import Any
 
 import attrs
@@ -53,7 +58,8 @@ class BenchmarkItem:
     ``choices``: ``[(letter, text), ...]``, or None for an open-ended item; ``answer``: the right
     letter (MCQ) or the expected text (open-ended); ``media``: ``[(kind, path), ...]`` with kind
     ``"video"`` or ``"image"``, paths as written in the file; ``line``: 1-based line of the item in
-    the file; ``row``: the item as read.
+    the file; ``row``: the item as read; ``clip`` / ``question_idx``: its results file and its
+    place in it (see the module docstring).
     """
 
     id: str
@@ -64,6 +70,11 @@ class BenchmarkItem:
     media: list[tuple[str, str]]
     line: int
     row: dict[str, Any]
+    clip: str = ""
+    question_idx: int = 0
+
+    def __attrs_post_init__(self) -> None:
+        self.clip = self.clip or self.id
 
     @property
     def is_mcq(self) -> bool:
@@ -95,8 +106,10 @@ def _media(row: dict[str, Any], where: str) -> list[tuple[str, str]]:
     return media
 
 
-def parse_item(row: Any, line: int, default_dataset: str, source: str = "benchmark") -> BenchmarkItem:
-    """Check one item (``line``: its 1-based line in ``source``).
+def parse_item(row: Any, line: int, default_dataset: str, source: str = "benchmark", *, clip: str = "",
+               question_idx: int = 0) -> BenchmarkItem:
+    """Check one item (``line``: its 1-based line in ``source``; ``clip`` / ``question_idx``: its
+    results file and place in it, default: its id and 0).
 
     Raises:
         BenchmarkFormatError: naming ``source``, the line, and the missing or bad key.
@@ -124,7 +137,7 @@ def parse_item(row: Any, line: int, default_dataset: str, source: str = "benchma
     dataset = row.get("dataset") or default_dataset
     return BenchmarkItem(id=str(item_id) if item_id not in (None, "") else f"line{line}", dataset=str(dataset),
                          question=str(question), answer=answer, choices=choices, media=_media(row, where),
-                         line=line, row=row)
+                         line=line, row=row, clip=clip, question_idx=question_idx)
 
 
 def _json_list_with_lines(text: str, source: str) -> list[tuple[int, Any]]:
@@ -150,20 +163,23 @@ def _json_list_with_lines(text: str, source: str) -> list[tuple[int, Any]]:
         out.append((line, value))
 
 
-def expand_qa_pairs(row: Any, line: int, source: str) -> list[Any]:
-    """A Cosmos-Reason1 benchmark row (one clip, ``qa_pairs``) as one row per QA pair; other rows as
-    they are."""
+def expand_qa_pairs(row: Any, line: int, source: str) -> list[tuple[Any, str, int]]:
+    """``[(row, clip, question_idx), ...]``: a Cosmos-Reason1 benchmark row (one clip, ``qa_pairs``)
+    as one row per QA pair; another row as itself (clip ``""``: its id, index 0)."""
     if not isinstance(row, dict) or QA_PAIRS_KEY not in row:
-        return [row]
+        return [(row, "", 0)]
     pairs = row[QA_PAIRS_KEY]
     shared = {k: v for k, v in row.items() if k != QA_PAIRS_KEY}
     media = shared.get("video") or shared.get("image")
-    base = str(shared.get("id") or (Path(media).stem if isinstance(media, str) and media else f"line{line}"))
+    stem = PurePosixPath(media).name.rsplit(".", 1)[0] if isinstance(media, str) and media else ""
+    base = str(shared.get("id") or stem or f"line{line}")
+    clip = stem or base
     if isinstance(pairs, dict):
-        return [{**shared, "id": base, **pairs}]
+        return [({**shared, "id": base, **pairs}, clip, 0)]
     if not isinstance(pairs, list):
         raise BenchmarkFormatError(f"{source} line {line}: '{QA_PAIRS_KEY}' must be a dict or a list of dicts")
-    return [{**shared, "id": f"{base}-{k}", **pair} if isinstance(pair, dict) else pair for k, pair in enumerate(pairs)]
+    return [({**shared, "id": f"{base}-{k}", **pair} if isinstance(pair, dict) else pair, clip, k)
+            for k, pair in enumerate(pairs)]
 
 
 def read_benchmark_rows(path: str | Path) -> list[tuple[int, Any]]:
@@ -207,7 +223,8 @@ def load_benchmark(path: str | Path, *, default_dataset: str | None = None,
     errors: list[str] = []
     for line, row in read_benchmark_rows(path):
         try:
-            items.extend(parse_item(one, line, default, str(path)) for one in expand_qa_pairs(row, line, str(path)))
+            items.extend(parse_item(one, line, default, str(path), clip=clip, question_idx=k)
+                         for one, clip, k in expand_qa_pairs(row, line, str(path)))
         except BenchmarkFormatError as exc:
             errors.append(str(exc))
     seen: dict[tuple[str, str], int] = {}
@@ -217,6 +234,14 @@ def load_benchmark(path: str | Path, *, default_dataset: str | None = None,
             errors.append(f"{path} line {item.line}: id {item.id!r} of dataset {item.dataset!r} is already used "
                           f"on line {seen[key]}; ids name the saved predictions, so they must be unique")
         seen.setdefault(key, item.line)
+    places: dict[tuple[str, str, int], BenchmarkItem] = {}
+    for item in items:
+        place = (item.dataset, item.clip, item.question_idx)
+        other = places.setdefault(place, item)
+        if other is not item and other.id != item.id:
+            errors.append(f"{path} line {item.line}: item {item.id!r} would be saved as QA pair {item.question_idx} "
+                          f"of clip {item.clip!r}, as item {other.id!r} of line {other.line} is; give one of them "
+                          "another id")
     if errors:
         listed = "\n  ".join(errors[:MAX_LISTED_ERRORS])
         more = f"\n  ... and {len(errors) - MAX_LISTED_ERRORS} more" if len(errors) > MAX_LISTED_ERRORS else ""

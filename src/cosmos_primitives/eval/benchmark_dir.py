@@ -71,17 +71,45 @@ def _under(folder: str, path: str) -> str:
     return path if PurePosixPath(path).is_absolute() else f"{folder}/{path}"
 
 
+def _clip_order(item: BenchmarkItem) -> str:
+    """The tool walks each dataset's ``clips/`` folder in sorted file-name order."""
+    videos = [path for kind, path in item.media if kind == "video"]
+    return PurePosixPath(videos[0]).name if videos else item.clip
+
+
+def _first_clips(items: list[BenchmarkItem], root: Path, limit: int) -> list[BenchmarkItem]:
+    """Whole clips, in order, until at least ``limit`` items of clips that exist are taken (the
+    tool's ``--limit``: per dataset, a clip's QA pairs are never split, clips it cannot find are not
+    counted)."""
+    kept: list[BenchmarkItem] = []
+    counted = 0
+    for index, item in enumerate(items):
+        if counted >= limit and item.clip != items[index - 1].clip:
+            break
+        kept.append(item)
+        if all((root / path).is_file() for _, path in item.media):
+            counted += 1
+    return kept
+
+
 def load_benchmark_dir(data_dir: str | Path, datasets: Sequence[str] = (), limit: int = -1) -> list[BenchmarkItem]:
-    """Every item of :func:`benchmark_files` in dataset order, media paths made relative to
-    :func:`benchmark_root` (``clips/x.mp4`` of ``robovqa`` becomes ``robovqa/clips/x.mp4``), so the
-    root is the data dir to evaluate them with. Items without a ``dataset`` key count under their
-    folder's name; ``limit``: the first N items in all (-1: every one).
+    """Every item of :func:`benchmark_files`, as the guide's evaluation tool orders them: datasets in
+    the given order (else by name), each dataset's clips by file name, a clip's QA pairs in file
+    order. Media paths are made relative to :func:`benchmark_root` (``clips/x.mp4`` of ``robovqa``
+    becomes ``robovqa/clips/x.mp4``), so the root is the data dir to evaluate them with. Items
+    without a ``dataset`` key count under their folder's name.
+
+    ``limit`` > 0: per dataset, the first clips whose QA pairs make at least ``limit`` items, as the
+    tool's ``--limit`` does (0 or -1: every item).
 
     Raises:
         BenchmarkFormatError: as :func:`benchmark_files` and :func:`load_benchmark`.
     """
+    root = benchmark_root(data_dir)
     items: list[BenchmarkItem] = []
     for dataset, path in benchmark_files(data_dir, datasets).items():
-        for item in load_benchmark(path, default_dataset=dataset):
-            items.append(attrs.evolve(item, media=[(kind, _under(dataset, p)) for kind, p in item.media]))
-    return items[:limit] if limit >= 0 else items
+        found = [attrs.evolve(item, media=[(kind, _under(dataset, p)) for kind, p in item.media])
+                 for item in load_benchmark(path, default_dataset=dataset)]
+        found.sort(key=_clip_order)
+        items.extend(_first_clips(found, root, limit) if limit > 0 else found)
+    return items

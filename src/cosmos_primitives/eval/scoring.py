@@ -1,66 +1,64 @@
-"""Extract the answer from a completion and decide whether it is right.
+"""Read the answer out of a completion and score it, as the guide's evaluation tool does.
 
-Correctness reuses the rule-based rewards (REFERENCE.md section 1): an MCQ item is right when
-``single_choice`` gives 1.0 for the extracted answer against the answer letter (stripped,
-case-insensitive equality; ``"(B)"`` is not ``"B"``), an open-ended item when ``exact_match`` does
-(case-insensitive, runs of whitespace ignored).
+The tool (cosmos-reason1 ``examples/benchmark/tools/eval/utils/output.py`` and ``evaluate.py``
+``run_model``):
+
+- ``answer_type = "reasoning"``: the answer is the first capital letter A-Z inside the first
+  ``<answer>..</answer>`` (non-greedy, across lines); no such tag, or no capital in it, gives ``""``.
+  ``<answer>(B)</answer>`` and ``<answer>B. red</answer>`` read ``"B"``; so does
+  ``<answer>Because B</answer>``, which reads ``"B"`` from "Because".
+- ``answer_type = "letter"``: the first capital letter anywhere in the completion (``"Answer: A"``
+  reads ``"A"``, ``"The answer is C"`` reads ``"T"``).
+- The reasoning is the stripped text of the first ``<think>..</think>`` (``""`` without one).
+- Correct: the answer equals the item's answer letter ignoring case. An empty answer is wrong,
+  and is what the tool samples again (``cp.eval.sampling``).
+
+``tests/test_eval_reference_tool.py`` runs the tool's own parser on the outputs of
+``tests/data/cosmos_reason1_eval_reference.json`` and checks these functions agree on every one.
+
+Open-ended items (no choices), which the tool cannot score, are this library's addition: the
+answer is the stripped text of the first ``<answer>`` (else the whole completion), right on a
+case- and whitespace-insensitive exact match (the ``exact_match`` reward).
 """
 
 from __future__ import annotations
 
 import re
-from collections.abc import Sequence
 
 from cosmos_primitives.eval.benchmark import BenchmarkItem
 from cosmos_primitives.eval.prompts import AnswerType, check_answer_type
-from cosmos_primitives.rewards.rule_based import (
-    ANSWER_PATTERN,
-    exact_match_reward,
-    extract_answer,
-    single_choice_reward,
-)
+from cosmos_primitives.rewards.rule_based import exact_match_reward, extract_answer
 
-# A letter at the start, alone or followed by ")", ".", ":" or "," ("B", "(B)", "B. red", "B) red").
-_LEADING_LETTER = re.compile(r"\(?([A-Z])(?:\)|[.:,]|\s|$)")
-_LONE_CAPITAL = re.compile(r"(?<![A-Za-z])([A-Z])(?![A-Za-z])")
+ANSWER_TAG = re.compile(r"<answer>(.*?)</answer>", re.DOTALL)
+THINK_TAG = re.compile(r"<think>(.*?)</think>", re.DOTALL)
+CAPITAL = re.compile(r"[A-Z]")
 
 
-def extract_letter(text: str, letters: Sequence[str]) -> str:
-    """The option letter a direct ("letter") answer names, or the stripped text when none is found.
+def extract_letter(text: str) -> str:
+    """The first capital letter A-Z of ``text``, or ``""``."""
+    match = CAPITAL.search(text)
+    return match.group(0) if match else ""
 
-    Looks inside the first ``<answer>`` when there is one; then a letter at the very start
-    (``"B"``, ``"(B)"``, ``"B. red"``); then the first stand-alone capital that is one of ``letters``
-    (``"The answer is B"``). Lower-case letters are not read as options (``"a red car"``).
-    """
-    match = ANSWER_PATTERN.search(text)
-    body = (match.group(1) if match else text).strip()
-    valid = set(letters)
-    leading = _LEADING_LETTER.match(body)
-    if leading and leading.group(1) in valid:
-        return leading.group(1)
-    for lone in _LONE_CAPITAL.finditer(body):
-        if lone.group(1) in valid:
-            return lone.group(1)
-    return body
+
+def extract_reasoning(completion: str) -> str:
+    """The stripped text of the first ``<think>..</think>``, or ``""``."""
+    match = THINK_TAG.search(completion)
+    return match.group(1).strip() if match else ""
 
 
 def extract_prediction(completion: str, item: BenchmarkItem, answer_type: AnswerType = "reasoning") -> str:
-    """The answer a completion gives.
-
-    ``"reasoning"``: the text of the first ``<answer>..</answer>`` (else the whole completion),
-    stripped, as ``single_choice`` reads it. ``"letter"``: for MCQ items :func:`extract_letter`,
-    for open-ended items the stripped completion.
-    """
+    """The answer a completion gives (see the module docstring); ``""`` when it gives none."""
     check_answer_type(answer_type)
-    if answer_type == "reasoning":
+    if not item.is_mcq:
         return extract_answer(completion)
-    if item.is_mcq:
-        return extract_letter(completion, item.letters)
-    return completion.strip()
+    if answer_type == "letter":
+        return extract_letter(completion)
+    tag = ANSWER_TAG.search(completion)
+    return extract_letter(tag.group(1)) if tag else ""
 
 
 def is_correct(prediction: str, item: BenchmarkItem) -> bool:
-    """Whether an extracted answer is right for ``item`` (see the module docstring)."""
+    """Whether an extracted answer is right for ``item``."""
     if item.is_mcq:
-        return single_choice_reward(prediction, item.answer) == 1.0
-    return exact_match_reward(prediction, item.answer) == 1.0
+        return prediction.lower() == item.answer.lower()
+    return bool(prediction) and exact_match_reward(prediction, item.answer) == 1.0
