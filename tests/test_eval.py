@@ -11,10 +11,12 @@ import json
 import logging
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from cosmos_primitives import testing as cpt
 from cosmos_primitives.config.evaluation import EvalConfig
+from cosmos_primitives.data.media import MediaSettings
 from cosmos_primitives.eval import (
     BenchmarkFormatError,
     benchmark_root,
@@ -428,6 +430,22 @@ def test_clips_sort_by_file_name_as_the_tool_walks_them(tmp_path: Path) -> None:
 def test_bad_pixel_bounds_and_retries_are_refused(bench, tmp_path: Path) -> None:
     path, data = bench
     with pytest.raises(ValueError, match=r"\[eval\] min_pixels \(100352\) is more than max_pixels \(3136\)"):
-        evaluate(ScriptedEngine({}), path, data_dir=data, results_dir=tmp_path, cfg=EvalConfig(max_pixels=3136))
+        evaluate(ScriptedEngine({}), path, data_dir=data, results_dir=tmp_path,
+                 cfg=EvalConfig(max_pixels=3136, min_pixels=100352))
     with pytest.raises(ValueError, match=r"\[eval\] max_retries must be >= 0"):
         evaluate(ScriptedEngine({}), path, data_dir=data, results_dir=tmp_path, cfg=quiet_cfg(max_retries=-1))
+
+
+def test_default_media_bounds_size_images_and_videos_as_training_does(bench, tmp_path: Path) -> None:
+    """Unset [eval] bounds are qwen-vl-utils' per kind, as a training dataset's unset keys: a 56 x 56 image
+    keeps its size (a 128-token video floor applied to it gave 336 x 336, a prompt the quickstart's GRPO
+    model never saw), and the clip's frames get the video floor, as the guide's tool leaves them."""
+    path, data = bench
+    engine = ScriptedEngine(SCRIPT)
+    evaluate(engine, path, data_dir=data, results_dir=tmp_path, cfg=EvalConfig(max_retries=0, batch_size=8))
+    by_id = {p.prompt_id: p for p in engine.prompts}
+    trained = MediaSettings()
+    image = np.asarray(by_id["av-1"].images[0])
+    assert image.shape == trained.image(data / "av/red.png").shape == (56, 56, 3)
+    video = np.asarray(by_id[next(i["id"] for i in ITEMS if "video" in i)].videos[0])
+    assert video.shape[1] * video.shape[2] >= 128 * 28 * 28

@@ -16,10 +16,7 @@ import msgspec
 
 from cosmos_primitives.config.base import AtLeastOne, Section
 
-# qwen-vl-utils' bounds for a video part that names none (patch 14 x merge 2 = 28 px per token side)
-QWEN_VL_VIDEO_MIN_PIXELS = 128 * 28 * 28
-QWEN_VL_VIDEO_MAX_PIXELS = 768 * 28 * 28
-QWEN_VL_MAX_FRAMES = 768
+# the video rate a Qwen-VL processor assumes when it is told none
 QWEN_VL_PROCESSOR_DEFAULT_FPS = 2.0
 
 
@@ -53,8 +50,11 @@ class EvalConfig(Section):
     ``tp_size`` and ``max_model_len`` for vLLM. ``batch_size``: prompts per ``generate`` call.
 
     Media: videos sampled at ``fps`` frames per second, at most ``max_frames`` frames, each frame
-    (and image) resized to between ``min_pixels`` and ``max_pixels`` pixels, by ``cp.data``; the
-    defaults are qwen-vl-utils' for a part without bounds. ``processor_fps``: the frame rate the
+    (and image) resized to between ``min_pixels`` and ``max_pixels`` pixels, by ``cp.data``; unset
+    (the default), qwen-vl-utils' own bounds for the part's kind, as the tool gets for a part that
+    names none: video frames 128 to 768 tokens under its ``total_pixels`` cap and at most 768
+    frames, images 4 to 16384 tokens (the sizes training saw; a video floor of 128 tokens would
+    grow a small image ~36x). ``processor_fps``: the frame rate the
     model's processor is told for each video, which sets the video's time positions; 2.0, as the
     tool (it hands vLLM the sampled frames without their rate, so the processor assumes its default
     2 fps); 0: the rate the frames were sampled at.
@@ -85,7 +85,7 @@ class EvalConfig(Section):
     max_retries: int = 10
     # media
     fps: float = 4.0
-    max_pixels: int = QWEN_VL_VIDEO_MAX_PIXELS
-    min_pixels: int = QWEN_VL_VIDEO_MIN_PIXELS
-    max_frames: int = QWEN_VL_MAX_FRAMES
+    max_pixels: int | None = None
+    min_pixels: int | None = None
+    max_frames: int | None = None
     processor_fps: float = QWEN_VL_PROCESSOR_DEFAULT_FPS

@@ -159,9 +159,9 @@ def evaluate(model: Any, benchmark: str | Path | Sequence[BenchmarkItem], *, res
         raise ValueError(f"[eval] batch_size must be >= 1, got {cfg.batch_size}")
     if cfg.max_retries < 0:
         raise ValueError(f"[eval] max_retries must be >= 0, got {cfg.max_retries}")
-    if cfg.min_pixels > cfg.max_pixels:
+    if cfg.min_pixels is not None and cfg.max_pixels is not None and cfg.min_pixels > cfg.max_pixels:
         raise ValueError(f"[eval] min_pixels ({cfg.min_pixels}) is more than max_pixels ({cfg.max_pixels}); "
-                         "lower min_pixels too (its default is qwen-vl-utils' video floor, 128 * 28 * 28)")
+                         "lower min_pixels, or leave both unset for qwen-vl-utils' bounds")
     log = get_logger()
     if isinstance(benchmark, (str, Path)):
         items = load_benchmark(benchmark, datasets=cfg.datasets, limit=cfg.limit if cfg.limit > 0 else -1)
