@@ -1,4 +1,4 @@
-"""Tiny models with random weights, built from configs: Qwen2.5-VL, Qwen2, Qwen3, and a Wan-style flow
+"""Tiny models with random weights, built from configs: Qwen2.5-VL, Qwen3-VL, Qwen2, Qwen3, and a Wan-style flow
 transformer with its VAE. Small enough for CPU tests, same code paths as the real ones."""
 
 from __future__ import annotations
@@ -88,6 +88,72 @@ def tiny_qwen2_5_vl(seed: int = 0, **config_kwargs: Any) -> Any:
     model.generation_config.pad_token_id = 151643
     model.generation_config.eos_token_id = [151645, 151643]
     return model
+
+
+def tiny_qwen3_vl_config(hidden_size: int = 64, num_layers: int = 2, vision_depth: int = 2,
+                         initializer_range: float | None = None, tie_word_embeddings: bool = True) -> Any:
+    """A Qwen3-VL config (Cosmos-Reason2's family) of a few million parameters.
+
+    Same text sizes as :func:`tiny_qwen2_5_vl_config`, with Qwen3-VL's own parts: interleaved mRoPE
+    (``mrope_interleaved``), explicit ``head_dim``, a vision tower of 16-px patches with learned
+    position embeddings and one deepstack layer (vision block 0's features added to the decoder's
+    first layer). ``tie_word_embeddings``: True as Cosmos-Reason2-2B, False as -8B (a separate
+    ``lm_head``). ``initializer_range`` as for Qwen2.5-VL.
+    """
+    from transformers import Qwen3VLConfig
+
+    heads = 4
+    head_dim = hidden_size // heads
+    half = head_dim // 2
+    mrope = [half - 2 * (half // 3), half // 3, half // 3]
+    config = Qwen3VLConfig(
+        text_config=dict(
+            vocab_size=QWEN_VOCAB_SIZE,
+            hidden_size=hidden_size,
+            intermediate_size=2 * hidden_size,
+            num_hidden_layers=num_layers,
+            num_attention_heads=heads,
+            num_key_value_heads=2,
+            head_dim=head_dim,
+            max_position_embeddings=8192,
+            rope_parameters={"rope_type": "default", "rope_theta": 5_000_000.0, "mrope_section": mrope,
+                             "mrope_interleaved": True},
+            tie_word_embeddings=tie_word_embeddings,
+            bos_token_id=151643,
+            eos_token_id=151645,
+            pad_token_id=151643,
+        ),
+        vision_config=dict(
+            depth=vision_depth,
+            hidden_size=32,
+            intermediate_size=64,
+            num_heads=2,
+            out_hidden_size=hidden_size,
+            patch_size=16,
+            spatial_merge_size=2,
+            temporal_patch_size=2,
+            num_position_embeddings=64,
+            deepstack_visual_indexes=[0],
+        ),
+        image_token_id=IMAGE_PAD_ID,
+        video_token_id=VIDEO_PAD_ID,
+        vision_start_token_id=VISION_START_ID,
+        vision_end_token_id=VISION_END_ID,
+        tie_word_embeddings=tie_word_embeddings,
+    )
+    if initializer_range is not None:
+        config.initializer_range = initializer_range
+        config.text_config.initializer_range = initializer_range
+        config.vision_config.initializer_range = initializer_range
+    return config
+
+
+def tiny_qwen3_vl(seed: int = 0, **config_kwargs: Any) -> Any:
+    """A randomly initialised tiny ``Qwen3VLForConditionalGeneration`` (float32)."""
+    from transformers import Qwen3VLForConditionalGeneration
+
+    torch.manual_seed(seed)
+    return _with_generation_ids(Qwen3VLForConditionalGeneration(tiny_qwen3_vl_config(**config_kwargs)))
 
 
 def tiny_qwen2_5_vl_processor(min_pixels: int = 4 * TINY_PIXELS, max_pixels: int = 16 * TINY_PIXELS) -> Any:
