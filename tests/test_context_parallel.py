@@ -42,27 +42,29 @@ def _loss(out, batch) -> torch.Tensor:
     return -(out.logprobs * trained).sum() / trained.sum() - 0.01 * (out.entropy * trained).sum() / trained.sum()
 
 
-def _run(policy, batch, group=None) -> dict:
+def _run(policy, batch, group=None, fused: bool = True) -> dict:
+    """Log-probs, entropy, loss and watched gradients of ``batch``; with ``fused``, also the fused SFT loss
+    (``loss_weights``) and its gradients."""
+    from cosmos_primitives.parallel.context_parallel import all_reduce_context_parallel_grads
+
+    def watched_grads() -> dict[str, torch.Tensor]:
+        if group is not None:
+            all_reduce_context_parallel_grads(policy, group)
+        grads = {w: p.grad.detach().clone() for n, p in policy.hf_model.named_parameters()
+                 for w in WATCHED if n.endswith(w) and p.grad is not None}
+        policy.zero_grad()
+        return grads
+
     out = cp.policy.token_logprobs(policy, batch, with_entropy=True)
     loss = _loss(out, batch)
     loss.backward()
-    if group is not None:
-        from cosmos_primitives.parallel.context_parallel import all_reduce_context_parallel_grads
-
-        all_reduce_context_parallel_grads(policy, group)
-    grads = {w: p.grad.detach().clone() for n, p in policy.hf_model.named_parameters()
-             for w in WATCHED if n.endswith(w) and p.grad is not None}
-    policy.zero_grad()
-    weights = sft_token_weights(batch["labels"])
-    fused = cp.policy.token_logprobs(policy, batch, loss_weights=weights)
-    fused.weighted_sum.backward()
-    if group is not None:
-        all_reduce_context_parallel_grads(policy, group)
-    fused_grads = {w: p.grad.detach().clone() for n, p in policy.hf_model.named_parameters()
-                   for w in WATCHED if n.endswith(w) and p.grad is not None}
-    policy.zero_grad()
-    return {"logprobs": out.logprobs.detach(), "entropy": out.entropy.detach(), "loss": float(loss.detach()),
-            "grads": grads, "fused_loss": float(fused.weighted_sum.detach()), "fused_grads": fused_grads}
+    result = {"logprobs": out.logprobs.detach(), "entropy": out.entropy.detach(), "loss": float(loss.detach()),
+              "grads": watched_grads()}
+    if fused:
+        weighted = cp.policy.token_logprobs(policy, batch, loss_weights=sft_token_weights(batch["labels"]))
+        weighted.weighted_sum.backward()
+        result.update(fused_loss=float(weighted.weighted_sum.detach()), fused_grads=watched_grads())
+    return result
 
 
 def _worker(model_dirs: dict[str, str], batch_files: dict[str, str]) -> dict:
@@ -124,8 +126,10 @@ def _assert_matches(reference: dict[str, dict], per_rank: list[dict], label: str
             torch.testing.assert_close(got["logprobs"], ref["logprobs"], atol=1e-5, rtol=0, msg=where)
             torch.testing.assert_close(got["entropy"], ref["entropy"], atol=1e-5, rtol=0, msg=where)
             assert abs(got["loss"] - ref["loss"]) < 1e-5, where
-            assert abs(got["fused_loss"] - ref["fused_loss"]) < 1e-5, where
-            for key in ("grads", "fused_grads"):
+            assert got.keys() == ref.keys(), where
+            if "fused_loss" in ref:
+                assert abs(got["fused_loss"] - ref["fused_loss"]) < 1e-5, where
+            for key in ("grads", "fused_grads") if "fused_grads" in ref else ("grads",):
                 assert got[key].keys() == ref[key].keys(), where
                 for w, g in ref[key].items():
                     torch.testing.assert_close(got[key][w], g, rtol=1e-4, atol=1e-5, msg=f"{where} {key} {w}")
@@ -300,7 +304,8 @@ def _vl_family_worker(family: str, batch_file: str) -> dict:
     import torch.distributed as dist
 
     policy = CausalLMPolicy(VL_FAMILIES[family](seed=0), chunk_size=16, cp_group=dist.group.WORLD)
-    return {name: _run(policy, batch, group=dist.group.WORLD) for name, batch in torch.load(batch_file).items()}
+    return {name: _run(policy, batch, group=dist.group.WORLD, fused=False)
+            for name, batch in torch.load(batch_file).items()}
 
 
 @pytest.fixture(scope="module", params=list(VL_FAMILIES))
@@ -317,7 +322,7 @@ def vl_family_setup(request, tmp_path_factory) -> tuple[str, str, dict]:
     batch_file = str(tmp_path_factory.mktemp(f"cp_{family}") / "batches.pt")
     torch.save(batches, batch_file)
     policy = CausalLMPolicy(model, chunk_size=16)
-    reference = {name: _run(policy, batch) for name, batch in batches.items()}
+    reference = {name: _run(policy, batch, fused=False) for name, batch in batches.items()}
     for name in ("packed", "own_positions"):
         assert "visual.blocks.0.attn.qkv.weight" in reference[name]["grads"], name
         if family == "qwen3_vl":  # the deepstack features reach the loss only through the decoder's first layer
@@ -330,7 +335,8 @@ def test_vl_family_context_parallel_matches_one_process(vl_family_setup, cp_size
     """Both VL families under cp: media rows (Qwen3-VL's deepstack features split with their tokens),
     model-built positions, and text-only rows without position ids (each slice keeps its global
     positions; they restarted at 0 per rank before: log-probs off by 2e-3 on Qwen2.5-VL, 8e-2 on
-    Qwen3-VL) give the one-process log-probs, entropy, losses and gradients."""
+    Qwen3-VL) give the one-process log-probs, entropy, losses and gradients. (The fused loss path does
+    not depend on the family; the processor-encoded test above checks it.)"""
     family, batch_file, reference = vl_family_setup
     per_rank = cpt.run_distributed(_vl_family_worker, cp_size, (family, batch_file), timeout_s=400)
     _assert_matches(reference, per_rank, f"{family} cp={cp_size}")
