@@ -1,8 +1,9 @@
 """Qwen3-VL (``Qwen3VLForConditionalGeneration``, the Cosmos-Reason2 architecture).
 
 Unlike Qwen2.5-VL, the trainer's names ARE the checkpoint names: the hub checkpoints of Qwen3-VL
-(and ``save_pretrained`` in transformers 5, which has no conversion mapping for ``qwen3_vl``) hold
-``model.language_model.*``, ``model.visual.*`` and, when the head is untied (8B), ``lm_head.*``.
+and what ``save_pretrained`` of transformers 5 writes for it (the names of ``named_parameters()``,
+tests/test_sync.py checks it) are ``model.language_model.*``, ``model.visual.*`` and, when the head
+is untied (8B), ``lm_head.*``.
 The 2B ties ``lm_head`` to ``model.language_model.embed_tokens`` and stores no ``lm_head``.
 
 vLLM's names, checked against ``vllm/model_executor/models/qwen3_vl.py`` of vLLM v0.11.0 (commit
