@@ -133,8 +133,9 @@ def main() -> None:
     tracker = cp.logging.MetricsTracker(run_dir, cfg.logging, run_config=cp.config.config_to_dict(cfg),
                                         total_steps=total_steps, prefix="[GRPO] ")
     dp_group = mesh.group("dp")
+    split = f" (in {len(parts)} steps of {grpo.rollouts_per_step} rollouts)" if len(parts) > 1 else ""
     log.info(f"run dir {run_dir}; {total_steps} steps x {grpo.rollout_batch_size} prompts x "
-             f"{grpo.num_samples_per_prompt} samples per rank; {mesh}")
+             f"{grpo.num_samples_per_prompt} samples per rank{split}; {mesh}")
     if val_dataset is not None and step == 0:
         tracker.log_metrics(validate(engine, val_dataset, cfg, mesh, bad), 0)
 

@@ -144,7 +144,8 @@ def report(path: str) -> tuple[str, bool]:
     if not found.loads:
         lines += ["", "does NOT load:"] + [f"  {p}" for p in found.problems]
     elif not found.runs:
-        lines += ["", "loads with cp.load_config; the recipes stop at start-up on:"] + [f"  {p}" for p in found.problems]
+        lines += ["", "loads with cp.load_config; the recipes stop at start-up on:"]
+        lines += [f"  {p}" for p in found.problems]
     else:
         lines += ["", "loads with cp.load_config; the recipes start on it"]
     return "\n".join(lines) + "\n", found.runs

@@ -463,6 +463,16 @@ def cosmos_rl_tables() -> frozenset[str]:
     return frozenset(".".join(key.split(".")[:i]) for key in RULES for i in range(key.count(".") + 1))
 
 
+def _all_paths(tree: dict[str, Any], prefix: str = "") -> list[str]:
+    """Every key of a parsed file, tables included (an empty ``[grpo]`` says as much as a key in it)."""
+    out = []
+    for key, value in tree.items():
+        out.append(f"{prefix}{key}")
+        if isinstance(value, dict) and f"{prefix}{key}" not in RULES:
+            out += _all_paths(value, f"{prefix}{key}.")
+    return out
+
+
 def _wfm_guide_key(path: str) -> bool:
     """A key of the world-model guide's layout (``[model]``, ``[model_parallel]``): no sign of either style."""
     return path.split(".")[0] in ("model", "model_parallel")
@@ -493,14 +503,15 @@ def file_style(tree: dict[str, Any], is_own_key: Callable[[str], bool], is_alias
         return "cosmos_primitives", "it is empty", False
     if isinstance(tree.get("redis"), str):
         return "cosmos-rl", "its top-level redis is cosmos-rl's controller port", True
-    paths = [path for path, _ in leaves(tree) if not _wfm_guide_key(path)]
+    paths = [path for path in _all_paths(tree) if not _wfm_guide_key(path)]
+    tables = cosmos_rl_tables()
     for path in paths:
-        if rule_for(path) is not None and not is_own_key(path):
+        if (rule_for(path) is not None or path in tables) and not is_own_key(path):
             return "cosmos-rl", f"it holds '{path}', a key of cosmos-rl's config that is not this library's", True
     if isinstance(tree.get("redis"), dict):
         return "cosmos_primitives", "it holds a [redis] table, a section of this library's config", False
     for path in paths:
-        if (is_own_key(path) or is_alias(path)) and rule_for(path) is None:
+        if (is_own_key(path) or is_alias(path)) and rule_for(path) is None and path not in tables:
             return ("cosmos_primitives", f"it holds '{path}', a key of this library's config that cosmos-rl's lacks",
                     False)
     return "cosmos-rl", (f"every key it holds is one cosmos-rl's config has too, so it gets cosmos-rl's defaults; "

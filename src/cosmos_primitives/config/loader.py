@@ -328,6 +328,8 @@ def _describe_type(tp: Any) -> str:
 def _explain_validation_error(exc: msgspec.ValidationError, tree: dict[str, Any], source: str) -> ConfigError:
     match = _MSGSPEC_ERROR.match(str(exc))
     what, raw_path = (match.group("what"), match.group("path") or "") if match else (str(exc), "")
+    if not re.match(r"(Expected|Object|Invalid)\b", what):  # a section's own check (__post_init__) names its keys
+        return ConfigError(f"{source}: {what}")
     key = re.sub(r"\[(\d+)\]", r".\1", raw_path).lstrip(".")
     try:
         got = f" (got {_get(tree, key)!r})"

@@ -26,7 +26,8 @@ def plan_disaggregated(cfg: Config, roles: RoleSplit) -> QueuePlan:
 
     Raises:
         ValueError: naming the key, when ``records_per_step`` does not split evenly over the trainer
-            ranks, ``[grpo] rollouts_per_step`` is set (the colocated recipe's), ``[redis] max_pending`` is too small for the staleness bound
+            ranks, ``[grpo] rollouts_per_step`` is set (the colocated recipe's),
+            ``[redis] max_pending`` is too small for the staleness bound
             (:func:`~cosmos_primitives.queue.run_control.check_queue_capacity`), or an export upload is
             configured (a disaggregated run does not upload yet).
     """
