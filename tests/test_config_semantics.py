@@ -39,7 +39,7 @@ def test_on_policy_means_no_outdated_steps_and_sync_interval_bounds_staleness() 
     assert config_from_dict({"grpo": {"on_policy": True, "allowed_outdated_steps": 4}}).grpo.allowed_outdated_steps == 0
     assert config_from_dict({"grpo": {"allowed_outdated_steps": 0}, "train": {"sync_weight_interval": 3}}
                             ).grpo.allowed_outdated_steps == 2  # records are 2 steps stale between syncs
-    with pytest.raises(ConfigError, match="on_policy = true needs train.sync_weight_interval = 1"):
+    with pytest.raises(ConfigError, match=r"on_policy = true needs train\.sync_weight_interval = 1"):
         config_from_dict({"grpo": {"on_policy": True}, "train": {"sync_weight_interval": 2}})
 
 
@@ -102,7 +102,8 @@ def test_a_cosmos_rl_file_leaves_the_seed_unset_and_start_up_draws_one(tmp_path:
 
 def test_cosmos_rl_infers_the_trainer_type_of_a_file_without_one(tmp_path: Path) -> None:
     assert quiet(write(tmp_path, "[train.train_policy]\nkl_beta = 0.0\n")).train.train_policy.type == "grpo"
-    assert quiet(write(tmp_path, 'redis = "1"\n[train.train_policy]\nmini_batch = 2\n')).train.train_policy.type == "sft"
+    sft = quiet(write(tmp_path, 'redis = "1"\n[train.train_policy]\nmini_batch = 2\n'))
+    assert sft.train.train_policy.type == "sft"
     assert quiet(write(tmp_path, 'redis = "1"\n[train]\nepoch = 1\n')).train.train_policy.type == "grpo"
 
 
@@ -115,7 +116,7 @@ def test_rollouts_per_step_must_split_a_generation_evenly() -> None:
         config_from_dict({"grpo": {"rollout_batch_size": 2, "num_samples_per_prompt": 8, "rollouts_per_step": 6}})
     # the disaggregated trainers take whole records: they refuse it, naming the colocated recipe
     cfg = quiet(REASON2_RL)
-    with pytest.raises(ValueError, match="trained by the colocated recipe, examples/grpo_vlm.py"):
+    with pytest.raises(ValueError, match=r"trained by the colocated recipe, examples/grpo_vlm\.py"):
         plan_jobs(cfg, 1)
 
 
