@@ -148,3 +148,11 @@ def test_migrate_json_prints_one_object_with_the_effective_step(capsys: pytest.C
     effective = json.loads(capsys.readouterr().out)["effective"]
     assert (effective["samples_per_step_per_rank"], effective["data_parallel_size"], effective["samples_per_step"]) \
         == (32, 4, 128)  # cosmos-rl's SFT batch is per data-parallel rank
+
+
+def test_a_train_batch_given_on_the_command_line_is_per_rank() -> None:
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)
+        cfg = load_config(REASON2_RL, ["train.train_batch_per_replica=32"])
+    # this library's meaning (per rank): 2 whole groups of 16 per step, nothing split
+    assert (cfg.train.train_batch_per_replica, cfg.grpo.rollout_batch_size, cfg.grpo.rollouts_per_step) == (32, 2, None)

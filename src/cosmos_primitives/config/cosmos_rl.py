@@ -633,29 +633,33 @@ def _batch_sizes(tree: dict[str, Any], reading: CosmosRLReading, explicit: set[s
     key = "train.train_batch_per_replica"
     grpo = _get(tree, "train.train_policy.type") != "sft"
     batch = _get(tree, key) if _has(tree, key) else 8  # cosmos-rl's default, ours too
-    if key in explicit or not isinstance(batch, int) or batch < 1:
+    if not isinstance(batch, int) or batch < 1:
         return  # an invalid value is reported by the range check, under its own key
-    parallelism = tree.get("policy", {}).get("parallelism", {})
-    shard, replicate = parallelism.get("dp_shard_size", 1), parallelism.get("dp_replicate_size", 1)
-    if not grpo and reading.policy_replicas <= 1:
-        return
-    if not (isinstance(shard, int) and isinstance(replicate, int) and shard > 0 and replicate > 0):
-        if grpo:
-            reading.refused[key] = (f"= {batch} with policy.parallelism.dp_shard_size = {shard!r}: cosmos-rl shares a "
-                                    "GRPO batch among the data-parallel ranks it finds at start-up; here each rank's "
-                                    "share is fixed when the file is read, so set dp_shard_size to their number")
-        return
-    dp = shard * replicate
-    if batch % dp:
-        reading.refused[key] = (f"= {batch}: cosmos-rl shares it among the replica's {dp} data-parallel ranks "
-                                "(dp_shard_size x dp_replicate_size) and stops when it does not divide evenly, "
-                                "as this library does; make it a multiple of the data-parallel size")
-        return
-    per_rank = batch // dp
-    _put(tree, key, per_rank)
-    if dp > 1:
-        reading.translated.append(f"{key} = {batch} per replica is {per_rank} per data-parallel rank "
-                                  f"(/ data-parallel size {dp})")
+    if key in explicit:
+        per_rank = batch  # given on the command line: this library's meaning, per rank
+    else:
+        parallelism = tree.get("policy", {}).get("parallelism", {})
+        shard, replicate = parallelism.get("dp_shard_size", 1), parallelism.get("dp_replicate_size", 1)
+        if not grpo and reading.policy_replicas <= 1:
+            return
+        if not (isinstance(shard, int) and isinstance(replicate, int) and shard > 0 and replicate > 0):
+            if grpo:
+                reading.refused[key] = (f"= {batch} with policy.parallelism.dp_shard_size = {shard!r}: cosmos-rl shares "
+                                        "a GRPO batch among the data-parallel ranks it finds at start-up; here each "
+                                        "rank's share is fixed when the file is read, so set dp_shard_size to their "
+                                        "number")
+            return
+        dp = shard * replicate
+        if batch % dp:
+            reading.refused[key] = (f"= {batch}: cosmos-rl shares it among the replica's {dp} data-parallel ranks "
+                                    "(dp_shard_size x dp_replicate_size) and stops when it does not divide evenly, "
+                                    "as this library does; make it a multiple of the data-parallel size")
+            return
+        per_rank = batch // dp
+        _put(tree, key, per_rank)
+        if dp > 1:
+            reading.translated.append(f"{key} = {batch} per replica is {per_rank} per data-parallel rank "
+                                      f"(/ data-parallel size {dp})")
     if not grpo:
         return
     n = _get(tree, "grpo.num_samples_per_prompt")

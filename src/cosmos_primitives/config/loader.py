@@ -458,7 +458,8 @@ def _default_backend(tree: dict[str, Any], explicit: set[str], source: str) -> N
 
 
 def config_from_dict(tree: dict[str, Any], source: str = "<dict>") -> Config:
-    """Validate a nested dict (aliases allowed) into a :class:`Config`.
+    """Validate a nested dict (aliases allowed) into a :class:`Config`, read as a file is
+    (:func:`load_config`): cosmos-rl's meanings and defaults when it is a cosmos-rl tree.
 
     Raises:
         ConfigError: listing every problem at once (unknown keys, wrong types, values out of range,
@@ -502,6 +503,11 @@ def parse_override(text: str) -> tuple[str, Any]:
 
 def load_config(path: str | os.PathLike[str] | None = None, overrides: Sequence[str] = ()) -> Config:
     """Load a TOML config file and apply dotted overrides.
+
+    How the file is read is decided once, from the file alone (:func:`cosmos_rl.file_style`: its
+    ``config_style`` marker, else its keys as a whole); a cosmos-rl file gets cosmos-rl's meanings and
+    its defaults for the keys it leaves unset, and one warning saying so. Overrides are taken as they
+    are, in this library's meaning.
 
     Args:
         path: TOML file, or None for all defaults.
