@@ -24,6 +24,7 @@ import cosmos_primitives as cp
 from cosmos_primitives.algo.sft_loss import sft_loss, sft_token_weights, trained_mask
 from cosmos_primitives.checkpoint import CheckpointManager
 from cosmos_primitives.data import (
+    BadSampleBudgetExceeded,
     all_ranks_have_batch,
     build_sft_datasets,
     build_sft_loader,
@@ -88,13 +89,18 @@ def main() -> None:
     if val_loader is not None and step == 0 and cfg.validation.val_before_train:
         validate(0)
     done = step >= total_steps
+    epoch_start = (step, loader.sampler.position == 0)  # an epoch without one step: every sample was bad
     while not done and loader.epoch < cfg.train.epoch:
         start = time.perf_counter()
         micro_batches = loader.next_step(cfg.train.train_batch_per_replica)
         while micro_batches == []:  # every sample of the step was bad: take the next ones
             micro_batches = loader.next_step(cfg.train.train_batch_per_replica)
         if not all_ranks_have_batch(micro_batches is not None, device=info.device, group=dp_group):
+            if epoch_start == (step, True):  # as GRPO's prompt stream: stop rather than export an untrained model
+                raise BadSampleBudgetExceeded(f"no optimizer step in epoch {loader.epoch}: every sample (of at least "
+                                              f"one rank's share) was bad.\n{loader.bad_samples.report()}")
             loader.start_next_epoch()
+            epoch_start = (step, True)
             continue
         # FSDP needs the same number of forward / backward passes on every rank: pad with copies
         # that train on nothing

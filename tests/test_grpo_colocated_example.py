@@ -127,3 +127,22 @@ def test_validation_on_prompts_test_size_holds_out_of_training(assets, tmp_path:
     validations = [r for r in records if "validation/items" in r]
     assert [(r["step"], r["validation/items"]) for r in validations] == [(0, 4.0), (2, 4.0)]
     assert [r["step"] for r in records if "grad_norm" in r] == [1, 2]
+
+
+def test_a_generation_trains_in_rollouts_per_step_steps(assets, tmp_path: Path) -> None:
+    """``[grpo] rollouts_per_step`` (a cosmos-rl train_batch_per_replica smaller than a generation, as
+    Reason2's own file): 2 prompts x 4 samples train in two steps of 4 rollouts; validation scores
+    with the training rewards when its own are left empty (cosmos-rl's default)."""
+    train_file = next(a.split("=", 1)[1] for a in assets if a.startswith("train.train_policy.dataset.name="))
+    log, run_dir = run([*assets, *SMALL, "train.max_steps=4", "grpo.rollouts_per_step=4",
+                        "validation.enable=true", "validation.freq=4", "validation.max_items=2",
+                        f"validation.dataset.name={train_file}", "validation.max_response_length=4"], tmp_path / "out")
+    assert "4 steps x 2 prompts x 4 samples per rank (in 2 steps of 4 rollouts)" in log
+    records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    steps = [r for r in records if "grad_norm" in r]
+    assert [r["step"] for r in steps] == [1, 2, 3, 4]
+    # a generation's first step made its rollouts, the second trains the rest of them
+    assert [r["time/rollout"] > 0 for r in steps] == [True, False, True, False]
+    assert [r["step"] for r in records if "validation/items" in r] == [0, 4]
+    training = set(cp.load_config(CONFIG).grpo.reward_function)
+    assert {f"validation/{name}" for name in training} <= set(records[0])
