@@ -5,7 +5,6 @@ as an attribute, GRPO steps smaller than a generation, and ``migrate --json``.""
 from __future__ import annotations
 
 import json
-import logging
 import warnings
 from pathlib import Path
 
@@ -97,7 +96,6 @@ def test_a_cosmos_rl_file_leaves_the_seed_unset_and_start_up_draws_one(tmp_path:
     assert cp.config.resolve_seed(cfg).train.seed == cp.config.resolve_seed(cfg).train.seed
     deterministic = quiet(write(tmp_path, 'redis = "1"\n[train]\ndeterministic = true\n'))
     assert deterministic.train.seed == 42  # cosmos-rl: deterministic runs get 42
-    logging.getLogger("cosmos").handlers.clear()
 
 
 def test_cosmos_rl_infers_the_trainer_type_of_a_file_without_one(tmp_path: Path) -> None:
