@@ -19,7 +19,8 @@ from cosmos_primitives.config.loader import canonical_key
 from cosmos_primitives.migrate import main as migrate_main
 
 DATA = Path(__file__).parent / "data" / "cosmos_rl_configs"
-CONFIGS = sorted(DATA.rglob("*.toml"))
+# the LLM / VLM files; the world-model ones (configs/cosmos-predict2-5/) are tests/test_cosmos_rl_wfm.py's
+CONFIGS = sorted(p for p in DATA.rglob("*.toml") if "cosmos-predict2-5" not in p.parts)
 REASON1_RL = DATA / "cosmos-reason1" / "examples" / "post_training" / "configs" / "rl.toml"
 REASON1_SFT = DATA / "cosmos-reason1" / "examples" / "post_training" / "configs" / "sft.toml"
 DOC = Path(__file__).parents[1] / "docs" / "from_cosmos_rl.md"

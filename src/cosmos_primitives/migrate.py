@@ -4,19 +4,25 @@ Prints what maps (and onto which key), what is ignored and why, what is refused 
 instead, the cosmos-rl defaults given to keys the file leaves unset (where ours differ), the
 meanings translated (batch sizes), whether the file loads and whether the recipes start on it
 (``cp.config.check_runnable``: refused settings, missing local paths, prompt columns without a
-dataset plug-in). ``--table`` prints the whole key table of ``docs/from_cosmos_rl.md``. Exit
-status: 0 when the recipes start on the file, 1 otherwise.
+dataset plug-in). cosmos-rl's world-model files (``configs/cosmos-predict2-5/``) are reported by
+``config/cosmos_rl_wfm_report.py``. ``--json`` prints one JSON object instead (for a world-model
+file with ``effective``: samples per step per rank and in all, lr, warmup steps, algorithm).
+``--table`` prints the whole key table of ``docs/from_cosmos_rl.md``. Exit status: 0 when the
+recipes start on the file, 1 otherwise.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 import warnings
 from collections.abc import Sequence
 
 from cosmos_primitives.config import ConfigError, check_runnable, load_config
 from cosmos_primitives.config.cosmos_rl import render_table, rule_for
+from cosmos_primitives.config.cosmos_rl_wfm import WorldModelReading
+from cosmos_primitives.config.cosmos_rl_wfm_report import world_model_json, world_model_report
 from cosmos_primitives.config.loader import read_cosmos_rl_file
 
 
@@ -26,6 +32,8 @@ def report(path: str) -> tuple[str, bool]:
         mapped, reading = read_cosmos_rl_file(path)
     except ConfigError as exc:
         return f"{exc}\n", False
+    if isinstance(reading, WorldModelReading):
+        return world_model_report(path, reading)
     lines = [f"{path}: " + ("a cosmos-rl config" if reading.ignored or reading.refused or reading.defaults
                             else "read as this library's own config"), "", "maps:"]
     for key, ours, value in mapped:
@@ -60,12 +68,19 @@ def main(argv: Sequence[str] | None = None) -> int:
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("config", nargs="?", help="a cosmos-rl TOML config")
     parser.add_argument("--table", action="store_true", help="print the table of every cosmos-rl key")
+    parser.add_argument("--json", action="store_true", help="print the report as one JSON object")
     args = parser.parse_args(argv)
     if args.table:
         sys.stdout.write(render_table())
         return 0
     if not args.config:
         parser.error("give a config file (or --table)")
+    if args.json:
+        _, reading = read_cosmos_rl_file(args.config)
+        if isinstance(reading, WorldModelReading):
+            out, runs = world_model_json(args.config, reading)
+            sys.stdout.write(json.dumps(out, indent=1, default=str) + "\n")
+            return 0 if runs else 1
     text, runs = report(args.config)
     sys.stdout.write(text)
     return 0 if runs else 1

@@ -16,7 +16,7 @@ from typing import Any
 
 import msgspec
 
-from cosmos_primitives.config import cosmos_rl
+from cosmos_primitives.config import cosmos_rl, cosmos_rl_wfm
 from cosmos_primitives.config.aliases import ALIASES, DEPRECATED, DEPRECATED_DEFAULTS
 from cosmos_primitives.config.engine_default import default_backend
 from cosmos_primitives.config.errors import ConfigError
@@ -356,16 +356,24 @@ def _is_ours(path: str) -> bool:
     return False
 
 
-def _read_cosmos_rl(tree: dict[str, Any]) -> cosmos_rl.CosmosRLReading | None:
-    """For a cosmos-rl style file: take its ignored / refused keys out of ``tree`` (the reading says which)."""
+def _read_cosmos_rl(tree: dict[str, Any]) -> cosmos_rl.CosmosRLReading | cosmos_rl_wfm.WorldModelReading | None:
+    """For a cosmos-rl style file: take its ignored / refused keys out of ``tree`` (the reading says which);
+    a world-model file is translated onto our keys whole (``config/cosmos_rl_wfm.py``)."""
+    world_model = cosmos_rl_wfm.read_world_model_file(tree)
+    if world_model is not None:
+        return world_model
     if not cosmos_rl.is_cosmos_rl_style(tree, _is_ours):
         return None
     return cosmos_rl.read_cosmos_rl(tree, _is_ours)
 
 
-def _finish_cosmos_rl(tree: dict[str, Any], reading: cosmos_rl.CosmosRLReading | None, explicit: set[str],
-                      source: str) -> None:
+def _finish_cosmos_rl(tree: dict[str, Any], reading: cosmos_rl.CosmosRLReading | cosmos_rl_wfm.WorldModelReading | None,
+                      explicit: set[str], source: str) -> None:
     """cosmos-rl meanings and defaults, refused keys into ``[unsupported]``, and the one warning."""
+    if isinstance(reading, cosmos_rl_wfm.WorldModelReading):
+        reading.finish(tree, explicit)
+        warnings.warn(reading.warning(source), UserWarning, stacklevel=4)
+        return
     if reading is None:
         return
     cosmos_rl.apply_cosmos_rl_meanings(tree, reading, explicit)
@@ -402,6 +410,10 @@ def read_cosmos_rl_file(path: str | os.PathLike[str]) -> tuple[list[tuple[str, s
         defaults given and the meanings translated (empty for a file in this library's own style).
     """
     tree = read_toml(path)
+    world_model = cosmos_rl_wfm.read_world_model_file(tree)
+    if world_model is not None:
+        world_model.finish(tree, set())
+        return world_model.mapped, world_model  # type: ignore[return-value]
     reading = _read_cosmos_rl(tree)
     mapped = [(key, canonical_key(key), value) for key, value in cosmos_rl.leaves(tree)]
     _apply_aliases(tree, str(path))

@@ -24,7 +24,7 @@ import torch
 
 from cosmos_primitives.algo.ddrl import ddrl_data_loss, noisy_latents
 from cosmos_primitives.algo.diffusion_nft import diffusion_nft_loss
-from cosmos_primitives.algo.flow_grpo import flow_grpo_loss, select_train_steps
+from cosmos_primitives.algo.flow_grpo import flow_grpo_loss, listed_train_steps, select_train_steps
 from cosmos_primitives.checkpoint.nonfinite import check_finite
 from cosmos_primitives.config.wfm import WFMConfig
 from cosmos_primitives.parallel.grad_norm import clip_grad_norm_
@@ -97,8 +97,9 @@ def flow_grpo_update(policy: DiffusionPolicy, velocity: VelocityFn, optimizer: A
                      text: torch.Tensor, negative: torch.Tensor | None, advantages: torch.Tensor,
                      clips: torch.Tensor | None, w: WFMConfig, grad_clip: float, rng: dict[str, torch.Generator],
                      *, step: int, nonfinite: str, micro_batch: int | None = None) -> dict[str, float]:
-    """The FlowGRPO loss over a random ``train_step_fraction`` of the trajectory's SDE steps (``rng["train_steps"]``),
-    + ``data_beta`` x the DDRL data loss on ``clips`` ``[B, C, T, H, W]`` (latents; ``rng["ddrl"]``) when given.
+    """The FlowGRPO loss over a random ``train_step_fraction`` of the trajectory's SDE steps (``rng["train_steps"]``;
+    or the steps ``[wfm] train_steps`` lists), + ``data_beta`` x the DDRL data loss on ``clips``
+    ``[B, C, T, H, W]`` (latents; ``rng["ddrl"]``) when given; the gradient is that of ``loss_scale`` x the loss.
 
     ``text`` ``[B, L, D]``, ``advantages`` ``[B]``; ``negative`` the guidance's ``[1, L, D]`` or None.
     ``micro_batch``: samples per forward / backward (module docstring); None: a whole mini-batch.
@@ -111,7 +112,10 @@ def flow_grpo_update(policy: DiffusionPolicy, velocity: VelocityFn, optimizer: A
     forward graphs are never alive together.
     """
     num_train_timesteps = policy.num_train_timesteps
-    positions = select_train_steps(traj.sde_steps.numel(), w.train_step_fraction, generator=rng["train_steps"])
+    if w.train_steps:
+        positions = listed_train_steps(w.train_steps, traj.sde_steps, generator=rng["train_steps"])
+    else:
+        positions = select_train_steps(traj.sde_steps.numel(), w.train_step_fraction, generator=rng["train_steps"])
     k = traj.num_condition_frames
     metrics: dict[str, list[float]] = {}
     for rows in minibatch_rows(traj.batch_size, w.num_minibatches):
@@ -133,7 +137,7 @@ def flow_grpo_update(policy: DiffusionPolicy, velocity: VelocityFn, optimizer: A
                     kl = gaussian_mean_kl(now.mean[:, :, k:], ref.mean[:, :, k:], now.std, reduction=w.kl_reduction)
                 out = flow_grpo_loss(now.log_prob, sub.log_probs[:, pos], advantages[micro], clip_range=w.clip_range,
                                      adv_clip_max=w.adv_clip_max, kl=kl, kl_beta=w.kl_beta)
-                (out.loss * (share / len(positions))).backward()
+                (out.loss * (w.loss_scale * share / len(positions))).backward()
                 mb_loss += out.loss.detach() * (share / len(positions))
                 step_means.add({key: getattr(out, key) for key in ("policy_loss", "kl", "clip_fraction", "approx_kl",
                                                                     "ratio_mean")}, share)
@@ -146,7 +150,7 @@ def flow_grpo_update(policy: DiffusionPolicy, velocity: VelocityFn, optimizer: A
                                               num_train_timesteps=num_train_timesteps,
                                               weighting=w.ddrl_loss_weighting, num_condition_frames=k)
                     if w.data_beta > 0:
-                        (data.loss * (w.data_beta * share / len(positions))).backward()
+                        (data.loss * (w.loss_scale * w.data_beta * share / len(positions))).backward()
                     mb_loss += data.loss.detach() * (w.data_beta * share / len(positions))
                     step_means.add({"data_loss": data.loss}, share)
             step_means.flush_into(metrics)
@@ -206,7 +210,7 @@ def diffusion_nft_update(policy: DiffusionPolicy, velocity: VelocityFn, optimize
                 out = diffusion_nft_loss(v_theta, old[micro][:, :, k:], x_t[micro][:, :, k:],
                                          samples[micro][:, :, k:], t[micro], advantages[micro], beta=w.nft_beta,
                                          adv_clip_max=w.adv_clip_max, v_ref=v_ref, kl_beta=w.kl_beta)
-                (out.loss * (share / len(draws))).backward()
+                (out.loss * (w.loss_scale * share / len(draws))).backward()
                 mb_loss += out.loss.detach() * (share / len(draws))
                 point_means.add({key: getattr(out, key) for key in ("policy_loss", "positive_loss", "negative_loss",
                                                                      "kl")}, share)
