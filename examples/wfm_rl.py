@@ -4,13 +4,21 @@
     python examples/wfm_rl.py --config examples/configs/wfm_ddrl_tiny.toml train.max_steps=5
     python examples/wfm_rl.py --config examples/configs/wfm_flowgrpo_tiny.toml train.resume=true
     torchrun --nproc-per-node 8 examples/wfm_rl.py --config examples/configs/cosmos_predict2_5_2b_flowgrpo.toml
+    torchrun --nproc-per-node 8 examples/wfm_rl.py \
+        --config configs/cosmos-predict2-5/cosmos-predict2-5-2b-480-grpo.toml \
+        policy.model_name_or_path=/path/to/diffusers-folder wfm.data.path=/path/to/clips
+
+cosmos-rl's world-model files (``configs/cosmos-predict2-5/``) are read as they are (the loader
+translates them; ``python -m cosmos_primitives.migrate FILE`` shows how, docs/from_cosmos_rl.md).
 
 Each step: take this rank's next ``[wfm.data] prompts_per_step`` prompts (a shuffled, resumable
 order of a mock set or clip folder, or a stream of tar shards, local or on S3, with ``kind =
-"webdataset"``), roll out ``num_samples_per_prompt`` videos per prompt with the SDE sampler
-(log-probs recorded; with ``[wfm] conditioning = "image"`` / ``"video"`` the clip's first latent
-frames, VAE-encoded, are held fixed as Cosmos-Predict2.5's image- / video-to-world does), decode
-them with the VAE, score them with the reward service, turn rewards into group advantages, then
+"webdataset"``; the ``[wfm] group_ranks`` ranks of a group read the same ones), roll out
+``num_samples_per_prompt`` videos per prompt (``/ group_ranks`` on each rank of a group) with the
+SDE sampler (log-probs recorded; with ``[wfm] conditioning = "image"`` / ``"video"`` the clip's
+first latent frames, VAE-encoded, are held fixed as Cosmos-Predict2.5's image- / video-to-world
+does), decode them with the VAE, score them with the reward service, turn rewards into group
+advantages (the group's rewards gathered from its ranks), then
 update the LoRA adapters (``[policy.lora]``; without it all weights) with the FlowGRPO loss on a
 fraction of the stochastic steps (+ ``data_beta`` times the flow-matching loss on the prompts' real
 clips for DDRL; ``cp.policy.flow_grpo_update``), ``[wfm] num_minibatches`` optimizer steps per batch,
@@ -364,7 +372,7 @@ def train(cfg: cp.Config) -> Path:
                 logged = cp.policy.diffusion_nft_update(policy, velocity, optimizer, traj.samples, text, advantages, w,
                                                         cfg.train.optm_grad_norm_clip, rng["nft"], step=step,
                                                         nonfinite=cfg.train.nonfinite, condition=condition,
-                                                        micro_batch=micro_batch)
+                                                        micro_batch=micro_batch, sigmas=sigmas)
             else:
                 data = clips if w.algorithm == "ddrl" else None
                 logged = cp.policy.flow_grpo_update(policy, velocity, optimizer, traj, text, negative, advantages,

@@ -305,6 +305,7 @@ def test_the_diffusers_file_equals_cosmos_rls_own_reading() -> None:
     # timestep_fraction (sic) is not cosmos-rl's key: it trains with timesteps_fraction = 1.0, every sampler step
     assert theirs["policy.diffusers.timesteps_fraction"] == 1.0
     assert cfg.wfm.nft_num_timesteps == theirs["policy.diffusers.sample.num_steps"]
+    assert cfg.wfm.nft_timesteps == "sampler"  # the sampler's timesteps, shuffled per sample, as there
     (fn,) = theirs["train.train_policy.remote_reward.reward_fns"]
     (term,) = cfg.remote_reward.rewards
     assert (term.name, term.weight, term.score_key, list(term.clip)) == (
@@ -365,6 +366,18 @@ def test_listed_train_steps_and_random_extras() -> None:
         cp.algo.listed_train_steps([12], sde)
     window = torch.tensor([3, 4, 5])  # positions are indices into the stochastic steps
     assert cp.algo.listed_train_steps([4, 5], window).tolist() == [1, 2]
+
+
+def test_nft_points_are_the_sampler_grid_shuffled_per_sample() -> None:
+    from cosmos_primitives.policy.flow_update import nft_grid_points
+
+    sigmas = torch.tensor([1.0, 0.8, 0.5, 0.2, 0.0])
+    points = nft_grid_points(sigmas, 3, 4, torch.Generator().manual_seed(0))
+    assert points.shape == (3, 4)
+    assert all(sorted(row.tolist()) == sorted(sigmas[:-1].tolist()) for row in points)  # every grid point once
+    assert len({tuple(row.tolist()) for row in points}) > 1  # each sample its own order
+    with pytest.raises(ValueError, match="nft_num_timesteps = 5"):
+        nft_grid_points(sigmas, 3, 5, torch.Generator())
 
 
 def test_sample_std_advantages_as_torch_computes_them() -> None:

@@ -227,7 +227,7 @@ policy.diffusers.logit_std | 1.0 | ignored | - | read by cosmos-rl's diffusion S
 policy.diffusers.inference_size | [1024, 1024] | mapped | - | wfm.data.height, wfm.data.width ([height, width])
 policy.diffusers.inference_frames | 41 | ignored | - | not read by the DiffusionNFT rollout (train_frames is)
 policy.diffusers.train_frames | 41 | mapped | - | wfm.data.num_frames
-policy.diffusers.timesteps_fraction | 1.0 | mapped | - | wfm.nft_num_timesteps (int(sample.num_steps x timesteps_fraction) points per sample)
+policy.diffusers.timesteps_fraction | 1.0 | mapped | - | wfm.nft_num_timesteps, wfm.nft_timesteps (int(sample.num_steps x timesteps_fraction) points per sample, "sampler": the sampler's timesteps in a random order per sample, as there)
 policy.diffusers.timestep_fraction | - | ignored | - | not a cosmos-rl key (it spells timesteps_fraction): cosmos-rl ignores it and trains with timesteps_fraction = 1.0; so does this library
 policy.diffusers.nft_beta | 1.0 | mapped | - | wfm.nft_beta
 policy.diffusers.weight_copy_decay_type | 0 | ignored | - | differs: cosmos-rl rolls out with an "old" adapter copied from the trained one with this decay schedule; here the rollout and v_old are the policy at the start of the step (the same as decay type 0)
@@ -704,6 +704,7 @@ def _read_diffusers(f: _File, reading: WorldModelReading) -> dict[str, Any]:
         "advantage_std": "sample",
         "nft_beta": f.get(d + "nft_beta"),
         "nft_num_timesteps": max(1, int(steps * f.get(d + "timesteps_fraction"))),
+        "nft_timesteps": "sampler",
         "num_minibatches": minibatches,
         "start_reward_server": False,
         "data": {"kind": "clip_folder", "path": "", "num_frames": f.get(d + "train_frames"), "height": height,

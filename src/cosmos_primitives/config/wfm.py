@@ -179,7 +179,9 @@ class WFMConfig(Section):
 
     DiffusionNFT (``algorithm = "diffusion_nft"``, ``cp.algo.diffusion_nft_loss``): ODE rollouts, then
     per sample ``nft_num_timesteps`` forward-process points with ``t`` uniform in ``[nft_t_min,
-    nft_t_max]``; ``nft_beta`` is the implicit-policy step, ``adv_clip_max`` maps advantages to the
+    nft_t_max]`` (``nft_timesteps = "uniform"``), or (``"sampler"``, cosmos-rl's) the rollout's own
+    sigma grid in a random order per sample, its first ``nft_num_timesteps`` (at most the grid's
+    ``num_inference_steps``); ``nft_beta`` is the implicit-policy step, ``adv_clip_max`` maps advantages to the
     optimality probability, ``kl_beta`` weighs the velocity KL to the reference; no guidance.
     """
 
@@ -227,6 +229,7 @@ class WFMConfig(Section):
     nft_num_timesteps: int = 1
     nft_t_min: float = 0.0
     nft_t_max: float = 1.0
+    nft_timesteps: Literal["uniform", "sampler"] = "uniform"
 
     # true: every rank starts the reference reward server on loopback and points the [remote_reward]
     # client at it (rewards must be ones it hosts: brightness, contrast, colorfulness, media_stats);

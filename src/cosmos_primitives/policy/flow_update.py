@@ -159,14 +159,35 @@ def flow_grpo_update(policy: DiffusionPolicy, velocity: VelocityFn, optimizer: A
     return {k: sum(v) / len(v) for k, v in metrics.items()}
 
 
+def nft_grid_points(sigmas: torch.Tensor | None, batch: int, count: int, generator: torch.Generator) -> torch.Tensor:
+    """``[batch, count]`` float32 noise levels: per sample, the nonzero sigmas of the rollout's grid
+    (``sigmas`` ``[S + 1]``, descending to 0) in a random order, the first ``count`` of them (cosmos-rl's
+    DiffusionNFT trains each sample at the sampler's timesteps, shuffled per sample).
+
+    Raises:
+        ValueError: without ``sigmas``, or ``count`` above the grid's ``S`` points (naming the keys).
+    """
+    if sigmas is None:
+        raise ValueError('[wfm] nft_timesteps = "sampler" needs the rollout\'s sigma grid (pass sigmas=)')
+    grid = sigmas.detach().float().cpu()[:-1]
+    if count > grid.numel():
+        raise ValueError(f"[wfm] nft_num_timesteps = {count} is more than the {grid.numel()} sampler steps "
+                         '([wfm] num_inference_steps) that nft_timesteps = "sampler" draws from')
+    order = torch.stack([torch.randperm(grid.numel(), generator=generator)[:count] for _ in range(batch)])
+    return grid[order]
+
+
 def diffusion_nft_update(policy: DiffusionPolicy, velocity: VelocityFn, optimizer: Any, samples: torch.Tensor,
                          text: torch.Tensor, advantages: torch.Tensor, w: WFMConfig, grad_clip: float,
                          generator: torch.Generator, *, step: int, nonfinite: str,
-                         condition: torch.Tensor | None = None, micro_batch: int | None = None) -> dict[str, float]:
+                         condition: torch.Tensor | None = None, micro_batch: int | None = None,
+                         sigmas: torch.Tensor | None = None) -> dict[str, float]:
     """DiffusionNFT (``cp.algo.diffusion_nft_loss``) on the clean rollout samples ``[B, C, T, H, W]``.
 
     Each sample gets ``[wfm] nft_num_timesteps`` forward-process points ``x_t = (1 - t) x0 + t eps``
-    (``t`` uniform in ``[nft_t_min, nft_t_max]``, ``eps`` Gaussian, both from ``generator``); the
+    (``t`` uniform in ``[nft_t_min, nft_t_max]``, or with ``nft_timesteps = "sampler"`` the rollout's
+    sigma grid ``sigmas`` ``[S + 1]`` (its ``S`` nonzero values) in a random order per sample;
+    ``eps`` Gaussian; both from ``generator``); the
     sampling policy's velocity there (``v_old``) is taken before the first optimizer step, so later
     mini-batches are pulled relative to the policy that generated the batch. No guidance (CFG-free).
     ``condition`` ``[B, C, K, H, W]`` (image- / video-to-world): the clean first ``K`` latent frames of
@@ -178,8 +199,12 @@ def diffusion_nft_update(policy: DiffusionPolicy, velocity: VelocityFn, optimize
     b = samples.shape[0]
     k = 0 if condition is None else condition.shape[2]
     draws = []
-    for _ in range(w.nft_num_timesteps):
-        t = w.nft_t_min + (w.nft_t_max - w.nft_t_min) * torch.rand(b, generator=generator)
+    grid = nft_grid_points(sigmas, b, w.nft_num_timesteps, generator) if w.nft_timesteps == "sampler" else None
+    for j in range(w.nft_num_timesteps):
+        if grid is not None:
+            t = grid[:, j]
+        else:
+            t = w.nft_t_min + (w.nft_t_max - w.nft_t_min) * torch.rand(b, generator=generator)
         eps = torch.randn(samples.shape, generator=generator)
         x_t, _ = noisy_latents(samples.float().cpu(), eps, t)
         draws.append((replace_condition_frames(x_t.to(samples.device), condition), t.to(samples.device)))
