@@ -334,7 +334,9 @@ def train(cfg: cp.Config) -> Path:
             batch = cp.data.collate_clips([next(prompts) for _ in range(per_step)])
             text = batch["text"].to(device).repeat_interleave(group, 0)  # [B, L, D], B = per_step * group
             captions = [c for c in batch["caption"] for _ in range(group)]
-            seeds = [derived_seed(seed, step, data_rank, "rollout", i) for i in range(text.shape[0])]
+            # seeded by (group, prompt, sample in the prompt's group): the same rollouts however the group is spread
+            seeds = [derived_seed(seed, step, group_index, "rollout", i // group * w.num_samples_per_prompt
+                                  + member * group + i % group) for i in range(text.shape[0])]
             # [wfm] shared_initial_noise: a prompt's rollouts (on every rank of its group) start from one noise
             noise_seeds = ([derived_seed(seed, step, group_index, "noise", i // group) for i in range(text.shape[0])]
                            if w.shared_initial_noise else None)
@@ -379,7 +381,7 @@ def train(cfg: cp.Config) -> Path:
                                                     data, w, cfg.train.optm_grad_norm_clip, rng, step=step,
                                                     nonfinite=cfg.train.nonfinite, micro_batch=micro_batch)
             lr_scheduler.step()
-            logged.update(reward_mean=rewards.mean(), reward_std=rewards.std(unbiased=False),
+            logged.update(reward_mean=group_rewards.mean(), reward_std=group_rewards.std(unbiased=False),
                           lr=lr_scheduler.get_last_lr()[0], bad_samples=source.bad.count)
             tracker.log_metrics(logged, step)
             ckpt.maybe_save(step, epoch=source.epoch, force=step == total_steps)

@@ -520,3 +520,21 @@ def test_each_file_runs_a_step(path: Path, tiny_inputs: tuple[Path, Path], tmp_p
     assert effective_values(resolved, reading.data_ranks)["algorithm"] == FIXTURE[path.name]["effective"]["algorithm"]
     if path != NFT:  # the checkpoint cosmos-rl makes at the end of training
         assert (run_dir / "checkpoints" / "step_1").is_dir()
+
+
+@pytest.mark.slow
+def test_a_group_spread_over_two_ranks_trains_as_one_rank(tmp_path: Path) -> None:
+    """``[wfm] group_ranks = 2`` on 2 gloo ranks (cosmos-rl's layout: the ranks share the prompt, each
+    rolls out half the group, the rewards are gathered for the advantages) against the same config on
+    one process (gcd: the whole group on one rank): the same rollouts (seeded per group and sample), so
+    the same group rewards and gradient norms over two FlowGRPO steps."""
+    from test_wfm_context_parallel import _recipe_metrics
+
+    config = Path(__file__).parents[1] / "examples" / "configs" / "wfm_flowgrpo_tiny.toml"
+    spread = ["wfm.group_ranks=2", "wfm.advantage_std=sample", "wfm.data.prompts_per_step=1"]
+    one = _recipe_metrics(config, spread, 1, tmp_path / "out1")
+    two = _recipe_metrics(config, spread, 2, tmp_path / "out2")
+    assert [r["step"] for r in two] == [r["step"] for r in one] == [1, 2]
+    for a, b in zip(one, two):
+        for key in ("reward_mean", "reward_std", "grad_norm"):
+            assert b[key] == pytest.approx(a[key], rel=1e-4, abs=1e-7), (a["step"], key)
