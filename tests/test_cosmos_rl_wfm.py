@@ -538,3 +538,43 @@ def test_a_group_spread_over_two_ranks_trains_as_one_rank(tmp_path: Path) -> Non
     for a, b in zip(one, two):
         for key in ("reward_mean", "reward_std", "grad_norm"):
             assert b[key] == pytest.approx(a[key], rel=1e-4, abs=1e-7), (a["step"], key)
+
+
+def test_no_llm_or_vlm_file_is_taken_for_a_world_model_file() -> None:
+    others = [p for p in (DATA / "cosmos_rl_configs").rglob("*.toml") if "cosmos-predict2-5" not in p.parts]
+    assert len(others) == 40 and not [p for p in others if world_model_kind(read_toml(p))]
+
+
+@pytest.mark.parametrize(("extra", "refused"), [
+    ({"model_parallel": {"tensor_model_parallel_size": 2}}, "model_parallel.tensor_model_parallel_size"),
+    ({"scheduler": {"f_min": [0.1]}}, "scheduler.f_min"),  # a decay that would not end at max_iter
+    ({"model": {"rl": {"on_policy": False}}}, "model.rl.on_policy"),
+    ({"model": {"rl": {"reward_config": {"aesthetic": {"enabled": True}}}}},
+     "model.rl.reward_config.aesthetic.enabled"),
+    ({"model": {"rl": {"reward_config": {"remote_reward": {"token": "abc"}}}}},
+     "model.rl.reward_config.remote_reward.token"),
+    ({"dataloader_train": {"type": "web", "video_dataloader": {"ratio": 1}}}, "dataloader_train.type"),
+    ({"trainer": {"grad_accum_iter": 2}}, "trainer.grad_accum_iter"),
+])
+def test_what_cannot_run_here_is_refused_with_what_to_do(extra: dict[str, Any], refused: str) -> None:
+    tree = read_toml(WFM / "cosmos-predict2-5-2b-480-grpo.toml")
+
+    def merge(into: dict[str, Any], new: dict[str, Any]) -> None:
+        for key, value in new.items():
+            if isinstance(value, dict) and isinstance(into.get(key), dict):
+                merge(into[key], value)
+            else:
+                into[key] = value
+
+    merge(tree, extra)
+    reading = read_world_model_file(tree)
+    assert refused in reading.refused and reading.refused[refused].startswith("= ")
+    assert reading.refused[refused].split(": ", 1)[1]  # says what to do
+
+
+def test_a_decay_to_f_min_that_ends_at_max_iter_is_linear() -> None:
+    tree = read_toml(WFM / "cosmos-predict2-5-2b-480-grpo.toml")
+    tree["scheduler"].update(f_min=[0.1], cycle_lengths=[2001])
+    reading = read_world_model_file(tree)
+    assert not reading.refused.get("scheduler.f_min")
+    assert (tree["train"]["optm_decay_type"], tree["train"]["optm_min_lr_factor"]) == ("linear", 0.1)
