@@ -762,11 +762,18 @@ def _shared_keys(f: _File, reading: WorldModelReading) -> dict[str, Any]:
     """Our values of a diffusers file's non-world-model keys that ``cosmos_rl.RULES`` maps (same meaning),
     plus cosmos-rl's defaults for the ones the recipe reads and the file leaves out."""
     out: dict[str, Any] = {}
-    for key, _, value in reading.mapped:
-        if rule_for(key, "diffusers") is cosmos_rl.rule_for(key) and key not in DIFFUSERS_RULES:
-            target = _SHARED_RENAMES.get(key, key)
-            if target.startswith(("train.", "policy.", "logging.")) and not target.startswith("train.train_policy"):
-                out[target] = value
+    kept = []
+    for key, ours, value in reading.mapped:
+        if rule_for(key, "diffusers") is not cosmos_rl.rule_for(key) or key in DIFFUSERS_RULES:
+            kept.append((key, ours, value))  # a world-model key, read by _read_diffusers
+            continue
+        target = _SHARED_RENAMES.get(key, key)
+        if target.startswith(("train.", "policy.", "logging.")) and not target.startswith("train.train_policy"):
+            out[target] = value
+            kept.append((key, target, value))
+        else:  # an LLM / VLM setting (GRPO loss, text rollout, validation of text)
+            reading.ignored.append((key, "a language-model setting: the world-model recipe does not read it"))
+    reading.mapped = kept
     ours_by_default = _our_defaults()
     for key, value in _SHARED_DEFAULTS.items():
         if key not in out:
