@@ -5,8 +5,12 @@ maps (and onto which key), what is ignored and why, what is refused and what to 
 cosmos-rl defaults given to keys the file leaves unset (where ours differ), the meanings translated
 (batch sizes), whether the file loads and whether the recipes start on it
 (``cp.config.check_runnable``: refused settings, missing local paths, prompt columns without a
-dataset plug-in), and what one optimizer step trains. ``--json`` prints the same as one JSON object
-whose ``effective`` member holds the training's sizes (:func:`llm_vlm_effective`). ``--table``
+dataset plug-in), and what one optimizer step trains. cosmos-rl's world-model files
+(``configs/cosmos-predict2-5/``) are reported by ``config/cosmos_rl_wfm_report.py``: what maps,
+what is ignored or refused, and what one step trains (``cosmos_rl_wfm.effective_values``).
+``--json`` prints the same as one JSON object whose ``effective`` member holds the training's
+sizes, for both kinds of file (at least ``samples_per_step_per_rank``, ``samples_per_step``, ``lr``,
+``warmup_steps``, ``algorithm``; :func:`llm_vlm_effective` for an SFT / GRPO file). ``--table``
 prints the whole key table of ``docs/from_cosmos_rl.md``. Exit status: 0 when the recipes start on
 the file, 1 otherwise.
 """
@@ -23,6 +27,8 @@ from typing import Any
 
 from cosmos_primitives.config import Config, ConfigError, check_runnable, load_config
 from cosmos_primitives.config.cosmos_rl import render_table, rule_for
+from cosmos_primitives.config.cosmos_rl_wfm import WorldModelReading
+from cosmos_primitives.config.cosmos_rl_wfm_report import world_model_json, world_model_report
 from cosmos_primitives.config.loader import read_cosmos_rl_file
 
 
@@ -84,6 +90,8 @@ class Inspection:
     runs: bool = False
     problems: list[str] = field(default_factory=list)
     effective: dict[str, Any] | None = None
+    # a cosmos-rl world-model file: loads, runs and effective are config/cosmos_rl_wfm_report.py's
+    world_model: WorldModelReading | None = None
 
     def as_json(self) -> dict[str, Any]:
         return {"file": self.path, "read_as": self.read_as, "why": self.why, "loads": self.loads, "runs": self.runs,
@@ -105,6 +113,9 @@ def inspect(path: str) -> Inspection:
     if reading is not None:
         found.ignored, found.refused = reading.ignored, reading.refused
         found.defaults, found.translated = reading.defaults, reading.translated
+    if isinstance(reading, WorldModelReading):
+        found.world_model = reading
+        return found
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         try:
@@ -127,6 +138,8 @@ def report(path: str) -> tuple[str, bool]:
     found = inspect(path)
     if not found.read_as:
         return "\n".join(found.problems) + "\n", False
+    if found.world_model is not None:
+        return world_model_report(path, found.world_model)
     what = "a cosmos-rl config" if found.read_as == "cosmos-rl" else "read as this library's own config"
     lines = [f"{path}: {what} ({found.why})", "", "maps:"]
     for key, ours, value in found.mapped:
@@ -166,8 +179,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.error("give a config file (or --table)")
     if args.json:
         found = inspect(args.config)
-        sys.stdout.write(json.dumps(found.as_json(), indent=1, default=str) + "\n")
-        return 0 if found.runs else 1
+        out, runs = found.as_json(), found.runs
+        if found.world_model is not None:
+            out, runs = world_model_json(args.config, found.world_model)
+        sys.stdout.write(json.dumps(out, indent=1, default=str) + "\n")
+        return 0 if runs else 1
     text, runs = report(args.config)
     sys.stdout.write(text)
     return 0 if runs else 1

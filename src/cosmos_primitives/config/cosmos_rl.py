@@ -7,8 +7,8 @@ The source of truth for cosmos-rl's keys, meanings and defaults is its config cl
 VLM SFT and GRPO is one of:
 
 - ``mapped``: read as the key named in the note (the same name unless said otherwise), same meaning;
-  when cosmos-rl's default differs from ours, a file recognised as cosmos-rl style
-  (:func:`is_cosmos_rl_style`) gets cosmos-rl's default for it (:func:`cosmos_rl_defaults`);
+  when cosmos-rl's default differs from ours, a file read as cosmos-rl style (:func:`file_style`)
+  gets cosmos-rl's default for it (:func:`cosmos_rl_defaults`);
 - ``ignored``: accepted, changes nothing here (speed-only or launcher-only); the loader lists such
   keys in one warning with the reason;
 - ``refused``: the file loads (so it can be inspected and migrated), but a value that asks for
@@ -17,7 +17,9 @@ VLM SFT and GRPO is one of:
 
 A key whose value is one of its ``noop`` values asks for nothing (``fsdp_offload = false``) and is
 dropped silently. Sections for other kinds of model (``[distillation]``, ``[vla]``,
-``[policy.diffusers]``) are refused as a whole.
+``[policy.diffusers]``) are refused as a whole; cosmos-rl's world-model files (``[policy]
+is_diffusers`` / ``[policy.diffusers]``, or its Cosmos-Predict2.5 trainer's tables) are read by
+``config/cosmos_rl_wfm.py`` instead, before this table is consulted.
 """
 
 from __future__ import annotations

@@ -16,7 +16,7 @@ from typing import Any
 
 import msgspec
 
-from cosmos_primitives.config import cosmos_rl
+from cosmos_primitives.config import cosmos_rl, cosmos_rl_wfm
 from cosmos_primitives.config.aliases import ALIASES, DEPRECATED, DEPRECATED_DEFAULTS
 from cosmos_primitives.config.engine_default import default_backend
 from cosmos_primitives.config.errors import ConfigError
@@ -388,9 +388,15 @@ def _unknown_key_hint(path: str) -> str:
 
 
 def _read_cosmos_rl(tree: dict[str, Any], marker: cosmos_rl.Style | None = None
-                    ) -> tuple[cosmos_rl.CosmosRLReading | None, str]:
-    """Decide once how ``tree`` is read (:func:`cosmos_rl.file_style`); for a cosmos-rl style file take
-    its ignored / refused keys out (the reading says which). Returns ``(reading or None, why)``."""
+                    ) -> tuple[cosmos_rl.CosmosRLReading | cosmos_rl_wfm.WorldModelReading | None, str]:
+    """Decide once how ``tree`` is read. A cosmos-rl world-model file (:func:`cosmos_rl_wfm.world_model_kind`)
+    is translated onto our keys whole, unless its marker says it is this library's; any other file is
+    read as :func:`cosmos_rl.file_style` decides, and for a cosmos-rl style file its ignored / refused
+    keys are taken out (the reading says which). Returns ``(reading or None, why)``."""
+    if marker != "cosmos_primitives":
+        world_model = cosmos_rl_wfm.read_world_model_file(tree)
+        if world_model is not None:
+            return world_model, world_model.style_reason
     style, why, written_for_it = cosmos_rl.file_style(tree, _is_own_key, lambda path: _alias_prefix(path) is not None,
                                                       marker)
     if style != "cosmos-rl":
@@ -400,9 +406,13 @@ def _read_cosmos_rl(tree: dict[str, Any], marker: cosmos_rl.Style | None = None
     return reading, why
 
 
-def _finish_cosmos_rl(tree: dict[str, Any], reading: cosmos_rl.CosmosRLReading | None, explicit: set[str],
-                      source: str) -> None:
+def _finish_cosmos_rl(tree: dict[str, Any], reading: cosmos_rl.CosmosRLReading | cosmos_rl_wfm.WorldModelReading | None,
+                      explicit: set[str], source: str) -> None:
     """cosmos-rl meanings and defaults, refused keys into ``[unsupported]``, and the one warning."""
+    if isinstance(reading, cosmos_rl_wfm.WorldModelReading):
+        reading.finish(tree, explicit)
+        warnings.warn(reading.warning(source), UserWarning, stacklevel=4)
+        return
     if reading is None:
         return
     cosmos_rl.apply_cosmos_rl_meanings(tree, reading, explicit)
@@ -429,18 +439,24 @@ def _read_file(path: Path, source: str) -> dict[str, Any]:
 
 
 def read_cosmos_rl_file(path: str | os.PathLike[str]
-                        ) -> tuple[list[tuple[str, str, Any]], cosmos_rl.CosmosRLReading | None, str]:
+                        ) -> tuple[list[tuple[str, str, Any]],
+                                   cosmos_rl.CosmosRLReading | cosmos_rl_wfm.WorldModelReading | None, str]:
     """How a file is read, without building the config (``python -m cosmos_primitives.migrate``).
 
     Returns:
         ``(mapped, reading, why)``: ``mapped`` lists ``(key in the file, our key, value)`` for every
         key read as one of ours (after aliases); ``reading`` the ignored / refused keys, the cosmos-rl
-        defaults given and the meanings translated, None for a file read as this library's own;
-        ``why`` the reason it is read one way or the other (:func:`cosmos_rl.file_style`).
+        defaults given and the meanings translated, None for a file read as this library's own, a
+        :class:`cosmos_rl_wfm.WorldModelReading` for a cosmos-rl world-model file (its ``mapped``
+        is the one returned); ``why`` the reason it is read so (:func:`cosmos_rl.file_style`, or
+        ``WorldModelReading.style_reason``).
     """
     tree = read_toml(path)
     marker = _pop_style(tree, str(path))
     reading, why = _read_cosmos_rl(tree, marker)
+    if isinstance(reading, cosmos_rl_wfm.WorldModelReading):
+        reading.finish(tree, set())
+        return reading.mapped, reading, why
     mapped = [(key, canonical_key(key), value) for key, value in cosmos_rl.leaves(tree)]
     _apply_aliases(tree, str(path))
     if reading is not None:
@@ -504,10 +520,12 @@ def parse_override(text: str) -> tuple[str, Any]:
 def load_config(path: str | os.PathLike[str] | None = None, overrides: Sequence[str] = ()) -> Config:
     """Load a TOML config file and apply dotted overrides.
 
-    How the file is read is decided once, from the file alone (:func:`cosmos_rl.file_style`: its
-    ``config_style`` marker, else its keys as a whole); a cosmos-rl file gets cosmos-rl's meanings and
-    its defaults for the keys it leaves unset, and one warning saying so. Overrides are taken as they
-    are, in this library's meaning.
+    How the file is read is decided once, from the file alone: a cosmos-rl world-model file
+    (``configs/cosmos-predict2-5/``, :mod:`~cosmos_primitives.config.cosmos_rl_wfm`) is translated
+    onto our keys whole unless marked ``config_style = "cosmos_primitives"``; any other file as
+    :func:`cosmos_rl.file_style` decides (its ``config_style`` marker, else its keys as a whole). A
+    cosmos-rl file gets cosmos-rl's meanings and its defaults for the keys it leaves unset, and one
+    warning saying so. Overrides are taken as they are, in this library's meaning.
 
     Args:
         path: TOML file, or None for all defaults.
