@@ -3,6 +3,8 @@
     python examples/sft.py --config examples/configs/sft_tiny.toml
     torchrun --nproc_per_node 2 examples/sft.py --config examples/configs/sft_tiny.toml train.epoch=2
 
+    python examples/sft.py --config sft.toml --dataset tools/dataset/cosmos_sft.py   # a cosmos-rl dataset script
+
 Read top to bottom: set up, train, save. Every block comes from cosmos_primitives; copy this file
 and edit it for your own recipe. One optimizer step takes ``[train] train_batch_per_replica``
 samples per data-parallel rank, packed into rows of at most ``packing_budget`` tokens (when
@@ -28,12 +30,13 @@ from cosmos_primitives.data import (
     build_sft_datasets,
     build_sft_loader,
     build_sft_validation_loader,
+    check_plugins_read,
 )
 from cosmos_primitives.policy import sft_validation_loss, without_labels
 
 
 def main() -> None:
-    cfg, config_path = cp.config.load_recipe_config(__doc__)  # --config FILE [dotted overrides]
+    cfg, config_path = cp.config.load_recipe_config(__doc__, dataset_plugin=True)  # --config, --dataset
     info = cp.parallel.init_distributed()
     log = cp.logging.get_logger()
     mesh = cp.parallel.ParallelMesh(cfg.policy.parallelism, device_type=info.device.type)
@@ -43,6 +46,7 @@ def main() -> None:
         ensure_demo_assets(cfg)  # only acts on "demo:<path>" paths (the tiny configs)
     cp.parallel.barrier()
     cfg = cp.config.check_runnable(cfg, config_path)  # drops "demo:"; a missing path or refused key stops here
+    check_plugins_read(cfg, config_path)  # a [validation.dataset] plugin with validation off stops here
     cp.plan.log_memory_plan(cfg, mesh.world_size, info.device, mode="sft")  # rank 0 logs bytes per GPU
     cp.utils.seed_everything(cfg.train.seed)
 
@@ -55,7 +59,7 @@ def main() -> None:
     # Model, data, optimizer.
     processor = cp.policy.load_processor(cfg.policy.model_name_or_path)
     policy = cp.policy.build_policy(cfg.policy, mesh, train=cfg.train)
-    train_set, val_set = build_sft_datasets(cfg)  # val_set: None unless [validation] enable
+    train_set, val_set = build_sft_datasets(cfg, processor)  # val_set: None unless [validation] enable
     loader = build_sft_loader(cfg, processor, policy.config, rank=mesh.dp_rank, world_size=mesh.dp_size,
                               dataset=train_set)
     val_loader = None if val_set is None else build_sft_validation_loader(
