@@ -12,7 +12,9 @@ samples per data-parallel rank, packed into rows of at most ``packing_budget`` t
 is the token mean over every micro-batch of every data-parallel rank. With ``[validation] enable``,
 the mean token loss of the validation split (``[validation.dataset]``, or the part of the training
 data ``[train.train_policy.dataset] test_size`` holds out) is logged as ``val/avg_loss`` every
-``freq`` steps, after the last and, with ``val_before_train``, before the first.
+``freq`` steps, after the last and, with ``val_before_train``, before the first. A SIGTERM or
+SIGUSR1 (``[train] signal_to_handle``) saves a checkpoint when the step in progress ends and stops the
+run with exit status 75; ``train.resume=true`` goes on from it as if never stopped.
 """
 
 from __future__ import annotations
@@ -91,6 +93,8 @@ def main() -> None:
 
     if val_loader is not None and step == 0 and cfg.validation.val_before_train:
         validate(0)
+    # a SIGTERM / SIGUSR1 ([train] signal_to_handle) saves the step in progress once it ends, then stops
+    preemption = cp.checkpoint.Preemption.from_config(cfg.train, device=info.device)
     done = step >= total_steps
     while not done and loader.epoch < cfg.train.epoch:
         start = time.perf_counter()
@@ -138,18 +142,23 @@ def main() -> None:
         if val_loader is not None and step % cfg.validation.freq == 0 and not done:
             validate(step)
         ckpt.maybe_save(step, epoch=loader.epoch, force=step == total_steps)
+        if preemption.stop_here(ckpt, step, epoch=loader.epoch):
+            break
 
-    if val_loader is not None and validated_at != step:
+    preemption.restore()  # training is over: a signal from now on ends the process at once
+    if val_loader is not None and validated_at != step and not preemption.stopped:
         validate(step)  # after the last step, as cosmos-rl does
-    log.info(f"[SFT] Training finished at step {step}/{total_steps}, saving final checkpoint in huggingface "
-             "safetensors...")
-    if cfg.train.ckpt.export_safetensors:
-        ckpt.export_final()
+    if not preemption.stopped:
+        log.info(f"[SFT] Training finished at step {step}/{total_steps}, saving final checkpoint in huggingface "
+                 "safetensors...")
+        if cfg.train.ckpt.export_safetensors:
+            ckpt.export_final()
     failures = ckpt.close()
     tracker.finish()
     cp.parallel.destroy_distributed()
     if failures:
         raise SystemExit(f"{len(failures)} upload(s) failed: {failures}")
+    preemption.exit_if_stopped()  # exit status 75: preempted, resume with train.resume=true
 
 
 if __name__ == "__main__":

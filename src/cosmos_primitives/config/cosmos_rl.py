@@ -186,8 +186,8 @@ train.force_use_hf | false | ignored | - | speed-only: model implementation (alw
 train.non_text | false | ignored | - | launcher-only: non-text trainers
 train.max_num_steps | - | mapped | - | train.max_steps
 train.sequence_packing | false | mapped | - | train.train_policy.sequence_packing (ours defaults to true)
-train.save_ckpt_at_exit | true | ignored | - | launcher-only: signal handling
-train.signal_to_handle | ["SIGUSR1"] | ignored | - | launcher-only: signal handling
+train.save_ckpt_at_exit | true | mapped | - | = (a signal of signal_to_handle saves a checkpoint at the next step boundary, then the run stops with exit status 75; cp.checkpoint.Preemption)
+train.signal_to_handle | ["SIGUSR1"] | mapped | - | = (ours defaults to ["SIGUSR1", "SIGTERM"] for every file: without cosmos-rl's launcher, SIGTERM is what a scheduler sends the training process itself)
 train.enable_validation | false | mapped | - | validation.enable (older cosmos-rl spelling; see validation.enable)
 train.validation_step | 20 | mapped | - | validation.freq (older cosmos-rl spelling)
 train.validation_batch_per_replica | - | ignored | - | speed-only: validation batching (older cosmos-rl spelling)
