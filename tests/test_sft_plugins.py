@@ -106,6 +106,30 @@ def test_reason1_cosmos_sft_class_gives_the_built_in_readers_samples(reason1_env
         assert a.num_target_tokens > 0  # the assistant answer is trained on
 
 
+def test_a_plugin_of_this_librarys_shape_and_a_bad_item(tmp_path: Path) -> None:
+    script = tmp_path / "mine.py"
+    script.write_text(
+        "from cosmos_primitives.data import ConversationSample\n\n"
+        "def make(config):\n"
+        "    return Texts(config.custom['words'])\n\n"
+        "class Texts:\n"
+        "    def __init__(self, words):\n"
+        "        self.words = words\n"
+        "    def __len__(self):\n"
+        "        return len(self.words)\n"
+        "    def __getitem__(self, i):\n"
+        "        if self.words[i] == 'bad':\n"
+        "            return {'not': 'a conversation'}\n"
+        "        return ConversationSample(conversation=[{'role': 'user', 'content': 'say it'},\n"
+        "                                                {'role': 'assistant', 'content': self.words[i]}])\n")
+    cfg = cp.load_config(None, [f"train.train_policy.dataset.plugin={script}:make", 'custom={words = ["hi", "bad"]}'])
+    train, validation = build_sft_datasets(cfg)
+    assert validation is None and len(train) == 2
+    assert train[0].conversation[1] == {"role": "assistant", "content": "hi"}  # passed on as it is
+    with pytest.raises(cp.data.BadSampleError, match=r"mine.py:make\[1\]: conversation must be a non-empty list"):
+        train[1]
+
+
 def test_make_plugin_supplies_config_and_dataset_by_name(reason1_env: Path) -> None:
     cfg = cp.load_config(SFT_TOML, [f"train.train_policy.dataset.name={reason1_env}"])
     data_cfg = cfg.train.train_policy.dataset

@@ -17,7 +17,8 @@ adds an import hook, last in ``sys.meta_path``, that serves the modules below on
 - ``cosmos_rl.dispatcher.data.packer``: ``DataPacker``, ``BaseDataPacker`` and the model packers
   (``Qwen2_5_VLM_DataPacker``, ``Qwen3_VL_DataPacker``, ...), so that a script may subclass them at
   import time; making one raises, as the recipes pack samples with the model's processor.
-- ``toml``: ``load`` / ``loads`` / ``dumps`` (cosmos-rl installs ``toml``; its scripts import it).
+- ``toml``: ``load`` / ``loads`` / ``dump`` / ``dumps`` / ``TomlDecodeError`` (cosmos-rl installs
+  ``toml``; its scripts import it), with ``tomllib`` and the config writer.
 
 Any other ``cosmos_rl`` module raises ``ModuleNotFoundError`` saying which and what to do.
 """
@@ -90,6 +91,13 @@ def _toml_dumps(data: dict[str, Any]) -> str:
     return dumps_toml(data)
 
 
+def _toml_dump(data: dict[str, Any], file: Any) -> str:
+    """``toml.dump``: write to an open text file; returns the text."""
+    text = _toml_dumps(data)
+    file.write(text)
+    return text
+
+
 class _Lazy:
     """A module attribute computed when the module is made (keeps heavy imports out of this one)."""
 
@@ -123,7 +131,8 @@ _MODULES: dict[str, tuple[bool, dict[str, Any]]] = {
     "cosmos_rl.dispatcher.data": (True, {}),
     "cosmos_rl.dispatcher.data.packer": (True, _PACKERS),
     "cosmos_rl.dispatcher.data.packer.base": (False, {"DataPacker": DataPacker, "BaseDataPacker": DataPacker}),
-    "toml": (False, {"load": _toml_load, "loads": _toml_loads, "dumps": _toml_dumps}),
+    "toml": (False, {"load": _toml_load, "loads": _toml_loads, "dump": _toml_dump, "dumps": _toml_dumps,
+                     "TomlDecodeError": tomllib.TOMLDecodeError}),
 }
 
 

@@ -244,8 +244,9 @@ class CosmosRLConversationDataset:
 
     Args: as :class:`CosmosRLPromptDataset`.
 
-    ``dataset[i]`` is a :class:`ConversationSample` with its media loaded; an item that fails (an
-    exception in the user's ``__getitem__``, a malformed conversation, a missing media file) raises
+    ``dataset[i]`` is a :class:`ConversationSample` with its media loaded (an item that already is
+    one, this library's shape, is passed on as it is); an item that fails (an exception in the
+    user's ``__getitem__``, a malformed conversation, a missing media file) raises
     :class:`BadSampleError` naming ``name[i]`` (or the media file), which the SFT loader counts and
     skips within the bad-sample budget.
     """
@@ -264,7 +265,10 @@ class CosmosRLConversationDataset:
     def __getitem__(self, index: int) -> ConversationSample:
         where = f"{self.name}[{index}]"
         with bad_sample_boundary(where):  # the user's code: one bad item is a counted bad sample
-            conversation = normalize_conversation(self.dataset[index], where)
+            item = self.dataset[index]
+            if isinstance(item, ConversationSample):
+                return item
+            conversation = normalize_conversation(item, where)
         return load_conversation(conversation, self.media_dir, self.settings, sample_id=where)
 
 
@@ -372,25 +376,16 @@ def prompt_dataset(dataset_cfg: Any, config: Any = None, processor: Any = None) 
                                  settings=MediaSettings.from_config(dataset_cfg), name=dataset_cfg.plugin)
 
 
-def sft_plugin_dataset(dataset_cfg: Any, config: Any = None, processor: Any = None) -> Any:
-    """The SFT dataset ``dataset_cfg.plugin`` names (:func:`build_plugin`): an object with cosmos-rl's
-    shape (a ``setup``, or items that are not :class:`ConversationSample` s) is wrapped in
-    :class:`CosmosRLConversationDataset`; one that has no ``setup`` and whose items are already
-    ``ConversationSample`` s (this library's shape) is used as it is. Relative media paths resolve
-    under ``default_media_dir(dataset_cfg)``, read with ``dataset_cfg``'s media settings."""
+def sft_plugin_dataset(dataset_cfg: Any, config: Any = None, processor: Any = None) -> CosmosRLConversationDataset:
+    """The SFT dataset ``dataset_cfg.plugin`` names (:func:`build_plugin`), in a
+    :class:`CosmosRLConversationDataset`: its ``setup`` gets ``config`` and ``processor``'s tokenizer
+    (or ``processor`` itself when it is one); items that are chat conversations (cosmos-rl's shape)
+    have their media loaded, relative paths under ``default_media_dir(dataset_cfg)``, with
+    ``dataset_cfg``'s media settings; :class:`ConversationSample` items pass as they are."""
     dataset = build_plugin(dataset_cfg, config)
-    if not hasattr(dataset, "setup") and len(dataset) and isinstance(_first(dataset), ConversationSample):
-        return dataset
     tokenizer = getattr(processor, "tokenizer", processor)
     return CosmosRLConversationDataset(dataset, config, tokenizer, media_dir=default_media_dir(dataset_cfg),
                                        settings=MediaSettings.from_config(dataset_cfg), name=dataset_cfg.plugin)
-
-
-def _first(dataset: Any) -> Any:
-    try:
-        return dataset[0]
-    except Exception:  # a bad first item says nothing of the shape; the loader will count it
-        return None
 
 
 def check_plugins_read(config: Any, source: str, reads: tuple[str, ...] = PLUGIN_KEYS) -> None:
