@@ -13,6 +13,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import msgspec
 import pytest
 
 import cosmos_primitives as cp
@@ -26,7 +27,7 @@ from cosmos_primitives.data import (
     load_plugin,
     make_plugin,
 )
-from cosmos_primitives.data.cosmos_rl_shim import install, is_stand_in
+from cosmos_primitives.data.cosmos_rl_shim import capturing_launch, install, is_stand_in
 
 REPO = Path(__file__).resolve().parents[1]
 REASON1 = REPO / "tests" / "data" / "plugins" / "cosmos_reason1"
@@ -34,16 +35,18 @@ COSMOS_SFT = REASON1 / "examples" / "post_training" / "tools" / "dataset" / "cos
 REASON1_UTILS = REASON1 / "cosmos_reason1_utils" / "src"  # the package cosmos_sft.py imports first
 SFT_TOML = REPO / "tests" / "data" / "cosmos_rl_configs" / "cosmos-reason1" / "examples" / "post_training" / "configs" \
     / "sft.toml"
+AVHA = REPO / "tests" / "data" / "plugins" / "cosmos_cookbook" / "scripts" / "examples" / "reason1" \
+    / "av_video_caption_vqa"
+AVHA_SFT = AVHA / "scripts" / "avha_sft.py"
 ITEMS = 12
 
 
 def write_reason1_sft(root: Path, n: int = ITEMS) -> tuple[Path, Path]:
-    """Rows shaped like nvidia/Cosmos-Reason1-SFT-Dataset's ``robovqa`` subset (a ``video`` path and a
-    plain-text ``conversations`` column), saved as a DatasetDict with its ``understanding`` split,
-    and the clips where cosmos-rl's download puts them (``$COSMOS_CACHE/datasets/<owner>/<name>/<subset>/
-    video_clips``). Returns ``(dataset folder, COSMOS_CACHE)``."""
-    import datasets
-
+    """A local copy of a Hub dataset shaped like nvidia/Cosmos-Reason1-SFT-Dataset (its ``robovqa``
+    config's ``understanding`` split: a ``video`` path and a plain-text ``conversations`` column;
+    ``datasets.load_dataset(folder, "robovqa")`` reads it as the Hub's), and the clips where
+    cosmos-rl's download puts them (``$COSMOS_CACHE/datasets/<owner>/<name>/<subset>/video_clips``).
+    Returns ``(dataset folder, COSMOS_CACHE)``."""
     source = cp.testing.write_video_qa(root / "generated", n=n)
     cache = root / "cosmos_cache"
     clips = cache / "datasets" / "nvidia" / "Cosmos-Reason1-SFT-Dataset" / "robovqa" / "video_clips"
@@ -58,7 +61,10 @@ def write_reason1_sft(root: Path, n: int = ITEMS) -> tuple[Path, Path]:
             {"role": "user", "content": "What colour is the screen?"},
             {"role": "assistant", "content": f"<think>\nIt looks {colour}.\n</think>\n\n<answer>{colour}</answer>"}]})
     name = root / "hub" / "nvidia" / "Cosmos-Reason1-SFT-Dataset"
-    datasets.DatasetDict({"understanding": datasets.Dataset.from_list(rows)}).save_to_disk(str(name))
+    (name / "robovqa").mkdir(parents=True)
+    (name / "robovqa" / "understanding.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    (name / "README.md").write_text("---\nconfigs:\n- config_name: robovqa\n  data_files:\n  - split: understanding\n"
+                                    "    path: robovqa/understanding.jsonl\n---\n")
     return name, cache
 
 
@@ -71,16 +77,24 @@ def reason1_data(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
 def reason1_env(reason1_data, monkeypatch: pytest.MonkeyPatch) -> Path:
     """COSMOS_CACHE at the clips and cosmos_reason1_utils importable, as in a Reason1 checkout; the
     dataset folder."""
+    import datasets
+
     name, cache = reason1_data
     monkeypatch.setenv("COSMOS_CACHE", str(cache))
     monkeypatch.syspath_prepend(str(REASON1_UTILS))
+    # datasets caches a local folder under its name and config alone: a cache of the test's own
+    monkeypatch.setattr(datasets.config, "HF_DATASETS_CACHE", str(cache.parent / "hf_datasets"))
     return name
 
 
-def test_reason1_cosmos_sft_class_gives_the_built_in_readers_samples(reason1_env: Path, tiny_vl_processor) -> None:
+@pytest.mark.parametrize("plugin", [f"{COSMOS_SFT}:CosmosSFTDataset", str(COSMOS_SFT)], ids=["class", "script"])
+def test_reason1_cosmos_sft_gives_the_built_in_readers_samples(reason1_env: Path, tiny_vl_processor,
+                                                               plugin: str) -> None:
+    """The class made here from the loaded dataset (``:CosmosSFTDataset``), or the script run as
+    cosmos-rl's launcher runs it (its ``__main__`` block checks the clips and hands its factory over)."""
     whole = "validation.enable=false"  # the file holds 100 items out for validation; compare all of them
     cfg = cp.load_config(SFT_TOML, [f"train.train_policy.dataset.name={reason1_env}",
-                                    f"train.train_policy.dataset.plugin={COSMOS_SFT}", whole])
+                                    f"train.train_policy.dataset.plugin={plugin}", whole])
     train, _ = build_sft_datasets(cfg, tiny_vl_processor)  # the config key is read, not ignored
     assert isinstance(train, CosmosRLConversationDataset) and len(train) == ITEMS
     assert type(train.dataset).__name__ == "CosmosSFTDataset"  # Reason1's class, from its own file
@@ -104,6 +118,40 @@ def test_reason1_cosmos_sft_class_gives_the_built_in_readers_samples(reason1_env
         a, b = (encode_conversation(tiny_vl_processor, s, mrope=mrope) for s in (mine, theirs))
         assert a.input_ids.tolist() == b.input_ids.tolist() and a.labels.tolist() == b.labels.tolist()
         assert a.num_target_tokens > 0  # the assistant answer is trained on
+
+
+def test_the_guides_custom_dataset_script_runs_as_cosmos_rl_ran_it(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                                    tiny_vl_processor) -> None:
+    """The cookbook's ``avha_sft.py`` (the guide's ``avha_sft_single_caption.py``) with its own
+    ``avha_sft.toml``: its ``__main__`` block reads the prompts beside it and hands the launcher a
+    factory that needs the config's dataset path; its class takes a folder and two prompts."""
+    source = cp.testing.write_video_qa(tmp_path / "generated", n=3)
+    data = tmp_path / "av" / "train"
+    (data / "videos").mkdir(parents=True)
+    (data / "metas").mkdir()
+    for meta in sorted((source / "metas").glob("*.label.json")):
+        clip = meta.name.removesuffix(".label.json")
+        shutil.copy(source / "videos" / f"{clip}.mp4", data / "videos" / f"{clip}.camera_front_wide_120fov.mp4")
+        shutil.copy(meta, data / "metas" / meta.name)
+    monkeypatch.syspath_prepend(str(REASON1_UTILS))
+    cfg = cp.load_config(AVHA / "configs" / "avha_sft.toml", [f"train.train_policy.dataset.name={data}",
+                                                             f"train.train_policy.dataset.plugin={AVHA_SFT}",
+                                                             "validation.enable=false"])
+    train, _ = build_sft_datasets(cfg, tiny_vl_processor)
+    assert type(train.dataset).__name__ == "CosmosSFTDataset" and len(train) == 3
+    sample = train[0]
+    system, user, assistant = sample.conversation
+    assert system == {"role": "system", "content": (AVHA / "prompts" / "system_prompt.txt").read_text()}
+    assert user["content"][0]["max_pixels"] == 16 * 9 * 28 * 28 + 1 and len(sample.videos) == 1  # the script's
+    assert user["content"][1]["text"] == (AVHA / "prompts" / "user_prompt.txt").read_text()
+    assert assistant["content"].startswith("```json\n{") and '"colour"' in assistant["content"]
+    mrope = cp.data.MRopeSpec.from_config(cp.testing.tiny_qwen2_5_vl_config())
+    assert encode_conversation(tiny_vl_processor, sample, mrope=mrope).num_target_tokens > 0
+    # the class alone takes a folder and two prompts: named directly, the recipe cannot make it
+    with pytest.raises(TypeError, match=r"requires \['dataset_path', 'system_prompt', 'user_prompt'\]"):
+        build_sft_datasets(msgspec.structs.replace(cfg, train=msgspec.structs.replace(cfg.train, train_policy=(
+            msgspec.structs.replace(cfg.train.train_policy, dataset=msgspec.structs.replace(
+                cfg.train.train_policy.dataset, plugin=f"{AVHA_SFT}:CosmosSFTDataset"))))))
 
 
 def test_a_plugin_of_this_librarys_shape_and_a_bad_item(tmp_path: Path) -> None:
@@ -139,7 +187,7 @@ def test_make_plugin_supplies_config_and_dataset_by_name(reason1_env: Path) -> N
             self.dataset, self.config = dataset, config
 
     made = make_plugin(Takes, data_cfg, cfg)
-    assert sorted(made.dataset) == ["understanding"] and made.config is cfg  # every split, as load_dataset gives
+    assert list(made.dataset) == ["understanding"] and made.config is cfg  # every split, as load_dataset gives
     assert make_plugin(lambda cosmos_config: ("factory", cosmos_config), data_cfg, cfg) == ("factory", cfg)
     instance = object()
     assert make_plugin(instance, data_cfg, cfg) is instance
@@ -190,6 +238,30 @@ def test_script_paths_pick_the_one_dataset_class_or_name_it(tmp_path: Path) -> N
         load_plugin(str(tmp_path / "missing.py"))
 
 
+def test_a_script_is_run_as_cosmos_rls_launcher_ran_it(tmp_path: Path, capfd: pytest.CaptureFixture) -> None:
+    script = tmp_path / "launching.py"
+    script.write_text(
+        "import argparse, os, toml\n"
+        "from cosmos_rl.launcher.worker_entry import main as launch_worker\n"
+        "from cosmos_rl.policy.config import Config\n\n"
+        "class Rows:\n"
+        "    def __init__(self, n): self.n = n\n"
+        "    def __len__(self): return self.n\n"
+        "    def __getitem__(self, i):\n"
+        "        return [{'role': 'user', 'content': 'q'}, {'role': 'assistant', 'content': 'a'}]\n\n"
+        "if __name__ == '__main__':\n"
+        "    args = argparse.ArgumentParser()\n"
+        "    args.add_argument('--config', required=True)\n"
+        "    config = Config.from_dict(toml.load(args.parse_known_args()[0].config))\n"
+        "    assert os.environ['COSMOS_ROLE'] == 'Policy'\n"
+        "    launch_worker(dataset=lambda cfg: Rows(cfg.custom['rows']), reward_fns=[len])\n")
+    cfg = cp.load_config(None, [f"train.train_policy.dataset.plugin={script}", "custom={rows = 3}"])
+    train, _ = build_sft_datasets(cfg)
+    assert len(train) == 3 and train[2].conversation[1] == {"role": "assistant", "content": "a"}
+    assert "handed cosmos-rl's launcher ['reward_fns'], which the recipe does not take" in capfd.readouterr().err
+    assert "COSMOS_ROLE" not in os.environ  # put back as it was
+
+
 def test_cosmos_rl_stand_ins_cover_the_scripts_imports_and_say_what_they_do_not() -> None:
     install()
     from cosmos_rl.dispatcher.data.packer import Qwen2_5_VLM_DataPacker
@@ -197,19 +269,24 @@ def test_cosmos_rl_stand_ins_cover_the_scripts_imports_and_say_what_they_do_not(
     from cosmos_rl.policy.config import Config
     from cosmos_rl.utils.util import basename_from_modelpath
 
-    assert Config is cp.config.Config
+    assert issubclass(Config, cp.config.Config)  # this library's, with cosmos-rl's from_dict
+    assert Config.from_dict({"train": {"optm_lr": 3e-6}}).train.optm_lr == 3e-6
     # cosmos-rl's rule (cosmos_rl/utils/util.py): the last two parts of a longer path
     assert basename_from_modelpath("nvidia/Cosmos-Reason1-SFT-Dataset") == "nvidia/Cosmos-Reason1-SFT-Dataset"
     assert basename_from_modelpath("/data/hub/nvidia/Cosmos-Reason1-SFT-Dataset/") \
         == "nvidia/Cosmos-Reason1-SFT-Dataset"
     with pytest.raises(RuntimeError, match="no cosmos-rl launcher: run your dataset class through a recipe"):
         launch_worker(dataset=list)
+    with capturing_launch() as handed:
+        launch_worker(dataset=list, reward_fns=[len])
+    assert handed == {"dataset": list, "reward_fns": [len]}
 
-    class DemoDataPacker(Qwen2_5_VLM_DataPacker):  # what cosmos_grpo.py defines at import time
-        pass
+    class DemoDataPacker(Qwen2_5_VLM_DataPacker):  # what cosmos_grpo.py defines and hands its launcher
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            self.underlying_data_packer = Qwen2_5_VLM_DataPacker()
 
-    with pytest.raises(RuntimeError, match="data packers are not used here"):
-        DemoDataPacker()
+    DemoDataPacker().setup(None, None)  # made and set up, never used
     with pytest.raises(ModuleNotFoundError, match=r"'cosmos_rl.dispatcher.algo': cosmos-rl is not installed.*--reward"):
         import cosmos_rl.dispatcher.algo.reward  # noqa: F401
 
@@ -267,7 +344,7 @@ def test_reason1_sft_toml_trains_through_the_plugin_path(reason1_data, tmp_path:
                  "policy.parallelism.dp_shard_size=1", "train.max_steps=2", "train.train_batch_per_replica=4",
                  "train.train_policy.dataset.test_size=4", "logging.logger=[]"]
     env = {"PYTHONPATH": os.pathsep.join([str(REPO / "src"), str(REASON1_UTILS)]), "COSMOS_CACHE": str(cache),
-           "OMP_NUM_THREADS": "1"}
+           "HF_DATASETS_CACHE": str(tmp_path / "hf_datasets"), "OMP_NUM_THREADS": "1"}
     log = tmp_path / "run.log"
     text = finish(launch_recipe("examples/sft.py", SFT_TOML, overrides, log, cwd=REPO, env=env), log, timeout_s=400)
     records = cp.logging.read_metrics(only_run_dir(tmp_path / "out"))

@@ -7,16 +7,18 @@ type hints and for their ``__main__`` block, which starts cosmos-rl's launcher. 
 adds an import hook, last in ``sys.meta_path``, that serves the modules below only where no real
 ``cosmos_rl`` (or ``toml``) is importable; an installed cosmos-rl always wins.
 
-- ``cosmos_rl.policy.config``: ``Config`` is this library's config class, the object a plug-in's
-  ``setup`` receives.
+- ``cosmos_rl.policy.config``: ``Config`` is this library's config class (the object a plug-in's
+  ``setup`` receives), with cosmos-rl's ``Config.from_dict``.
 - ``cosmos_rl.utils.util``: ``basename_from_modelpath`` (cosmos-rl's rule: the last two
-  ``/``-separated parts of a dataset name, which its clip folders under ``$COSMOS_CACHE`` use).
+  ``/``-separated parts of a dataset name, which its clip folders under ``$COSMOS_CACHE`` use) and
+  ``prepare_cosmos_data`` (checks that the clips are there; downloads nothing).
 - ``cosmos_rl.utils.logging``: ``logger``, the ``"cosmos"`` logger.
-- ``cosmos_rl.launcher.worker_entry``: ``main`` raises: it is what a script's ``__main__`` block
-  calls to start cosmos-rl's workers; here the recipe is started instead, naming the class.
+- ``cosmos_rl.launcher.worker_entry``: ``main``, what a script's ``__main__`` block calls to start
+  cosmos-rl's workers, hands its arguments to the recipe that runs the script
+  (:func:`capturing_launch`); called elsewhere it raises.
 - ``cosmos_rl.dispatcher.data.packer``: ``DataPacker``, ``BaseDataPacker`` and the model packers
-  (``Qwen2_5_VLM_DataPacker``, ``Qwen3_VL_DataPacker``, ...), so that a script may subclass them at
-  import time; making one raises, as the recipes pack samples with the model's processor.
+  (``Qwen2_5_VLM_DataPacker``, ``Qwen3_VL_DataPacker``, ...), inert, so that a script may subclass
+  and make them; the recipes pack samples with the model's processor.
 - ``toml``: ``load`` / ``loads`` / ``dump`` / ``dumps`` / ``TomlDecodeError`` (cosmos-rl installs
   ``toml``; its scripts import it), with ``tomllib`` and the config writer.
 
@@ -25,12 +27,14 @@ Any other ``cosmos_rl`` module raises ``ModuleNotFoundError`` saying which and w
 
 from __future__ import annotations
 
+import contextlib
 import importlib.abc
 import importlib.machinery
+import importlib.util
 import logging
 import sys
 import types
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 if sys.version_info >= (3, 11):
@@ -51,25 +55,59 @@ def basename_from_modelpath(path: str) -> str:
     return "/".join(parts[-2:]) if len(parts) > 2 else "/".join(parts)
 
 
-def launch_worker(*args: Any, **kwargs: Any) -> None:
-    """Stands in for ``cosmos_rl.launcher.worker_entry.main``: always raises."""
-    raise RuntimeError(f"cosmos_rl.launcher.worker_entry.main() was called: {_RUN_THE_RECIPE}")
+_handed: dict[str, Any] | None = None  # what launch_worker records while capturing_launch is active
 
 
-def prepare_cosmos_data(*args: Any, **kwargs: Any) -> None:
-    """Stands in for ``cosmos_rl.utils.util.prepare_cosmos_data`` (a script's ``__main__`` download
-    step): always raises."""
-    raise RuntimeError("cosmos_rl.utils.util.prepare_cosmos_data() was called: download the dataset's clips "
-                       "with cosmos-rl's tooling (or point [train.train_policy.dataset] media_dir at them); "
-                       + _RUN_THE_RECIPE)
+def launch_worker(dataset: Any = None, *args: Any, **kwargs: Any) -> None:
+    """Stands in for ``cosmos_rl.launcher.worker_entry.main``: inside :func:`capturing_launch` it
+    records what the script hands it (``dataset``, ``val_dataset``, ``reward_fns``, ...); elsewhere
+    it raises."""
+    if _handed is None:
+        raise RuntimeError(f"cosmos_rl.launcher.worker_entry.main() was called: {_RUN_THE_RECIPE}")
+    if args:
+        raise TypeError("cosmos_rl.launcher.worker_entry.main() takes its arguments by keyword after dataset")
+    _handed.update(kwargs, dataset=dataset)
+
+
+@contextlib.contextmanager
+def capturing_launch() -> Iterator[dict[str, Any]]:
+    """While active, a script's call of ``cosmos_rl.launcher.worker_entry.main(dataset=..., ...)``
+    (the last line of a cosmos-rl dataset script's ``__main__`` block) fills the yielded dict with
+    its arguments instead of starting anything."""
+    global _handed
+    outer, _handed = _handed, {}
+    try:
+        yield _handed
+    finally:
+        _handed = outer
+
+
+def prepare_cosmos_data(dataset: Any, *args: Any, **kwargs: Any) -> None:
+    """Stands in for ``cosmos_rl.utils.util.prepare_cosmos_data`` (a script's download of a Hub
+    dataset's clips): nothing to do when the clips are where cosmos-rl extracts them
+    (``$COSMOS_CACHE/datasets/<owner>/<name>/<subset>/video_clips``, not empty); else raises saying where
+    they must go (nothing is downloaded here)."""
+    from cosmos_primitives.data.media import cosmos_cache_clip_dir
+
+    clips = cosmos_cache_clip_dir(dataset.name, dataset.subset)
+    if clips is None or not any(clips.iterdir()):
+        raise RuntimeError(
+            f"cosmos_rl.utils.util.prepare_cosmos_data(): the clips of {dataset.name!r} (subset "
+            f"{dataset.subset!r}) are not in $COSMOS_CACHE/datasets/<owner>/<name>/<subset>/video_clips, and this "
+            "library downloads nothing: download and extract them there (the dataset's <subset>/clips/*.tar.gz) "
+            "as cosmos-rl would, or name the dataset class (script.py:ClassName) and point "
+            "[train.train_policy.dataset] media_dir at your clips")
 
 
 class DataPacker:
-    """Stands in for cosmos-rl's data packers: subclassable, never made."""
+    """Stands in for cosmos-rl's data packers, so that a script can subclass one and make it for its
+    launcher call; the recipes never use it (they pack with the model's processor) and say so."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
-        raise RuntimeError(f"{type(self).__name__}: cosmos-rl data packers are not used here; the recipes pack "
-                           "samples with the model's processor (drop the packer from your command)")
+        pass
+
+    def setup(self, *args: Any, **kwargs: Any) -> None:
+        pass
 
 
 def _toml_load(source: Any) -> dict[str, Any]:
@@ -106,7 +144,16 @@ class _Lazy:
 
 
 def _config_class() -> type:
-    from cosmos_primitives.config.root import Config
+    from cosmos_primitives.config.loader import config_from_dict
+    from cosmos_primitives.config.root import Config as RootConfig
+
+    class Config(RootConfig):
+        """This library's config class, with cosmos-rl's ``Config.from_dict`` (what a script's
+        ``__main__`` block builds its config with)."""
+
+        @classmethod
+        def from_dict(cls, tree: dict[str, Any]) -> RootConfig:
+            return config_from_dict(tree, source="the dataset script's config")
 
     return Config
 
@@ -178,3 +225,12 @@ def install() -> None:
 def is_stand_in(module: types.ModuleType) -> bool:
     """Whether ``module`` is one of these stand-ins (not the real cosmos-rl / toml)."""
     return bool(getattr(module, STAND_IN, False))
+
+
+def real_cosmos_rl_installed() -> bool:
+    """Whether ``import cosmos_rl`` gives cosmos-rl itself rather than these stand-ins."""
+    module = sys.modules.get("cosmos_rl")
+    if module is not None:
+        return not is_stand_in(module)
+    spec = importlib.util.find_spec("cosmos_rl")
+    return spec is not None and spec.loader is not _FINDER

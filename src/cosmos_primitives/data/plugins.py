@@ -2,11 +2,13 @@
 plugin``, ``[validation.dataset] plugin``) or by the recipes' ``--dataset`` flag, including the
 classes of cosmos-rl dataset scripts, run unchanged by SFT and GRPO.
 
-A plug-in is named ``"package.module:Name"`` (importable from ``sys.path``) or
+A plug-in is named ``"package.module:Name"`` (importable from ``sys.path``),
 ``"path/to/script.py:Name"`` (a file, imported as running it would: its folder first on
-``sys.path``); a file without ``:Name`` names the one dataset class (``__len__`` and
-``__getitem__``) it defines. Its imports of ``cosmos_rl`` resolve to the stand-ins of
-:mod:`cosmos_primitives.data.cosmos_rl_shim` where cosmos-rl is not installed.
+``sys.path``), or ``"path/to/script.py"``: a cosmos-rl dataset script, run as cosmos-rl's launcher
+runs it (:func:`run_script`), whose ``__main__`` block hands the dataset (or its factory) to
+``cosmos_rl.launcher.worker_entry.main``; a file that hands none names the one dataset class
+(``__len__`` and ``__getitem__``) it defines. Its imports of ``cosmos_rl`` resolve to the stand-ins
+of :mod:`cosmos_primitives.data.cosmos_rl_shim` where cosmos-rl is not installed.
 
 The named object is made as cosmos-rl's scripts make theirs (:func:`make_plugin`), then its
 ``setup`` is called as cosmos-rl's launcher calls it (:func:`call_setup`). A cosmos-rl dataset has
@@ -23,7 +25,10 @@ from __future__ import annotations
 
 import importlib.util
 import inspect
+import os
+import runpy
 import sys
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -37,6 +42,7 @@ from cosmos_primitives.data.hf_conversations import load_hf_dataset
 from cosmos_primitives.data.mcq import MCQPromptDataset
 from cosmos_primitives.data.media import MediaSettings, default_media_dir
 from cosmos_primitives.data.records import Prompt
+from cosmos_primitives.logging.console import get_logger
 from cosmos_primitives.utils.extras import require
 from cosmos_primitives.utils.imports import import_object
 
@@ -44,8 +50,13 @@ PLUGIN_KEYS = ("train.train_policy.dataset.plugin", "validation.dataset.plugin")
 """The config keys that name dataset plug-ins."""
 
 
-def load_plugin(path: str, what: str = "dataset plug-in") -> Any:
-    """The object a plug-in path names (see the module docstring for the two spellings).
+def load_plugin(path: str, what: str = "dataset plug-in", config: Any = None) -> Any:
+    """The object a plug-in path names (see the module docstring for the spellings).
+
+    A script path without ``:Name`` is, given the run's ``config``, run as cosmos-rl's launcher runs
+    it (:func:`run_script`): the dataset (or factory) its ``__main__`` block hands
+    ``cosmos_rl.launcher.worker_entry.main`` is the plug-in; a script that hands none (or no
+    ``config``) names the one dataset class it defines.
 
     Raises:
         ImportError: the module or file does not import, lacks the name, or (a file without
@@ -60,6 +71,10 @@ def load_plugin(path: str, what: str = "dataset plug-in") -> Any:
     file = Path(module_part).expanduser().resolve()
     if not file.is_file():
         raise ImportError(f"{what}: no such file {file} (from {path!r})")
+    if not name and config is not None:
+        handed = run_script(file, config, what)
+        if handed.get("dataset") is not None:
+            return handed["dataset"]
     module = _import_file(file, what)
     if not name:
         return _only_dataset_class(module, file, what)
@@ -69,6 +84,45 @@ def load_plugin(path: str, what: str = "dataset plug-in") -> Any:
             raise ImportError(f"{what}: {file} has no attribute {name!r} ({path!r})")
         obj = getattr(obj, part)
     return obj
+
+
+def run_script(file: Path, config: Any, what: str = "dataset plug-in") -> dict[str, Any]:
+    """Run a cosmos-rl dataset script as cosmos-rl's launcher runs it in each policy worker (as
+    ``__main__``, ``sys.argv = [script, "--config", <TOML>]``, ``COSMOS_ROLE=Policy``), with the TOML
+    holding ``config`` (the run's config, overrides included), and return what it handed
+    ``cosmos_rl.launcher.worker_entry.main`` (``dataset``, ``val_dataset``, ...; ``{}`` when it
+    called nothing). Arguments other than ``dataset`` are not used here: each is named in a warning.
+
+    Raises:
+        ImportError: cosmos-rl itself is installed, whose launcher the script would start: name the
+            class instead (``script.py:ClassName``).
+    """
+    if cosmos_rl_shim.real_cosmos_rl_installed():
+        raise ImportError(f"{what}: cosmos-rl is installed here, so running {file} would start its launcher: name "
+                          f"the dataset class instead, e.g. '{file}:MyDataset'")
+    from cosmos_primitives.config.loader import dump_config
+
+    argv, role = sys.argv, os.environ.get("COSMOS_ROLE")
+    with tempfile.TemporaryDirectory() as folder, cosmos_rl_shim.capturing_launch() as handed:
+        sys.argv = [str(file), "--config", str(dump_config(config, Path(folder) / "config.toml"))]
+        os.environ["COSMOS_ROLE"] = "Policy"
+        if str(file.parent) not in sys.path:
+            sys.path.insert(0, str(file.parent))
+        try:
+            runpy.run_path(str(file), run_name="__main__")
+        finally:
+            sys.argv = argv
+            if role is None:
+                os.environ.pop("COSMOS_ROLE", None)
+            else:
+                os.environ["COSMOS_ROLE"] = role
+    unused = sorted(k for k, v in handed.items() if k != "dataset" and v is not None)
+    if unused:
+        get_logger("cosmos.plugins").warning(
+            "%s handed cosmos-rl's launcher %s, which the recipe does not take from a script: pass rewards with "
+            "--reward, a validation dataset class as [validation.dataset] plugin; packing is the recipe's",
+            file, unused)
+    return dict(handed)
 
 
 def _import_file(file: Path, what: str) -> Any:
@@ -343,7 +397,7 @@ def build_plugin(dataset_cfg: Any, config: Any = None) -> Any:
     """The dataset ``dataset_cfg.plugin`` names, loaded (:func:`load_plugin`) and made
     (:func:`make_plugin`); its ``setup`` is not called yet."""
     what = plugin_key(dataset_cfg, config)
-    return make_plugin(load_plugin(dataset_cfg.plugin, what=what), dataset_cfg, config, what=what)
+    return make_plugin(load_plugin(dataset_cfg.plugin, what=what, config=config), dataset_cfg, config, what=what)
 
 
 def prompt_dataset(dataset_cfg: Any, config: Any = None, processor: Any = None) -> Any:
