@@ -14,7 +14,9 @@ One step: prompts -> ``n`` completions each (tagged with the weight version) -> 
 advantages -> log-probs (old / reference / current) -> GRPO loss -> optimizer step -> weight sync.
 With ``[validation] enable`` the engine also answers held-out items every ``freq`` steps: those of
 ``[validation.dataset]``, or without its ``name`` the ``[train.train_policy.dataset] test_size`` items
-held out of the training prompts (unset: 10 %), which training then never sees.
+held out of the training prompts (unset: 10 %), which training then never sees. A SIGTERM or SIGUSR1
+(``[train] signal_to_handle``) saves a checkpoint when the step in progress ends and stops the run with
+exit status 75; ``train.resume=true`` goes on from it as if never stopped.
 """
 
 from __future__ import annotations
@@ -86,6 +88,7 @@ def main() -> None:
         ensure_demo_assets(cfg)  # only acts on "demo:<path>" paths (the tiny configs)
     cp.parallel.barrier()
     cfg = cp.config.check_runnable(cfg, config_path)  # drops "demo:"; a missing path or refused key stops here
+    cp.data.check_plugins_read(cfg, config_path)  # a [validation.dataset] plugin with validation off stops here
     cp.plan.log_memory_plan(cfg, mesh.world_size, info.device, mode="colocated")  # rank 0 logs bytes per GPU
     cp.utils.seed_everything(cfg.train.seed)
     grpo, rollout = cfg.grpo, cfg.rollout
@@ -138,6 +141,9 @@ def main() -> None:
              f"{grpo.num_samples_per_prompt} samples per rank{split}; {mesh}")
     if val_dataset is not None and step == 0:
         tracker.log_metrics(validate(engine, val_dataset, cfg, mesh, bad), 0)
+    # a SIGTERM / SIGUSR1 ([train] signal_to_handle) saves the step in progress once it ends (with
+    # [grpo] rollouts_per_step, once the generation in progress is trained), then stops
+    preemption = cp.checkpoint.Preemption.from_config(cfg.train, device=info.device)
 
     while step < total_steps:
         times: dict[str, float] = {}
@@ -185,11 +191,16 @@ def main() -> None:
         # saved once the generation is trained: its prompts are consumed, so a resume starts at the next one
         ckpt.maybe_save(step, epoch=sampler.epoch, weight_version=step,
                         force=step == total_steps or any(map(ckpt.should_save, range(first_step + 1, step + 1))))
+        # preemption too stops at a generation's end, where a resume starts at the next generation's prompts
+        if preemption.stop_here(ckpt, step, epoch=sampler.epoch, weight_version=step):
+            break
 
-    log.info(f"[GRPO] Training finished at step {step}/{total_steps}, saving final checkpoint in huggingface "
-             "safetensors...")
-    if cfg.train.ckpt.export_safetensors:
-        ckpt.export_final()
+    preemption.restore()  # training is over: a signal from now on ends the process at once
+    if not preemption.stopped:
+        log.info(f"[GRPO] Training finished at step {step}/{total_steps}, saving final checkpoint in huggingface "
+                 "safetensors...")
+        if cfg.train.ckpt.export_safetensors:
+            ckpt.export_final()
     failures = ckpt.close()
     tracker.finish()
     if info.is_rank0:
@@ -198,6 +209,7 @@ def main() -> None:
     cp.parallel.destroy_distributed()
     if failures:
         raise SystemExit(f"{len(failures)} upload(s) failed: {failures}")
+    preemption.exit_if_stopped()  # exit status 75: preempted, resume with train.resume=true
 
 
 if __name__ == "__main__":

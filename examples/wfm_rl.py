@@ -44,7 +44,9 @@ end.
 ``train.resume=true`` goes on from the latest checkpoint exactly as if never stopped: each step
 draws its randomness (SDE noise, SDE window, trained steps, DDRL noise) from generators seeded by
 ``(seed, step, rank)``, and the rewards are functions of the videos. A web dataset resumes at the
-saved shard and sample, with the bad samples counted so far.
+saved shard and sample, with the bad samples counted so far. A SIGTERM or SIGUSR1 (``[train]
+signal_to_handle``) saves a checkpoint when the step in progress ends and stops the run with exit
+status 75, from which ``train.resume=true`` goes on the same way.
 """
 
 from __future__ import annotations
@@ -325,6 +327,8 @@ def train(cfg: cp.Config) -> Path:
         if evaluating and step == 0:
             evaluate(0)
         prompts = source.stream()  # from the (resumed) position
+        # a SIGTERM / SIGUSR1 ([train] signal_to_handle) saves the step in progress once it ends, then stops
+        preemption = cp.checkpoint.Preemption.from_config(cfg.train, device=device)
         while step < total_steps:
             step += 1
             # every random draw of this step comes from (seed, step, data rank): a resumed run repeats it
@@ -387,18 +391,23 @@ def train(cfg: cp.Config) -> Path:
             ckpt.maybe_save(step, epoch=source.epoch, force=step == total_steps)
             if evaluating and (step == total_steps or (w.eval_freq > 0 and step % w.eval_freq == 0)):
                 evaluate(step)
+            if preemption.stop_here(ckpt, step, epoch=source.epoch):
+                break
+        preemption.restore()  # training is over: a signal from now on ends the process at once
         if info.is_rank0:
             cp.logging.plot_run(run_dir, keys=CURVES)
-        if cfg.train.ckpt.enable_checkpoint:
+        if cfg.train.ckpt.enable_checkpoint and not preemption.stopped:
             weights = policy.adapter_state_dict()  # collective under FSDP2: every rank takes part
             if info.is_rank0:
                 from safetensors.torch import save_file
 
                 save_file(weights, str(run_dir / "trained_weights.safetensors"))
-        ckpt.export_final()  # with export_safetensors: safetensors/final, a diffusers folder
+        if not preemption.stopped:
+            ckpt.export_final()  # with export_safetensors: safetensors/final, a diffusers folder
         failures = ckpt.close()
     if failures:
         raise SystemExit(f"{len(failures)} upload(s) failed: {failures}")
+    preemption.exit_if_stopped()  # exit status 75: preempted, resume with train.resume=true
     return run_dir
 
 

@@ -66,6 +66,10 @@ DELIBERATE: dict[str, tuple[Callable[[Any, Any], bool], str]] = {
         lambda theirs, ours: theirs == "Comos-Reason1" and ours == "",
         "unset: no repository (an upload then stops, naming the key) instead of cosmos-rl's placeholder "
         "\"Comos-Reason1\""),
+    "train.signal_to_handle": (
+        lambda theirs, ours: theirs == ["SIGUSR1"] and ours == ["SIGUSR1", "SIGTERM"],
+        "unset: SIGUSR1 and SIGTERM (cosmos-rl: SIGUSR1, which its launcher sends its workers; here "
+        "SIGTERM is what a scheduler sends the training processes themselves)"),
 }
 
 

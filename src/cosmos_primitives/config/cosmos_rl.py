@@ -195,8 +195,8 @@ train.force_use_hf | false | ignored | - | speed-only: model implementation (alw
 train.non_text | false | ignored | - | launcher-only: non-text trainers
 train.max_num_steps | - | mapped | - | train.max_steps
 train.sequence_packing | false | mapped | - | train.train_policy.sequence_packing (ours defaults to true)
-train.save_ckpt_at_exit | true | ignored | - | launcher-only: signal handling
-train.signal_to_handle | ["SIGUSR1"] | ignored | - | launcher-only: signal handling
+train.save_ckpt_at_exit | true | mapped | - | = (a signal of signal_to_handle saves a checkpoint at the next step boundary, then the run stops with exit status 75; cp.checkpoint.Preemption)
+train.signal_to_handle | ["SIGUSR1"] | mapped | - | = (ours defaults to ["SIGUSR1", "SIGTERM"] for every file: without cosmos-rl's launcher, SIGTERM is what a scheduler sends the training process itself)
 train.enable_validation | false | ignored | - | an older cosmos-rl spelling, gone from its config class since 2025-09: cosmos-rl ignores it (no validation ran), so it is ignored here too; set validation.enable to validate (config.train.enable_validation reads validation.enable, as Cosmos-Reason1's dataset scripts expect)
 train.validation_step | 20 | ignored | - | an older cosmos-rl spelling, gone from its config class: cosmos-rl ignores it; set validation.freq
 train.validation_batch_per_replica | - | ignored | - | an older cosmos-rl spelling of validation batching (speed-only), gone from its config class

@@ -42,8 +42,9 @@ class DatasetConfig(Section):
     """
 
     name: str = ""
-    # GRPO: a dataset class (or factory) by import path, "my_pkg.data:MyDataset", used instead of the
-    # MCQ reader; cosmos-rl dataset classes run unchanged (cp.data.plugins)
+    # SFT and GRPO: a dataset class (or factory) by import path, "my_pkg.data:MyDataset", or script path,
+    # "tools/dataset/cosmos_sft.py", used instead of the built-in readers; cosmos-rl dataset classes run
+    # unchanged (cp.data.plugins)
     plugin: str = ""
     subset: str = ""
     revision: str = ""

@@ -39,6 +39,12 @@ class TrainConfig(Section, dict=True):
     NaN / inf: ``"stop"`` raises before the optimizer step (nothing damaged is saved), ``"skip"``
     drops that step's update (the loop zeroes the gradients and goes on) and logs it.
 
+    Preemption (cosmos-rl's keys; ``cp.checkpoint.Preemption``): with ``save_ckpt_at_exit``, one of
+    the ``signal_to_handle`` signals saves a checkpoint at the next step boundary (with ``[train.ckpt]
+    enable_checkpoint``) and stops the run with exit status 75; ``train.resume=true`` goes on from
+    it exactly. cosmos-rl handles SIGUSR1 alone by default (its launcher sends it); here SIGTERM too,
+    which a scheduler sends a process it takes the nodes from.
+
     Memory options (cosmos-rl's key names; they compose with each other and with ``[policy]
     model_gradient_checkpointing``):
 
@@ -97,6 +103,9 @@ class TrainConfig(Section, dict=True):
     optm_min_lr_factor: Fraction = 0.0
     optm_grad_norm_clip: float = 1.0
     nonfinite: Literal["stop", "skip"] = "stop"
+    save_ckpt_at_exit: bool = True
+    signal_to_handle: list[Literal["SIGUSR1", "SIGUSR2", "SIGTERM", "SIGINT", "SIGHUP", "SIGQUIT"]] = msgspec.field(
+        default_factory=lambda: ["SIGUSR1", "SIGTERM"])
     fsdp_offload: bool = False
     master_dtype: Literal["float32", "bfloat16"] = "float32"
     optm_impl: Literal["fused", "foreach", "for-loop"] = "fused"

@@ -200,11 +200,17 @@ def all_ranks_have_batch(has_batch: bool, device: torch.device | str | None = No
     return bool(flag.item())
 
 
-def build_sft_dataset(cfg: Any, conversation_column: str = "conversations",
-                      ) -> HFConversationDataset | VideoFolderDataset:
-    """The dataset a :class:`~cosmos_primitives.config.DatasetConfig` names (see its ``kind``)."""
+def build_sft_dataset(cfg: Any, conversation_column: str = "conversations", *, config: Any = None,
+                      processor: Any = None) -> Any:
+    """The dataset a :class:`~cosmos_primitives.config.DatasetConfig` names: its ``plugin`` when set
+    (:func:`~cosmos_primitives.data.plugins.sft_plugin_dataset`; ``config`` and ``processor``'s
+    tokenizer go to the plug-in's ``setup``), else the reader its ``kind`` picks."""
     from pathlib import Path
 
+    if cfg.plugin:
+        from cosmos_primitives.data.plugins import sft_plugin_dataset
+
+        return sft_plugin_dataset(cfg, config, processor)
     root = Path(cfg.name).expanduser() if cfg.name else None
     kind = cfg.kind
     if kind == "auto":
