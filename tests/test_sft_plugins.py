@@ -334,7 +334,8 @@ def test_the_sft_recipe_stops_on_an_unread_plugin_key(tmp_path: Path) -> None:
 def test_reason1_sft_toml_trains_through_the_plugin_path(reason1_data, tmp_path: Path) -> None:
     """``cosmos-rl --config sft.toml ./tools/dataset/cosmos_sft.py`` as ``examples/sft.py --config
     sft.toml --dataset ./tools/dataset/cosmos_sft.py``: only the model and data paths and the run's
-    size (one process, two steps of 4 samples, 4 clips held out for validation) are overridden."""
+    size (one process, two steps of 4 samples, 4 clips held out for validation) are overridden, and
+    validation is asked for (the file's train.enable_validation is ignored, as by cosmos-rl 0.4.7)."""
     from cosmos_primitives.testing.recipe_runs import finish, launch_recipe, only_run_dir
 
     name, cache = reason1_data
@@ -342,7 +343,7 @@ def test_reason1_sft_toml_trains_through_the_plugin_path(reason1_data, tmp_path:
     overrides = ["--dataset", str(COSMOS_SFT), f"policy.model_name_or_path={model}",
                  f"train.train_policy.dataset.name={name}", f"train.output_dir={tmp_path / 'out'}",
                  "policy.parallelism.dp_shard_size=1", "train.max_steps=2", "train.train_batch_per_replica=4",
-                 "train.train_policy.dataset.test_size=4", "logging.logger=[]"]
+                 "train.train_policy.dataset.test_size=4", "validation.enable=true", "logging.logger=[]"]
     env = {"PYTHONPATH": os.pathsep.join([str(REPO / "src"), str(REASON1_UTILS)]), "COSMOS_CACHE": str(cache),
            "HF_DATASETS_CACHE": str(tmp_path / "hf_datasets"), "OMP_NUM_THREADS": "1"}
     log = tmp_path / "run.log"
