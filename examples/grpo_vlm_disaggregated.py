@@ -174,7 +174,7 @@ def generate_into_queue(cfg, info, roles, plan: QueuePlan, sync_group, url: str)
 
     dataset = prompt_dataset(cfg.train.train_policy.dataset, cfg, processor)
     sampler = ResumableDistributedSampler(len(dataset), rank=roles.index, world_size=roles.num_rollouts,
-                                          seed=cfg.train.seed)
+                                          **cp.config.sampler_settings(cfg))
     bad = BadSampleTracker(cfg.train.train_policy.dataset.bad_sample_budget)
     prompts = prompt_stream(dataset, sampler, bad)
     rewards = cp.rewards.RewardSet.from_config(grpo)
