@@ -16,6 +16,7 @@ from cosmos_primitives.queue import (
     RolloutRecord,
     RolloutThrottle,
     StalenessFilter,
+    check_record,
     decode_record,
     encode_record,
     expected_staleness,
@@ -90,6 +91,30 @@ def test_decode_names_entry_id_and_what_is_wrong() -> None:
     del missing["prompt_id"]
     with pytest.raises(MalformedRecordError, match="missing required field `prompt_id`"):
         decode_record(msgspec.msgpack.encode(missing), entry_id="9-2")
+
+
+@pytest.mark.parametrize("where", ["prompt_token_ids", "completion_token_ids"])
+def test_token_id_equal_to_vocab_size_is_refused_and_the_last_row_accepted(where) -> None:
+    # an id of vocab_size indexes one row past the embedding: a device-side assert on a GPU
+    vocab = 50
+
+    def payload(top: int) -> bytes:
+        fields = msgspec.to_builtins(make_record(1))
+        if where == "prompt_token_ids":
+            fields["prompt_token_ids"][-1] = top
+        else:
+            fields["completion_token_ids"][1][0] = top
+        return msgspec.msgpack.encode(fields)
+
+    kept = decode_record(payload(vocab - 1), entry_id="3-0", vocab_size=vocab)
+    assert max(max(kept.prompt_token_ids), *map(max, kept.completion_token_ids)) == vocab - 1
+    with pytest.raises(MalformedRecordError, match=f"token id {vocab}, outside the vocabulary of {vocab} tokens"):
+        decode_record(payload(vocab), entry_id="3-1", vocab_size=vocab)
+    record = make_record(1)
+    record.completion_token_ids[0][0] = vocab
+    with pytest.raises(ValueError, match=r"completion_token_ids\[0\] holds the token id 50"):
+        check_record(record, vocab_size=vocab)
+    check_record(make_record(1), vocab_size=12)  # its largest id is 11
 
 
 def test_record_from_rollout_group_carries_references_not_media() -> None:
