@@ -16,6 +16,10 @@ shows up, one that stalls mid-transfer, a restarted member id, idle pairs, a tra
 or died, and a restarted trainer. The model is ``test_sync_broadcast``'s plain-torch Qwen2
 look-alike, which keeps ``transformers`` out of the spawned processes.
 
+Another holds a snapshot as a slow member's transfer does while two publishes go by: the one
+that stops waiting for it takes fresh buffers (the reader keeps one whole version) and later
+fetches are checked and exact.
+
 A third (threads too) serves the tiny VL models (Qwen2.5-VL, Qwen3-VL tied and untied) in vLLM's
 fused layout to a member holding the tensors of the vLLM stand-in's model.
 """
@@ -401,6 +405,44 @@ def test_weight_server_serves_members_and_bounds_a_stalled_one(redis_url):
     finally:
         again.close()
         for client in clients:
+            client.close()
+
+
+def test_a_publish_that_stops_waiting_for_a_slow_reader_leaves_its_snapshot_whole(redis_url):
+    from cosmos_primitives.sync import WeightClient, WeightServer
+
+    prefix = f"{PREFIX}:slow-reader"
+    model = TinyQwen2Like(seed=0)
+    server = WeightServer(model, redis_url, prefix, bucket_bytes=512, timeout_s=0.3, heartbeat_s=0.2)
+    client = None
+    try:
+        server.publish(0)
+        server.publish(1)
+        # what a member's pair thread holds while it sends version 1 (taken by hand: no stall to race)
+        reading = server._acquire()
+        sent = [b.clone() for b in reading.buffers]
+        for version in (2, 3):  # 2 reuses version 0's buffers; 3 gives up waiting for version 1's
+            with torch.no_grad():
+                model.model.norm.weight.add_(1.0)
+            server.publish(version)
+        assert server.metrics()["sync/publish_waits_timed_out"] == 1.0
+        assert reading.version == 1
+        assert all(torch.equal(b, s) for b, s in zip(reading.buffers, sent, strict=True))
+        server._release(reading)
+
+        engine_model = TinyQwen2Like(seed=1)
+        client = WeightClient(engine_model, redis_url, prefix, member_id="m", timeout_s=5.0)
+        first = client.fetch()
+        assert (first.version, first.verified) == (3, True)
+        assert _state(engine_model.named_parameters()) == _state(model.named_parameters())
+        with torch.no_grad():
+            model.model.layers[0].mlp.up_proj.weight.mul_(1.5)
+        server.publish(4)  # back to double buffering: version 2's buffers, nothing waits
+        assert client.fetch().version == 4 and server.metrics()["sync/publish_waits_timed_out"] == 1.0
+        assert _state(engine_model.named_parameters()) == _state(model.named_parameters())
+    finally:
+        server.close()
+        if client is not None:
             client.close()
 
 
