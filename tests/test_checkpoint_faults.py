@@ -4,6 +4,7 @@ the non-finite loss / gradient guard."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import math
@@ -15,6 +16,7 @@ import torch
 
 from cosmos_primitives.checkpoint import NonFiniteError, check_finite, list_checkpoints, verify_checkpoint
 from cosmos_primitives.checkpoint.layout import MARKER
+from cosmos_primitives.testing import run_distributed
 from test_checkpoint import Setup
 
 
@@ -142,7 +144,8 @@ def test_manifest_lists_every_file_with_size_and_hash(tmp_path: Path) -> None:
     written = {p.name for p in path.iterdir()} - {MARKER, "MANIFEST_rank0.json"}
     assert set(manifest["files"]) == written and ".metadata" in written
     for name, entry in manifest["files"].items():
-        assert entry["size"] == (path / name).stat().st_size and len(entry["sha256"]) == 64
+        data = (path / name).read_bytes()
+        assert (entry["size"], entry["sha256"]) == (len(data), hashlib.sha256(data).hexdigest())
     assert verify_checkpoint(path).ok
 
 
@@ -154,3 +157,25 @@ def test_nonfinite_loss_or_gradient_stops_or_skips(loss, grad_norm) -> None:
     assert check_finite(torch.tensor(0.5), torch.tensor(2.0), step=12, mode="stop") is True
     with pytest.raises(ValueError, match=r"\[train\] nonfinite"):
         check_finite(1.0, 1.0, step=1, mode="ignore")
+
+
+def _one_rank_sees_a_nan(mode: str) -> list[str]:
+    rank = torch.distributed.get_rank()
+    outcomes = []
+    for step, loss in ((1, 0.5), (2, float("nan") if rank == 1 else 0.5), (3, 0.25)):
+        try:
+            outcomes.append(str(check_finite(torch.tensor(loss), torch.tensor(1.0), step=step, mode=mode)))
+        except NonFiniteError as exc:
+            outcomes.append(f"stop: {exc}")
+    return outcomes
+
+
+@pytest.mark.parametrize("mode", ["skip", "stop"])
+def test_every_rank_gets_the_same_answer_when_one_rank_sees_a_nan(mode: str) -> None:
+    ranks = run_distributed(_one_rank_sees_a_nan, 2, args=(mode,), timeout_s=120)
+    assert [r[0] for r in ranks] == ["True", "True"] and [r[2] for r in ranks] == ["True", "True"]
+    if mode == "skip":
+        assert [r[1] for r in ranks] == ["False", "False"]
+    else:
+        assert all(r[1].startswith("stop: step 2: non-finite loss") for r in ranks)
+        assert "loss nan" in ranks[1][1] and "loss 0.5" in ranks[0][1]  # each rank reports its own values
