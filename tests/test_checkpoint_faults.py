@@ -14,8 +14,15 @@ from pathlib import Path
 import pytest
 import torch
 
-from cosmos_primitives.checkpoint import NonFiniteError, check_finite, list_checkpoints, verify_checkpoint
+from cosmos_primitives.checkpoint import (
+    CheckpointManager,
+    NonFiniteError,
+    check_finite,
+    list_checkpoints,
+    verify_checkpoint,
+)
 from cosmos_primitives.checkpoint.layout import MARKER
+from cosmos_primitives.config import CheckpointConfig
 from cosmos_primitives.testing import run_distributed
 from test_checkpoint import Setup
 
@@ -29,18 +36,37 @@ def ckpt_logs(caplog: pytest.LogCaptureFixture):
     logger.removeHandler(caplog.handler)
 
 
+def _weights_sum(model: torch.nn.Module) -> str:
+    return repr(sum(float(p.detach().sum()) for p in model.parameters()))
+
+
+def _exporting(setup: Setup, run: Path, **overrides) -> CheckpointManager:
+    """``setup``'s manager with an export after every save (a file naming the weights' sum, so an
+    export can be told apart by the run that wrote it)."""
+    def exporter(model, out: Path, **_) -> Path:
+        out.mkdir(parents=True)
+        (out / "weights.txt").write_text(_weights_sum(model))
+        return out
+
+    cfg = CheckpointConfig(**{"enable_checkpoint": True, "save_mode": "sync", "export_safetensors": True,
+                              "export_every_save": True, **overrides})
+    return CheckpointManager(cfg, run, model=setup.model, optimizer=setup.optimizer, scheduler=setup.scheduler,
+                             sampler=setup.sampler, exporter=exporter)
+
+
 def test_rollback_keeps_the_new_history_and_sets_the_abandoned_future_aside(tmp_path: Path) -> None:
     run = tmp_path / "20260101000000"
     first = Setup(seed=0)
-    ckpt = first.manager(run, max_keep=-1, save_freq=2)
-    for step in range(1, 7):  # checkpoints step_2, step_4, step_6
+    ckpt = _exporting(first, run, max_keep=-1, save_freq=2)
+    for step in range(1, 7):  # checkpoints and exports step_2, step_4, step_6
         first.step()
         ckpt.maybe_save(step)
     ckpt.close()
+    abandoned_exports = {n: (run / "safetensors" / n / "weights.txt").read_text() for n in ("step_4", "step_6")}
 
     # roll back to step_2 in the same run directory (resume = <run>/checkpoints/step_2), max_keep = 1
     again = Setup(seed=1)
-    rolled = again.manager(run, max_keep=1, save_freq=1)
+    rolled = _exporting(again, run, max_keep=1, save_freq=1)
     assert rolled.resume(str(run / "checkpoints" / "step_2")).step == 2
     again.step()
     rolled.maybe_save(3)
@@ -49,6 +75,11 @@ def test_rollback_keeps_the_new_history_and_sets_the_abandoned_future_aside(tmp_
     assert [p.name for p in list_checkpoints(run / "checkpoints")] == ["step_3"]
     aside = run / "checkpoints" / "abandoned"
     assert sorted(p.name for p in aside.iterdir()) == ["step_4", "step_6"]  # moved, not deleted
+    # the exports follow the checkpoints: rotation by step would otherwise keep step_6 and drop the new step_3
+    exports = run / "safetensors"
+    assert sorted(p.name for p in exports.iterdir()) == ["abandoned", "step_3"]
+    assert {p.name: (p / "weights.txt").read_text() for p in (exports / "abandoned").iterdir()} == abandoned_exports
+    assert (exports / "step_3" / "weights.txt").read_text() == _weights_sum(again.model)
     later = Setup(seed=2).manager(run).resume(True)
     assert later.step == 3 and later.path.name == "step_3"
 
