@@ -7,8 +7,9 @@ entropy, the same loss, and (after summing over the cp group) the same gradients
 path (``loss_weights``) is checked the same way. Both VL families (Qwen2.5-VL, Qwen3-VL with its
 deepstack features) are checked on batches built directly as tensors: packed media rows with the
 model's own mRoPE positions, an image row beside a text-only row without position ids, and text-only
-rows with nothing but ``input_ids``. Tolerance: 1e-5 absolute on float32 log-probs / losses, 1e-4
-relative + 1e-5 absolute on gradients (sums in a different order).
+rows with nothing but ``input_ids``. The attention function alone is checked with grouped KV heads (8
+query / 4 KV heads: two per rank; 6 / 3: KV heads that do not split). Tolerance: 1e-5 absolute on
+float32 log-probs / losses, 1e-4 relative + 1e-5 absolute on gradients (sums in a different order).
 """
 
 from __future__ import annotations
@@ -133,6 +134,46 @@ def _assert_matches(reference: dict[str, dict], per_rank: list[dict], label: str
                 assert got[key].keys() == ref[key].keys(), where
                 for w, g in ref[key].items():
                     torch.testing.assert_close(got[key][w], g, rtol=1e-4, atol=1e-5, msg=f"{where} {key} {w}")
+
+
+def _gqa_inputs(heads: int, kv_heads: int) -> tuple[torch.Tensor, ...]:
+    """``q [1, heads, 8, 4]``, ``k`` / ``v [1, kv_heads, 8, 4]`` and a weight for the loss, the same on every rank."""
+    g = torch.Generator().manual_seed(heads * 10 + kv_heads)
+    q, k, v = (torch.randn(1, h, 8, 4, generator=g) for h in (heads, kv_heads, kv_heads))
+    return q, k, v, torch.randn(1, 8, heads, 4, generator=g)
+
+
+def _gqa_attention_worker(shapes: list[tuple[int, int]]) -> list[dict]:
+    from cosmos_primitives.parallel.context_parallel import context_parallel_attention, context_parallel_split
+
+    group = torch.distributed.group.WORLD
+    out = []
+    for heads, kv_heads in shapes:
+        q, k, v, weight = _gqa_inputs(heads, kv_heads)
+        with context_parallel_split(group, 8, torch.arange(8)[None]) as split:
+            local = [x[:, :, split.local].clone().requires_grad_() for x in (q, k, v)]
+            got, _ = context_parallel_attention(torch.nn.Module().eval(), *local, None)
+            (got * weight[:, split.local]).sum().backward()
+        out.append({"local": split.local, "out": got.detach(), "grads": [x.grad for x in local]})
+    return out
+
+
+def test_ulysses_attention_expands_grouped_kv_heads_per_query_head() -> None:
+    """8 query / 4 KV heads at cp = 2 (two KV heads per rank, as a 7B model has) and 6 / 3 (KV heads
+    that do not split): each rank's output and input gradients equal one process's GQA attention."""
+    shapes = [(8, 4), (6, 3)]
+    per_rank = cpt.run_distributed(_gqa_attention_worker, 2, (shapes,), timeout_s=120)
+    for i, (heads, kv_heads) in enumerate(shapes):
+        q, k, v, weight = (x.requires_grad_() for x in _gqa_inputs(heads, kv_heads))
+        group = heads // kv_heads  # query head h reads KV head h // group
+        ref = F.scaled_dot_product_attention(q, k.repeat_interleave(group, 1), v.repeat_interleave(group, 1),
+                                             is_causal=True).transpose(1, 2)
+        (ref * weight).sum().backward()
+        for rank, got in enumerate(r[i] for r in per_rank):
+            part = got["local"]
+            torch.testing.assert_close(got["out"], ref[:, part].detach(), msg=f"{heads}/{kv_heads} rank {rank}")
+            for name, mine, full in zip("qkv", got["grads"], (q.grad, k.grad, v.grad), strict=True):
+                torch.testing.assert_close(mine, full[:, :, part], msg=f"{heads}/{kv_heads} rank {rank} d{name}")
 
 
 def _fsdp_cp_worker(text_dir: str) -> dict:
