@@ -1,5 +1,5 @@
 """The DiffusionNFT loss (arXiv 2509.16117) against the paper's definition written out per sample, and
-the direction it moves the velocity."""
+the direction it moves the velocity; its gradient written out by hand (adaptive weights held constant)."""
 
 from __future__ import annotations
 
@@ -67,3 +67,25 @@ def test_kl_term_and_bad_settings():
         diffusion_nft_loss(v_theta, v_old, x_t, x0, t, adv, beta=0.0, adv_clip_max=5.0)
     with pytest.raises(ValueError, match="adv_clip_max"):
         optimality_probability(adv, 0.0)
+
+
+def test_the_gradient_treats_the_adaptive_weights_as_constants():
+    # differentiating through the weights would add a term; the paper's weights are detached
+    x0, x_t, t, v_old, v_theta = batch(3)
+    advantages, beta, clip, kl_beta = torch.tensor([3.0, -1.0, 9.0]), 0.2, 5.0, 0.5
+    v_ref = v_old + 0.05
+    v = v_theta.clone().requires_grad_(True)
+    diffusion_nft_loss(v, v_old, x_t, x0, t, advantages, beta=beta, adv_clip_max=clip, v_ref=v_ref,
+                       kl_beta=kl_beta).loss.backward()
+    b, n = x0.shape[0], x0[0].numel()
+    expected = torch.empty_like(v_theta)
+    for i in range(b):
+        r = 0.5 + 0.5 * max(-1.0, min(1.0, float(advantages[i]) / clip))
+        ti = float(t[i])
+        err_pos = x_t[i] - ti * ((1 - beta) * v_old[i] + beta * v_theta[i]) - x0[i]
+        err_neg = x_t[i] - ti * ((1 + beta) * v_old[i] - beta * v_theta[i]) - x0[i]
+        w_pos, w_neg = float(err_pos.abs().mean()), float(err_neg.abs().mean())
+        # d err+/dv = -t beta, d err-/dv = +t beta; the 1 / beta of the loss cancels the beta
+        policy = clip * 2 * ti / (b * n) * (-r * err_pos / w_pos + (1 - r) * err_neg / w_neg)
+        expected[i] = policy + kl_beta * 2 * (v_theta[i] - v_ref[i]) / (b * n)
+    torch.testing.assert_close(v.grad, expected, rtol=1e-5, atol=1e-7)
