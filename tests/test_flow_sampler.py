@@ -194,7 +194,7 @@ def test_same_seed_same_trajectory_whatever_the_batch(lora_policy):
 
 def test_sde_window_only_window_steps_are_stochastic(lora_policy):
     steps = sde_window(6, 2, (1, 5), torch.Generator().manual_seed(0))
-    assert len(steps) == 2 and steps[1] == steps[0] + 1 and 1 <= steps[0] <= 3
+    assert steps == list(range(steps[0], steps[0] + 2))
     text = torch.randn(2, 5, 32)
     traj = _rollout(lora_policy, text, [0, 1], sde_steps=steps)
     assert traj.sde_steps.tolist() == steps and traj.log_probs.shape == (2, 2)
@@ -208,6 +208,17 @@ def test_sde_window_only_window_steps_are_stochastic(lora_policy):
     torch.testing.assert_close(traj.latents[:, outside + 1], expected, atol=1e-6, rtol=1e-5)
     with pytest.raises(ValueError, match="does not fit"):
         sde_window(6, 5, (2, 6))
+
+
+def test_sde_window_draws_every_position_of_its_range_and_can_fill_it():
+    starts = {sde_window(6, 2, (1, 5), torch.Generator().manual_seed(seed))[0] for seed in range(200)}
+    assert starts == {1, 2, 3}  # 3 = hi - window_size: the last position that fits
+    assert {sde_window(8, 3, (), torch.Generator().manual_seed(seed))[0] for seed in range(200)} == set(range(6))
+    for seed in range(3):
+        generator = torch.Generator().manual_seed(seed)
+        assert sde_window(6, 4, (1, 5), generator) == [1, 2, 3, 4]
+        assert sde_window(6, 6, (), generator) == list(range(6))
+    assert sde_window(6, 0) == list(range(6))
 
 
 def test_ode_rollout_and_deterministic_cps_end_have_no_log_prob(lora_policy):
