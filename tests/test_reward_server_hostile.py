@@ -179,6 +179,89 @@ def test_a_chunked_body_broken_after_its_headers_arrived_is_400_at_once(caplog):
     assert not [r for r in caplog.records if r.exc_info], "a client's mistake logged a traceback"
 
 
+def _chunked(data: bytes) -> bytes:
+    return f"{len(data):x}\r\n".encode() + data + b"\r\n"
+
+
+def _open_chunked(port: int, path: str = "/api/reward/enqueue") -> socket.socket:
+    sock = socket.create_connection(("127.0.0.1", port), timeout=10)
+    kind = "application/x-www-form-urlencoded" if path.endswith("/pull") else "application/octet-stream"
+    sock.sendall(f"POST {path} HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {TOKEN}\r\n"
+                 f"Content-Type: {kind}\r\nTransfer-Encoding: chunked\r\n\r\n".encode())
+    return sock
+
+
+def _reply(sock: socket.socket) -> tuple[int, dict]:
+    """The status and JSON body of the one response on ``sock``."""
+    sock.settimeout(10.0)
+    data = b""
+    while b"\r\n\r\n" not in data or len(data.split(b"\r\n\r\n", 1)[1]) < _content_length(data):
+        got = sock.recv(65536)
+        assert got, f"the server closed the connection after {data!r}"
+        data += got
+    head, payload = data.split(b"\r\n\r\n", 1)
+    return int(head.split(b" ", 2)[1]), json.loads(payload)
+
+
+def _content_length(data: bytes) -> int:
+    for line in data.split(b"\r\n\r\n", 1)[0].split(b"\r\n")[1:]:
+        name, _, value = line.partition(b":")
+        if name.strip().lower() == b"content-length":
+            return int(value)
+    return 1 << 62
+
+
+def _until(condition, seconds: float = 10.0) -> None:
+    deadline = time.monotonic() + seconds
+    while not condition():
+        assert time.monotonic() < deadline, "the server did not get there in time"
+        time.sleep(0.01)
+
+
+def test_a_chunked_body_is_charged_to_the_size_limit_and_the_memory_budget_as_it_streams():
+    """No Content-Length: the body takes budget bytes as they arrive, exactly those, so a client
+    that has sent part of one holds that part and no more; past the size limit it is 413."""
+    limit, budget = 64 * 1024, 90 * 1024
+    big = encode_enqueue_body(GOOD_META, np.full((2, 3, 2, 64, 64), 7, dtype=np.uint8))
+    over = encode_enqueue_body(GOOD_META, np.full((2, 3, 3, 64, 64), 7, dtype=np.uint8))
+    assert 49_152 < len(big) < 50_000 and budget > len(over) > limit
+    with RewardServer(token=TOKEN, max_body_bytes=limit, max_memory_bytes=budget, body_timeout_s=10.0) as srv:
+        slow = _open_chunked(srv.port)
+        slow.sendall(b"".join(_chunked(big[k:k + 12_000]) for k in range(0, 48_000, 12_000)))
+        _until(lambda: srv.stats["memory_bytes"] == 48_000)
+
+        # a small batch fits beside it; a second large one would pass the budget while it streams
+        assert raw_request(srv.port, "/api/reward/enqueue", encode_enqueue_body(GOOD_META, VIDEO), {})[0] == 200
+        second = _open_chunked(srv.port)
+        second.sendall(_chunked(big) + b"0\r\n\r\n")
+        status, reply = _reply(second)
+        second.close()
+        assert status == 503 and "memory budget full" in reply["error"], reply
+        _until(lambda: srv.stats["pending"] == 0 and srv.stats["memory_bytes"] == 48_000)
+
+        slow.sendall(_chunked(big[48_000:]) + b"0\r\n\r\n")
+        status, reply = _reply(slow)
+        slow.close()
+        assert status == 200, reply
+        _until(lambda: srv.stats["pending"] == 0 and srv.stats["memory_bytes"] == 0)
+
+        too_big = _open_chunked(srv.port)
+        too_big.sendall(b"".join(_chunked(over[k:k + 16_384]) for k in range(0, len(over), 16_384)) + b"0\r\n\r\n")
+        status, reply = _reply(too_big)
+        too_big.close()
+        assert status == 413 and f"max_body_bytes={limit}" in reply["error"], reply
+        # a fetch body has its own, smaller limit (64 KiB) and no parser of its own to catch a longer one
+        long_form = _open_chunked(srv.port, "/api/reward/pull")
+        form = b"type=brightness&uuid=" + b"a" * 70_000
+        long_form.sendall(b"".join(_chunked(form[k:k + 8192]) for k in range(0, len(form), 8192)) + b"0\r\n\r\n")
+        status, reply = _reply(long_form)
+        long_form.close()
+        assert status == 413 and "the fetch body limit" in reply["error"], reply
+        assert srv.stats["memory_peak_bytes"] <= budget
+        _until(lambda: srv.stats["memory_bytes"] == 0)
+        assert (srv.stats["enqueued"], srv.stats["rejected_full"]) == (2, 1)
+
+
 def test_stalled_bodies_get_408_and_free_their_slots():
     with RewardServer(token=TOKEN, max_pending=2, body_timeout_s=0.5) as srv:
         path = "/api/reward/enqueue"
