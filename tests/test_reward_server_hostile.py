@@ -203,6 +203,15 @@ def _reply(sock: socket.socket) -> tuple[int, dict]:
     return int(head.split(b" ", 2)[1]), json.loads(payload)
 
 
+def _hang_up(sock: socket.socket) -> None:
+    """Close our side and wait for the server's, so that no connection handler outlives the server."""
+    sock.shutdown(socket.SHUT_WR)
+    sock.settimeout(10.0)
+    while sock.recv(65536):
+        pass
+    sock.close()
+
+
 def _content_length(data: bytes) -> int:
     for line in data.split(b"\r\n\r\n", 1)[0].split(b"\r\n")[1:]:
         name, _, value = line.partition(b":")
@@ -235,27 +244,27 @@ def test_a_chunked_body_is_charged_to_the_size_limit_and_the_memory_budget_as_it
         second = _open_chunked(srv.port)
         second.sendall(_chunked(big) + b"0\r\n\r\n")
         status, reply = _reply(second)
-        second.close()
+        _hang_up(second)
         assert status == 503 and "memory budget full" in reply["error"], reply
         _until(lambda: srv.stats["pending"] == 0 and srv.stats["memory_bytes"] == 48_000)
 
         slow.sendall(_chunked(big[48_000:]) + b"0\r\n\r\n")
         status, reply = _reply(slow)
-        slow.close()
+        _hang_up(slow)
         assert status == 200, reply
         _until(lambda: srv.stats["pending"] == 0 and srv.stats["memory_bytes"] == 0)
 
         too_big = _open_chunked(srv.port)
         too_big.sendall(b"".join(_chunked(over[k:k + 16_384]) for k in range(0, len(over), 16_384)) + b"0\r\n\r\n")
         status, reply = _reply(too_big)
-        too_big.close()
+        _hang_up(too_big)
         assert status == 413 and f"max_body_bytes={limit}" in reply["error"], reply
         # a fetch body has its own, smaller limit (64 KiB) and no parser of its own to catch a longer one
         long_form = _open_chunked(srv.port, "/api/reward/pull")
         form = b"type=brightness&uuid=" + b"a" * 70_000
         long_form.sendall(b"".join(_chunked(form[k:k + 8192]) for k in range(0, len(form), 8192)) + b"0\r\n\r\n")
         status, reply = _reply(long_form)
-        long_form.close()
+        _hang_up(long_form)
         assert status == 413 and "the fetch body limit" in reply["error"], reply
         assert srv.stats["memory_peak_bytes"] <= budget
         _until(lambda: srv.stats["memory_bytes"] == 0)
