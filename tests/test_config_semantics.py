@@ -1,6 +1,7 @@
 """Config keys that mean what cosmos-rl means by them, in cosmos-rl's files and ours alike: GRPO
 staleness, validation defaults, data order, the seed, ``test_size = 0``, ``train.enable_validation``
-as an attribute, GRPO steps smaller than a generation, and ``migrate --json``."""
+as an attribute, GRPO steps smaller than a generation, a GRPO batch shared by every data-parallel rank
+(replicas too) beside a file's own ``rollout_batch_size``, and ``migrate --json``."""
 
 from __future__ import annotations
 
@@ -154,3 +155,36 @@ def test_a_train_batch_given_on_the_command_line_is_per_rank() -> None:
         cfg = load_config(REASON2_RL, ["train.train_batch_per_replica=32"])
     # this library's meaning (per rank): 2 whole groups of 16 per step, nothing split
     assert (cfg.train.train_batch_per_replica, cfg.grpo.rollout_batch_size, cfg.grpo.rollouts_per_step) == (32, 2, None)
+
+
+GRPO_FILE = """redis = "12800"
+[train]
+train_batch_per_replica = 64
+[train.train_policy]
+type = "grpo"
+{own}
+[rollout]
+n_generation = 8
+[policy.parallelism]
+dp_shard_size = 2
+dp_replicate_size = {replicate}
+"""
+
+
+@pytest.mark.parametrize(("replicate", "per_rank", "prompts"), [(1, 32, 4), (2, 16, 2), (4, 8, 1)])
+def test_a_grpo_batch_is_shared_by_every_data_parallel_rank_replicas_included(tmp_path: Path, replicate: int,
+                                                                              per_rank: int, prompts: int) -> None:
+    # cosmos-rl shares a replica's 64 rollouts among dp_shard_size x dp_replicate_size ranks
+    cfg = quiet(write(tmp_path, GRPO_FILE.format(own="", replicate=replicate)))
+    assert (cfg.train.train_batch_per_replica, cfg.grpo.rollout_batch_size, cfg.grpo.rollouts_per_step) == (
+        per_rank, prompts, None)
+    assert cfg.unsupported == {}
+
+
+def test_a_cosmos_rl_file_s_own_rollout_batch_size_is_kept(tmp_path: Path) -> None:
+    cfg = quiet(write(tmp_path, GRPO_FILE.format(own="rollout_batch_size = 3", replicate=2)))
+    assert (cfg.train.train_batch_per_replica, cfg.grpo.rollout_batch_size) == (16, 3)
+    # and one given on the command line wins over both
+    cfg = quiet(write(tmp_path, GRPO_FILE.format(own="rollout_batch_size = 3", replicate=2)),
+                ["grpo.rollout_batch_size=5"])
+    assert cfg.grpo.rollout_batch_size == 5

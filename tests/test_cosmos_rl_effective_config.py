@@ -3,7 +3,7 @@ this library trains with, for every key it maps, equals the effective value unde
 ``Config`` class (``tests/data/cosmos_rl_effective_config.json``, written from cosmos-rl 0.4.7 by
 ``scripts/fixtures_cosmos_rl_config.py``), up to the meanings this library spells otherwise
 (:data:`TRANSLATED`) and the deliberate differences (:data:`DELIBERATE`, each also stated in
-``docs/from_cosmos_rl.md``)."""
+``docs/from_cosmos_rl.md``). A file that sets nothing trains with the default column of the rule table."""
 
 from __future__ import annotations
 
@@ -124,6 +124,32 @@ def test_every_mapped_value_equals_cosmos_rl_s_own_config() -> None:
             unexpected.append(f"{name}: {key}: cosmos-rl {theirs!r}, here {ours!r}")
     assert not unexpected, "\n".join(unexpected)
     assert deliberate_seen == set(DELIBERATE)  # every listed difference still occurs (none listed in vain)
+
+
+def test_a_file_that_sets_nothing_gets_the_default_column_of_the_rule_table(tmp_path: Path) -> None:
+    """The table's cosmos-rl defaults (docs/from_cosmos_rl.md) and the values a cosmos-rl file that leaves
+    every key unset trains with (``COSMOS_RL_DEFAULTS``, our own defaults elsewhere) cannot drift apart."""
+    path = tmp_path / "bare.toml"
+    path.write_text('redis = "12800"\n[train.train_policy]\ntype = "grpo"\n'
+                    '[policy.lora]\ntarget_modules = ["q_proj"]\n')  # a LoRA table, so its keys are read too
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)
+        cfg = cp.load_config(path)
+    drifted, checked = [], 0
+    for key, rule in RULES.items():
+        if rule.how != "mapped" or rule.default is None:
+            continue
+        theirs = rule.default
+        if key.endswith("reward_function") and isinstance(theirs, list):
+            theirs = dict.fromkeys(theirs, 1.0)  # a list of names: weight 1 each, as the loader reads it
+        if key.endswith("dataset.split"):
+            theirs = [theirs]  # cosmos-rl's class holds a list (the fixture's spelling)
+        ours = _ours(cfg, key, theirs)
+        checked += 1
+        if not (_same(theirs, ours) or (key in DELIBERATE and DELIBERATE[key][0](theirs, ours))):
+            drifted.append(f"{key}: the table says {rule.default!r}, a file without it trains with {ours!r}")
+    assert not drifted, "\n".join(drifted)
+    assert checked >= 90 and cfg.unsupported == {}  # the loop went through the table
 
 
 def test_every_deliberate_difference_is_stated_in_the_docs() -> None:
