@@ -19,23 +19,43 @@ from cosmos_primitives.queue import JobRegistry, RedisServer
 RUN = run_stream("jobs-test")
 
 
+def _server_time(client) -> float:
+    seconds, micros = client.time()
+    return seconds + micros / 1e6
+
+
 def test_join_lists_the_job_with_its_fields_and_heartbeat_updates_them(redis_url: str) -> None:
     registry = JobRegistry(redis_url, RUN)
+    client = registry._link.client
+    before = _server_time(client)
     trainer = registry.join("trainer", weight_version=0)
     rollout = registry.join("rollout", job_id="rollout-a", weight_version=0, records_put=0)
     assert trainer.startswith(f"trainer-{socket.gethostname()}-{os.getpid()}-")
     live = registry.live()
+    after = _server_time(client)
     assert set(live) == {trainer, "rollout-a"}
     job = live["rollout-a"]
     assert (job["role"], job["host"], job["pid"]) == ("rollout", socket.gethostname(), os.getpid())
     assert job["records_put"] == 0
-    assert job["started"] == job["last_seen"] and 0 <= job["age_s"] < 5
+    assert job["started"] == job["last_seen"] and before <= job["last_seen"] <= after
+    assert 0 <= job["age_s"] <= after - job["last_seen"]
     time.sleep(0.05)
     registry.heartbeat(rollout, weight_version=3, records_put=16)
     job = registry.live()["rollout-a"]
     assert (job["weight_version"], job["records_put"]) == (3, 16)
     assert job["last_seen"] > job["started"]
     assert set(registry.live(role="rollout")) == {"rollout-a"}
+    registry.close()
+
+
+def test_age_is_measured_from_the_last_heartbeat_not_the_join(redis_url: str) -> None:
+    registry = JobRegistry(redis_url, RUN, ttl_s=60)
+    client = registry._link.client
+    job = registry.join("trainer", job_id="old-timer")
+    now = _server_time(client)
+    client.hset(registry.job_key(job), mapping={"started": f"{now - 100:.6f}", "last_seen": f"{now - 7.25:.6f}"})
+    age = registry.live()[job]["age_s"]
+    assert 7.25 <= age <= 7.25 + (_server_time(client) - now)
     registry.close()
 
 
@@ -82,18 +102,34 @@ def test_the_heartbeat_thread_keeps_a_job_alive_with_fresh_fields_and_survives_f
 def test_a_job_that_dropped_out_joins_again_on_its_next_heartbeat(redis_url: str,
                                                                   caplog: pytest.LogCaptureFixture) -> None:
     registry = JobRegistry(redis_url, RUN, ttl_s=0.2)
-    job = registry.join("rollout", job_id="slow", weight_version=1)
+    job = registry.join("rollout", job_id="slow", weight_version=1, records_put=0)
     time.sleep(0.3)
     assert registry.live() == {}
     with caplog.at_level(logging.WARNING, logger="cosmos.queue"):
-        registry.heartbeat(job, records_put=8)
+        registry.heartbeat(job, weight_version=2, records_put=8)
     back = registry.live()["slow"]
-    assert (back["role"], back["weight_version"], back["records_put"], registry.rejoins) == ("rollout", 1, 8, 1)
+    # the beat's fields win over those it joined with
+    assert (back["role"], back["weight_version"], back["records_put"], registry.rejoins) == ("rollout", 2, 8, 1)
+    registry.heartbeat(job, records_put=9)  # and are kept by the next beat, which finds the key
+    back = registry.live()["slow"]
+    assert (back["weight_version"], back["records_put"], registry.rejoins) == (2, 9, 1)
     assert "joined again" in caplog.text
     other = JobRegistry(redis_url, RUN, ttl_s=0.2)  # another object never joined it: it cannot rebuild the job
     time.sleep(0.3)
     with pytest.raises(ValueError, match=r"'slow' is not registered.*join it again"):
         other.heartbeat("slow")
+
+
+def test_joining_an_id_again_starts_it_afresh_with_only_the_new_fields(redis_url: str) -> None:
+    registry = JobRegistry(redis_url, RUN, ttl_s=60)
+    registry.join("trainer", job_id="restarted", weight_version=7, step=120)
+    first = registry.live()["restarted"]
+    time.sleep(0.01)
+    registry.join("trainer", job_id="restarted", weight_version=0)  # the job's new process
+    again = registry.live()["restarted"]
+    assert again["weight_version"] == 0 and "step" not in again
+    assert again["started"] == again["last_seen"] > first["started"]
+    registry.close()
 
 
 def test_bad_names_are_refused(redis_url: str) -> None:

@@ -22,9 +22,15 @@ def status(*args: str, env: dict[str, str] | None = None) -> subprocess.Complete
                           text=True, timeout=60, env={**os.environ, **(env or {})})
 
 
-def populate(url: str, stream: str) -> None:
+def server_time(url: str) -> float:
+    seconds, micros = redis.Redis.from_url(url).time()
+    return seconds + micros / 1e6
+
+
+def populate(url: str, stream: str) -> float:
     """4 records put and taken by a trainer, 1 trained; a malformed entry dead-lettered; version 3;
-    a trainer and a rollout job; 3 ranges claimed, 2 completed."""
+    a trainer and a rollout job, the rollout job's last beat 12.5 s and its join 100 s before the
+    server time returned; 3 ranges claimed, 2 completed."""
     with RedisRolloutQueue(RedisConfig(stream=stream), url=url, consumer="trainer-0") as queue:
         redis.Redis.from_url(url).xadd(stream, {"junk": "not a record"})
         queue.put_many([make_record(i) for i in range(4)])
@@ -35,14 +41,18 @@ def populate(url: str, stream: str) -> None:
     registry = JobRegistry(url, stream, ttl_s=60)
     registry.join("trainer", job_id="trainer-x", weight_version=3)
     registry.join("rollout", job_id="rollout-1", weight_version=2, records_put=4)
+    now = server_time(url)
+    redis.Redis.from_url(url).hset(registry.job_key("rollout-1"),
+                                   mapping={"started": f"{now - 100:.6f}", "last_seen": f"{now - 12.5:.6f}"})
     claims = PromptClaims(url, stream, dataset_size=10, range_size=2, seed=0)
     taken = [claims.claim("rollout-1") for _ in range(3)]
     assert claims.complete(taken[0]) and claims.complete(taken[1])
+    return now
 
 
 def test_status_shows_a_populated_run(redis_url: str) -> None:
     stream = run_stream("status-run")
-    populate(redis_url, stream)
+    beat = populate(redis_url, stream)
     done = status("--redis", redis_url, "--run", "status-run", "--json")
     assert done.returncode == 0, done.stderr
     report = json.loads(done.stdout)
@@ -51,7 +61,8 @@ def test_status_shows_a_populated_run(redis_url: str) -> None:
     rollout = report["jobs"]["rollout-1"]
     assert (rollout["role"], rollout["weight_version"], rollout["records_put"], rollout["pid"]) == (
         "rollout", 2, 4, os.getpid())
-    assert 0 <= rollout["age_s"] < 30
+    # populate() dated rollout-1's last beat 12.5 s and its join 100 s before `beat` (server clock)
+    assert 12.5 <= rollout["age_s"] <= 12.5 + (server_time(redis_url) - beat)
     queue = report["queue"]
     assert (queue["depth"], queue["trained"]) == (3, 1)
     assert [(g["name"], g["pending"], g["undelivered"]) for g in queue["groups"]] == [("trainer", 3, 0)]
@@ -64,6 +75,8 @@ def test_status_shows_a_populated_run(redis_url: str) -> None:
 
     text = status("--stream", stream, env={"COSMOS_REDIS_URL": redis_url})  # the URL from the environment
     assert text.returncode == 0, text.stderr
+    shown = next(line for line in text.stdout.splitlines() if "rollout-1" in line).split()[-2]  # "<age>s ago"
+    assert 12.5 <= float(shown.removesuffix("s")) <= 12.5 + (server_time(redis_url) - beat) + 0.05
     out = text.stdout
     assert f"run stream {stream} at {redis_url}" in out
     assert "live jobs: 2" in out
