@@ -1,6 +1,7 @@
 """Prompt claims against a real redis-server: every epoch covered once by several claimants, expired
-and released claims re-issued first (a late complete returns False), renewal, max_epochs, a new
-object continuing the position, concurrent claimants in threads and processes, clearing a run."""
+and released claims re-issued first (a late complete returns False), renewal (its rounds driven by
+hand), max_epochs, a new object continuing the position, concurrent claimants in threads and
+processes, clearing a run."""
 
 from __future__ import annotations
 
@@ -218,16 +219,70 @@ def test_clear_stream_forgets_claims_and_jobs_of_the_run(redis_url: str) -> None
     assert fresh.claim("A").range_id == 0
 
 
-def test_the_renewal_thread_keeps_claims_until_stopped(redis_url: str) -> None:
-    claims = make_claims(redis_url, claim_ttl_s=0.3)
-    held = claims.claim("A")
+def _ms_left(client: redis.Redis, claims: PromptClaims, claim: Claim) -> float:
+    seconds, micros = client.time()
+    return client.zscore(claims.keys["deadlines"], claim.range_id) - (seconds * 1000 + micros / 1000)
+
+
+def _nearly_expired(client: redis.Redis, claims: PromptClaims, claim: Claim) -> None:
+    """Move ``claim``'s deadline to 0.5 s from now, as if most of its ttl went by without a renewal."""
+    seconds, micros = client.time()
+    client.zadd(claims.keys["deadlines"], {str(claim.range_id): seconds * 1000 + micros // 1000 + 500})
+
+
+def test_renewal_rounds_come_three_per_ttl_and_each_restarts_the_ttl(redis_url: str, monkeypatch) -> None:
+    """The renewal thread's rounds driven by hand (no race with the clock): its interval is a third of
+    the ttl, so two late rounds in a row still lose no claim; a round gives every claim of the job
+    the whole ttl again; stopping and closing end the thread."""
+    from cosmos_primitives.queue import prompt_claims
+
+    started = []
+
+    class Rounds:  # stands in for the thread; the test runs each round itself
+        def __init__(self, what: str, interval_s: float, fn) -> None:
+            self.interval_s, self.fn, self.stopped = interval_s, fn, False
+            started.append(self)
+
+        def stop(self) -> None:
+            self.stopped = True
+
+    monkeypatch.setattr(prompt_claims, "Periodic", Rounds)
+    client = redis.Redis.from_url(redis_url)
+    claims = make_claims(redis_url, claim_ttl_s=30)
+    held = [claims.claim("A"), claims.claim("A")]
+    other = claims.claim("B")
     claims.start_renewal("A")
-    time.sleep(0.9)  # three ttls
-    assert claims.claim("B").range_id == 1  # A's range was kept
+    assert started[0].interval_s == claims.claim_ttl_s / 3
+    for claim in (*held, other):
+        _nearly_expired(client, claims, claim)
+    started[0].fn()
+    assert all(29_000 < _ms_left(client, claims, c) <= 30_000 for c in held)
+    assert _ms_left(client, claims, other) <= 500  # another job's claim is not renewed
     claims.stop_renewal("A")
-    time.sleep(0.45)
-    assert claims.claim("B").range_id == held.range_id  # no renewal: re-issued
+    assert started[0].stopped
+    claims.start_renewal("A", interval_s=2.5)
+    assert started[1].interval_s == 2.5 and not started[1].stopped
     claims.close()
+    assert started[1].stopped
+    client.close()
+
+
+def test_the_renewal_thread_renews_until_stopped(redis_url: str) -> None:
+    client = redis.Redis.from_url(redis_url)
+    claims = make_claims(redis_url, claim_ttl_s=30)
+    held = claims.claim("A")
+    _nearly_expired(client, claims, held)
+    claims.start_renewal("A", interval_s=0.05)
+    deadline = time.monotonic() + 10
+    while _ms_left(client, claims, held) < 29_000:  # waits for a round, whenever it comes
+        assert time.monotonic() < deadline, "the renewal thread never renewed the claim"
+        time.sleep(0.02)
+    claims.stop_renewal("A")
+    _nearly_expired(client, claims, held)
+    time.sleep(0.2)  # four rounds' time: a thread still running would have renewed it
+    assert _ms_left(client, claims, held) <= 500
+    claims.close()
+    client.close()
 
 
 def test_restore_puts_back_a_saved_position_only_where_redis_lost_it(redis_url: str) -> None:
