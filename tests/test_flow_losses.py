@@ -74,6 +74,9 @@ def test_select_train_steps():
     picked = select_train_steps(10, 0.3, torch.Generator().manual_seed(0))
     assert len(picked) == 3 and picked.tolist() == sorted(set(picked.tolist())) and picked.max() < 10
     assert len(select_train_steps(4, 0.01)) == 1
+    # sizes where round and int differ: 3.7 -> 4 and 9.9 -> 10 (all steps, in order)
+    assert len(select_train_steps(10, 0.37, torch.Generator().manual_seed(0))) == 4
+    assert select_train_steps(10, 0.99).tolist() == list(range(10))
     with pytest.raises(ValueError, match="train_step_fraction"):
         select_train_steps(10, 0.0)
     with pytest.raises(ValueError, match="sde_window_size"):
