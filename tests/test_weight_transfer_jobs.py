@@ -20,6 +20,8 @@ Another holds a snapshot as a slow member's transfer does while two publishes go
 that stops waiting for it takes fresh buffers (the reader keeps one whole version) and later
 fetches are checked and exact.
 
+A trainer process SIGKILLed after publishing leaves a record in Redis that expires by itself.
+
 A third (threads too) serves the tiny VL models (Qwen2.5-VL, Qwen3-VL tied and untied) in vLLM's
 fused layout to a member holding the tensors of the vLLM stand-in's model.
 """
@@ -30,6 +32,8 @@ import multiprocessing
 import os
 import pickle
 import signal
+import subprocess
+import sys
 import threading
 import time
 from types import SimpleNamespace
@@ -444,6 +448,41 @@ def test_a_publish_that_stops_waiting_for_a_slow_reader_leaves_its_snapshot_whol
         server.close()
         if client is not None:
             client.close()
+
+
+_DOOMED_TRAINER = """
+import sys, time
+sys.path.insert(0, sys.argv[3])
+from cosmos_primitives.sync import WeightServer
+from test_sync_broadcast import TinyQwen2Like
+server = WeightServer(TinyQwen2Like(seed=0), sys.argv[1], sys.argv[2], bucket_bytes=512, heartbeat_s=0.2)
+server.publish(4)
+print(server.record_ttl_s, flush=True)
+time.sleep(600)
+"""
+
+
+def test_a_sigkilled_trainer_s_advertisement_expires(redis_url):
+    prefix = f"{PREFIX}:killed"
+    r = redis.Redis.from_url(redis_url)
+    proc = subprocess.Popen([sys.executable, "-c", _DOOMED_TRAINER, redis_url, prefix, os.path.dirname(__file__)],
+                            stdout=subprocess.PIPE, text=True)
+    try:
+        ttl_s = float(proc.stdout.readline())
+        key = f"{prefix}:weights:server"
+        assert b'"version":4' in r.get(key).replace(b" ", b"")
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(timeout=10)
+        # nothing renews it now: it expires within the ttl it was last written with (5 s), and is gone after
+        assert 0 < r.pttl(key) <= 1000 * ttl_s
+        deadline = time.monotonic() + ttl_s + 5
+        while r.exists(key):
+            assert time.monotonic() < deadline, f"the record of a killed trainer outlived its {ttl_s} s ttl"
+            time.sleep(0.1)
+    finally:
+        proc.kill()
+        proc.wait(timeout=10)
+        r.close()
 
 
 def test_the_advertised_address_reaches_this_machine(monkeypatch):
