@@ -120,7 +120,11 @@ def test_context_parallel_matches_one_process(setup, cp_size: int) -> None:
 def _assert_matches(reference: dict[str, dict], per_rank: list[dict], label: str) -> None:
     """Every rank's :func:`_run` results equal the one-process ``reference`` (per batch name)."""
     for name, ref in reference.items():
-        assert ref["grads"], name
+        # the comparisons below loop over the reference's gradients: each list must hold every watched
+        # weight the plain loss reaches, the fused loss's the same ones, and none may be all zeros
+        assert ref["grads"] and ref.get("fused_grads", ref["grads"]).keys() == ref["grads"].keys(), name
+        for key in ("grads", "fused_grads") if "fused_grads" in ref else ("grads",):
+            assert all(bool(g.any()) for g in ref[key].values()), f"{name} {key}"
         for rank, result in enumerate(per_rank):
             got = result[name]
             where = f"{name} {label} rank {rank}"
