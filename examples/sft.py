@@ -55,7 +55,7 @@ def main() -> None:
     # Model, data, optimizer.
     processor = cp.policy.load_processor(cfg.policy.model_name_or_path)
     policy = cp.policy.build_policy(cfg.policy, mesh, train=cfg.train)
-    train_set, val_set = build_sft_datasets(cfg)  # val_set: None unless [validation] enable
+    train_set, val_set = build_sft_datasets(cfg, processor)  # val_set: None unless [validation] enable
     loader = build_sft_loader(cfg, processor, policy.config, rank=mesh.dp_rank, world_size=mesh.dp_size,
                               dataset=train_set)
     val_loader = None if val_set is None else build_sft_validation_loader(

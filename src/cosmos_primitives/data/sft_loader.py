@@ -199,9 +199,11 @@ def all_ranks_have_batch(has_batch: bool, device: torch.device | str | None = No
     return bool(flag.item())
 
 
-def build_sft_dataset(cfg: Any, conversation_column: str = "conversations",
+def build_sft_dataset(cfg: Any, conversation_column: str = "conversations", processor: Any = None,
                       ) -> HFConversationDataset | VideoFolderDataset:
-    """The dataset a :class:`~cosmos_primitives.config.DatasetConfig` names (see its ``kind``)."""
+    """The dataset a :class:`~cosmos_primitives.config.DatasetConfig` names (see its ``kind``), its
+    media sized for ``processor`` (the model's; its patch size sets the pixel factor: 28 for
+    Qwen2.5-VL, 32 for Qwen3-VL; 28 without one)."""
     from pathlib import Path
 
     root = Path(cfg.name).expanduser() if cfg.name else None
@@ -212,8 +214,8 @@ def build_sft_dataset(cfg: Any, conversation_column: str = "conversations",
     if not cfg.name:
         raise ValueError("train.train_policy.dataset.name is empty: give a hub name or a local path")
     if kind == "video_folder":
-        return VideoFolderDataset.from_config(cfg)
-    return HFConversationDataset.from_config(cfg, conversation_column=conversation_column)
+        return VideoFolderDataset.from_config(cfg, processor)
+    return HFConversationDataset.from_config(cfg, conversation_column=conversation_column, processor=processor)
 
 
 def build_sft_loader(config: Any, processor: Any, model_config: Any = None, *, rank: int = 0, world_size: int = 1,
@@ -222,13 +224,14 @@ def build_sft_loader(config: Any, processor: Any, model_config: Any = None, *, r
 
     Reads ``[train.train_policy]`` (``dataset``, ``sequence_packing``, ``packing_budget`` (default
     ``policy.model_max_length``), ``packing_buffer``, ``mini_batch`` = rows (packed) or samples
-    (padded) per batch), ``train.seed``. ``model_config``: the model's config (mRoPE constants for
-    Qwen2.5-VL; ``None`` or a text config for text models). ``dataset`` overrides the configured one.
+    (padded) per batch), ``train.seed``. ``model_config``: the model's config (mRoPE constants and
+    family of a Qwen-VL model; ``None`` or a text config for text models). ``dataset`` overrides the
+    configured one.
     """
     policy_cfg = config.train.train_policy
     data_cfg = policy_cfg.dataset
     if dataset is None:
-        dataset = build_sft_dataset(data_cfg, policy_cfg.conversation_column_name)
+        dataset = build_sft_dataset(data_cfg, policy_cfg.conversation_column_name, processor)
     mrope = MRopeSpec.from_config(model_config) if getattr(model_config, "vision_config", None) is not None else None
     tokenizer = getattr(processor, "tokenizer", processor)
     pad_token_id = tokenizer.pad_token_id
