@@ -131,6 +131,54 @@ def test_rows_cut_the_media_of_rows_with_different_numbers_of_blocks(tiny_vl_mod
         batch.rows(slice(0, 8, 2))
 
 
+def test_trainer_rows_have_the_prompt_ids_and_positions_the_engine_generated_from(
+        tiny_vl_model, tiny_vl_processor, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The mRoPE positions the engine's prefill used (its own call of the model's ``get_rope_index``,
+    left-padded batch) equal those the trainer's forward computes for the prompt part of each row
+    (right-padded, prompt + completion), image and video prompts alike; so do the prompt ids."""
+    frames = np.stack([cpt.frame_index_pattern(i, (64, 64)) for i in range(4)])
+    ask = {"type": "text", "text": "What is shown?"}
+    prompts = [
+        Prompt(conversation=[{"role": "user", "content": [{"type": "image"}, ask]}], prompt_id="image",
+               images=[cpt.color_image("red", size=(56, 84))]),
+        Prompt(conversation=[{"role": "user", "content": [{"type": "video"}, ask]}], prompt_id="video",
+               videos=[frames], video_fps=[2.0],
+               video_metadata=[{"fps": 8.0, "frames_indices": [0, 3, 6, 9], "total_num_frames": 10}]),
+    ]
+    inner = tiny_vl_model.model
+    calls, original = [], inner.get_rope_index
+
+    def spy(input_ids, *args, **kwargs):
+        out = original(input_ids, *args, **kwargs)
+        calls.append((input_ids.clone(), kwargs.get("attention_mask"), out[0].clone()))
+        return out
+
+    monkeypatch.setattr(inner, "get_rope_index", spy)
+    engine = HFRolloutEngine(tiny_vl_model, tiny_vl_processor)
+    groups = engine.generate(prompts, SamplingParams(n=2, temperature=1.0, max_new_tokens=4, seed=0))
+    engine_ids, engine_mask, engine_positions = calls[0]  # the prefill of the whole (left-padded) batch
+    calls.clear()
+    batch = collate_rollouts(groups, tiny_vl_processor)
+    media = {k: batch.inputs[k] for k in ("image_grid_thw", "video_grid_thw", "second_per_grid_ts")
+             if k in batch.inputs}
+    with torch.no_grad():
+        token_logprobs(tiny_vl_model, batch.inputs, mask=batch.completion_mask)  # the trainer's forward
+    trainer_ids, _, trainer_positions = calls[0]
+    assert torch.equal(trainer_positions, inner.get_rope_index(
+        batch.inputs["input_ids"], batch.inputs["mm_token_type_ids"], attention_mask=batch.inputs["attention_mask"],
+        **media)[0])
+    for row in range(len(batch)):
+        group = groups[row // 2]
+        n = len(group.prompt_token_ids)
+        real = engine_mask[row].bool()
+        assert engine_ids[row][real].tolist() == group.prompt_token_ids == trainer_ids[row, :n].tolist()
+        assert torch.equal(engine_positions[:, row][:, real], trainer_positions[:, row, :n])
+    if tiny_vl_processor.__class__.__name__ == "Qwen3VLProcessor":  # the timestamps of the frames given
+        text = tiny_vl_processor.tokenizer.decode(groups[1].prompt_token_ids)
+        # each temporal patch at the mean time of its two source frames, index / source fps
+        assert f"<{(0 + 3) / 2 / 8:.1f} seconds>" in text and f"<{(6 + 9) / 2 / 8:.1f} seconds>" in text
+
+
 def test_sampling_params_from_the_rollout_config() -> None:
     from cosmos_primitives.config import config_from_dict
 
