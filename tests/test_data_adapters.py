@@ -13,7 +13,12 @@ import torch
 
 from cosmos_primitives import testing as cpt
 from cosmos_primitives.config import DatasetConfig
-from cosmos_primitives.data.bad_samples import BadSampleBudgetExceeded, BadSampleError, BadSampleTracker
+from cosmos_primitives.data.bad_samples import (
+    BadSampleBudgetExceeded,
+    BadSampleError,
+    BadSampleTracker,
+    NoGoodSamplesError,
+)
 from cosmos_primitives.data.hf_conversations import HFConversationDataset
 from cosmos_primitives.data.mcq import MCQPromptDataset, answer_letter, mcq_prompt_text
 from cosmos_primitives.data.media import MediaSettings, default_media_dir
@@ -238,6 +243,28 @@ def test_bad_samples_are_skipped_counted_logged_then_fail_past_budget(tiny_vl_pr
     assert "bad_sample_budget" in message and "2 bad samples" in message
     assert str(clips / "corrupt.mp4") in message and "could not decode" in message
     assert str(clips / "does_not_exist.mp4") in message and "not found" in message
+
+
+@pytest.mark.parametrize("packing", [True, False])
+def test_an_epoch_of_only_bad_samples_fails_instead_of_training_nothing(tiny_vl_processor, video_clips,
+                                                                       packing: bool) -> None:
+    """Within the budget, but nothing to train on: the loader raises once the epoch is used up (the SFT
+    recipe would otherwise finish at step 0 with exit code 0)."""
+    clips = video_clips["short"].parent
+    rows = [{"conversations": [_video_turn(name, "What?"), _answer("Clip.")]}
+            for name in ["corrupt.mp4", "does_not_exist.mp4", "corrupt.mp4"]]
+    ds = HFConversationDataset(rows, media_dir=clips, settings=MediaSettings(max_frames=4), name="rows")
+    encode = functools.partial(encode_conversation, tiny_vl_processor, mrope=MRopeSpec())
+    loader = SFTBatchLoader(ds, encode, ResumableDistributedSampler(len(ds), shuffle=False), token_budget=4096,
+                            pad_token_id=151643, packing=packing, bad_samples=BadSampleTracker(100))
+    assert loader.next_step(2) == []  # a step of bad samples alone: the caller takes the next one
+    with pytest.raises(NoGoodSamplesError, match="all 3 samples drawn in epoch 0 were bad") as raised:
+        while loader.next_step(2) is not None:
+            pass
+    assert str(clips / "corrupt.mp4") in str(raised.value) and str(clips / "does_not_exist.mp4") in str(raised.value)
+    loader.start_next_epoch()
+    with pytest.raises(NoGoodSamplesError, match="epoch 1"):
+        list(loader)
 
 
 def test_tracker_ranks_offenders_and_round_trips() -> None:

@@ -34,6 +34,7 @@ _EXPORTS = {
     "BadSampleError": "bad_samples",
     "BadSampleBudgetExceeded": "bad_samples",
     "BadSampleTracker": "bad_samples",
+    "NoGoodSamplesError": "bad_samples",
     "bad_sample_boundary": "bad_samples",
     "ConversationSample": "conversation",
     "normalize_conversation": "conversation",
@@ -88,6 +89,7 @@ if TYPE_CHECKING:  # pragma: no cover
         BadSampleBudgetExceeded,
         BadSampleError,
         BadSampleTracker,
+        NoGoodSamplesError,
         bad_sample_boundary,
     )
     from cosmos_primitives.data.conversation import (  # noqa: F401

@@ -40,7 +40,9 @@ class SFTBatchLoader:
     Iterating yields the rest of the current epoch, then moves the sampler to the next epoch.
     :meth:`state_dict` between two batches captures the sampler position, the indices drawn but not
     yet batched, and the bad-sample counts; :meth:`load_state_dict` on a loader built the same way
-    makes it yield exactly the batches the saved one would have yielded next.
+    makes it yield exactly the batches the saved one would have yielded next. An epoch in which every
+    drawn sample was bad raises :class:`~cosmos_primitives.data.bad_samples.NoGoodSamplesError` when it
+    runs out (a run that would train on nothing fails rather than finishing at step 0).
 
     With several data-parallel ranks, ranks can run out of batches at different steps (packing
     makes the batch count data-dependent): stop the epoch when any rank is out, e.g. with
@@ -67,6 +69,7 @@ class SFTBatchLoader:
         self._pending: list[tuple[int, EncodedSample]] = []
         self._restored: list[int] = []
         self._indices: Iterator[int] | None = None
+        self._drawn = self._good = 0  # samples drawn / encoded this epoch (by this process)
 
     @property
     def epoch(self) -> int:
@@ -80,6 +83,7 @@ class SFTBatchLoader:
     def start_next_epoch(self) -> None:
         """Move to the next epoch (samples held back for the current one are dropped with it)."""
         self.sampler.set_epoch(self.sampler.epoch + 1)
+        self._drawn = self._good = 0
         self._pending = []
         self._restored = []
         self._indices = None
@@ -97,11 +101,11 @@ class SFTBatchLoader:
                 taken = set(chosen)
                 self._pending = [p for i, p in enumerate(self._pending) if i not in taken]
             if not rows:
-                return None
+                return self._epoch_end()
             return collate_packed(rows, self.pad_token_id, pad_to=self.token_budget if self.pad_to_budget else None)
         self._fill(self.samples_per_batch)
         if not self._pending:
-            return None
+            return self._epoch_end()
         taken, self._pending = self._pending[: self.samples_per_batch], self._pending[self.samples_per_batch:]
         return collate_padded([s for _, s in taken], self.pad_token_id,
                               pad_to=self.token_budget if self.pad_to_budget else None)
@@ -128,7 +132,7 @@ class SFTBatchLoader:
             if len(self._pending) > before:
                 samples.append(self._pending.pop()[1])
         if drawn == 0:
-            return None
+            return self._epoch_end()
         if not samples:
             return []
         if not self.packing:
@@ -154,7 +158,12 @@ class SFTBatchLoader:
                 return
             self._admit(index)
 
+    def _epoch_end(self) -> None:
+        if self._drawn > 0 and self._good == 0:
+            raise self.bad_samples.no_good_samples(self._drawn, self.epoch)
+
     def _admit(self, index: int) -> None:
+        self._drawn += 1
         try:
             # the per-sample boundary: whatever one sample raises makes it a counted bad sample
             with bad_sample_boundary(f"sample {index}"):
@@ -168,6 +177,7 @@ class SFTBatchLoader:
         except BadSampleError as error:
             self.bad_samples.record(error, sample=index)
             return
+        self._good += 1
         self._pending.append((index, sample))
 
     def state_dict(self) -> dict[str, Any]:
