@@ -86,21 +86,40 @@ def test_export_dtype_bfloat16(tmp_path: Path) -> None:
     assert torch.equal(loaded.model.language_model.layers[1].mlp.down_proj.weight, ref)
 
 
-def test_one_file_export_has_an_index_too(tmp_path: Path) -> None:
-    from safetensors.torch import load_file
-    from transformers import Qwen2_5_VLForConditionalGeneration
+VL_VARIANTS = {  # builder and config kwargs; Qwen3-VL with the 2B's tied head and the 8B's untied one
+    "qwen2_5_vl": (tiny_qwen2_5_vl, {}),
+    "qwen3_vl_tied": (tiny_qwen3_vl, {}),
+    "qwen3_vl_untied": (tiny_qwen3_vl, {"tie_word_embeddings": False}),
+}
 
-    model = tiny_qwen2_5_vl(seed=3)
+
+@pytest.mark.parametrize("variant", sorted(VL_VARIANTS))
+def test_one_file_export_has_an_index_too(variant: str, tmp_path: Path) -> None:
+    """A one-file export loads back with identical logits, and its tensors are exactly what weight sync
+    sends in the ``"hf_checkpoint"`` layout (what vLLM loads from the folder = what it gets later)."""
+    from safetensors.torch import load_file
+    from transformers import AutoModelForImageTextToText
+
+    import cosmos_primitives as cp
+
+    build, kwargs = VL_VARIANTS[variant]
+    model = build(seed=3, **kwargs)
     out = export_safetensors(model, tmp_path / "one")  # default ~4 GB shards: a single file
     assert [p.name for p in out.glob("*.safetensors")] == ["model.safetensors"]
     index = json.loads((out / "model.safetensors.index.json").read_text())
     tensors = load_file(str(out / "model.safetensors"))
     assert index["weight_map"] == dict.fromkeys(tensors, "model.safetensors")
     assert index["metadata"]["total_size"] == sum(t.numel() * t.element_size() for t in tensors.values())
-    loaded = Qwen2_5_VLForConditionalGeneration.from_pretrained(out)
+    loaded = AutoModelForImageTextToText.from_pretrained(out)
+    assert type(loaded) is type(model)
     ids = torch.tensor([[9707, 11, 1879, 0, 151644, 872, 198, 100]])
     with torch.no_grad():
         assert torch.equal(loaded(input_ids=ids).logits, model(input_ids=ids).logits)
+    family = cp.sync.get_family(model.config.model_type)
+    tied = model.config.tie_word_embeddings
+    specs = cp.sync.map_names([n for n, _ in model.named_parameters()], "hf_checkpoint", family, tied=tied)
+    assert {s.name for s in specs} == set(tensors)
+    assert ("lm_head.weight" in tensors) != tied
 
 
 def test_plain_module_is_written_under_its_state_dict_names(tmp_path: Path) -> None:

@@ -9,8 +9,11 @@ each check one part of its result.
   of examples/sft.py, HSDP and the reference with the general log-prob head).
 - TP (tp=2): logits of the tensor-parallel Qwen2 equal the unsharded model's; a TP(+FSDP) policy
   gives the same log-probs and the same total gradient norm.
-- Qwen2.5-VL with a frozen vision tower: FSDP units cover every decoder layer and vision block,
-  log-probs with an image match the unsharded model, the vision tower gets no gradient.
+- Qwen2.5-VL and Qwen3-VL (tied head as Cosmos-Reason2-2B, untied as -8B) with a frozen vision
+  tower: FSDP units cover every decoder layer and vision block, log-probs with an image match the
+  unsharded model, the vision tower gets no gradient.
+- TP (tp=2) of the same VL models: the text decoder's layers are split, log-probs with an image
+  (deepstack features added to Qwen3-VL's first decoder layer) match the unsharded model.
 - bf16 compute: master weights stay float32, log-probs close to float32.
 """
 
@@ -75,13 +78,47 @@ def _full(param: torch.Tensor) -> torch.Tensor:
     return (param.full_tensor() if isinstance(param, DTensor) else param).detach().clone()
 
 
-def _vl_batch() -> dict[str, torch.Tensor]:
+# VL variants: (builder, config kwargs)
+VL_VARIANTS = {
+    "qwen2_5_vl": (cp.testing.tiny_qwen2_5_vl, {}),
+    "qwen3_vl_tied": (cp.testing.tiny_qwen3_vl, {}),
+    "qwen3_vl_untied": (cp.testing.tiny_qwen3_vl, {"tie_word_embeddings": False}),
+}
+
+
+def _vl_batch(variant: str) -> dict[str, torch.Tensor]:
+    """One image in a short prompt + answer, as the variant's vision tower takes it."""
     from test_policy_model import image_batch
 
-    return image_batch(seed=1)
+    if variant == "qwen2_5_vl":
+        return image_batch(seed=1)
+    return qwen3_vl_image_batch(seed=1)
 
 
-def _worker(text_dir: str, vl_dir: str) -> dict:
+def qwen3_vl_image_batch(seed: int = 0) -> dict[str, torch.Tensor]:
+    """One 64x64 image (4x4 patches of 16 px -> 4 merged tokens) inside a short prompt + answer, with
+    the ``mm_token_type_ids`` (1 = image token) Qwen3-VL's mRoPE needs. Built by hand: the tiny
+    Qwen3-VL processor is not part of this change."""
+    from cosmos_primitives.testing.models import IMAGE_PAD_ID, VISION_END_ID, VISION_START_ID
+
+    g = torch.Generator().manual_seed(seed)
+    ids = torch.cat([
+        torch.randint(0, 5000, (3,), generator=g),
+        torch.tensor([VISION_START_ID, *[IMAGE_PAD_ID] * 4, VISION_END_ID]),
+        torch.randint(0, 5000, (6,), generator=g),
+    ])[None]
+    labels = ids.clone()
+    labels[:, :10] = -100
+    return {
+        "input_ids": ids,
+        "labels": labels,
+        "pixel_values": torch.randn(16, 3 * 2 * 16 * 16, generator=g),
+        "image_grid_thw": torch.tensor([[1, 4, 4]]),
+        "mm_token_type_ids": (ids == IMAGE_PAD_ID).int(),
+    }
+
+
+def _worker(text_dir: str, vl_dirs: dict[str, str]) -> dict:
     import torch.distributed as dist
     from torch.distributed.tensor import DTensor
 
@@ -121,16 +158,23 @@ def _worker(text_dir: str, vl_dir: str) -> dict:
     result["tp_norm"] = float(cp.parallel.total_grad_norm(policy.parameters()))
     batch = rank_batches()[rank]
 
-    # Qwen2.5-VL, frozen vision tower, FSDP over 2 ranks, both ranks on the same image batch
+    # VL models, frozen vision tower, FSDP over 2 ranks, both ranks on the same image batch; then TP=2
     mesh = cp.parallel.ParallelMesh(ParallelismConfig(dp_shard_size=2), device_type="cpu")
-    cfg = PolicyConfig(model_name_or_path=vl_dir, dtype="float32", freeze_patterns=[r"^model\.visual\."])
-    policy = cp.policy.build_policy(cfg, mesh)
-    result["vl_units"] = cp.parallel.fsdp_units(policy)
-    out = cp.policy.token_logprobs(policy, _vl_batch())
-    out.logprobs.sum().backward()
-    result["vl_logprobs"] = out.logprobs.detach()
-    result["vl_visual_grads"] = sum(p.grad is not None for n, p in policy.named_parameters() if ".visual." in n)
-    result["vl_lm_grads"] = sum(p.grad is not None for n, p in policy.named_parameters() if ".language_model." in n)
+    for variant, vl_dir in vl_dirs.items():
+        cfg = PolicyConfig(model_name_or_path=vl_dir, dtype="float32", freeze_patterns=[r"^model\.visual\."])
+        policy = cp.policy.build_policy(cfg, mesh)
+        vl: dict = {"units": cp.parallel.fsdp_units(policy)}
+        out = cp.policy.token_logprobs(policy, _vl_batch(variant))
+        out.logprobs.sum().backward()
+        vl["logprobs"] = out.logprobs.detach()
+        vl["visual_grads"] = sum(p.grad is not None for n, p in policy.named_parameters() if ".visual." in n)
+        vl["lm_grads"] = sum(p.grad is not None for n, p in policy.named_parameters() if ".language_model." in n)
+        hf_tp = cp.policy.load_hf_model(vl_dir, dtype="float32")
+        vl["tp_layers"] = cp.parallel.apply_tensor_parallel(hf_tp, tp_mesh["tp"])
+        q = hf_tp.model.language_model.layers[0].self_attn.q_proj.weight
+        vl["tp_q_local_shape"] = tuple(q.to_local().shape) if isinstance(q, DTensor) else None
+        vl["tp_logprobs"] = cp.policy.token_logprobs(hf_tp, _vl_batch(variant)).logprobs.detach()
+        result[f"vl:{variant}"] = vl
 
     # bf16 compute through FSDP mixed precision
     cfg = PolicyConfig(model_name_or_path=text_dir, dtype="bfloat16", parallelism=ParallelismConfig(dp_shard_size=2))
@@ -149,10 +193,16 @@ def _worker(text_dir: str, vl_dir: str) -> dict:
 
 
 @pytest.fixture(scope="module")
-def runs(tiny_qwen2_dir: Path, tiny_vl_dir: Path) -> dict:
-    results = cp.testing.run_distributed(_worker, 2, args=(str(tiny_qwen2_dir), str(tiny_vl_dir)),
+def runs(tiny_qwen2_dir: Path, tiny_vl_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> dict:
+    vl_dirs = {"qwen2_5_vl": str(tiny_vl_dir)}
+    for variant in ("qwen3_vl_tied", "qwen3_vl_untied"):
+        build, kwargs = VL_VARIANTS[variant]
+        folder = tmp_path_factory.mktemp(variant)
+        build(seed=0, **kwargs).save_pretrained(folder)
+        vl_dirs[variant] = str(folder)
+    results = cp.testing.run_distributed(_worker, 2, args=(str(tiny_qwen2_dir), vl_dirs),
                                          env={"PYTHONPATH": str(Path(__file__).parent)})
-    return {"ranks": results, "text_dir": str(tiny_qwen2_dir), "vl_dir": str(tiny_vl_dir)}
+    return {"ranks": results, "text_dir": str(tiny_qwen2_dir), "vl_dirs": vl_dirs}
 
 
 @pytest.fixture(scope="module")
@@ -202,18 +252,32 @@ def test_tensor_parallel_logits_and_logprobs_match_unsharded(runs: dict, single_
     assert runs["ranks"][0]["tp_norm"] == pytest.approx(float(expected), rel=1e-5)
 
 
-def test_vl_fsdp_units_frozen_vision_and_logprobs(runs: dict) -> None:
-    result = runs["ranks"][0]
-    units = result["vl_units"]
+@pytest.mark.parametrize("variant", sorted(VL_VARIANTS))
+def test_vl_fsdp_units_frozen_vision_and_logprobs(runs: dict, variant: str) -> None:
+    result = runs["ranks"][0][f"vl:{variant}"]
+    units = result["units"]
     assert "" in units
     assert {u for u in units if ".language_model.layers." in u} == {f"hf_model.model.language_model.layers.{i}"
                                                                      for i in range(2)}
     assert {u for u in units if ".visual.blocks." in u} == {f"hf_model.model.visual.blocks.{i}" for i in range(2)}
-    assert result["vl_visual_grads"] == 0 and result["vl_lm_grads"] > 0
-    hf = cp.policy.load_hf_model(runs["vl_dir"], dtype="float32")
-    expected = cp.policy.token_logprobs(hf, _vl_batch()).logprobs
+    assert result["visual_grads"] == 0 and result["lm_grads"] > 0
+    hf = cp.policy.load_hf_model(runs["vl_dirs"][variant], dtype="float32")
+    expected = cp.policy.token_logprobs(hf, _vl_batch(variant)).logprobs
     for rank_result in runs["ranks"]:
-        torch.testing.assert_close(rank_result["vl_logprobs"], expected, atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(rank_result[f"vl:{variant}"]["logprobs"], expected, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("variant", sorted(VL_VARIANTS))
+def test_vl_tensor_parallel_logprobs_match_unsharded(runs: dict, variant: str) -> None:
+    """TP=2 over a VL model's text decoder: both layers split (2 of 4 heads per rank), the image's
+    log-probs those of the unsharded model."""
+    hf = cp.policy.load_hf_model(runs["vl_dirs"][variant], dtype="float32")
+    expected = cp.policy.token_logprobs(hf, _vl_batch(variant)).logprobs
+    assert expected[0, 10:].abs().min() > 0  # the answer tokens are scored
+    for rank_result in runs["ranks"]:
+        result = rank_result[f"vl:{variant}"]
+        assert result["tp_layers"] == 2 and result["tp_q_local_shape"] == (32, 64)
+        torch.testing.assert_close(result["tp_logprobs"], expected, atol=1e-5, rtol=1e-5)
 
 
 def test_master_dtype_sets_the_stored_weights(runs: dict) -> None:

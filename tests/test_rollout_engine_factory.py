@@ -10,6 +10,7 @@ import cosmos_primitives as cp
 from cosmos_primitives import testing as cpt
 from cosmos_primitives.config.rollout import RolloutConfig
 from cosmos_primitives.sync import InProcessSync, WeightMismatchError
+from test_rollout_vllm_standin import VL_FAMILIES, save_tiny, tiny_model
 
 
 def test_hf_backend_builds_an_engine_over_its_own_module(tiny_qwen2_dir, qwen_tokenizer) -> None:
@@ -68,18 +69,20 @@ def test_in_process_sync_into_vllm_is_checked_by_checksums(standin_vllm, tiny_qw
         InProcessSync(trainer, engine, layout="hf_checkpoint").sync(version=5)
 
 
-def test_first_sync_checks_the_language_model_under_vllm_names(standin_vllm, tmp_path, monkeypatch) -> None:
-    """Item 4: vLLM holds Qwen2.5-VL's language model as ``language_model.model.*`` with fused qkv /
+@pytest.mark.parametrize("variant", sorted(VL_FAMILIES))
+def test_first_sync_checks_the_language_model_under_vllm_names(variant: str, standin_vllm, tmp_path,
+                                                                monkeypatch) -> None:
+    """Item 4: vLLM holds a VL model's language model as ``language_model.model.*`` with fused qkv /
     gate_up; the first-sync checksums are asked under those names, so a wrong language-model tensor
-    is caught (under checkpoint names only ``visual.*`` would have matched)."""
+    is caught (under Qwen2.5-VL's checkpoint names only ``visual.*`` would have matched)."""
     from cosmos_primitives.rollout.vllm_engine import VLLMRolloutEngine
 
-    folder = cpt.save_tiny_qwen2_5_vl(tmp_path / "vl", seed=0)
+    folder = save_tiny(variant, tmp_path / "vl", seed=0)
     engine = VLLMRolloutEngine(str(folder), None, dtype="float32")
     checked: list[list[str]] = []
     real_sums = engine.weight_checksums
     engine.weight_checksums = lambda names: checked.append(list(names)) or real_sums(names)
-    assert InProcessSync(cpt.tiny_qwen2_5_vl(seed=1), engine, layout="hf_checkpoint").sync(version=1).verified
+    assert InProcessSync(tiny_model(variant, seed=1), engine, layout="hf_checkpoint").sync(version=1).verified
     held = dict(engine.llm.worker.model_runner.model.named_parameters())
     assert sorted(checked[0]) == sorted(held)  # every tensor the engine holds, the language model included
     assert "language_model.model.layers.1.self_attn.qkv_proj.weight" in held
@@ -88,7 +91,7 @@ def test_first_sync_checks_the_language_model_under_vllm_names(standin_vllm, tmp
     monkeypatch.setattr(standin_vllm._VLLMModel, "load_weights", lambda self, weights: real_load(
         self, ((n, t) for n, t in weights if "layers.1.self_attn.k_proj" not in n)))
     with pytest.raises(WeightMismatchError, match=r"'language_model\.model\.layers\.1\.self_attn\.qkv_proj\.weight'"):
-        InProcessSync(cpt.tiny_qwen2_5_vl(seed=2), engine, layout="hf_checkpoint").sync(version=2)
+        InProcessSync(tiny_model(variant, seed=2), engine, layout="hf_checkpoint").sync(version=2)
 
 
 def test_default_memory_share_fits_beside_a_resident_trainer(standin_vllm, tiny_qwen2_dir, qwen_tokenizer) -> None:

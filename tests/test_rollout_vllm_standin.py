@@ -20,8 +20,65 @@ STANDINS = str(Path(__file__).parent / "standins")
 HI = Prompt(conversation=[{"role": "user", "content": "hi"}], prompt_id="a")
 
 
+# the prefixes of vLLM's hf_to_vllm_mapper that apply to transformers 5's in-memory names, copied from
+# vllm/model_executor/models/qwen2_5_vl.py and qwen3_vl.py (text models keep their names)
+VLLM_PREFIXES = {
+    model_type: (("model.language_model.", "language_model.model."), ("model.visual.", "visual."),
+                 ("lm_head.", "language_model.lm_head."))
+    for model_type in ("qwen2_5_vl", "qwen3_vl")
+}
+# VL families as the stand-in tests build them: (builder, config kwargs); Qwen3-VL tied (2B) and untied (8B)
+VL_FAMILIES = {
+    "qwen2_5_vl": (cpt.tiny_qwen2_5_vl, {}),
+    "qwen3_vl_tied": (cpt.tiny_qwen3_vl, {}),
+    "qwen3_vl_untied": (cpt.tiny_qwen3_vl, {"tie_word_embeddings": False}),
+}
+
+
+def tiny_model(variant: str, seed: int):
+    """A tiny ``"qwen2"`` or VL model (a :data:`VL_FAMILIES` variant)."""
+    if variant == "qwen2":
+        return cpt.tiny_qwen2(seed=seed)
+    build, kwargs = VL_FAMILIES[variant]
+    return build(seed=seed, **kwargs)
+
+
+def save_tiny(variant: str, path: Path, seed: int) -> Path:
+    """:func:`tiny_model` and the Qwen tokenizer in ``path`` (what the stand-in loads)."""
+    tiny_model(variant, seed).save_pretrained(path)
+    cpt.qwen_tokenizer().save_pretrained(path)
+    return path
+
+
+@pytest.fixture(scope="module")
+def tiny_dirs(tmp_path_factory: pytest.TempPathFactory):
+    """``(variant, seed) -> folder`` of :func:`save_tiny`, each written once per module (do not modify)."""
+    made: dict[tuple[str, int], Path] = {}
+
+    def folder(variant: str, seed: int) -> str:
+        if (variant, seed) not in made:
+            made[variant, seed] = save_tiny(variant, tmp_path_factory.mktemp(variant) / str(seed), seed)
+        return str(made[variant, seed])
+
+    return folder
+
+
+def _renamed(name: str, model_type: str) -> str:
+    for old, new in VLLM_PREFIXES.get(model_type, ()):
+        if name.startswith(old):
+            return new + name[len(old):]
+    return name
+
+
 def _vllm_names(model) -> dict[str, torch.Tensor]:
-    """A HF Qwen2's weights as vLLM's in-memory model holds them (q/k/v and gate/up fused on dim 0)."""
+    """A HF model's weights as vLLM's in-memory model holds them: renamed by the model's
+    ``hf_to_vllm_mapper``, q/k/v and gate/up fused on dim 0, a tied head left out."""
+    model_type = model.config.model_type
+    return {_renamed(n, model_type): p for n, p in _fused(model).items()}
+
+
+def _fused(model) -> dict[str, torch.Tensor]:
+    """``model``'s parameters under HF names with q/k/v and gate/up fused (a tied head left out)."""
     out = {}
     params = dict(model.named_parameters())
     for name, p in params.items():
@@ -123,20 +180,51 @@ def test_single_process_engine_uses_the_uniproc_executor(standin_vllm, tiny_qwen
     assert engine.llm.device_index == 0 and engine.llm.world_size == 1
 
 
-def test_weight_update_resets_the_prefix_cache(standin_vllm, tiny_qwen2_dir, qwen_tokenizer, tmp_path) -> None:
+@pytest.mark.parametrize("variant", ["qwen2", *sorted(VL_FAMILIES)])
+def test_weight_update_resets_the_prefix_cache(variant: str, standin_vllm, qwen_tokenizer, tiny_dirs) -> None:
     """Item 3: after an update, a prompt seen before is computed with the new weights, not from the
-    KV its prefix had under the old ones."""
+    KV its prefix had under the old ones: the updated engine generates what one started from the new
+    weights does (for the VL families, the whole model arrives under transformers 5's names)."""
     from cosmos_primitives.rollout.vllm_engine import VLLMRolloutEngine
 
     params = SamplingParams(n=1, temperature=1.0, max_new_tokens=4, seed=2)
-    engine = VLLMRolloutEngine(str(tiny_qwen2_dir), qwen_tokenizer, dtype="float32")
-    engine.generate([HI], params)  # fills the prefix cache with the old weights' KV
-    engine.update_weights(cpt.tiny_qwen2(seed=5).state_dict().items(), version=1)
+    engine = VLLMRolloutEngine(tiny_dirs(variant, 0), qwen_tokenizer, dtype="float32")
+    before = engine.generate([HI], params)[0].completions[0]  # fills the prefix cache with the old weights' KV
+    engine.update_weights(tiny_model(variant, seed=5).state_dict().items(), version=1)
     after = engine.generate([HI], params)[0].completions[0]
-    fresh = VLLMRolloutEngine(str(cpt.save_tiny_qwen2(tmp_path / "new", seed=5)), qwen_tokenizer, dtype="float32")
+    fresh = VLLMRolloutEngine(tiny_dirs(variant, 5), qwen_tokenizer, dtype="float32")
     expected = fresh.generate([HI], params)[0].completions[0]
     assert after.token_ids == expected.token_ids
     assert after.logprobs == pytest.approx(expected.logprobs, abs=1e-5)
+    assert before.logprobs != pytest.approx(expected.logprobs, abs=1e-5)  # the update changed something
+
+
+@pytest.mark.parametrize("variant", sorted(VL_FAMILIES))
+def test_vl_sync_into_the_engine_is_bitwise_under_vllms_names(variant: str, standin_vllm, tiny_dirs) -> None:
+    """A VL trainer's weights in the checkpoint names vLLM's ``load_weights`` takes land, bit for bit, in
+    the tensors vLLM's Qwen2.5-VL / Qwen3-VL model holds (language model renamed and fused, vision tower
+    kept, a separate ``lm_head`` only when untied); the family's ``"vllm"`` layout names exactly those."""
+    import cosmos_primitives as cp
+    from cosmos_primitives.rollout.vllm_engine import VLLMRolloutEngine
+
+    engine = VLLMRolloutEngine(tiny_dirs(variant, 0), None, dtype="float32")
+    trainer = tiny_model(variant, seed=5)
+    held = dict(engine.llm.worker.model_runner.model.named_parameters())
+    names = [n for n, _ in trainer.named_parameters()]
+    tied = trainer.config.tie_word_embeddings
+    family = cp.sync.get_family(trainer.config.model_type)
+    assert {s.name for s in cp.sync.map_names(names, "vllm", family, tied=tied)} == set(held)
+    assert ("language_model.lm_head.weight" in held) != tied
+    sync = cp.sync.InProcessSync(trainer, engine, layout="hf_checkpoint")
+    for version in (1, 2):
+        assert sync.sync(version=version).verified == (version == 1)
+        expected = _vllm_names(trainer)
+        assert sorted(held) == sorted(expected)
+        for name, value in expected.items():
+            assert cp.sync.bitwise_equal(held[name], value.detach()), name
+        with torch.no_grad():
+            for p in trainer.parameters():
+                p.add_(torch.randn_like(p) * 1e-2)
 
 
 def test_colocated_engine_sleeps_between_rollouts(standin_vllm, tiny_qwen2_dir, qwen_tokenizer) -> None:

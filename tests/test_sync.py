@@ -70,13 +70,28 @@ def _bits_equal(a: torch.Tensor, b: torch.Tensor) -> bool:
     return cp.sync.bitwise_equal(a, b)
 
 
-@pytest.fixture(scope="module")
-def vl_pair():
-    return cpt.tiny_qwen2_5_vl(seed=0), cpt.tiny_qwen2_5_vl(seed=1)
+# the VL families, each as (builder, config kwargs, prefix of the vision tower in a checkpoint on disk);
+# Qwen3-VL both ways its checkpoints come: tied head (Cosmos-Reason2-2B) and untied (-8B)
+VL_FAMILIES = {
+    "qwen2_5_vl": (cpt.tiny_qwen2_5_vl, {}, "visual."),
+    "qwen3_vl_tied": (cpt.tiny_qwen3_vl, {}, "model.visual."),
+    "qwen3_vl_untied": (cpt.tiny_qwen3_vl, {"tie_word_embeddings": False}, "model.visual."),
+}
+
+
+@pytest.fixture(scope="module", params=sorted(VL_FAMILIES))
+def vl_pair(request):
+    """``(variant, trainer, engine model, on-disk vision prefix)`` of one VL family: two seeds."""
+    build, kwargs, visual_on_disk = VL_FAMILIES[request.param]
+    return request.param, build(seed=0, **kwargs), build(seed=1, **kwargs), visual_on_disk
+
+
+def _tied(model: nn.Module) -> bool:
+    return model.lm_head.weight is model.model.language_model.embed_tokens.weight
 
 
 def test_share_aliases_trainer_storage_and_follows_optimizer_steps(vl_pair):
-    trainer, engine_model = vl_pair
+    variant, trainer, engine_model, _ = vl_pair
     holder = SimpleNamespace(weight_version=-1)
     sync = cp.sync.InProcessSync(trainer, engine_model, engine=holder)
     assert {e.mode for e in sync.plan} == {"share"}
@@ -85,7 +100,8 @@ def test_share_aliases_trainer_storage_and_follows_optimizer_steps(vl_pair):
     trainer_params = dict(trainer.named_parameters())
     for name, param in engine_model.named_parameters():
         assert param.data_ptr() == trainer_params[name].data_ptr(), name
-    assert engine_model.lm_head.weight is engine_model.model.language_model.embed_tokens.weight
+    assert _tied(engine_model) == (variant != "qwen3_vl_untied")
+    assert engine_model.lm_head.weight.data_ptr() == trainer.lm_head.weight.data_ptr()
     _step(trainer, seed=1)
     second = sync.sync(version=2)
     assert (second.version, second.bytes_moved, second.verified, holder.weight_version) == (2, 0, False, 2)
@@ -117,17 +133,20 @@ def test_copy_with_cast_into_preallocated_engine_tensors():
 def test_checkpoint_layout_matches_save_pretrained_and_feeds_a_load_weights_engine(vl_pair, tmp_path: Path):
     from safetensors import safe_open
 
-    trainer, _ = vl_pair
+    _, trainer, _, visual_on_disk = vl_pair
     trainer.save_pretrained(tmp_path)
     with safe_open(str(tmp_path / "model.safetensors"), "pt") as f:
         on_disk = {k: tuple(f.get_slice(k).get_shape()) for k in f.keys()}  # noqa: SIM118 (not a dict)
+        saved = {k: f.get_tensor(k) for k in on_disk}
     engine = RecordingEngine()
     sync = cp.sync.InProcessSync(trainer, engine, layout="hf_checkpoint", read_back=lambda n: engine.received[n])
     assert {e.target: e.shape for e in sync.plan} == on_disk
-    assert "lm_head.weight" not in on_disk  # tied: left out, as save_pretrained does
+    assert ("lm_head.weight" in on_disk) != _tied(trainer)  # tied: left out, as save_pretrained does
     assert sync.sync(version=7).verified and engine.calls == [7]
     assert set(engine.received) == set(on_disk)
-    assert torch.equal(engine.received["visual.blocks.0.attn.qkv.weight"],
+    for name, value in engine.received.items():  # bit for bit what save_pretrained wrote, every tensor
+        assert _bits_equal(value, saved[name]), name
+    assert torch.equal(engine.received[f"{visual_on_disk}blocks.0.attn.qkv.weight"],
                        trainer.model.visual.blocks[0].attn.qkv.weight)
 
 
@@ -144,10 +163,10 @@ def test_qwen2_checkpoint_layout_matches_its_files(tmp_path: Path):
 
 
 def test_vllm_layout_fuses_qkv_and_gate_up_into_an_engine_with_fused_params(vl_pair):
-    trainer, _ = vl_pair
+    variant, trainer, _, _ = vl_pair
     names = [n for n, _ in trainer.named_parameters()]
     params = dict(trainer.named_parameters())
-    specs = cp.sync.map_names(names, "vllm", cp.sync.get_family("qwen2_5_vl"), tied=True)
+    specs = cp.sync.map_names(names, "vllm", cp.sync.get_family(trainer.config.model_type), tied=_tied(trainer))
     shapes = {s.name: (sum(params[x].shape[0] for x in s.sources), *params[s.sources[0]].shape[1:]) for s in specs}
     engine_model = module_with(shapes)
     sync = cp.sync.InProcessSync(trainer, engine_model, layout="vllm")
@@ -157,12 +176,27 @@ def test_vllm_layout_fuses_qkv_and_gate_up_into_an_engine_with_fused_params(vl_p
     assert sync.sync(version=1).verified
     engine_params = dict(engine_model.named_parameters())
     attn = trainer.model.language_model.layers[1].self_attn
-    expected_qkv = torch.cat([attn.q_proj.bias, attn.k_proj.bias, attn.v_proj.bias])
-    assert torch.equal(engine_params["language_model.model.layers.1.self_attn.qkv_proj.bias"], expected_qkv)
-    mlp = trainer.model.visual.blocks[0].mlp
-    assert torch.equal(engine_params["visual.blocks.0.mlp.gate_up_proj.weight"],
+    expected_qkv = torch.cat([attn.q_proj.weight, attn.k_proj.weight, attn.v_proj.weight])
+    assert _bits_equal(engine_params["language_model.model.layers.1.self_attn.qkv_proj.weight"], expected_qkv)
+    mlp = trainer.model.language_model.layers[0].mlp
+    assert _bits_equal(engine_params["language_model.model.layers.0.mlp.gate_up_proj.weight"],
                        torch.cat([mlp.gate_proj.weight, mlp.up_proj.weight]))
-    assert "language_model.lm_head.weight" not in shapes  # tied: vLLM ties it to the embedding itself
+    vision_mlp = trainer.model.visual.blocks[0].mlp
+    if variant == "qwen2_5_vl":  # a gated vision MLP, fused as in the language model; q / k / v with biases
+        expected_bias = torch.cat([attn.q_proj.bias, attn.k_proj.bias, attn.v_proj.bias])
+        assert torch.equal(engine_params["language_model.model.layers.1.self_attn.qkv_proj.bias"], expected_bias)
+        assert torch.equal(engine_params["visual.blocks.0.mlp.gate_up_proj.weight"],
+                           torch.cat([vision_mlp.gate_proj.weight, vision_mlp.up_proj.weight]))
+    else:  # Qwen3-VL: an ungated vision MLP and deepstack mergers, kept whole; q / k norms, no biases
+        assert torch.equal(engine_params["visual.blocks.0.mlp.linear_fc1.weight"], vision_mlp.linear_fc1.weight)
+        merger = trainer.model.visual.deepstack_merger_list[0]
+        assert torch.equal(engine_params["visual.deepstack_merger_list.0.linear_fc1.weight"], merger.linear_fc1.weight)
+        assert torch.equal(engine_params["language_model.model.layers.1.self_attn.q_norm.weight"], attn.q_norm.weight)
+        assert not any(n.endswith("qkv_proj.bias") for n in shapes)
+    # tied: vLLM ties it to the embedding itself; untied (8B): a tensor of its own, fed from lm_head
+    assert ("language_model.lm_head.weight" in shapes) != _tied(trainer)
+    if not _tied(trainer):
+        assert _bits_equal(engine_params["language_model.lm_head.weight"], trainer.lm_head.weight)
 
 
 def test_engine_target_gets_named_tensors_in_transfer_dtype_and_the_version():
@@ -203,6 +237,7 @@ def test_unknown_family_error_lists_known_families_and_identity_still_works():
         cp.sync.InProcessSync(_Mystery(), _Mystery(), layout="hf_checkpoint")
     message = str(info.value)
     assert "'mystery_lm'" in message and "'qwen2'" in message and "'qwen2_5_vl'" in message
+    assert "'qwen3_vl'" in message
     assert "register_family" in message
     trainer, engine_model = _Mystery(), _Mystery()
     assert cp.sync.InProcessSync(trainer, engine_model).sync(version=1).num_shared == 4

@@ -15,6 +15,9 @@ groups and protocol, no process starts) through the failure cases: a member that
 shows up, one that stalls mid-transfer, a restarted member id, idle pairs, a trainer that closed
 or died, and a restarted trainer. The model is ``test_sync_broadcast``'s plain-torch Qwen2
 look-alike, which keeps ``transformers`` out of the spawned processes.
+
+A third (threads too) serves the tiny VL models (Qwen2.5-VL, Qwen3-VL tied and untied) in vLLM's
+fused layout to a member holding the tensors of the vLLM stand-in's model.
 """
 
 from __future__ import annotations
@@ -418,3 +421,30 @@ def test_the_advertised_address_reaches_this_machine(monkeypatch):
     assert transfer_host("trainer-7") == "trainer-7"
     monkeypatch.setenv(HOST_ENV, "10.1.2.3")
     assert transfer_host() == "10.1.2.3" and transfer_host("trainer-7") == "trainer-7"
+
+
+@pytest.mark.parametrize("variant", ["qwen2_5_vl", "qwen3_vl_tied", "qwen3_vl_untied"])
+def test_a_vl_model_is_served_in_vllms_layout_bit_for_bit(variant: str, redis_url, standin_vllm):
+    """A VL trainer served in the ``"vllm"`` layout (fused, renamed) reaches a member whose engine holds
+    exactly the tensors vLLM's model does (names taken from the vLLM stand-in), bit for bit, in
+    bf16 on the wire; the untied Qwen3-VL's separate ``lm_head`` included."""
+    from cosmos_primitives.sync import WeightClient, WeightServer
+    from test_rollout_vllm_standin import _vllm_names, tiny_model
+    from test_sync_broadcast import _module_with
+
+    trainer = tiny_model(variant, seed=0)
+    held = standin_vllm._VLLMModel(tiny_model(variant, seed=1)).by_name  # vLLM's tensors for this model
+    engine_model = _module_with({n: tuple(t.shape) for n, t in held.items()}, torch.bfloat16)
+    server = WeightServer(trainer, redis_url, f"{PREFIX}:{variant}", layout="vllm", transfer_dtype=torch.bfloat16,
+                          bucket_bytes=1 << 20, timeout_s=30.0, heartbeat_s=0.2)
+    client = WeightClient(engine_model, redis_url, f"{PREFIX}:{variant}", member_id="m", timeout_s=30.0)
+    try:
+        server.publish(1)
+        assert client.fetch().verified
+    finally:
+        client.close()
+        server.close()
+    got = _state(engine_model.named_parameters())
+    expected = _state((n, t.detach().to(torch.bfloat16)) for n, t in _vllm_names(trainer).items())
+    assert got == expected
+    assert ("language_model.lm_head.weight" in got) == (variant == "qwen3_vl_untied")

@@ -6,7 +6,13 @@ Inside attention, an all-to-all trades the sequence split for a head split: rank
 packed samples apart (segments from the text positions) and hides padding keys, and a second
 all-to-all returns its slice of tokens with every head. RoPE / mRoPE is applied before attention
 with each token's global position, so it needs nothing else. Embeddings and a vision tower run on
-the whole sequence on every rank; the decoder sees only the rank's slice (a forward pre-hook).
+the whole sequence on every rank; the decoder sees only the rank's slice (a forward pre-hook), and so
+does every per-token decoder input: the position ids (when the model gives none, the decoder's own
+default ``0..T-1`` over the whole row, so that a slice keeps its global positions rather than
+restarting at 0) and the rows a token mask selects (Qwen3-VL's deepstack features, added to the first
+decoder layers at its visual tokens: each rank keeps the rows of its own visual tokens;
+:data:`MASKED_ROW_INPUTS`). A per-token input the hook does not know is an error, not a silent
+mismatch.
 
 Gradients: the loss is built identically on every cp rank (log-probs are gathered, sums are
 all-reduced, each with a backward that keeps only the rank's own share), so after ``backward`` each
@@ -147,18 +153,54 @@ def decoder_of(backbone: torch.nn.Module) -> torch.nn.Module:
     return getattr(backbone, "language_model", backbone)
 
 
+MASKED_ROW_INPUTS = {"deepstack_visual_embeds": "visual_pos_masks"}
+"""Decoder inputs holding one row per token that a ``[B, T]`` bool mask selects (in row-major order),
+keyed by the input, valued by the mask's name. Qwen3-VL's deepstack features (a list with one
+``[N_visual, H]`` tensor per early decoder layer, added at ``visual_pos_masks``) are one; a family
+whose decoder takes another such input adds its names here."""
+
+_SEQUENCE_INPUTS = ("input_ids", "inputs_embeds", "position_ids", "attention_mask",
+                    *MASKED_ROW_INPUTS, *MASKED_ROW_INPUTS.values())
+
+
+def _local_rows(values: torch.Tensor | list[torch.Tensor], mask: torch.Tensor, part: slice) -> Any:
+    """The rows of ``values`` (``[N, ...]``, one per ``True`` of ``mask`` ``[B, T]``, or a list of such)
+    whose tokens lie in ``part``."""
+    in_part = torch.zeros_like(mask, dtype=torch.bool)
+    in_part[:, part] = True
+    keep = in_part[mask.bool()]  # [N]
+    if isinstance(values, torch.Tensor):
+        return values[keep]
+    return [v[keep] for v in values]
+
+
 def _slice_decoder_inputs(module: torch.nn.Module, args: tuple, kwargs: dict[str, Any]) -> tuple[tuple, dict]:
     split = _ACTIVE.get()
     if split is None:
         return args, kwargs
     if args:
         raise TypeError("context parallel: call the decoder with keyword arguments")
+    tokens = kwargs["inputs_embeds"] if kwargs.get("inputs_embeds") is not None else kwargs["input_ids"]
+    batch, length = tokens.shape[:2]
+    for name, value in kwargs.items():
+        if (name not in _SEQUENCE_INPUTS and isinstance(value, torch.Tensor) and value.dim() >= 2
+                and tuple(value.shape[:2]) == (batch, length)):
+            raise NotImplementedError(
+                f"context parallel: the decoder input {name!r} {tuple(value.shape)} has one entry per token, "
+                "and context parallel does not know how to split it; add it to "
+                "cosmos_primitives.parallel.context_parallel.MASKED_ROW_INPUTS or run without cp")
     part = split.local
+    if kwargs.get("position_ids") is None:
+        # the decoder's own default (0..T-1) taken before the split: each slice keeps its global positions
+        kwargs["position_ids"] = torch.arange(length, device=tokens.device).expand(batch, length)
+    for values_name, mask_name in MASKED_ROW_INPUTS.items():
+        if kwargs.get(values_name) is not None:
+            kwargs[values_name] = _local_rows(kwargs[values_name], kwargs[mask_name], part)
+            kwargs[mask_name] = kwargs[mask_name][:, part]
     for name in ("input_ids", "inputs_embeds"):
         if kwargs.get(name) is not None:
             kwargs[name] = kwargs[name][:, part]
-    if kwargs.get("position_ids") is not None:
-        kwargs["position_ids"] = kwargs["position_ids"][..., part]
+    kwargs["position_ids"] = kwargs["position_ids"][..., part]
     kwargs["attention_mask"] = None  # the split's own mask replaces it
     kwargs.pop("cache_position", None)
     return args, kwargs

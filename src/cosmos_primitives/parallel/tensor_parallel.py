@@ -1,11 +1,16 @@
-"""Tensor parallelism (Megatron-style column / row splits) for Qwen2-family decoder layers.
+"""Tensor parallelism (Megatron-style column / row splits) for Qwen2-style decoder layers.
 
-Per decoder layer: ``q_proj`` / ``k_proj`` / ``v_proj`` and ``gate_proj`` / ``up_proj`` are split by
-output features (``ColwiseParallel``: each rank holds ``heads / tp`` attention heads and
-``intermediate / tp`` MLP features), ``o_proj`` / ``down_proj`` by input features
-(``RowwiseParallel``: partial sums all-reduced). Layer inputs and outputs stay replicated plain
-tensors, so norms, embeddings, the LM head and the vision tower are untouched (replicated over
-tp) and the chunked log-prob head works unchanged.
+These are the layers of Qwen2 / Qwen2.5 and Qwen3 text models and the text decoders of Qwen2.5-VL
+(Cosmos-Reason1) and Qwen3-VL (Cosmos-Reason2): any layer with ``self_attn.{q,k,v,o}_proj`` and
+``mlp.{gate,up,down}_proj`` linears. Per decoder layer: ``q_proj`` / ``k_proj`` / ``v_proj`` and
+``gate_proj`` / ``up_proj`` are split by output features (``ColwiseParallel``: each rank holds
+``heads / tp`` attention heads and ``intermediate / tp`` MLP features), ``o_proj`` / ``down_proj`` by
+input features (``RowwiseParallel``: partial sums all-reduced). Layer inputs and outputs stay
+replicated plain tensors, so norms, embeddings, the LM head and the vision tower are untouched
+(replicated over tp) and the chunked log-prob head works unchanged. Qwen3's per-head ``q_norm`` /
+``k_norm`` (weights of ``head_dim``) apply to each rank's own heads unchanged, and Qwen3-VL's deepstack
+features are added to a layer's replicated output, so both need no entry in the plan. The vision
+blocks (one ``attn.qkv``; a gated or ``linear_fc1`` / ``linear_fc2`` MLP) do not match and stay whole.
 """
 
 from __future__ import annotations
@@ -21,7 +26,7 @@ MLP_ROWWISE = ("down_proj",)
 
 
 def qwen2_layer_plan() -> dict[str, ColwiseParallel | RowwiseParallel]:
-    """The ``parallelize_module`` plan of one Qwen2 / Qwen2.5-VL text decoder layer."""
+    """The ``parallelize_module`` plan of one Qwen2 / Qwen3 / Qwen2.5-VL / Qwen3-VL text decoder layer."""
     plan: dict[str, ColwiseParallel | RowwiseParallel] = {}
     for name in ATTENTION_COLWISE:
         plan[f"self_attn.{name}"] = ColwiseParallel()
@@ -60,7 +65,8 @@ def apply_tensor_parallel(model: torch.nn.Module, tp_mesh: DeviceMesh) -> int:
     if not layers:
         raise ValueError(
             f"{type(model).__name__} has no Qwen2-style decoder layers (self_attn.{{q,k,v,o}}_proj + "
-            "mlp.{gate,up,down}_proj); tensor parallelism supports the Qwen2 family only"
+            "mlp.{gate,up,down}_proj); tensor parallelism supports Qwen2 / Qwen3 text models and the "
+            "Qwen2.5-VL / Qwen3-VL text decoders"
         )
     config = getattr(model, "config", None)
     text_config = getattr(config, "text_config", None) or config

@@ -64,9 +64,6 @@ def context_parallel_token_logprobs(
     if position_ids is not None and extra:
         model_inputs["position_ids"] = torch.cat(
             [position_ids, tail.expand(*position_ids.shape[:-1], extra)], dim=-1)
-    elif position_ids is None and getattr(hf_model.config, "vision_config", None) is None:
-        # a text decoder fed a slice would number it from 0; give it the global positions
-        model_inputs["position_ids"] = positions
     if model_inputs.get("attention_mask") is not None:
         model_inputs["attention_mask"] = _pad(model_inputs["attention_mask"], extra, 0)
     if model_inputs.get("mm_token_type_ids") is not None:

@@ -245,7 +245,10 @@ class VLLMRolloutEngine:
     def _request(text: str, prompt: Prompt) -> dict[str, Any]:
         """One vLLM prompt dict. Each video goes with its own metadata (``fps``, frames already
         sampled), which is what the Qwen2.5-VL processor reads its per-video frame rate from;
-        ``mm_processor_kwargs={"fps": ...}`` would apply one rate to every video of the prompt."""
+        ``mm_processor_kwargs={"fps": ...}`` would apply one rate to every video of the prompt.
+        Qwen3-VL (vLLM's ``Qwen3VLProcessingInfo._get_video_second_idx``) takes each frame's timestamp
+        text as ``frames_indices[i] / fps`` and, without ``do_sample_frames`` in the metadata or the
+        processor kwargs, does not sample again: frames sampled at ``fps`` get times ``i / fps``."""
         request: dict[str, Any] = {"prompt": text}
         media: dict[str, Any] = {}
         if prompt.images:

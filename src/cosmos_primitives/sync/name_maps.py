@@ -7,7 +7,8 @@ under its own names, in one of three layouts:
 ``"hf"``
     identity: the engine runs the same HF class (e.g. ``HFRolloutEngine``). Needs no family table.
 ``"hf_checkpoint"``
-    the names in a HF checkpoint on disk (Qwen2.5-VL: ``model.*``, ``visual.*``, ``lm_head.*``), which
+    the names in a HF checkpoint on disk (Qwen2.5-VL: ``model.*``, ``visual.*``, ``lm_head.*``;
+    Qwen3-VL: its in-memory names ``model.language_model.*``, ``model.visual.*``, ``lm_head.*``), which
     is what vLLM's ``model.load_weights(iterable)`` accepts (vLLM fuses and shards them itself).
     A tied ``lm_head`` is left out, as ``save_pretrained`` does.
 ``"vllm"``

@@ -21,11 +21,14 @@ models the documented behaviours the adapter depends on, as vLLM 0.20 - 0.33 has
 - sleep mode (``enable_sleep_mode=True``): ``sleep(level=1)`` offloads the weights and drops the KV
   cache, ``wake_up(tags)`` brings back ``"weights"`` and/or ``"kv_cache"``; the model cannot be
   written or run while asleep.
-- parameter names: ``vllm/model_executor/models/qwen2.py`` / ``qwen2_5_vl.py``. The in-memory model
-  fuses ``q/k/v_proj`` into ``qkv_proj`` and ``gate/up_proj`` into ``gate_up_proj`` (the vision MLP of
-  Qwen2.5-VL too); Qwen2.5-VL nests the language model as ``language_model.model.*``; a tied
-  ``lm_head`` is not a parameter of its own. ``load_weights`` takes checkpoint names (``hf_to_vllm_mapper``
-  and ``stacked_params_mapping``) and returns the vLLM names it loaded.
+- parameter names: ``vllm/model_executor/models/qwen2.py`` / ``qwen3.py`` / ``qwen2_5_vl.py`` /
+  ``qwen3_vl.py``. The in-memory model fuses ``q/k/v_proj`` into ``qkv_proj`` and ``gate/up_proj`` into
+  ``gate_up_proj`` (the vision MLP of Qwen2.5-VL too; Qwen3-VL's vision MLP is ungated ``linear_fc1`` /
+  ``linear_fc2`` and stays as it is); both VL models nest the language model as ``language_model.model.*``
+  and hold the vision tower as ``visual.*``; a tied ``lm_head`` is not a parameter of its own.
+  ``load_weights`` takes checkpoint names (each model's ``hf_to_vllm_mapper`` prefixes, :data:`HF_TO_VLLM`,
+  and ``stacked_params_mapping``) and returns the vLLM names it loaded; a name no rule maps and the model
+  does not hold is a ``KeyError``, as in vLLM.
 - tensor parallelism under the external launcher (``vllm/distributed/parallel_state.py``
   ``initialize_model_parallel``: ranks laid out "ExternalDP x DP x PP x PCP x TP", so a TP group is
   ``tensor_parallel_size`` consecutive ranks of torch's default group and the world must divide by it);
@@ -36,7 +39,7 @@ models the documented behaviours the adapter depends on, as vLLM 0.20 - 0.33 has
   submit the same requests with the same sampling seeds (each rank runs its own scheduler and sampler;
   the stand-in checks this instead of deadlocking or diverging). Simplifications: the stand-in
   computes by gathering the shards into one full model before each ``generate`` (same values, not
-  vLLM's sharded kernels); Qwen2.5-VL's vision tower is held whole; head counts and the vocabulary must
+  vLLM's sharded kernels); a VL model's vision tower is held whole; head counts and the vocabulary must
   divide by the TP size (vLLM would replicate KV heads and pad the vocabulary). Without the external
   launcher, ``tensor_parallel_size > 1`` (vLLM's multiprocessing executor) is not modelled.
 - ``vllm/entrypoints/llm.py`` ``LLM.generate``: ``sampling_params`` is one object for every prompt or
@@ -125,9 +128,18 @@ class RequestOutput:
 
 # vLLM's names -------------------------------------------------------------------------------------
 
-# hf_to_vllm_mapper of Qwen2_5_VLForConditionalGeneration: checkpoint (and transformers 5) prefixes
-_VL_PREFIXES = (("model.language_model.", "language_model.model."), ("model.visual.", "visual."),
-                ("lm_head.", "language_model.lm_head."), ("model.", "language_model.model."), ("visual.", "visual."))
+# hf_to_vllm_mapper (``WeightsMapper(orig_to_new_prefix=...)``) per HF model_type; text models keep their names.
+# Qwen2.5-VL: checkpoint names (``model.*``, ``visual.*``) and transformers 5's in-memory ones. Qwen3-VL
+# (vLLM v0.11.0 ... main): its checkpoints already hold the in-memory names.
+HF_TO_VLLM = {
+    "qwen2_5_vl": (("model.language_model.", "language_model.model."), ("model.visual.", "visual."),
+                   ("lm_head.", "language_model.lm_head."), ("model.", "language_model.model."),
+                   ("visual.", "visual.")),
+    "qwen3_vl": (("model.visual.", "visual."), ("lm_head.", "language_model.lm_head."),
+                 ("model.language_model.", "language_model.model.")),
+}
+# the HF class vLLM's model stands in for, per model_type (others: AutoModelForCausalLM)
+_HF_CLASSES = {"qwen2_5_vl": "Qwen2_5_VLForConditionalGeneration", "qwen3_vl": "Qwen3VLForConditionalGeneration"}
 _FUSED_MODULES = ((".qkv_proj", ("q_proj", "k_proj", "v_proj")), (".gate_up_proj", ("gate_proj", "up_proj")))
 # stacked_params_mapping: (fused module, part module, shard index)
 _STACKED = ((".qkv_proj", ".q_proj", 0), (".qkv_proj", ".k_proj", 1), (".qkv_proj", ".v_proj", 2),
@@ -135,10 +147,9 @@ _STACKED = ((".qkv_proj", ".q_proj", 0), (".qkv_proj", ".k_proj", 1), (".qkv_pro
 
 
 def _to_vllm_name(name: str, model_type: str) -> str:
-    if model_type == "qwen2_5_vl":
-        for old, new in _VL_PREFIXES:
-            if name.startswith(old):
-                return new + name[len(old):]
+    for old, new in HF_TO_VLLM.get(model_type, ()):
+        if name.startswith(old):
+            return new + name[len(old):]
     return name
 
 
@@ -424,8 +435,7 @@ class LLM:
 
         config = transformers.AutoConfig.from_pretrained(path)
         torch_dtype = None if dtype == "auto" else getattr(torch, dtype)
-        cls = (transformers.Qwen2_5_VLForConditionalGeneration if config.model_type == "qwen2_5_vl"
-               else transformers.AutoModelForCausalLM)
+        cls = getattr(transformers, _HF_CLASSES.get(config.model_type, "AutoModelForCausalLM"))
         return cls.from_pretrained(path, dtype=torch_dtype).eval()
 
     @property

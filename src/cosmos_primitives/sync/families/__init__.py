@@ -3,9 +3,10 @@
 from cosmos_primitives.sync.families.qwen2 import QWEN2
 from cosmos_primitives.sync.families.qwen2_5_vl import QWEN2_5_VL
 from cosmos_primitives.sync.families.qwen3 import QWEN3
+from cosmos_primitives.sync.families.qwen3_vl import QWEN3_VL
 from cosmos_primitives.sync.name_maps import register_family
 
-for _family in (QWEN2, QWEN2_5_VL, QWEN3):
+for _family in (QWEN2, QWEN2_5_VL, QWEN3, QWEN3_VL):
     register_family(_family, replace=True)
 
-__all__ = ["QWEN2", "QWEN2_5_VL", "QWEN3"]
+__all__ = ["QWEN2", "QWEN2_5_VL", "QWEN3", "QWEN3_VL"]
