@@ -23,7 +23,10 @@ A fresh run (no ``[train] resume``) first deletes what an earlier run of the sam
 ``[train] resume`` keeps the queue and the prompt claims: the rollout jobs go on where they were (a
 checkpoint also holds the claims position, put back when Redis lost it).
 ``python -m cosmos_primitives.queue.status --redis URL --run NAME`` shows the live jobs, the queue, the
-weight versions and the dead letters. Failure semantics: ``docs/disaggregated.md``.
+weight versions and the dead letters. Failure semantics: ``docs/disaggregated.md``. A SIGTERM or
+SIGUSR1 (``[train] signal_to_handle``) saves a checkpoint (with the claims position) when the step in
+progress ends and stops this job with exit status 75; the rollout jobs keep the run for its restart
+with ``train.resume=true``.
 """
 
 from __future__ import annotations
@@ -80,6 +83,7 @@ def main() -> None:
         ensure_demo_assets(cfg)  # only acts on "demo:<path>" paths (the tiny configs)
     cp.parallel.barrier()
     cfg = cp.config.check_runnable(cfg, config_path)  # drops "demo:"; a missing path or refused key stops here
+    cp.data.check_plugins_read(cfg, config_path)  # a [validation.dataset] plugin (validation is off) stops here
     plan = plan_jobs(cfg, mesh.world_size)
     cp.plan.log_memory_plan(cfg, mesh.world_size, info.device, mode="disaggregated")  # rank 0 logs
     cp.utils.seed_everything(cfg.train.seed)
@@ -121,7 +125,7 @@ def main() -> None:
     queue = RedisRolloutQueue(cfg.redis, url=url, consumer=f"trainer-{info.rank}", vocab_size=vocab_size)
     control = RunControl(queue)
     stale = StalenessFilter.from_config(grpo)
-    settings = MediaSettings.from_config(dataset_cfg)
+    settings = MediaSettings.from_config(dataset_cfg, processor)  # sized as the rollout side sized them
     wire = None if dis.transfer_dtype == "auto" else getattr(torch, dis.transfer_dtype)
     server = WeightServer(policy.hf_model, url, cfg.redis.stream, layout=cp.rollout.sync_layout(cfg.rollout),
                           bucket_bytes=dis.bucket_mb << 20,
@@ -140,6 +144,14 @@ def main() -> None:
              f"{stale.max_staleness}; serving weights version {step} ({first.seconds:.2f}s to snapshot); {mesh}")
     trained_log = open(run_dir / "records.jsonl", "a") if info.is_rank0 else None  # noqa: SIM115 (closed below)
 
+    def claims_extra() -> dict:
+        """What a checkpoint keeps of the prompt claims (collective: the same on every rank)."""
+        return {"claims_next_range": cp.parallel.broadcast_object(
+            claims.position()["next_range"] if claims is not None else None)}
+
+    # a SIGTERM / SIGUSR1 ([train] signal_to_handle) saves the step in progress once it ends, then stops
+    # this job alone: the rollout jobs wait for the restarted trainer (train.resume=true)
+    preemption = cp.checkpoint.Preemption.from_config(cfg.train, device=info.device)
     while step < total_steps:
         times: dict[str, float] = {}
         t0 = time.perf_counter()
@@ -181,19 +193,21 @@ def main() -> None:
             **{k: v for k, v in queue.metrics().items() if k in ("queue/malformed", "queue/redelivered")},
             **{f"time/{k}": v for k, v in times.items()}, "time/step": sum(times.values()),
         }, step)
-        extra = None
-        if ckpt.should_save(step) or (step == total_steps and cfg.train.ckpt.enable_checkpoint):
-            # read only when a save follows; the same on every rank, as checkpoint extras must be
-            position = cp.parallel.broadcast_object(claims.position()["next_range"] if claims is not None else None)
-            extra = {"claims_next_range": position}
-        ckpt.maybe_save(step, weight_version=step, force=step == total_steps, extra=extra)
+        # the claims position is read only when a save follows
+        scheduled = ckpt.should_save(step) or (step == total_steps and cfg.train.ckpt.enable_checkpoint)
+        ckpt.maybe_save(step, weight_version=step, force=step == total_steps,
+                        extra=claims_extra() if scheduled else None)
+        if preemption.stop_here(ckpt, step, weight_version=step, extra=claims_extra):
+            break
 
-    log.info(f"[GRPO] Training finished at step {step}/{total_steps}, saving final checkpoint in huggingface "
-             "safetensors...")
-    if info.is_rank0:
-        control.request_stop(f"trainer finished at step {step}")
+    preemption.restore()  # training is over: a signal from now on ends the process at once
+    if not preemption.stopped:
+        log.info(f"[GRPO] Training finished at step {step}/{total_steps}, saving final checkpoint in huggingface "
+                 "safetensors...")
+        if info.is_rank0:
+            control.request_stop(f"trainer finished at step {step}")
     server.close()
-    if cfg.train.ckpt.export_safetensors:
+    if cfg.train.ckpt.export_safetensors and not preemption.stopped:
         ckpt.export_final()
     failures = ckpt.close()
     if registry is not None:
@@ -210,6 +224,7 @@ def main() -> None:
     cp.parallel.destroy_distributed()
     if failures:
         raise SystemExit(f"{len(failures)} upload(s) failed: {failures}")
+    preemption.exit_if_stopped()  # exit status 75: preempted, restart it with train.resume=true
 
 
 if __name__ == "__main__":

@@ -14,7 +14,9 @@ One step: prompts -> ``n`` completions each (tagged with the weight version) -> 
 advantages -> log-probs (old / reference / current) -> GRPO loss -> optimizer step -> weight sync.
 With ``[validation] enable`` the engine also answers held-out items every ``freq`` steps: those of
 ``[validation.dataset]``, or without its ``name`` the ``[train.train_policy.dataset] test_size`` items
-held out of the training prompts (unset: 10 %), which training then never sees.
+held out of the training prompts (unset: 10 %), which training then never sees. A SIGTERM or SIGUSR1
+(``[train] signal_to_handle``) saves a checkpoint when the step in progress ends and stops the run with
+exit status 75; ``train.resume=true`` goes on from it as if never stopped.
 """
 
 from __future__ import annotations
@@ -42,14 +44,16 @@ from cosmos_primitives.sync import InProcessSync
 def validate(engine, dataset: MCQPromptDataset, cfg: cp.config.Config, mesh: cp.parallel.ParallelMesh,
              bad: BadSampleTracker) -> dict[str, float]:
     """``[validation]``: one completion per held-out item (this rank's share), scored with
-    ``[validation] reward_function``; means over every rank's items, as ``validation/*`` metrics."""
+    ``[validation] reward_function`` (empty: the training rewards); means over every rank's items, as
+    ``validation/*`` metrics."""
     val = cfg.validation
-    rewards = cp.rewards.RewardSet(val.reward_function)
-    names = list(val.reward_function)
+    rewards = cp.rewards.RewardSet(cp.config.validation_rewards(cfg))
+    names = list(cp.config.validation_rewards(cfg))
     count = len(dataset) if val.max_items is None else min(val.max_items, len(dataset))
     mine = list(range(mesh.dp_rank, count, mesh.dp_size))
     sums = torch.zeros(len(names) + 2, dtype=torch.float64)  # per reward, total, items
-    params = SamplingParams(n=1, temperature=val.temperature, max_new_tokens=cfg.rollout.max_response_length,
+    params = SamplingParams(n=1, temperature=val.temperature,
+                            max_new_tokens=cp.config.validation_max_response_length(cfg),
                             seed=cfg.train.seed)
     for start in range(0, len(mine), cfg.rollout.batch_size):
         prompts = []
@@ -84,6 +88,7 @@ def main() -> None:
         ensure_demo_assets(cfg)  # only acts on "demo:<path>" paths (the tiny configs)
     cp.parallel.barrier()
     cfg = cp.config.check_runnable(cfg, config_path)  # drops "demo:"; a missing path or refused key stops here
+    cp.data.check_plugins_read(cfg, config_path)  # a [validation.dataset] plugin with validation off stops here
     cp.plan.log_memory_plan(cfg, mesh.world_size, info.device, mode="colocated")  # rank 0 logs bytes per GPU
     cp.utils.seed_everything(cfg.train.seed)
     grpo, rollout = cfg.grpo, cfg.rollout
@@ -112,11 +117,13 @@ def main() -> None:
     # with [validation] enable and no validation.dataset.name, test_size holds validation prompts out
     dataset, val_dataset = build_grpo_datasets(cfg, processor)
     sampler = ResumableDistributedSampler(len(dataset), rank=mesh.dp_rank, world_size=mesh.dp_size,
-                                          seed=cfg.train.seed)
+                                          **cp.config.sampler_settings(cfg))
     bad = BadSampleTracker(cfg.train.train_policy.dataset.bad_sample_budget)
     prompts = prompt_stream(dataset, sampler, bad)
     rewards = cp.rewards.RewardSet.from_config(grpo)
-    steps_per_epoch = math.ceil(len(sampler) / grpo.rollout_batch_size)
+    # [grpo] rollouts_per_step splits each generation into that many optimizer steps (cosmos-rl's smaller batches)
+    parts = cp.policy.step_slices(grpo.rollout_batch_size * grpo.num_samples_per_prompt, grpo.rollouts_per_step)
+    steps_per_epoch = math.ceil(len(sampler) / grpo.rollout_batch_size) * len(parts)
     total_steps = cfg.train.max_steps or cfg.train.epoch * steps_per_epoch
     optimizer = cp.policy.build_optimizer(policy, cfg.train)
     scheduler = cp.policy.build_lr_scheduler(optimizer, cfg.train, total_steps)
@@ -129,10 +136,14 @@ def main() -> None:
     tracker = cp.logging.MetricsTracker(run_dir, cfg.logging, run_config=cp.config.config_to_dict(cfg),
                                         total_steps=total_steps, prefix="[GRPO] ")
     dp_group = mesh.group("dp")
+    split = f" (in {len(parts)} steps of {grpo.rollouts_per_step} rollouts)" if len(parts) > 1 else ""
     log.info(f"run dir {run_dir}; {total_steps} steps x {grpo.rollout_batch_size} prompts x "
-             f"{grpo.num_samples_per_prompt} samples per rank; {mesh}")
+             f"{grpo.num_samples_per_prompt} samples per rank{split}; {mesh}")
     if val_dataset is not None and step == 0:
         tracker.log_metrics(validate(engine, val_dataset, cfg, mesh, bad), 0)
+    # a SIGTERM / SIGUSR1 ([train] signal_to_handle) saves the step in progress once it ends (with
+    # [grpo] rollouts_per_step, once the generation in progress is trained), then stops
+    preemption = cp.checkpoint.Preemption.from_config(cfg.train, device=info.device)
 
     while step < total_steps:
         times: dict[str, float] = {}
@@ -152,30 +163,44 @@ def main() -> None:
         # the same forward / backward collectives) and out of the token-mean denominator
         batch.completion_mask = batch.completion_mask * scored.keep[:, None].to(batch.completion_mask)
         collate_s = time.perf_counter() - t0
-        update = cp.policy.grpo_update(policy, reference, optimizer, batch, scored.advantages.to(info.device), cfg,
-                                       dp_group, step=step + 1)
-        times["logprobs"] = collate_s + update.times["logprobs"]
-        times["update"] = update.times["update"]
-        scheduler.step()
-        step += 1
+        advantages, first_step = scored.advantages.to(info.device), step
+        for part in parts:  # one optimizer step each (one part unless [grpo] rollouts_per_step is set)
+            rows = batch if len(parts) == 1 else batch.subset(part)
+            update = cp.policy.grpo_update(policy, reference, optimizer, rows, advantages[part], cfg, dp_group,
+                                           step=step + 1)
+            times["logprobs"] = collate_s + update.times["logprobs"]
+            times["update"] = update.times["update"]
+            scheduler.step()
+            step += 1
 
-        times["sync"] = sync.sync(version=step).seconds
-        tracker.log_metrics({
-            "reward/mean": float(scored.rewards.mean()), "reward/std": float(scored.rewards.std(unbiased=False)),
-            **{k: v for k, v in scored.batch.metrics.items() if k.startswith("reward/") and k != "reward/total"},
-            **update.metrics,
-            "response_length": float(scored.lengths.float().mean()), "grad_norm": update.grad_norm,
-            "lr": scheduler.get_last_lr()[0], "bad_samples": bad.count, **scored.sampling_metrics,
-            **{f"time/{k}": v for k, v in times.items()}, "time/step": sum(times.values()),
-        }, step)
-        if val_dataset is not None and (step % max(cfg.validation.freq, 1) == 0 or step == total_steps):
-            tracker.log_metrics(validate(engine, val_dataset, cfg, mesh, bad), step)
-        ckpt.maybe_save(step, epoch=sampler.epoch, weight_version=step, force=step == total_steps)
+            times["sync"] = sync.sync(version=step).seconds
+            tracker.log_metrics({
+                "reward/mean": float(scored.rewards.mean()), "reward/std": float(scored.rewards.std(unbiased=False)),
+                **{k: v for k, v in scored.batch.metrics.items() if k.startswith("reward/") and k != "reward/total"},
+                **update.metrics,
+                "response_length": float(scored.lengths.float().mean()), "grad_norm": update.grad_norm,
+                "lr": scheduler.get_last_lr()[0], "bad_samples": bad.count, **scored.sampling_metrics,
+                **{f"time/{k}": v for k, v in times.items()}, "time/step": sum(times.values()),
+            }, step)
+            if val_dataset is not None and (step % max(cfg.validation.freq, 1) == 0 or step == total_steps):
+                tracker.log_metrics(validate(engine, val_dataset, cfg, mesh, bad), step)
+            if step == total_steps:
+                break
+            times.update(rollout=0.0, reward=0.0)  # the next steps train rollouts already made
+            collate_s = 0.0
+        # saved once the generation is trained: its prompts are consumed, so a resume starts at the next one
+        ckpt.maybe_save(step, epoch=sampler.epoch, weight_version=step,
+                        force=step == total_steps or any(map(ckpt.should_save, range(first_step + 1, step + 1))))
+        # preemption too stops at a generation's end, where a resume starts at the next generation's prompts
+        if preemption.stop_here(ckpt, step, epoch=sampler.epoch, weight_version=step):
+            break
 
-    log.info(f"[GRPO] Training finished at step {step}/{total_steps}, saving final checkpoint in huggingface "
-             "safetensors...")
-    if cfg.train.ckpt.export_safetensors:
-        ckpt.export_final()
+    preemption.restore()  # training is over: a signal from now on ends the process at once
+    if not preemption.stopped:
+        log.info(f"[GRPO] Training finished at step {step}/{total_steps}, saving final checkpoint in huggingface "
+                 "safetensors...")
+        if cfg.train.ckpt.export_safetensors:
+            ckpt.export_final()
     failures = ckpt.close()
     tracker.finish()
     if info.is_rank0:
@@ -184,6 +209,7 @@ def main() -> None:
     cp.parallel.destroy_distributed()
     if failures:
         raise SystemExit(f"{len(failures)} upload(s) failed: {failures}")
+    preemption.exit_if_stopped()  # exit status 75: preempted, resume with train.resume=true
 
 
 if __name__ == "__main__":

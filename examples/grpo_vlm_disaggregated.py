@@ -86,7 +86,7 @@ def train_from_queue(cfg, info, roles, plan: QueuePlan, mesh: RoleMesh, sync_gro
     queue = RedisRolloutQueue(cfg.redis, url=url, consumer=f"trainer-{info.rank}", vocab_size=vocab_size)
     control = RunControl(queue)
     stale = StalenessFilter.from_config(grpo)
-    settings = MediaSettings.from_config(dataset_cfg)
+    settings = MediaSettings.from_config(dataset_cfg, processor)  # sized as the rollout side sized them
     bad = BadSampleTracker(dataset_cfg.bad_sample_budget)
     wire = None if dis.transfer_dtype == "auto" else getattr(torch, dis.transfer_dtype)
     sender = WeightBroadcaster(policy.hf_model, sync_group, layout=cp.rollout.sync_layout(cfg.rollout),
@@ -174,7 +174,7 @@ def generate_into_queue(cfg, info, roles, plan: QueuePlan, sync_group, url: str)
 
     dataset = prompt_dataset(cfg.train.train_policy.dataset, cfg, processor)
     sampler = ResumableDistributedSampler(len(dataset), rank=roles.index, world_size=roles.num_rollouts,
-                                          seed=cfg.train.seed)
+                                          **cp.config.sampler_settings(cfg))
     bad = BadSampleTracker(cfg.train.train_policy.dataset.bad_sample_budget)
     prompts = prompt_stream(dataset, sampler, bad)
     rewards = cp.rewards.RewardSet.from_config(grpo)

@@ -3,6 +3,8 @@
     python examples/sft.py --config examples/configs/sft_tiny.toml
     torchrun --nproc_per_node 2 examples/sft.py --config examples/configs/sft_tiny.toml train.epoch=2
 
+    python examples/sft.py --config sft.toml --dataset tools/dataset/cosmos_sft.py   # a cosmos-rl dataset script
+
 Read top to bottom: set up, train, save. Every block comes from cosmos_primitives; copy this file
 and edit it for your own recipe. One optimizer step takes ``[train] train_batch_per_replica``
 samples per data-parallel rank, packed into rows of at most ``packing_budget`` tokens (when
@@ -10,7 +12,9 @@ samples per data-parallel rank, packed into rows of at most ``packing_budget`` t
 is the token mean over every micro-batch of every data-parallel rank. With ``[validation] enable``,
 the mean token loss of the validation split (``[validation.dataset]``, or the part of the training
 data ``[train.train_policy.dataset] test_size`` holds out) is logged as ``val/avg_loss`` every
-``freq`` steps, after the last and, with ``val_before_train``, before the first.
+``freq`` steps, after the last and, with ``val_before_train``, before the first. A SIGTERM or
+SIGUSR1 (``[train] signal_to_handle``) saves a checkpoint when the step in progress ends and stops the
+run with exit status 75; ``train.resume=true`` goes on from it as if never stopped.
 """
 
 from __future__ import annotations
@@ -24,16 +28,18 @@ import cosmos_primitives as cp
 from cosmos_primitives.algo.sft_loss import sft_loss, sft_token_weights, trained_mask
 from cosmos_primitives.checkpoint import CheckpointManager
 from cosmos_primitives.data import (
+    BadSampleBudgetExceeded,
     all_ranks_have_batch,
     build_sft_datasets,
     build_sft_loader,
     build_sft_validation_loader,
+    check_plugins_read,
 )
 from cosmos_primitives.policy import sft_validation_loss, without_labels
 
 
 def main() -> None:
-    cfg, config_path = cp.config.load_recipe_config(__doc__)  # --config FILE [dotted overrides]
+    cfg, config_path = cp.config.load_recipe_config(__doc__, dataset_plugin=True)  # --config, --dataset
     info = cp.parallel.init_distributed()
     log = cp.logging.get_logger()
     mesh = cp.parallel.ParallelMesh(cfg.policy.parallelism, device_type=info.device.type)
@@ -43,6 +49,7 @@ def main() -> None:
         ensure_demo_assets(cfg)  # only acts on "demo:<path>" paths (the tiny configs)
     cp.parallel.barrier()
     cfg = cp.config.check_runnable(cfg, config_path)  # drops "demo:"; a missing path or refused key stops here
+    check_plugins_read(cfg, config_path)  # a [validation.dataset] plugin with validation off stops here
     cp.plan.log_memory_plan(cfg, mesh.world_size, info.device, mode="sft")  # rank 0 logs bytes per GPU
     cp.utils.seed_everything(cfg.train.seed)
 
@@ -87,14 +94,21 @@ def main() -> None:
 
     if val_loader is not None and step == 0 and cfg.validation.val_before_train:
         validate(0)
+    # a SIGTERM / SIGUSR1 ([train] signal_to_handle) saves the step in progress once it ends, then stops
+    preemption = cp.checkpoint.Preemption.from_config(cfg.train, device=info.device)
     done = step >= total_steps
+    epoch_start = (step, loader.sampler.position == 0)  # an epoch without one step: every sample was bad
     while not done and loader.epoch < cfg.train.epoch:
         start = time.perf_counter()
         micro_batches = loader.next_step(cfg.train.train_batch_per_replica)
         while micro_batches == []:  # every sample of the step was bad: take the next ones
             micro_batches = loader.next_step(cfg.train.train_batch_per_replica)
         if not all_ranks_have_batch(micro_batches is not None, device=info.device, group=dp_group):
+            if epoch_start == (step, True):  # as GRPO's prompt stream: stop rather than export an untrained model
+                raise BadSampleBudgetExceeded(f"no optimizer step in epoch {loader.epoch}: every sample (of at least "
+                                              f"one rank's share) was bad.\n{loader.bad_samples.report()}")
             loader.start_next_epoch()
+            epoch_start = (step, True)
             continue
         # FSDP needs the same number of forward / backward passes on every rank: pad with copies
         # that train on nothing
@@ -134,18 +148,23 @@ def main() -> None:
         if val_loader is not None and step % cfg.validation.freq == 0 and not done:
             validate(step)
         ckpt.maybe_save(step, epoch=loader.epoch, force=step == total_steps)
+        if preemption.stop_here(ckpt, step, epoch=loader.epoch):
+            break
 
-    if val_loader is not None and validated_at != step:
+    preemption.restore()  # training is over: a signal from now on ends the process at once
+    if val_loader is not None and validated_at != step and not preemption.stopped:
         validate(step)  # after the last step, as cosmos-rl does
-    log.info(f"[SFT] Training finished at step {step}/{total_steps}, saving final checkpoint in huggingface "
-             "safetensors...")
-    if cfg.train.ckpt.export_safetensors:
-        ckpt.export_final()
+    if not preemption.stopped:
+        log.info(f"[SFT] Training finished at step {step}/{total_steps}, saving final checkpoint in huggingface "
+                 "safetensors...")
+        if cfg.train.ckpt.export_safetensors:
+            ckpt.export_final()
     failures = ckpt.close()
     tracker.finish()
     cp.parallel.destroy_distributed()
     if failures:
         raise SystemExit(f"{len(failures)} upload(s) failed: {failures}")
+    preemption.exit_if_stopped()  # exit status 75: preempted, resume with train.resume=true
 
 
 if __name__ == "__main__":

@@ -4,13 +4,21 @@
     python examples/wfm_rl.py --config examples/configs/wfm_ddrl_tiny.toml train.max_steps=5
     python examples/wfm_rl.py --config examples/configs/wfm_flowgrpo_tiny.toml train.resume=true
     torchrun --nproc-per-node 8 examples/wfm_rl.py --config examples/configs/cosmos_predict2_5_2b_flowgrpo.toml
+    torchrun --nproc-per-node 8 examples/wfm_rl.py \
+        --config configs/cosmos-predict2-5/cosmos-predict2-5-2b-480-grpo.toml \
+        policy.model_name_or_path=/path/to/diffusers-folder wfm.data.path=/path/to/clips
+
+cosmos-rl's world-model files (``configs/cosmos-predict2-5/``) are read as they are (the loader
+translates them; ``python -m cosmos_primitives.migrate FILE`` shows how, docs/from_cosmos_rl.md).
 
 Each step: take this rank's next ``[wfm.data] prompts_per_step`` prompts (a shuffled, resumable
 order of a mock set or clip folder, or a stream of tar shards, local or on S3, with ``kind =
-"webdataset"``), roll out ``num_samples_per_prompt`` videos per prompt with the SDE sampler
-(log-probs recorded; with ``[wfm] conditioning = "image"`` / ``"video"`` the clip's first latent
-frames, VAE-encoded, are held fixed as Cosmos-Predict2.5's image- / video-to-world does), decode
-them with the VAE, score them with the reward service, turn rewards into group advantages, then
+"webdataset"``; the ``[wfm] group_ranks`` ranks of a group read the same ones), roll out
+``num_samples_per_prompt`` videos per prompt (``/ group_ranks`` on each rank of a group) with the
+SDE sampler (log-probs recorded; with ``[wfm] conditioning = "image"`` / ``"video"`` the clip's
+first latent frames, VAE-encoded, are held fixed as Cosmos-Predict2.5's image- / video-to-world
+does), decode them with the VAE, score them with the reward service, turn rewards into group
+advantages (the group's rewards gathered from its ranks), then
 update the LoRA adapters (``[policy.lora]``; without it all weights) with the FlowGRPO loss on a
 fraction of the stochastic steps (+ ``data_beta`` times the flow-matching loss on the prompts' real
 clips for DDRL; ``cp.policy.flow_grpo_update``), ``[wfm] num_minibatches`` optimizer steps per batch,
@@ -36,7 +44,9 @@ end.
 ``train.resume=true`` goes on from the latest checkpoint exactly as if never stopped: each step
 draws its randomness (SDE noise, SDE window, trained steps, DDRL noise) from generators seeded by
 ``(seed, step, rank)``, and the rewards are functions of the videos. A web dataset resumes at the
-saved shard and sample, with the bad samples counted so far.
+saved shard and sample, with the bad samples counted so far. A SIGTERM or SIGUSR1 (``[train]
+signal_to_handle``) saves a checkpoint when the step in progress ends and stops the run with exit
+status 75, from which ``train.resume=true`` goes on the same way.
 """
 
 from __future__ import annotations
@@ -77,11 +87,13 @@ def build_models(policy: PolicyConfig, text_dim: int, device: torch.device, dtyp
         diffusers = cp.utils.require("diffusers", "loading a flow transformer")
         path = policy.model_name_or_path
         # torch_dtype keeps the modules the model wants in float32 (norms, time embedding) there
-        transformer = diffusers.AutoModel.from_pretrained(path, subfolder="transformer", torch_dtype=dtype)
-        vae = diffusers.AutoModel.from_pretrained(path, subfolder="vae")
+        revision = {"revision": policy.model_revision} if policy.model_revision else {}  # a Hub branch
+        transformer = diffusers.AutoModel.from_pretrained(path, subfolder="transformer", torch_dtype=dtype, **revision)
+        vae = diffusers.AutoModel.from_pretrained(path, subfolder="vae", **revision)
         # the folder names its scheduler: FlowMatchEulerDiscreteScheduler (Wan) or a flow-sigma
         # UniPCMultistepScheduler (Cosmos-Predict2.5); only its sigma grid is used
-        scheduler_config = diffusers.FlowMatchEulerDiscreteScheduler.load_config(path, subfolder="scheduler")
+        scheduler_config = diffusers.FlowMatchEulerDiscreteScheduler.load_config(path, subfolder="scheduler",
+                                                                                 **revision)
         scheduler = getattr(diffusers, scheduler_config["_class_name"]).from_config(scheduler_config)
     return transformer.to(device), vae.to(device).requires_grad_(False).eval(), scheduler
 
@@ -238,17 +250,26 @@ def train(cfg: cp.Config) -> Path:
                                noise_max=s.noise_max)
 
     # Prompts (bad clips skipped and counted, as in SFT: [train.train_policy.dataset] bad_sample_budget),
-    # optimizer, checkpoints.
-    group, per_step = w.num_samples_per_prompt, w.data.prompts_per_step
-    source = PromptSource(w.data, seed=seed, rank=data_rank, world_size=data_ranks, per_step=per_step,
+    # optimizer, checkpoints. A prompt's group of rollouts may span `spread` data ranks ([wfm] group_ranks,
+    # cosmos-rl's world-model layout): they read the same prompts and roll out `group` samples each.
+    spread = math.gcd(w.group_ranks, data_ranks)
+    group, per_step = w.num_samples_per_prompt // spread, w.data.prompts_per_step
+    group_index, member = divmod(data_rank, spread)
+    if spread * group != w.num_samples_per_prompt:
+        raise ValueError(f"[wfm] num_samples_per_prompt = {w.num_samples_per_prompt} cannot be shared by the "
+                         f"{spread} data ranks of a group ([wfm] group_ranks = {w.group_ranks})")
+    source = PromptSource(w.data, seed=seed, rank=group_index, world_size=data_ranks // spread, per_step=per_step,
                           bad_sample_budget=cfg.train.train_policy.dataset.bad_sample_budget)
     guided = cp.rollout.to_diffusers_guidance(w.guidance_scale, w.guidance_convention) != 1.0
     negative = cp.data.negative_prompt_embedding(w.data, w.negative_prompt)[0].to(device) if guided else None
     blank = torch.zeros(1, 3, w.data.num_frames, w.data.height, w.data.width, device=device)  # every item's shape
     latent_shape = tuple(cp.rollout.encode_video(vae, blank).shape[1:])
     del blank  # 370 MB at 93 x 432 x 768
-    # image- / video-to-world: the clip's first latent frames, VAE-encoded, are held fixed (0: text-to-world)
-    num_cond = w.condition_latent_frames(latent_shape[1])
+    # image- / video-to-world: the clip's first latent frames, VAE-encoded, are held fixed (0: text-to-world);
+    # a step draws how many from [lo, num_cond] (lo < num_cond with [wfm] min_num_conditional_frames)
+    lo_cond, num_cond = w.condition_frame_range(latent_shape[1])
+    if w.reference_update_interval and not policy.has_reference:
+        raise ValueError("[wfm] reference_update_interval is set but there is no reference: it needs kl_beta > 0")
     eval_batch, eval_ids = source.eval_prompts()  # fixed for the run
     cp.policy.check_text_width(transformer, eval_batch["text"].shape[-1])  # e.g. 100352 for Cosmos-Predict2.5
     nft = w.algorithm == "diffusion_nft"
@@ -271,7 +292,8 @@ def train(cfg: cp.Config) -> Path:
                                             total_steps=total_steps)
         stack.callback(tracker.finish)
         tracker.log_text(f"{w.algorithm}: {policy.num_trainable():,} trainable weights, latents {latent_shape}, "
-                         f"{group} x {per_step} rollouts of {w.num_inference_steps} steps per update; "
+                         f"{group} x {per_step} rollouts of {w.num_inference_steps} steps per update and rank"
+                         + (f" (groups of {group * spread} over {spread} ranks)" if spread > 1 else "") + "; "
                          f"steps {step + 1}..{total_steps}; run dir {run_dir}")
 
         def clip_latents(video: torch.Tensor) -> torch.Tensor:
@@ -305,6 +327,8 @@ def train(cfg: cp.Config) -> Path:
         if evaluating and step == 0:
             evaluate(0)
         prompts = source.stream()  # from the (resumed) position
+        # a SIGTERM / SIGUSR1 ([train] signal_to_handle) saves the step in progress once it ends, then stops
+        preemption = cp.checkpoint.Preemption.from_config(cfg.train, device=device)
         while step < total_steps:
             step += 1
             # every random draw of this step comes from (seed, step, data rank): a resumed run repeats it
@@ -314,11 +338,19 @@ def train(cfg: cp.Config) -> Path:
             batch = cp.data.collate_clips([next(prompts) for _ in range(per_step)])
             text = batch["text"].to(device).repeat_interleave(group, 0)  # [B, L, D], B = per_step * group
             captions = [c for c in batch["caption"] for _ in range(group)]
-            group_ids = torch.arange(per_step).repeat_interleave(group)
-            seeds = [derived_seed(seed, step, data_rank, "rollout", i) for i in range(text.shape[0])]
+            # seeded by (group, prompt, sample in the prompt's group): the same rollouts however the group is spread
+            seeds = [derived_seed(seed, step, group_index, "rollout", i // group * w.num_samples_per_prompt
+                                  + member * group + i % group) for i in range(text.shape[0])]
+            # [wfm] shared_initial_noise: a prompt's rollouts (on every rank of its group) start from one noise
+            noise_seeds = ([derived_seed(seed, step, group_index, "noise", i // group) for i in range(text.shape[0])]
+                           if w.shared_initial_noise else None)
+            k = num_cond if lo_cond == num_cond else int(torch.randint(
+                lo_cond, num_cond + 1, (1,), generator=derived_generator(seed, step, group_index, "condition")))
             # DDRL's real clips; their first latent frames are the condition of image- / video-to-world
-            clips = clip_latents(batch["video"]) if w.algorithm == "ddrl" or num_cond else None
-            condition = clips[:, :, :num_cond] if num_cond else None
+            clips = clip_latents(batch["video"]) if w.algorithm == "ddrl" or k else None
+            condition = clips[:, :, :k] if k else None
+            if w.reference_update_interval and (step - 1) % w.reference_update_interval == 0:
+                policy.refresh_reference()  # cosmos-rl's update_ref_every_iter: the KL is to a recent policy
             # one SDE window for the whole batch, the same on every rank
             window = (cp.rollout.sliding_sde_window(w.num_inference_steps, s.sde_window_size, step - 1,
                                                     shift_interval=s.sde_window_shift_interval,
@@ -330,9 +362,15 @@ def train(cfg: cp.Config) -> Path:
                                seeds=seeds, negative_text=negative, guidance_scale=w.guidance_scale,
                                guidance_convention=w.guidance_convention, sde=None if nft else sde,
                                sde_steps=None if nft else window,  # DiffusionNFT: plain ODE rollouts
-                               condition=condition)
+                               condition=condition, noise_seeds=noise_seeds)
             rewards, _ = score(client, vae, traj.samples, captions, w.data.fps, micro_batch)
-            advantages = cp.algo.flow_grpo_advantages(rewards, group_ids, std_scope=w.advantage_std_scope).to(device)
+            # the group's rewards from all its ranks ([spread, B]); this rank's advantages are row `member`
+            group_rewards = cp.parallel.gather_group_rewards(rewards, data_rank=data_rank, group_ranks=spread,
+                                                             cp_rank=cp_rank)
+            advantages = cp.algo.flow_grpo_advantages(
+                group_rewards.flatten(), torch.arange(per_step).repeat_interleave(group).repeat(spread),
+                std_scope=w.advantage_std_scope, unbiased=w.advantage_std == "sample").view(spread, -1)[member]
+            advantages = advantages.to(device)
             if w.advantage_transform == "neg_exp":
                 advantages = cp.algo.neg_exp_advantages(advantages, clip=w.adv_clip_max)
 
@@ -340,31 +378,36 @@ def train(cfg: cp.Config) -> Path:
                 logged = cp.policy.diffusion_nft_update(policy, velocity, optimizer, traj.samples, text, advantages, w,
                                                         cfg.train.optm_grad_norm_clip, rng["nft"], step=step,
                                                         nonfinite=cfg.train.nonfinite, condition=condition,
-                                                        micro_batch=micro_batch)
+                                                        micro_batch=micro_batch, sigmas=sigmas)
             else:
                 data = clips if w.algorithm == "ddrl" else None
                 logged = cp.policy.flow_grpo_update(policy, velocity, optimizer, traj, text, negative, advantages,
                                                     data, w, cfg.train.optm_grad_norm_clip, rng, step=step,
                                                     nonfinite=cfg.train.nonfinite, micro_batch=micro_batch)
             lr_scheduler.step()
-            logged.update(reward_mean=rewards.mean(), reward_std=rewards.std(unbiased=False),
+            logged.update(reward_mean=group_rewards.mean(), reward_std=group_rewards.std(unbiased=False),
                           lr=lr_scheduler.get_last_lr()[0], bad_samples=source.bad.count)
             tracker.log_metrics(logged, step)
             ckpt.maybe_save(step, epoch=source.epoch, force=step == total_steps)
             if evaluating and (step == total_steps or (w.eval_freq > 0 and step % w.eval_freq == 0)):
                 evaluate(step)
+            if preemption.stop_here(ckpt, step, epoch=source.epoch):
+                break
+        preemption.restore()  # training is over: a signal from now on ends the process at once
         if info.is_rank0:
             cp.logging.plot_run(run_dir, keys=CURVES)
-        if cfg.train.ckpt.enable_checkpoint:
+        if cfg.train.ckpt.enable_checkpoint and not preemption.stopped:
             weights = policy.adapter_state_dict()  # collective under FSDP2: every rank takes part
             if info.is_rank0:
                 from safetensors.torch import save_file
 
                 save_file(weights, str(run_dir / "trained_weights.safetensors"))
-        ckpt.export_final()  # with export_safetensors: safetensors/final, a diffusers folder
+        if not preemption.stopped:
+            ckpt.export_final()  # with export_safetensors: safetensors/final, a diffusers folder
         failures = ckpt.close()
     if failures:
         raise SystemExit(f"{len(failures)} upload(s) failed: {failures}")
+    preemption.exit_if_stopped()  # exit status 75: preempted, resume with train.resume=true
     return run_dir
 
 

@@ -94,7 +94,8 @@ def test_wrong_type_names_key_and_expected_type(tmp_path: Path, text: str, key: 
 
 
 def test_aliases_map_onto_one_field(tmp_path: Path) -> None:
-    a = load_config(write(tmp_path, "[rollout]\nn_generation = 6\n"))
+    # n_generation is cosmos-rl's spelling: the file says it is read as this library's, so nothing else differs
+    a = load_config(write(tmp_path, "config_style = 'cosmos_primitives'\n[rollout]\nn_generation = 6\n"))
     b = load_config(write(tmp_path, "[grpo]\nnum_samples_per_prompt = 6\n"))
     assert a.grpo.num_samples_per_prompt == b.grpo.num_samples_per_prompt == 6
     assert a == b

@@ -3,12 +3,14 @@ run in one CPU process from a user's script that registers its own reward first.
 
 The random tiny model never answers in format, so the built-in rewards are 0 for every sample (no
 advantage, no update); a length reward gives the groups a spread. Small sizes (2 prompts x 4
-samples of 8 tokens, 3 steps) keep a run near 20 s on two cores."""
+samples of 8 tokens, 3 steps) keep a run near 20 s on two cores. A SIGTERM mid-run saves a
+checkpoint from which the run resumes bitwise."""
 
 from __future__ import annotations
 
 import json
 import re
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -16,6 +18,8 @@ from pathlib import Path
 import pytest
 
 import cosmos_primitives as cp
+from cosmos_primitives.checkpoint import PREEMPTED_EXIT_CODE, find_latest_checkpoint
+from cosmos_primitives.testing.recipe_runs import finish, kill_when, launch_recipe, only_run_dir
 
 REPO = Path(__file__).resolve().parents[1]
 CONFIG = REPO / "examples" / "configs" / "grpo_tiny.toml"
@@ -127,3 +131,59 @@ def test_validation_on_prompts_test_size_holds_out_of_training(assets, tmp_path:
     validations = [r for r in records if "validation/items" in r]
     assert [(r["step"], r["validation/items"]) for r in validations] == [(0, 4.0), (2, 4.0)]
     assert [r["step"] for r in records if "grad_norm" in r] == [1, 2]
+
+
+def test_a_generation_trains_in_rollouts_per_step_steps(assets, tmp_path: Path) -> None:
+    """``[grpo] rollouts_per_step`` (a cosmos-rl train_batch_per_replica smaller than a generation, as
+    Reason2's own file): 2 prompts x 4 samples train in two steps of 4 rollouts; validation scores
+    with the training rewards when its own are left empty (cosmos-rl's default)."""
+    train_file = next(a.split("=", 1)[1] for a in assets if a.startswith("train.train_policy.dataset.name="))
+    log, run_dir = run([*assets, *SMALL, "train.max_steps=4", "grpo.rollouts_per_step=4",
+                        "validation.enable=true", "validation.freq=4", "validation.max_items=2",
+                        f"validation.dataset.name={train_file}", "validation.max_response_length=4"], tmp_path / "out")
+    assert "4 steps x 2 prompts x 4 samples per rank (in 2 steps of 4 rollouts)" in log
+    records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    steps = [r for r in records if "grad_norm" in r]
+    assert [r["step"] for r in steps] == [1, 2, 3, 4]
+    # a generation's first step made its rollouts, the second trains the rest of them
+    assert [r["time/rollout"] > 0 for r in steps] == [True, False, True, False]
+    assert [r["step"] for r in records if "validation/items" in r] == [0, 4]
+    training = set(cp.load_config(CONFIG).grpo.reward_function)
+    assert {f"validation/{name}" for name in training} <= set(records[0])
+
+
+@pytest.mark.slow
+def test_sigterm_saves_the_step_in_progress_and_the_run_resumes_bitwise(assets, tmp_path: Path) -> None:
+    """Preemption of a colocated run: a real SIGTERM once step 1 is logged saves the step in progress
+    (no scheduled save), the run exits 75, and ``train.resume=true`` logs the same rewards, losses,
+    gradient norms and learning rates at every step as a run never stopped (a warmup, a length
+    reward that spreads the groups)."""
+    script = tmp_path / "my_grpo.py"
+    script.write_text(USER_SCRIPT)
+    ckpt = ["train.ckpt.enable_checkpoint=true", "train.ckpt.save_freq=100", "train.optm_warmup_steps=2",
+            "grpo.reward_function={length = 1.0}", "logging.logger=[]"]
+    one_thread = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}  # floats compared bitwise
+
+    def launch(out: Path, extra: list[str], log: Path):
+        return launch_recipe(script, CONFIG, [*assets, *SMALL, *ckpt, f"train.output_dir={out}", *extra], log,
+                             cwd=REPO, env=one_thread)
+
+    def values(run_dir: Path) -> list[dict]:
+        return [{k: v for k, v in r.items() if k.partition("/")[0] != "time"} for r in cp.logging.read_metrics(run_dir)]
+
+    finish(launch(tmp_path / "never", ["train.ckpt.enable_checkpoint=false"], tmp_path / "never.log"),
+           tmp_path / "never.log")
+    reference = values(only_run_dir(tmp_path / "never"))
+    assert [r["step"] for r in reference] == [1, 2, 3] and len({r["reward/mean"] for r in reference}) > 1
+
+    log = tmp_path / "run.log"
+    proc = launch(tmp_path / "out", [], log)
+    kill_when(proc, lambda: any(p.read_text().strip() for p in (tmp_path / "out").glob("*/metrics.jsonl")), log,
+              "step 1 was logged", sig=signal.SIGTERM)
+    assert proc.returncode == PREEMPTED_EXIT_CODE, log.read_text()[-3000:]
+    run_dir = only_run_dir(tmp_path / "out")
+    stopped = len(values(run_dir))
+    assert 1 <= stopped < STEPS and find_latest_checkpoint(run_dir) == run_dir / "checkpoints" / f"step_{stopped}"
+    text = finish(launch(tmp_path / "out", ["train.resume=true"], tmp_path / "resume.log"), tmp_path / "resume.log")
+    assert f"Resumed from {run_dir / 'checkpoints' / f'step_{stopped}'} (step {stopped}," in text
+    assert values(run_dir) == reference

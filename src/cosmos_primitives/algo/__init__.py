@@ -30,7 +30,13 @@ from cosmos_primitives.algo.dapo import (
 from cosmos_primitives.algo.ddrl import DataLoss, ddrl_data_loss, neg_exp_advantages, noisy_latents
 from cosmos_primitives.algo.diffusion_nft import DiffusionNFTOutput, diffusion_nft_loss, optimality_probability
 from cosmos_primitives.algo.entropy import entropy_bonus
-from cosmos_primitives.algo.flow_grpo import FlowGRPOLoss, flow_grpo_advantages, flow_grpo_loss, select_train_steps
+from cosmos_primitives.algo.flow_grpo import (
+    FlowGRPOLoss,
+    flow_grpo_advantages,
+    flow_grpo_loss,
+    listed_train_steps,
+    select_train_steps,
+)
 from cosmos_primitives.algo.fused_logprob_loss import (
     fused_token_loss,
     fused_weighted_logprob_sum,
@@ -117,6 +123,7 @@ __all__ = [
     "kl_k1",
     "kl_k2",
     "kl_k3",
+    "listed_train_steps",
     "mask_shared_prefixes",
     "naive_token_logprobs",
     "neg_exp_advantages",

@@ -17,14 +17,17 @@ ADVANTAGE_EPS = 1e-4
 
 
 def flow_grpo_advantages(rewards: torch.Tensor, group_ids: torch.Tensor | None = None, *,
-                         std_scope: Literal["group", "batch"] = "group", eps: float = ADVANTAGE_EPS) -> torch.Tensor:
-    """``A = (r - mean_group) / (std + eps)``, population std (numpy's, as Flow-GRPO).
+                         std_scope: Literal["group", "batch"] = "group", eps: float = ADVANTAGE_EPS,
+                         unbiased: bool = False) -> torch.Tensor:
+    """``A = (r - mean_group) / (std + eps)``, population std (numpy's, as Flow-GRPO) unless ``unbiased``.
 
     Args:
         rewards: ``[B]`` float.
         group_ids: ``[B]`` integer label of each sample's prompt group; ``None``: one group.
         std_scope: ``std`` of the sample's own group, or of the whole batch's rewards (Flow-GRPO's
             ``global_std``; steadier with small groups). The mean is always the group's.
+        unbiased: the sample std (``n - 1`` in the denominator, torch's default, as cosmos-rl's
+            world-model trainers take it); a group of one sample then has std 0.
 
     Returns: ``[B]`` float32 (not clamped; the loss clamps).
     """
@@ -41,9 +44,10 @@ def flow_grpo_advantages(rewards: torch.Tensor, group_ids: torch.Tensor | None =
     count = torch.bincount(inverse).float()
     mean = (torch.zeros_like(count).index_add_(0, inverse, rewards) / count)[inverse]
     if std_scope == "batch":
-        std = rewards.std(unbiased=False).expand_as(rewards)
+        std = (rewards.std(unbiased=unbiased) if rewards.numel() > 1 else torch.zeros(())).expand_as(rewards)
     else:
-        std = (torch.zeros_like(count).index_add_(0, inverse, (rewards - mean) ** 2) / count).sqrt()[inverse]
+        dof = (count - 1).clamp(min=1) if unbiased else count
+        std = (torch.zeros_like(count).index_add_(0, inverse, (rewards - mean) ** 2) / dof).sqrt()[inverse]
     return (rewards - mean) / (std + eps)
 
 
@@ -62,6 +66,34 @@ def select_train_steps(num_sde_steps: int, fraction: float = 1.0,
     if count == num_sde_steps:
         return torch.arange(num_sde_steps)
     return torch.randperm(num_sde_steps, generator=generator)[:count].sort().values
+
+
+def listed_train_steps(train_steps: list[int], sde_steps: torch.Tensor,
+                       generator: torch.Generator | None = None) -> torch.Tensor:
+    """Positions into ``sde_steps`` (``[K]`` int64, the rollout's stochastic step indices) of the listed
+    denoising steps ``train_steps`` (cosmos-rl's ``train_on``): each ``-1`` becomes a stochastic step not
+    listed, drawn without replacement from ``generator``. Returns ``[len(train_steps)]`` int64, listed
+    steps first in their order, then the drawn ones.
+
+    Raises:
+        ValueError: naming ``[wfm] train_steps``: a listed step that was not stochastic in this rollout,
+            a step listed twice, or more ``-1`` than steps left to draw from.
+    """
+    stochastic = [int(i) for i in sde_steps.tolist()]
+    fixed = [i for i in train_steps if i != -1]
+    if len(set(fixed)) != len(fixed):
+        raise ValueError(f"[wfm] train_steps lists a step twice: {train_steps}")
+    unknown = [i for i in fixed if i not in stochastic]
+    if unknown:
+        raise ValueError(f"[wfm] train_steps {unknown} are not stochastic steps of the rollout (its stochastic "
+                         f"steps: {stochastic}); list steps below [wfm] num_inference_steps inside the SDE window")
+    rest = [i for i in stochastic if i not in fixed]
+    draws = len(train_steps) - len(fixed)
+    if draws > len(rest):
+        raise ValueError(f"[wfm] train_steps asks for {draws} random steps (-1) but only {len(rest)} stochastic "
+                         "steps are not listed")
+    picked = [rest[int(j)] for j in torch.randperm(len(rest), generator=generator)[:draws]] if draws else []
+    return torch.tensor([stochastic.index(i) for i in fixed + picked], dtype=torch.long)
 
 
 @attrs.define

@@ -1,7 +1,7 @@
 """Resume checkpoints (DCP, sharded, atomic, checksummed, rotated in save order, sync or async),
 Hugging Face safetensors export (diffusers folders for flow transformers), background uploads to S3
-and the Hugging Face Hub, and the guard that stops (or skips) a step with a non-finite loss or
-gradient before it can be saved.
+and the Hugging Face Hub, the guard that stops (or skips) a step with a non-finite loss or gradient
+before it can be saved, and preemption: a SIGTERM / SIGUSR1 saves a checkpoint before the run stops.
 
 Names load on first use, so ``import cosmos_primitives.checkpoint`` stays cheap; boto3 and
 huggingface_hub (extras ``s3`` and ``hub``) are imported only when an upload is configured.
@@ -22,6 +22,8 @@ _EXPORTS = {
     "verify_checkpoint": "cosmos_primitives.checkpoint.manifest",
     "Verification": "cosmos_primitives.checkpoint.manifest",
     "check_finite": "cosmos_primitives.checkpoint.nonfinite",
+    "Preemption": "cosmos_primitives.checkpoint.preemption",
+    "PREEMPTED_EXIT_CODE": "cosmos_primitives.checkpoint.preemption",
     "NonFiniteError": "cosmos_primitives.checkpoint.nonfinite",
     "Uploader": "cosmos_primitives.checkpoint.uploader",
     "UploadFailure": "cosmos_primitives.checkpoint.uploader",
@@ -32,9 +34,11 @@ _EXPORTS = {
 
 __all__ = [
     "PAUSE_ENV",
+    "PREEMPTED_EXIT_CODE",
     "CheckpointManager",
     "HubTarget",
     "NonFiniteError",
+    "Preemption",
     "S3Target",
     "TrainState",
     "UploadFailure",

@@ -163,6 +163,7 @@ class CheckpointManager:
         self._committer = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="cosmos-ckpt")
         self._inflight: concurrent.futures.Future[None] | None = None
         self._parent: str | None = None  # the checkpoint the live state descends from (lineage record)
+        self.last_saved_step: int | None = None  # the step of the latest save() (in flight or complete)
         self._closed = False
         self.uploader: Uploader | None = None
         self._s3: UploadTarget | None = None
@@ -231,6 +232,7 @@ class CheckpointManager:
         self._barrier()
         started = time.monotonic()
         parent, self._parent = self._parent, str(final)
+        self.last_saved_step = step
         if self._async:
             future = dcp.async_save(state, checkpoint_id=str(tmp), process_group=self._async_group,
                                     no_dist=not self._dist)

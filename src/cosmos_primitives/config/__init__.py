@@ -8,7 +8,7 @@ import graph. Components take their section as an argument.
 from cosmos_primitives.config.aliases import ALIASES, register_alias
 from cosmos_primitives.config.base import Section
 from cosmos_primitives.config.checkpoint import CheckpointConfig
-from cosmos_primitives.config.dataset import DatasetConfig, TrainPolicyConfig
+from cosmos_primitives.config.dataset import DatasetConfig, TrainPolicyConfig, sampler_settings
 from cosmos_primitives.config.errors import ConfigError
 from cosmos_primitives.config.evaluation import EvalConfig
 from cosmos_primitives.config.grpo import GRPOConfig, OverlongRewardConfig
@@ -28,8 +28,13 @@ from cosmos_primitives.config.remote_reward import RemoteRewardConfig, RemoteRew
 from cosmos_primitives.config.rollout import RolloutConfig, SamplingConfig
 from cosmos_primitives.config.root import Config
 from cosmos_primitives.config.secrets import redact_secrets, redact_url
+from cosmos_primitives.config.seed import resolve_seed
 from cosmos_primitives.config.train import TrainConfig
-from cosmos_primitives.config.validation import ValidationConfig
+from cosmos_primitives.config.validation import (
+    ValidationConfig,
+    validation_max_response_length,
+    validation_rewards,
+)
 from cosmos_primitives.config.wfm import WFMConfig, WFMDataConfig, WFMSamplerConfig
 
 __all__ = [
@@ -70,6 +75,10 @@ __all__ = [
     "redact_url",
     "register_alias",
     "resolve_demo_paths",
+    "resolve_seed",
     "run_stream",
+    "sampler_settings",
+    "validation_max_response_length",
+    "validation_rewards",
     "with_plugins",
 ]

@@ -84,8 +84,6 @@ COSMOS_RL_ALIASES = {
     "train.epsilon": ("train.optm_eps", None),
     "train.max_num_steps": ("train.max_steps", None),
     "train.sequence_packing": ("train.train_policy.sequence_packing", None),
-    "train.enable_validation": ("validation.enable", None),
-    "train.validation_step": ("validation.freq", None),
     "train.transfer_dtype": ("disaggregated.transfer_dtype", None),
     "train.train_policy.system_prompt": ("train.train_policy.dataset.system_prompt", None),
     # the engine's log-probs (true) or the trainer's (false) as the PPO "old" policy

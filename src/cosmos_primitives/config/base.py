@@ -14,8 +14,8 @@ NonNegative = Annotated[float, msgspec.Meta(ge=0)]
 Positive = Annotated[float, msgspec.Meta(gt=0)]
 Fraction = Annotated[float, msgspec.Meta(ge=0, le=1)]
 """A value in [0, 1]."""
-OpenFraction = Annotated[float, msgspec.Meta(gt=0, lt=1)]
-"""A share strictly between 0 and 1 (a float ``test_size``)."""
+ShareBelowOne = Annotated[float, msgspec.Meta(ge=0, lt=1)]
+"""A share in [0, 1) (a float ``test_size``: 0.0 holds nothing out)."""
 
 
 class Section(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):

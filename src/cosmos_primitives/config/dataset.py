@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
 import msgspec
 
-from cosmos_primitives.config.base import AtLeastOne, NonNegativeInt, OpenFraction, Positive, Section
+from cosmos_primitives.config.base import AtLeastOne, NonNegativeInt, Positive, Section, ShareBelowOne
 
 
 class DatasetConfig(Section):
@@ -37,17 +37,19 @@ class DatasetConfig(Section):
     meaning): with ``[validation] enable`` and no ``[validation.dataset] name``, this many items (an
     int) or this fraction of the items (a float in (0, 1), rounded up) are held out of training as
     the validation split (unset: 0.1, as cosmos-rl); chosen at random, seeded by ``[train] seed``
-    (:func:`cosmos_primitives.data.split_validation`). Without validation it holds nothing out.
+    (:func:`cosmos_primitives.data.split_validation`). Without validation it holds nothing out; 0
+    holds nothing out either, so with validation on it needs ``[validation.dataset] name``.
     """
 
     name: str = ""
-    # GRPO: a dataset class (or factory) by import path, "my_pkg.data:MyDataset", used instead of the
-    # MCQ reader; cosmos-rl dataset classes run unchanged (cp.data.plugins)
+    # SFT and GRPO: a dataset class (or factory) by import path, "my_pkg.data:MyDataset", or script path,
+    # "tools/dataset/cosmos_sft.py", used instead of the built-in readers; cosmos-rl dataset classes run
+    # unchanged (cp.data.plugins)
     plugin: str = ""
     subset: str = ""
     revision: str = ""
     split: str = "train"
-    test_size: AtLeastOne | OpenFraction | None = None
+    test_size: NonNegativeInt | ShareBelowOne | None = None
     kind: Literal["auto", "hf", "video_folder"] = "auto"
     media_dir: str = ""
     # unset: qwen-vl-utils' default, as cosmos-rl's packers use for a part without the key
@@ -80,6 +82,11 @@ class TrainPolicyConfig(Section):
     batches are drawn one at a time (``SFTBatchLoader.next_batch`` / iteration); ``examples/sft.py``
     draws per optimizer step (``next_step``), which packs that step's ``train_batch_per_replica``
     samples together, so there the step's samples are the buffer and this key has no effect.
+
+    Data order (``cp.config.sampler_settings``): ``dataloader_shuffle`` (false: the dataset's own
+    order) and ``dataloader_seed`` (None: ``[train] seed``; a cosmos-rl file gets cosmos-rl's 0),
+    the seed of the per-epoch permutation, ``torch.randperm`` seeded ``seed + epoch`` as torch's
+    ``DistributedSampler`` (cosmos-rl's SFT loader) draws it.
     The GRPO knobs that older configs spell here (``epsilon_low``, ``kl_beta``, ``loss_type``,
     ``variant``, ...) are aliases of the fields of ``[grpo]``.
     """
@@ -94,3 +101,14 @@ class TrainPolicyConfig(Section):
     sequence_packing: bool = True
     packing_budget: AtLeastOne | None = None
     packing_buffer: AtLeastOne = 32
+    dataloader_shuffle: bool = True
+    dataloader_seed: int | None = None
+
+
+def sampler_settings(config: Any) -> dict[str, Any]:
+    """``seed`` and ``shuffle`` of the training data's sampler (``cp.data.ResumableDistributedSampler``)
+    from a :class:`~cosmos_primitives.config.Config`: ``[train.train_policy] dataloader_seed`` (unset:
+    ``[train] seed``) and ``dataloader_shuffle``."""
+    policy = config.train.train_policy
+    seed = policy.dataloader_seed if policy.dataloader_seed is not None else config.train.seed
+    return {"seed": 0 if seed is None else seed, "shuffle": policy.dataloader_shuffle}

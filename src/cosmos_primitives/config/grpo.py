@@ -46,10 +46,22 @@ class GRPOConfig(Section):
     unset it follows the older knobs: ``aipo_rho`` set -> ``"aipo"``; ``variant = "gspo"`` ->
     ``"gspo"`` (use small eps, e.g. 3e-4 / 4e-4); otherwise ``"ppo_clip"``. ``variant = "dapo"`` is
     ``"ppo_clip"`` with dynamic sampling on (set ``epsilon_high = 0.28`` for DAPO's clip-higher).
+
+    Step size: each generation takes ``rollout_batch_size`` prompts x ``num_samples_per_prompt``
+    samples per rank; ``rollouts_per_step`` (None: all of them) splits them into optimizer steps of
+    that many rollouts (it must divide the generation evenly), each its own update, LR step and
+    weight sync, as cosmos-rl trains ``train_batch_per_replica`` rollouts per step from its queue
+    however the groups fall (advantages are computed over whole groups first). Honoured by the
+    colocated recipe (``examples/grpo_vlm.py``).
+
+    ``on_policy = true`` forces ``allowed_outdated_steps = 0`` (cosmos-rl's meaning), and
+    ``allowed_outdated_steps`` is raised to ``[train] sync_weight_interval - 1`` when below it
+    (records are that stale between weight syncs; cosmos-rl does the same).
     """
 
     num_samples_per_prompt: AtLeastOne = 8
     rollout_batch_size: AtLeastOne = 8
+    rollouts_per_step: AtLeastOne | None = None
     variant: Literal["grpo", "gspo", "dapo"] = "grpo"
     policy_loss: str | None = None
 
@@ -113,3 +125,12 @@ class GRPOConfig(Section):
     )
     # score used when a reward function raises (counted in the metrics); None: the error propagates
     reward_fallback_score: float | None = None
+
+    def __post_init__(self) -> None:
+        if self.on_policy:
+            self.allowed_outdated_steps = 0
+        batch = self.rollout_batch_size * self.num_samples_per_prompt
+        if self.rollouts_per_step is not None and batch % self.rollouts_per_step:
+            raise ValueError(f"grpo.rollouts_per_step = {self.rollouts_per_step} does not divide the "
+                             f"{batch} rollouts of a generation (rollout_batch_size {self.rollout_batch_size} x "
+                             f"num_samples_per_prompt {self.num_samples_per_prompt}) evenly")

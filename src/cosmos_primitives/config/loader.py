@@ -16,7 +16,7 @@ from typing import Any
 
 import msgspec
 
-from cosmos_primitives.config import cosmos_rl
+from cosmos_primitives.config import cosmos_rl, cosmos_rl_wfm
 from cosmos_primitives.config.aliases import ALIASES, DEPRECATED, DEPRECATED_DEFAULTS
 from cosmos_primitives.config.engine_default import default_backend
 from cosmos_primitives.config.errors import ConfigError
@@ -52,8 +52,14 @@ def _splits_as_one(value: Any) -> Any:
     return value
 
 
+def _no_decay_as_constant(value: Any) -> Any:
+    """cosmos-rl spells a schedule without decay ``"none"``."""
+    return "constant" if value == "none" else value
+
+
 # canonical dotted path -> normaliser applied to whatever value the user wrote there
 VALUE_NORMALISERS = {
+    "train.optm_decay_type": _no_decay_as_constant,
     "train.train_policy.dataset.split": _splits_as_one,
     "validation.dataset.split": _splits_as_one,
     "grpo.reward_function": _reward_function_as_dict,
@@ -322,6 +328,8 @@ def _describe_type(tp: Any) -> str:
 def _explain_validation_error(exc: msgspec.ValidationError, tree: dict[str, Any], source: str) -> ConfigError:
     match = _MSGSPEC_ERROR.match(str(exc))
     what, raw_path = (match.group("what"), match.group("path") or "") if match else (str(exc), "")
+    if not re.match(r"(Expected|Object|Invalid)\b", what):  # a section's own check (__post_init__) names its keys
+        return ConfigError(f"{source}: {what}")
     key = re.sub(r"\[(\d+)\]", r".\1", raw_path).lstrip(".")
     try:
         got = f" (got {_get(tree, key)!r})"
@@ -343,10 +351,8 @@ def _own_keys() -> tuple[frozenset[str], frozenset[str]]:
     return keys, frozenset(k for k in keys if _struct_of(_field_type(k)) is not None)
 
 
-def _is_ours(path: str) -> bool:
-    """Whether ``path`` is a key of this library's config, an alias of one, or lies in a free-form table."""
-    if _alias_prefix(path) is not None:
-        return True
+def _is_own_key(path: str) -> bool:
+    """Whether ``path`` is a key of this library's config (not an alias) or lies in a free-form table."""
     keys, tables = _own_keys()
     parts = path.split(".")
     for i in range(len(parts), 0, -1):
@@ -356,16 +362,57 @@ def _is_ours(path: str) -> bool:
     return False
 
 
-def _read_cosmos_rl(tree: dict[str, Any]) -> cosmos_rl.CosmosRLReading | None:
-    """For a cosmos-rl style file: take its ignored / refused keys out of ``tree`` (the reading says which)."""
-    if not cosmos_rl.is_cosmos_rl_style(tree, _is_ours):
+def _is_ours(path: str) -> bool:
+    """Whether ``path`` is a key of this library's config, an alias of one, or lies in a free-form table."""
+    return _alias_prefix(path) is not None or _is_own_key(path)
+
+
+def _pop_style(tree: dict[str, Any], source: str) -> cosmos_rl.Style | None:
+    """Take the top-level ``config_style`` marker out of ``tree`` (None when the file has none)."""
+    if cosmos_rl.STYLE_KEY not in tree:
         return None
-    return cosmos_rl.read_cosmos_rl(tree, _is_ours)
+    marker = tree.pop(cosmos_rl.STYLE_KEY)
+    if marker not in typing.get_args(cosmos_rl.Style):
+        raise ConfigError(f"{source}: key '{cosmos_rl.STYLE_KEY}' = {marker!r}: write \"cosmos-rl\" (read with "
+                          "cosmos-rl's meanings and defaults) or \"cosmos_primitives\" (this library's), or leave it "
+                          "out to have it decided from the file's keys (docs/from_cosmos_rl.md)")
+    return marker
 
 
-def _finish_cosmos_rl(tree: dict[str, Any], reading: cosmos_rl.CosmosRLReading | None, explicit: set[str],
-                      source: str) -> None:
+def _unknown_key_hint(path: str) -> str:
+    prefix = path.rpartition(".")[0]
+    fields = [f.encode_name for f in msgspec.structs.fields(_struct_of(_field_type(prefix)) or Config)] \
+        if not prefix or _struct_of(_field_type(prefix)) is not None else []
+    hint = _suggestion(path, f"{prefix}." if prefix else "", fields)
+    return hint if hint.startswith("; did you mean") else ""
+
+
+def _read_cosmos_rl(tree: dict[str, Any], marker: cosmos_rl.Style | None = None
+                    ) -> tuple[cosmos_rl.CosmosRLReading | cosmos_rl_wfm.WorldModelReading | None, str]:
+    """Decide once how ``tree`` is read. A cosmos-rl world-model file (:func:`cosmos_rl_wfm.world_model_kind`)
+    is translated onto our keys whole, unless its marker says it is this library's; any other file is
+    read as :func:`cosmos_rl.file_style` decides, and for a cosmos-rl style file its ignored / refused
+    keys are taken out (the reading says which). Returns ``(reading or None, why)``."""
+    if marker != "cosmos_primitives":
+        world_model = cosmos_rl_wfm.read_world_model_file(tree)
+        if world_model is not None:
+            return world_model, world_model.style_reason
+    style, why, written_for_it = cosmos_rl.file_style(tree, _is_own_key, lambda path: _alias_prefix(path) is not None,
+                                                      marker)
+    if style != "cosmos-rl":
+        return None, why
+    reading = cosmos_rl.read_cosmos_rl(tree, _is_ours, _unknown_key_hint if written_for_it else None)
+    reading.style_reason = why
+    return reading, why
+
+
+def _finish_cosmos_rl(tree: dict[str, Any], reading: cosmos_rl.CosmosRLReading | cosmos_rl_wfm.WorldModelReading | None,
+                      explicit: set[str], source: str) -> None:
     """cosmos-rl meanings and defaults, refused keys into ``[unsupported]``, and the one warning."""
+    if isinstance(reading, cosmos_rl_wfm.WorldModelReading):
+        reading.finish(tree, explicit)
+        warnings.warn(reading.warning(source), UserWarning, stacklevel=4)
+        return
     if reading is None:
         return
     cosmos_rl.apply_cosmos_rl_meanings(tree, reading, explicit)
@@ -373,9 +420,7 @@ def _finish_cosmos_rl(tree: dict[str, Any], reading: cosmos_rl.CosmosRLReading |
         unsupported = tree.setdefault("unsupported", {})
         if isinstance(unsupported, dict):
             unsupported.update(reading.refused)
-    message = reading.warning(source)
-    if message:
-        warnings.warn(message, UserWarning, stacklevel=4)
+    warnings.warn(reading.warning(source), UserWarning, stacklevel=4)
 
 
 def _read_file(path: Path, source: str) -> dict[str, Any]:
@@ -393,22 +438,30 @@ def _read_file(path: Path, source: str) -> dict[str, Any]:
     return tree
 
 
-def read_cosmos_rl_file(path: str | os.PathLike[str]) -> tuple[list[tuple[str, str, Any]], cosmos_rl.CosmosRLReading]:
-    """How a cosmos-rl file is read, without building the config (``python -m cosmos_primitives.migrate``).
+def read_cosmos_rl_file(path: str | os.PathLike[str]
+                        ) -> tuple[list[tuple[str, str, Any]],
+                                   cosmos_rl.CosmosRLReading | cosmos_rl_wfm.WorldModelReading | None, str]:
+    """How a file is read, without building the config (``python -m cosmos_primitives.migrate``).
 
     Returns:
-        ``(mapped, reading)``: ``mapped`` lists ``(key in the file, our key, value)`` for every key
-        read as one of ours (after aliases); ``reading`` the ignored / refused keys, the cosmos-rl
-        defaults given and the meanings translated (empty for a file in this library's own style).
+        ``(mapped, reading, why)``: ``mapped`` lists ``(key in the file, our key, value)`` for every
+        key read as one of ours (after aliases); ``reading`` the ignored / refused keys, the cosmos-rl
+        defaults given and the meanings translated, None for a file read as this library's own, a
+        :class:`cosmos_rl_wfm.WorldModelReading` for a cosmos-rl world-model file (its ``mapped``
+        is the one returned); ``why`` the reason it is read so (:func:`cosmos_rl.file_style`, or
+        ``WorldModelReading.style_reason``).
     """
     tree = read_toml(path)
-    reading = _read_cosmos_rl(tree)
+    marker = _pop_style(tree, str(path))
+    reading, why = _read_cosmos_rl(tree, marker)
+    if isinstance(reading, cosmos_rl_wfm.WorldModelReading):
+        reading.finish(tree, set())
+        return reading.mapped, reading, why
     mapped = [(key, canonical_key(key), value) for key, value in cosmos_rl.leaves(tree)]
     _apply_aliases(tree, str(path))
-    if reading is None:
-        return mapped, cosmos_rl.CosmosRLReading([], {}, {}, [])
-    cosmos_rl.apply_cosmos_rl_meanings(tree, reading, set())
-    return mapped, reading
+    if reading is not None:
+        cosmos_rl.apply_cosmos_rl_meanings(tree, reading, set())
+    return mapped, reading, why
 
 
 def _default_backend(tree: dict[str, Any], explicit: set[str], source: str) -> None:
@@ -421,18 +474,25 @@ def _default_backend(tree: dict[str, Any], explicit: set[str], source: str) -> N
 
 
 def config_from_dict(tree: dict[str, Any], source: str = "<dict>") -> Config:
-    """Validate a nested dict (aliases allowed) into a :class:`Config`.
+    """Validate a nested dict (aliases allowed) into a :class:`Config`, read as a file is
+    (:func:`load_config`): cosmos-rl's meanings and defaults when it is a cosmos-rl tree.
 
     Raises:
         ConfigError: listing every problem at once (unknown keys, wrong types, values out of range,
             conflicting spellings), one line each naming the key and ``source``.
     """
     tree = _deepcopy(tree)
+    marker = _pop_style(tree, source)
     _apply_deprecated(tree, source)
-    reading = _read_cosmos_rl(tree)
+    reading, _ = _read_cosmos_rl(tree, marker)
     problems = _apply_aliases(tree, source)
     _finish_cosmos_rl(tree, reading, set(), source)
     _apply_normalisers(tree)
+    return _validated(tree, problems, source)
+
+
+def _validated(tree: dict[str, Any], problems: list[str], source: str) -> Config:
+    """The :class:`Config` of a tree already read (aliases, cosmos-rl meanings, normalisers applied)."""
     _raise_problems(problems + _problems(tree, Config, "", source), source)
     try:
         return msgspec.convert(tree, Config)
@@ -460,6 +520,13 @@ def parse_override(text: str) -> tuple[str, Any]:
 def load_config(path: str | os.PathLike[str] | None = None, overrides: Sequence[str] = ()) -> Config:
     """Load a TOML config file and apply dotted overrides.
 
+    How the file is read is decided once, from the file alone: a cosmos-rl world-model file
+    (``configs/cosmos-predict2-5/``, :mod:`~cosmos_primitives.config.cosmos_rl_wfm`) is translated
+    onto our keys whole unless marked ``config_style = "cosmos_primitives"``; any other file as
+    :func:`cosmos_rl.file_style` decides (its ``config_style`` marker, else its keys as a whole). A
+    cosmos-rl file gets cosmos-rl's meanings and its defaults for the keys it leaves unset, and one
+    warning saying so. Overrides are taken as they are, in this library's meaning.
+
     Args:
         path: TOML file, or None for all defaults.
         overrides: ``["train.epoch=2", "grpo.kl_beta=0.01", ...]``; aliases allowed; values are TOML.
@@ -471,8 +538,9 @@ def load_config(path: str | os.PathLike[str] | None = None, overrides: Sequence[
     source = str(path) if path is not None else "<defaults>"
     tree = _read_file(Path(path), source) if path is not None else {}
     tree = _deepcopy(tree)
+    marker = _pop_style(tree, source)
     _apply_deprecated(tree, source)
-    reading = _read_cosmos_rl(tree)
+    reading, _ = _read_cosmos_rl(tree, marker)
     problems = _apply_aliases(tree, source)
     explicit: set[str] = set()
     for text in overrides:
@@ -495,7 +563,7 @@ def load_config(path: str | os.PathLike[str] | None = None, overrides: Sequence[
     _default_backend(tree, explicit, source)
     _apply_normalisers(tree)
     _raise_problems(problems + _problems(tree, Config, "", source), source)
-    return config_from_dict(tree, source if not overrides else f"{source} with overrides {list(overrides)}")
+    return _validated(tree, [], source if not overrides else f"{source} with overrides {list(overrides)}")
 
 
 def config_to_dict(config: Config) -> dict[str, Any]:
@@ -504,11 +572,15 @@ def config_to_dict(config: Config) -> dict[str, Any]:
 
 
 def dump_config(config: Config, path: str | os.PathLike[str]) -> Path:
-    """Write the resolved config as TOML, secrets redacted (:func:`~cosmos_primitives.config.secrets.redact_secrets`);
-    :func:`load_config` on it gives back an equal config up to those ``***`` values."""
+    """Write the resolved config as TOML, secrets redacted (:func:`~cosmos_primitives.config.secrets.redact_secrets`),
+    marked ``config_style = "cosmos_primitives"`` (every value is this library's meaning, whatever
+    file it came from); :func:`load_config` on it gives back an equal config up to those ``***``
+    values and keys left unset (``train.seed`` of a cosmos-rl file: None is not written, the recipes
+    dump the seed they drew)."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(path.suffix + ".tmp")
-    tmp.write_text(dumps_toml(redact_secrets(config_to_dict(config))))
+    tree = {cosmos_rl.STYLE_KEY: "cosmos_primitives", **redact_secrets(config_to_dict(config))}
+    tmp.write_text(dumps_toml(tree))
     os.replace(tmp, path)
     return path

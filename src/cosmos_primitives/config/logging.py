@@ -10,9 +10,16 @@ from cosmos_primitives.config.base import AtLeastOne, Section
 
 
 class LoggingConfig(Section):
-    """``[logging]``. JSONL metrics are always written to the run directory."""
+    """``[logging]``. JSONL metrics are always written to the run directory.
+
+    W&B (cosmos-rl's naming): the run is named ``<experiment_name>/<timestamp>`` (the run folder's
+    name), or the run folder's path without ``experiment_name``; ``wandb_run_name`` names it exactly;
+    ``group_name`` groups runs.
+    """
 
     logger: list[Literal["console", "wandb"]] = msgspec.field(default_factory=lambda: ["console"])
     project_name: str = "cosmos_primitives"
     experiment_name: str = ""
+    group_name: str | None = None
+    wandb_run_name: str | None = None
     log_freq: AtLeastOne = 1

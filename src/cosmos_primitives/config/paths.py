@@ -15,6 +15,7 @@ import msgspec
 
 from cosmos_primitives.config.errors import ConfigError
 from cosmos_primitives.config.root import Config
+from cosmos_primitives.config.seed import resolve_seed
 
 DEMO_PREFIX = "demo:"
 
@@ -77,14 +78,19 @@ def resolve_demo_paths(config: Config) -> Config:
 def check_runnable(config: Config, source: str) -> Config:
     """What a recipe calls at start-up: :func:`check_input_paths` plus the settings the loader
     refused (``config.unsupported``, e.g. cosmos-rl keys asking for FP8 or expert parallelism),
-    a ``[validation.dataset] test_size`` (no recipe reads it), and a response column without a prompt
-    column.
+    a ``[validation.dataset] test_size`` (no recipe reads it), a held-out validation split of 0 items,
+    and a response column without a prompt column. Returns the config with ``demo:`` dropped and an
+    unset ``[train] seed`` drawn (:func:`~cosmos_primitives.config.seed.resolve_seed`).
 
     Raises:
         ConfigError: every such problem at once, one line each naming the key and ``source``.
     """
     problems = [f"{source}: key '{key}' {what}" for key, what in config.unsupported.items()]
     policy = config.train.train_policy
+    if config.validation.enable and not config.validation.dataset.name and policy.dataset.test_size == 0:
+        problems.append(f"{source}: key 'train.train_policy.dataset.test_size' = 0 holds nothing out, and "
+                        "validation.enable with no validation.dataset.name validates on what it holds out: "
+                        "set test_size (an item count or a fraction) or validation.dataset.name")
     if config.validation.dataset.test_size is not None:
         problems.append(f"{source}: key 'validation.dataset.test_size' = {config.validation.dataset.test_size!r} is "
                         "not read (cosmos-rl's trainers do not read it either): the held-out part of the training "
@@ -106,7 +112,7 @@ def check_runnable(config: Config, source: str) -> Config:
         problems += exc.problems
     if problems:
         raise ConfigError("\n".join(problems), problems)
-    return config
+    return resolve_seed(config)
 
 
 def check_input_paths(config: Config, source: str) -> Config:

@@ -13,10 +13,11 @@ class ParallelismConfig(Section):
     """``[policy.parallelism]`` / ``[rollout.parallelism]``: mesh sizes.
 
     The product ``pp * dp_replicate * dp_shard * cp * tp`` must equal the number of ranks in the
-    group; ``dp_shard_size = -1`` takes whatever is left.
+    group; ``dp_shard_size = -1`` takes whatever is left, or ``dp_replicate_size = -1`` with a fixed
+    ``dp_shard_size`` (HSDP replicas of a fixed shard group: cosmos-rl's world-model layout).
     """
 
-    dp_replicate_size: AtLeastOne = 1
+    dp_replicate_size: int = 1
     dp_shard_size: int = -1
     cp_size: AtLeastOne = 1
     tp_size: AtLeastOne = 1

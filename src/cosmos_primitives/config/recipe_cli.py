@@ -1,5 +1,5 @@
-"""The command line the recipes share: ``--config FILE``, dotted overrides, and for the GRPO recipes
-the plug-in flags ``--dataset`` / ``--reward``."""
+"""The command line the recipes share: ``--config FILE``, dotted overrides, and the plug-in flags
+``--dataset`` (SFT and GRPO) / ``--reward`` (GRPO)."""
 
 from __future__ import annotations
 
@@ -12,14 +12,15 @@ from cosmos_primitives.config.redis import run_stream
 from cosmos_primitives.config.root import Config
 
 
-def load_recipe_config(description: str | None, *, plugins: bool = False, jobs: bool = False,
-                       argv: Sequence[str] | None = None) -> tuple[Config, str]:
+def load_recipe_config(description: str | None, *, plugins: bool = False, dataset_plugin: bool = False,
+                       jobs: bool = False, argv: Sequence[str] | None = None) -> tuple[Config, str]:
     """Parse the recipe's command line and load its config.
 
     Args:
         description: the recipe's ``__doc__`` (``--help`` prints it).
         plugins: accept ``--dataset my_pkg.data:MyDataset`` and ``--reward my_pkg.rewards:score``
             (repeatable; see :func:`cosmos_primitives.config.with_plugins`).
+        dataset_plugin: accept ``--dataset`` alone (the SFT recipe: no rewards).
         jobs: the independent-job recipes: ``--run NAME`` (required; the run's Redis keys live under the
             stream ``cosmos:NAME``, see :func:`run_stream`) and ``--redis URL`` (``[redis] url``).
         argv: the arguments (default ``sys.argv[1:]``).
@@ -29,9 +30,11 @@ def load_recipe_config(description: str | None, *, plugins: bool = False, jobs: 
     """
     parser = argparse.ArgumentParser(description=description, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--config", required=True, help="TOML config")
+    if plugins or dataset_plugin:
+        parser.add_argument("--dataset", help="your dataset class by import path, e.g. my_pkg.data:MyDataset, or "
+                            "a script, e.g. tools/dataset/cosmos_sft.py[:CosmosSFTDataset] (cosmos-rl dataset "
+                            "classes run unchanged; [train.train_policy.dataset] plugin)")
     if plugins:
-        parser.add_argument("--dataset", help="your dataset class by import path, e.g. my_pkg.data:MyDataset "
-                            "(cosmos-rl dataset classes run unchanged; [train.train_policy.dataset] plugin)")
         parser.add_argument("--reward", action="append", default=[],
                             help="a reward function by import path, e.g. my_pkg.rewards:score (repeat for more; "
                             "they replace [grpo] reward_function, weight 1 each; cosmos-rl's signature is accepted)")
@@ -51,6 +54,6 @@ def load_recipe_config(description: str | None, *, plugins: bool = False, jobs: 
         if args.redis:
             overrides.append(f"redis.url={args.redis}")
     cfg = load_config(args.config, overrides)
-    if plugins:
-        cfg = with_plugins(cfg, args.dataset, args.reward)
+    if plugins or dataset_plugin:
+        cfg = with_plugins(cfg, args.dataset, getattr(args, "reward", ()))
     return cfg, args.config

@@ -39,3 +39,13 @@ class Config(Section):
     # settings of another system's config that cannot be honoured here (key -> what to do instead),
     # filled by the loader (cosmos-rl's refused keys); recipes stop on them (cp.config.check_runnable)
     unsupported: dict[str, str] = msgspec.field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        # cosmos-rl: weights reach the rollouts every sync_weight_interval steps, so records are up to
+        # that many steps stale; a tighter bound would drop them all
+        if self.grpo.allowed_outdated_steps + 1 < self.train.sync_weight_interval:
+            if self.grpo.on_policy:
+                raise ValueError(f"grpo.on_policy = true needs train.sync_weight_interval = 1 "
+                                 f"(got {self.train.sync_weight_interval})")
+            self.grpo.allowed_outdated_steps = self.train.sync_weight_interval - 1
+        self.train._validation = self.validation  # train.enable_validation reads it

@@ -11,19 +11,39 @@ from cosmos_primitives.config.checkpoint import CheckpointConfig
 from cosmos_primitives.config.dataset import TrainPolicyConfig
 
 
-class TrainConfig(Section):
+class TrainConfig(Section, dict=True):
     """``[train]``.
+
+    ``train_batch_per_replica``: the samples of one optimizer step on each data-parallel rank (the
+    SFT recipe's batch; cosmos-rl's SFT meaning, whose worker gives every data-parallel rank a loader
+    of that batch size). A GRPO step is sized by ``[grpo]`` (``rollout_batch_size`` prompts x
+    ``num_samples_per_prompt``, or ``rollouts_per_step``); for a cosmos-rl GRPO file, whose value is the
+    rollouts of a replica's step shared by its ranks, the loader sets it to the rollouts per rank and
+    step and translates it into those keys (``docs/from_cosmos_rl.md``).
+
+    ``seed``: None (cosmos-rl's default, given to its files) draws a seed at start-up, the same on
+    every rank, logged (``cp.config.check_runnable``); set it to repeat a run.
+
+    ``enable_validation`` (read-only): ``[validation] enable``, where cosmos-rl's older configs (and the
+    dataset scripts of Cosmos-Reason1 that read ``config.train.enable_validation``) have it.
 
     Optimizer (``cp.policy.build_optimizer`` / ``build_lr_scheduler``): AdamW with ``optm_lr``
     (peak), ``optm_betas``, ``optm_eps``, ``optm_weight_decay`` (not on biases / norm scales);
-    ``optm_warmup_steps`` of linear warmup (a float <= 1.0: that fraction of all steps), then
-    ``optm_decay_type`` ``"cosine"`` / ``"linear"`` down to ``optm_lr * optm_min_lr_factor``
-    (reached at the last step), or ``"constant"``;
+    ``optm_warmup_steps`` of linear warmup from 0 (a float <= 1.0: that fraction of all steps;
+    clamped to the run's steps), then ``optm_decay_type`` ``"cosine"`` / ``"linear"`` / ``"sqrt"``
+    towards ``optm_lr * optm_min_lr_factor``, or ``"constant"`` (cosmos-rl's ``"none"`` / unset):
+    cosmos-rl's schedule, formulas in ``cp.policy.lr_factor``;
     ``optm_grad_norm_clip`` clips the total gradient norm (``<= 0`` disables).
 
     ``nonfinite``: what ``cp.checkpoint.check_finite`` does when a step's loss or gradient norm is
     NaN / inf: ``"stop"`` raises before the optimizer step (nothing damaged is saved), ``"skip"``
     drops that step's update (the loop zeroes the gradients and goes on) and logs it.
+
+    Preemption (cosmos-rl's keys; ``cp.checkpoint.Preemption``): with ``save_ckpt_at_exit``, one of
+    the ``signal_to_handle`` signals saves a checkpoint at the next step boundary (with ``[train.ckpt]
+    enable_checkpoint``) and stops the run with exit status 75; ``train.resume=true`` goes on from
+    it exactly. cosmos-rl handles SIGUSR1 alone by default (its launcher sends it); here SIGTERM too,
+    which a scheduler sends a process it takes the nodes from.
 
     Memory options (cosmos-rl's key names; they compose with each other and with ``[policy]
     model_gradient_checkpointing``):
@@ -70,7 +90,7 @@ class TrainConfig(Section):
     max_steps: AtLeastOne | None = None
     output_dir: str = "./outputs"
     resume: bool | str = False
-    seed: int = 42
+    seed: int | None = 42
     train_batch_per_replica: AtLeastOne = 8
     optm_name: Literal["AdamW"] = "AdamW"
     optm_lr: NonNegative = 1e-5
@@ -79,10 +99,13 @@ class TrainConfig(Section):
     optm_eps: NonNegative = 1e-8
     # a float up to 1.0 is a fraction of the total steps (cosmos-rl's meaning)
     optm_warmup_steps: NonNegativeInt | NonNegative = 0
-    optm_decay_type: Literal["cosine", "linear", "constant"] = "constant"
+    optm_decay_type: Literal["cosine", "linear", "sqrt", "constant"] = "constant"
     optm_min_lr_factor: Fraction = 0.0
     optm_grad_norm_clip: float = 1.0
     nonfinite: Literal["stop", "skip"] = "stop"
+    save_ckpt_at_exit: bool = True
+    signal_to_handle: list[Literal["SIGUSR1", "SIGUSR2", "SIGTERM", "SIGINT", "SIGHUP", "SIGQUIT"]] = msgspec.field(
+        default_factory=lambda: ["SIGUSR1", "SIGTERM"])
     fsdp_offload: bool = False
     master_dtype: Literal["float32", "bfloat16"] = "float32"
     optm_impl: Literal["fused", "foreach", "for-loop"] = "fused"
@@ -91,3 +114,10 @@ class TrainConfig(Section):
     sync_weight_interval: AtLeastOne = 1
     ckpt: CheckpointConfig = msgspec.field(default_factory=CheckpointConfig)
     train_policy: TrainPolicyConfig = msgspec.field(default_factory=TrainPolicyConfig)
+
+    @property
+    def enable_validation(self) -> bool:
+        validation = getattr(self, "_validation", None)  # set by the Config that holds this section
+        if validation is None:
+            raise AttributeError("enable_validation is [validation] enable: read it on a whole Config's train section")
+        return validation.enable

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import msgspec
 
 from cosmos_primitives.config.base import AtLeastOne, Section
@@ -22,15 +24,30 @@ class ValidationConfig(Section):
     and after the last, each rank generates one completion per item of its share of ``dataset``
     (same columns as the training dataset's), or without its ``name`` of the items
     ``[train.train_policy.dataset] test_size`` holds out of the training prompts, at ``temperature`` (0 =
-    greedy) and scores it with ``reward_function``; the means over all items are logged as
-    ``validation/<reward>`` (``single_choice`` alone = MCQ accuracy). ``max_items`` caps the items
-    used (None: all).
+    greedy) and scores it with ``reward_function`` (empty, the default: the training rewards,
+    ``[grpo] reward_function``, as cosmos-rl); the means over all items are logged as
+    ``validation/<reward>`` (``single_choice`` alone = MCQ accuracy). Completions are at most
+    ``max_response_length`` tokens (None: ``[rollout] max_response_length``). ``max_items`` caps the
+    items used (None: all). :func:`validation_rewards` / :func:`validation_max_response_length` resolve
+    the two defaults.
     """
 
     enable: bool = False
     freq: AtLeastOne = 20
     val_before_train: bool = False
     dataset: DatasetConfig = msgspec.field(default_factory=DatasetConfig)
-    reward_function: dict[str, float] = msgspec.field(default_factory=lambda: {"single_choice": 1.0})
+    reward_function: dict[str, float] = msgspec.field(default_factory=dict)
     temperature: float = 0.0
+    max_response_length: AtLeastOne | None = None
     max_items: AtLeastOne | None = None
+
+
+def validation_rewards(config: Any) -> dict[str, float]:
+    """``[validation] reward_function`` of a :class:`~cosmos_primitives.config.Config`, or the training
+    rewards (``[grpo] reward_function``) when it is empty."""
+    return dict(config.validation.reward_function or config.grpo.reward_function)
+
+
+def validation_max_response_length(config: Any) -> int:
+    """``[validation] max_response_length``, or ``[rollout] max_response_length`` when unset."""
+    return config.validation.max_response_length or config.rollout.max_response_length

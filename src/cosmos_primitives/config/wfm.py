@@ -41,7 +41,7 @@ from typing import Literal
 
 import msgspec
 
-from cosmos_primitives.config.base import AtLeastOne, Section
+from cosmos_primitives.config.base import AtLeastOne, NonNegativeInt, Section
 
 
 class WFMSamplerConfig(Section):
@@ -121,6 +121,9 @@ class WFMDataConfig(Section):
     # precomputed embedding of [wfm] negative_prompt (.npy / .safetensors), needed for guidance
     # with text_encoder = "none"; the hashing embedder embeds the negative prompt itself
     negative_embedding: str = ""
+    # kind = "clip_folder": the folder under path holding <name>.npy / .safetensors / .pickle embeddings
+    # (cosmos-rl's world-model datasets keep T5 embeddings in "t5_xxl")
+    embedding_dir: str = "text_embedding"
 
 
 class WFMConfig(Section):
@@ -137,7 +140,26 @@ class WFMConfig(Section):
     Advantages: ``(r - mean_group) / (std + 1e-4)`` with the std of the prompt group
     (``advantage_std_scope = "group"``) or of the whole batch (``"batch"``).
 
-    Trained steps: a random ``train_step_fraction`` of the stochastic steps per update.
+    Advantages use the population std (``advantage_std = "population"``, Flow-GRPO's numpy) or the
+    sample std (``"sample"``, torch's default, which cosmos-rl's world-model trainers use).
+
+    Trained steps: a random ``train_step_fraction`` of the stochastic steps per update, or, when
+    ``train_steps`` lists step indices (cosmos-rl's ``train_on``), those steps; each ``-1`` there is
+    a step drawn at random per update from the steps not listed. Every step of an update
+    accumulates into one optimizer step; ``loss_scale`` multiplies the loss before backward
+    (cosmos-rl's world-model trainer scales it by 10, which matters for the gradient-norm clip).
+
+    Groups across ranks: ``group_ranks = R`` spreads each prompt's ``num_samples_per_prompt``
+    rollouts over ``R`` consecutive data-parallel ranks (cosmos-rl's world-model trainer: ``R =
+    num_rollout``, one rollout per rank and prompt); the ranks of a group read the same prompts, roll
+    out ``num_samples_per_prompt / R`` samples each and gather the group's rewards for the
+    advantages. A run with fewer data ranks uses ``gcd(R, data ranks)``: the same groups, more
+    samples per rank. ``shared_initial_noise``: every rollout of a group starts from the same
+    initial noise (cosmos-rl's ``use_same_seed``); the SDE steps still draw their own.
+
+    Reference (``kl_beta > 0``, full fine-tuning): ``reference_update_interval = N > 0`` copies the
+    current weights into the reference before the rollouts of every step ``1, N + 1, 2N + 1, ...``
+    (cosmos-rl's ``update_ref_every_iter``); 0 keeps the initial weights.
 
     DDRL (``algorithm = "ddrl"``): adds ``data_beta`` times the flow-matching loss on real clips,
     ``ddrl_rollout_noise`` / ``ddrl_rollout_sigma`` reuse the rollout's initial noise / the trained
@@ -150,10 +172,16 @@ class WFMConfig(Section):
     VAE-encoded, replace those frames of the noise and of every sampler step (frame replacement, the
     condition-mask channel set for Cosmos), and stay out of the log-probs and of every loss (FlowGRPO,
     its KL, DDRL's data term, DiffusionNFT). At least one latent frame must be left to generate.
+    With ``min_num_conditional_frames`` set (``conditioning = "video"``), each step draws the number
+    of condition frames uniformly from ``[min_num_conditional_frames, num_conditional_frames]``, the
+    same for the whole batch (0: text-to-world that step), as cosmos-rl's world-model trainer does;
+    evaluation uses ``num_conditional_frames``.
 
     DiffusionNFT (``algorithm = "diffusion_nft"``, ``cp.algo.diffusion_nft_loss``): ODE rollouts, then
     per sample ``nft_num_timesteps`` forward-process points with ``t`` uniform in ``[nft_t_min,
-    nft_t_max]``; ``nft_beta`` is the implicit-policy step, ``adv_clip_max`` maps advantages to the
+    nft_t_max]`` (``nft_timesteps = "uniform"``), or (``"sampler"``, cosmos-rl's) the rollout's own
+    sigma grid in a random order per sample, its first ``nft_num_timesteps`` (at most the grid's
+    ``num_inference_steps``); ``nft_beta`` is the implicit-policy step, ``adv_clip_max`` maps advantages to the
     optimality probability, ``kl_beta`` weighs the velocity KL to the reference; no guidance.
     """
 
@@ -173,11 +201,13 @@ class WFMConfig(Section):
     # num_conditional_frames latent frames (Cosmos-Predict2.5's name; 1 or 2 there)
     conditioning: Literal["text", "image", "video"] = "text"
     num_conditional_frames: AtLeastOne = 2
+    min_num_conditional_frames: NonNegativeInt | None = None
 
     # loss
     clip_range: float = 1e-3
     adv_clip_max: float = 5.0
     advantage_std_scope: Literal["group", "batch"] = "group"
+    advantage_std: Literal["population", "sample"] = "population"
     advantage_transform: Literal["none", "neg_exp"] = "none"
     kl_beta: float = 0.0
     kl_reduction: Literal["mean", "sum"] = "mean"
@@ -186,6 +216,11 @@ class WFMConfig(Section):
     ddrl_rollout_sigma: bool = True
     ddrl_loss_weighting: Literal["velocity", "x0"] = "velocity"
     train_step_fraction: float = 1.0
+    train_steps: list[int] = msgspec.field(default_factory=list)
+    loss_scale: float = 1.0
+    group_ranks: AtLeastOne = 1
+    shared_initial_noise: bool = False
+    reference_update_interval: NonNegativeInt = 0
     # optimizer steps per rollout batch (the rollout batch is split into this many mini-batches); each
     # accumulates the gradients of micro-batches of [train.train_policy] mini_batch samples (its memory)
     num_minibatches: AtLeastOne = 1
@@ -194,6 +229,7 @@ class WFMConfig(Section):
     nft_num_timesteps: int = 1
     nft_t_min: float = 0.0
     nft_t_max: float = 1.0
+    nft_timesteps: Literal["uniform", "sampler"] = "uniform"
 
     # true: every rank starts the reference reward server on loopback and points the [remote_reward]
     # client at it (rewards must be ones it hosts: brightness, contrast, colorfulness, media_stats);
@@ -219,3 +255,20 @@ class WFMConfig(Section):
                 f"[wfm.data] num_frames = {self.data.num_frames} encode to only {latent_frames} latent frame(s): "
                 "nothing would be left to generate. Raise [wfm.data] num_frames or lower [wfm] num_conditional_frames")
         return k
+
+    def condition_frame_range(self, latent_frames: int) -> tuple[int, int]:
+        """``(lo, hi)``: the numbers of condition latent frames a training step may draw (``lo == hi``
+        unless ``min_num_conditional_frames`` is set).
+
+        Raises:
+            ValueError: naming the keys, for a range that is empty or leaves nothing to generate.
+        """
+        hi = self.condition_latent_frames(latent_frames)
+        if self.min_num_conditional_frames is None:
+            return hi, hi
+        if self.conditioning != "video" or self.min_num_conditional_frames > hi:
+            raise ValueError(
+                f"[wfm] min_num_conditional_frames = {self.min_num_conditional_frames} needs conditioning = \"video\" "
+                f"and at most num_conditional_frames = {self.num_conditional_frames} (conditioning = "
+                f"\"{self.conditioning}\"): it is the low end of the range each step draws from")
+        return self.min_num_conditional_frames, hi

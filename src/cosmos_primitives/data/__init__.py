@@ -50,8 +50,14 @@ _EXPORTS = {
     "VideoFolderDataset": "video_folder",
     "MCQPromptDataset": "mcq",
     "CosmosRLPromptDataset": "plugins",
+    "CosmosRLConversationDataset": "plugins",
     "ColumnPromptDataset": "plugins",
     "prompt_dataset": "plugins",
+    "sft_plugin_dataset": "plugins",
+    "load_plugin": "plugins",
+    "make_plugin": "plugins",
+    "call_setup": "plugins",
+    "check_plugins_read": "plugins",
     "mcq_prompt_text": "mcq",
     "mcq_choices": "mcq",
     "answer_letter": "mcq",
@@ -104,6 +110,17 @@ if TYPE_CHECKING:  # pragma: no cover
     from cosmos_primitives.data.media import MediaSettings, load_image  # noqa: F401
     from cosmos_primitives.data.mrope import MRopeSpec, mrope_position_ids  # noqa: F401
     from cosmos_primitives.data.packing import collate_packed, collate_padded, model_inputs, padding_stats  # noqa: F401
+    from cosmos_primitives.data.plugins import (  # noqa: F401
+        ColumnPromptDataset,
+        CosmosRLConversationDataset,
+        CosmosRLPromptDataset,
+        call_setup,
+        check_plugins_read,
+        load_plugin,
+        make_plugin,
+        prompt_dataset,
+        sft_plugin_dataset,
+    )
     from cosmos_primitives.data.precompute_text_embeddings import (  # noqa: F401
         precompute_clip_folder,
         reason_text_embeddings,

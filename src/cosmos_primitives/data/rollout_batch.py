@@ -81,6 +81,15 @@ class RolloutBatch:
                 out["second_per_grid_ts"] = self.inputs["second_per_grid_ts"][first:last]
         return out
 
+    def subset(self, rows: slice) -> RolloutBatch:
+        """The batch of a contiguous row range (``[grpo] rollouts_per_step``: one optimizer step's rows);
+        its inputs as :meth:`rows` cuts them."""
+        return RolloutBatch(inputs=self.rows(rows), completion_mask=self.completion_mask[rows],
+                            rollout_logprobs=self.rollout_logprobs[rows], group_index=self.group_index[rows],
+                            completion_lengths=self.completion_lengths[rows],
+                            weight_versions=self.weight_versions[rows], images_per_row=self.images_per_row[rows],
+                            videos_per_row=self.videos_per_row[rows])
+
 
 def collate_rollouts(groups: Sequence[RolloutGroup], processor: Any, pad_token_id: int | None = None) -> RolloutBatch:
     """Build the training batch of ``groups`` (every group must hold the same number of completions).

@@ -9,6 +9,7 @@ from typing import Any
 
 import torch
 
+from cosmos_primitives.config.dataset import sampler_settings
 from cosmos_primitives.data.bad_samples import BadSampleError, BadSampleTracker, bad_sample_boundary
 from cosmos_primitives.data.hf_conversations import HFConversationDataset
 from cosmos_primitives.data.mrope import MRopeSpec
@@ -209,13 +210,19 @@ def all_ranks_have_batch(has_batch: bool, device: torch.device | str | None = No
     return bool(flag.item())
 
 
-def build_sft_dataset(cfg: Any, conversation_column: str = "conversations", processor: Any = None,
-                      ) -> HFConversationDataset | VideoFolderDataset:
-    """The dataset a :class:`~cosmos_primitives.config.DatasetConfig` names (see its ``kind``), its
-    media sized for ``processor`` (the model's; its patch size sets the pixel factor: 28 for
-    Qwen2.5-VL, 32 for Qwen3-VL; 28 without one)."""
+def build_sft_dataset(cfg: Any, conversation_column: str = "conversations", *, config: Any = None,
+                      processor: Any = None) -> Any:
+    """The dataset a :class:`~cosmos_primitives.config.DatasetConfig` names: its ``plugin`` when set
+    (:func:`~cosmos_primitives.data.plugins.sft_plugin_dataset`; ``config`` and ``processor``'s
+    tokenizer go to the plug-in's ``setup``), else the reader its ``kind`` picks. Media are sized for
+    ``processor`` (the model's; its patch size sets the pixel factor: 28 for Qwen2.5-VL, 32 for
+    Qwen3-VL; 28 without one)."""
     from pathlib import Path
 
+    if cfg.plugin:
+        from cosmos_primitives.data.plugins import sft_plugin_dataset
+
+        return sft_plugin_dataset(cfg, config, processor)
     root = Path(cfg.name).expanduser() if cfg.name else None
     kind = cfg.kind
     if kind == "auto":
@@ -234,20 +241,22 @@ def build_sft_loader(config: Any, processor: Any, model_config: Any = None, *, r
 
     Reads ``[train.train_policy]`` (``dataset``, ``sequence_packing``, ``packing_budget`` (default
     ``policy.model_max_length``), ``packing_buffer``, ``mini_batch`` = rows (packed) or samples
-    (padded) per batch), ``train.seed``. ``model_config``: the model's config (mRoPE constants and
+    (padded) per batch), the data order (``dataloader_shuffle``, ``dataloader_seed`` or ``train.seed``:
+    ``cp.config.sampler_settings``). ``model_config``: the model's config (mRoPE constants and
     family of a Qwen-VL model; ``None`` or a text config for text models). ``dataset`` overrides the
     configured one.
     """
     policy_cfg = config.train.train_policy
     data_cfg = policy_cfg.dataset
     if dataset is None:
-        dataset = build_sft_dataset(data_cfg, policy_cfg.conversation_column_name, processor)
+        dataset = build_sft_dataset(data_cfg, policy_cfg.conversation_column_name, config=config,
+                                    processor=processor)
     mrope = MRopeSpec.from_config(model_config) if getattr(model_config, "vision_config", None) is not None else None
     tokenizer = getattr(processor, "tokenizer", processor)
     pad_token_id = tokenizer.pad_token_id
     if pad_token_id is None:
         pad_token_id = getattr(model_config, "pad_token_id", None) or tokenizer.eos_token_id
-    sampler = ResumableDistributedSampler(len(dataset), rank=rank, world_size=world_size, seed=config.train.seed)
+    sampler = ResumableDistributedSampler(len(dataset), rank=rank, world_size=world_size, **sampler_settings(config))
     return SFTBatchLoader(
         dataset,
         functools.partial(encode_conversation, processor, mrope=mrope),

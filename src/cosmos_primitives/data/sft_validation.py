@@ -67,17 +67,19 @@ def build_sft_datasets(config: Any, processor: Any = None) -> tuple[Any, Any | N
     """``(train_dataset, validation_dataset)`` of a :class:`~cosmos_primitives.config.Config`.
 
     Without ``[validation] enable`` the validation dataset is None and training sees every item.
-    With it: ``[validation.dataset]`` when its ``name`` is set (read with the training dataset's
-    ``conversation_column_name``), else the items ``[train.train_policy.dataset] test_size`` holds
-    out of the training dataset (:func:`split_validation`, seeded by ``[train] seed``), which
-    training then never sees. Media are sized for ``processor`` (the model's; its patch size).
+    With it: ``[validation.dataset]`` when its ``name`` or ``plugin`` is set (read with the training
+    dataset's ``conversation_column_name``), else the items ``[train.train_policy.dataset]
+    test_size`` holds out of the training dataset (:func:`split_validation`, seeded by ``[train]
+    seed``), which training then never sees. Dataset plug-ins get ``config`` and ``processor``'s
+    tokenizer (:func:`build_sft_dataset`). Media are sized for ``processor`` (the model's; its patch size).
     """
     policy_cfg = config.train.train_policy
-    train = build_sft_dataset(policy_cfg.dataset, policy_cfg.conversation_column_name, processor)
+    column = policy_cfg.conversation_column_name
+    train = build_sft_dataset(policy_cfg.dataset, column, config=config, processor=processor)
     if not config.validation.enable:
         return train, None
-    if config.validation.dataset.name:
-        return train, build_sft_dataset(config.validation.dataset, policy_cfg.conversation_column_name, processor)
+    if config.validation.dataset.name or config.validation.dataset.plugin:
+        return train, build_sft_dataset(config.validation.dataset, column, config=config, processor=processor)
     train_indices, val_indices = split_validation(len(train), policy_cfg.dataset.test_size, config.train.seed)
     return IndexedSubset(train, train_indices), IndexedSubset(train, val_indices)
 

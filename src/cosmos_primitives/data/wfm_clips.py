@@ -6,6 +6,8 @@ Folder layout (Cosmos-Predict2.5 post-training)::
     <root>/metas/<name>.txt                  # the caption
     <root>/text_embedding/<name>.npy         # optional [n_tokens, dim]; or .safetensors;
                                              # .pickle / .pkl only with allow_pickle=True
+                                             # (folder name: [wfm.data] embedding_dir; cosmos-rl's
+                                             # world-model datasets use t5_xxl/)
 
 Each item is a random contiguous window of ``num_frames`` frames, resized (cover, then centre
 crop) to ``height x width``, as float32 ``[3, T, H, W]`` in ``[-1, 1]``; the caption's embedding
@@ -187,8 +189,10 @@ class ClipFolderDataset(torch.utils.data.Dataset):
     """
 
     def __init__(self, root: str | Path, *, num_frames: int, height: int, width: int, max_tokens: int,
-                 embedder: HashingTextEmbedder | None = None, allow_pickle: bool = False, seed: int = 0) -> None:
+                 embedder: HashingTextEmbedder | None = None, allow_pickle: bool = False, seed: int = 0,
+                 embedding_dir: str = "text_embedding") -> None:
         self.root = Path(root)
+        self.embedding_dir = self.root / embedding_dir
         videos_dir = self.root / "videos"
         if not videos_dir.is_dir():
             raise FileNotFoundError(f"{videos_dir} does not exist; a clip folder holds videos/*.mp4 and metas/*.txt")
@@ -213,7 +217,7 @@ class ClipFolderDataset(torch.utils.data.Dataset):
 
     def _embedding_path(self, name: str) -> Path | None:
         for suffix in EMBEDDING_SUFFIXES + PICKLE_SUFFIXES:
-            path = self.root / "text_embedding" / f"{name}{suffix}"
+            path = self.embedding_dir / f"{name}{suffix}"
             if path.is_file():
                 return path
         return None
@@ -232,7 +236,7 @@ class ClipFolderDataset(torch.utils.data.Dataset):
             return pad_text_embedding(load_text_embedding(path, allow_pickle=self.allow_pickle), self.max_tokens)
         if self.embedder is None:
             raise BadSampleError(
-                str(self.root / "text_embedding" / name),
+                str(self.embedding_dir / name),
                 "no text embedding (.npy / .safetensors) and no text encoder configured; precompute it or set "
                 "[wfm.data] text_encoder = \"hash\"")
         return pad_text_embedding(self.embedder(self.caption(index)), self.max_tokens)
@@ -317,7 +321,8 @@ def build_wfm_dataset(cfg: WFMDataConfig, seed: int = 0) -> torch.utils.data.Dat
         return MockClipDataset(cfg.mock_num_samples, embedder=embedder, seed=seed, **common)
     if not cfg.path:
         raise ValueError("[wfm.data] kind = \"clip_folder\" needs path = the folder holding videos/ and metas/")
-    return ClipFolderDataset(cfg.path, embedder=embedder, allow_pickle=cfg.allow_pickle, seed=seed, **common)
+    return ClipFolderDataset(cfg.path, embedder=embedder, allow_pickle=cfg.allow_pickle, seed=seed,
+                             embedding_dir=cfg.embedding_dir, **common)
 
 
 def negative_prompt_embedding(cfg: WFMDataConfig, prompt: str = "") -> tuple[torch.Tensor, torch.Tensor]:

@@ -30,7 +30,8 @@ def get_logger(name: str = "cosmos") -> logging.Logger:
     ``COSMOS_LOG_LEVEL`` sets the level (default INFO).
     """
     root = logging.getLogger("cosmos")
-    if not root.handlers:
+    # its own handler, not any handler: pytest attaches its capture handlers to non-propagating loggers
+    if not any(isinstance(handler, _CurrentStderrHandler) for handler in root.handlers):
         handler = _CurrentStderrHandler()
         handler.setFormatter(logging.Formatter(_FORMAT.format(rank=os.environ.get("RANK", "0"))))
         root.addHandler(handler)

@@ -37,12 +37,21 @@ def _fmt(value: float | int | str) -> str:
     return str(value)
 
 
+def wandb_run_name(config: LoggingConfig, run_dir: str | Path) -> str:
+    """The W&B run's name, as cosmos-rl names it: ``[logging] wandb_run_name`` when set, else
+    ``<experiment_name>/<timestamp>`` (the run folder's name), else the run folder's path."""
+    run_dir = Path(run_dir)
+    if config.wandb_run_name:
+        return config.wandb_run_name
+    return f"{config.experiment_name}/{run_dir.name}" if config.experiment_name else str(run_dir)
+
+
 class MetricsTracker:
     """Log scalar metrics per step to the console, ``<run_dir>/metrics.jsonl`` and W&B.
 
     Only rank 0 writes (other ranks' calls are no-ops). W&B runs offline (under
-    ``<run_dir>/wandb``) when ``WANDB_API_KEY`` is not set; ``project_name`` / ``experiment_name``
-    come from ``[logging]``.
+    ``<run_dir>/wandb``) when ``WANDB_API_KEY`` is not set; its project, group and name come from
+    ``[logging]`` (:func:`wandb_run_name`).
 
     Args:
         run_dir: the run directory (``<output_dir>/<timestamp>``).
@@ -90,7 +99,8 @@ class MetricsTracker:
         mode = os.environ.get("WANDB_MODE") or ("online" if os.environ.get("WANDB_API_KEY") else "offline")
         return wandb.init(
             project=self.config.project_name,
-            name=self.config.experiment_name or self.run_dir.name,
+            group=self.config.group_name,
+            name=wandb_run_name(self.config, self.run_dir),
             id=self.run_dir.name.replace("/", "_") if self.run_dir.name else None,
             dir=str(self.run_dir),
             config=redact_secrets(run_config or {}),  # W&B keeps what it gets: no passwords or tokens

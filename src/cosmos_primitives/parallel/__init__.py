@@ -18,6 +18,7 @@ from cosmos_primitives.parallel.distributed import (
 )
 from cosmos_primitives.parallel.fsdp import apply_fsdp, find_blocks, fsdp_units
 from cosmos_primitives.parallel.grad_norm import clip_grad_norm_, total_grad_norm
+from cosmos_primitives.parallel.group_rewards import gather_group_rewards
 from cosmos_primitives.parallel.mesh import MeshError, ParallelMesh
 from cosmos_primitives.parallel.tensor_parallel import apply_tensor_parallel, qwen2_layer_plan
 from cosmos_primitives.parallel.varlen_attention import (
@@ -50,6 +51,7 @@ __all__ = [
     "find_blocks",
     "free_port",
     "fsdp_units",
+    "gather_group_rewards",
     "get_rank",
     "get_world_size",
     "init_distributed",

@@ -26,7 +26,7 @@ class MeshError(ValueError):
 
 
 def resolve_sizes(parallelism: ParallelismConfig, world_size: int) -> dict[str, int]:
-    """Resolve ``dp_shard_size = -1`` and check that the sizes multiply to ``world_size``.
+    """Resolve ``dp_shard_size = -1`` (or ``dp_replicate_size = -1``); check that the sizes multiply to ``world_size``.
 
     Returns:
         ``{"pp": .., "dp_replicate": .., "dp_shard": .., "cp": .., "tp": ..}``.
@@ -42,17 +42,21 @@ def resolve_sizes(parallelism: ParallelismConfig, world_size: int) -> dict[str, 
         "tp": parallelism.tp_size,
     }
     described = ", ".join(f"{k}_size={v}" for k, v in sizes.items())
+    inferred = [name for name, size in sizes.items() if size == -1]
     for name, size in sizes.items():
-        if size == 0 or size < -1 or (size == -1 and name != "dp_shard"):
+        if size == 0 or size < -1 or (size == -1 and name not in ("dp_shard", "dp_replicate")):
             raise MeshError(f"invalid parallelism: {name}_size={size} ({described}); sizes must be >= 1")
-    if sizes["dp_shard"] == -1:
-        others = math.prod(v for k, v in sizes.items() if k != "dp_shard")
+    if len(inferred) > 1:
+        raise MeshError(f"invalid parallelism: only one of dp_shard_size / dp_replicate_size may be -1 ({described})")
+    if inferred:
+        name = inferred[0]
+        others = math.prod(v for k, v in sizes.items() if k != name)
         if world_size % others:
+            rest = "*".join(k for k in sizes if k != name)
             raise MeshError(
-                f"cannot infer dp_shard_size: world size {world_size} is not divisible by "
-                f"pp*dp_replicate*cp*tp = {others} ({described})"
+                f"cannot infer {name}_size: world size {world_size} is not divisible by {rest} = {others} ({described})"
             )
-        sizes["dp_shard"] = world_size // others
+        sizes[name] = world_size // others
     total = math.prod(sizes.values())
     if total != world_size:
         raise MeshError(

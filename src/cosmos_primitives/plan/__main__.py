@@ -36,7 +36,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     par = cfg.policy.parallelism
-    fixed = par.pp_size * par.dp_replicate_size * par.cp_size * par.tp_size
+    fixed = par.pp_size * max(par.dp_replicate_size, 1) * par.cp_size * par.tp_size  # -1: inferred (one replica here)
     gpus = args.gpus or (fixed * par.dp_shard_size if par.dp_shard_size > 0 else fixed)
     device_memory = int(args.gpu_memory_gb * 1e9)
     try:

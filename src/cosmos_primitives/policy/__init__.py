@@ -30,7 +30,13 @@ from cosmos_primitives.policy.diffusion import (
 )
 from cosmos_primitives.policy.diffusion_cp import enable_transformer_context_parallel
 from cosmos_primitives.policy.flow_update import diffusion_nft_update, flow_grpo_update
-from cosmos_primitives.policy.grpo_update import GRPOUpdate, grpo_micro_batch_loss, grpo_reference, grpo_update
+from cosmos_primitives.policy.grpo_update import (
+    GRPOUpdate,
+    grpo_micro_batch_loss,
+    grpo_reference,
+    grpo_update,
+    step_slices,
+)
 from cosmos_primitives.policy.lm_policy import MODEL_INPUT_KEYS, CausalLMPolicy, token_logprobs
 from cosmos_primitives.policy.lora import adapters_disabled, apply_lora
 from cosmos_primitives.policy.optim import WarmupDecayLR, build_lr_scheduler, build_optimizer
@@ -66,6 +72,7 @@ __all__ = [
     "resolve_dtype",
     "sft_validation_loss",
     "shard_transformer",
+    "step_slices",
     "text_width",
     "token_logprobs",
     "trainable_summary",

@@ -169,6 +169,21 @@ class DiffusionPolicy:
             yield flow_velocity_fn(self._frozen_reference, num_train_timesteps=self.num_train_timesteps,
                                    **forward_kwargs)
 
+    def refresh_reference(self) -> None:
+        """Copy the current weights into the frozen reference (``[wfm] reference_update_interval``).
+        Shard by shard under FSDP2 (both are sharded alike), so no rank gathers anything.
+
+        Raises:
+            RuntimeError: with LoRA (the reference is the base model, adapters off) or without a
+                reference copy.
+        """
+        if self.uses_lora or self._frozen_reference is None:
+            raise RuntimeError("[wfm] reference_update_interval needs full fine-tuning with a reference copy "
+                               "([wfm] kl_beta > 0 and no [policy.lora]): with LoRA the reference is the base model")
+        with torch.no_grad():
+            for ref, now in zip(self._frozen_reference.parameters(), self.transformer.parameters(), strict=True):
+                ref.copy_(now)
+
     def enable_context_parallel(self, mesh: Any) -> DiffusionPolicy:
         """Split the video tokens over ``mesh``'s ``"cp"`` ranks, in the transformer and the frozen
         reference (:func:`cosmos_primitives.policy.diffusion_cp.enable_transformer_context_parallel`:

@@ -24,7 +24,7 @@ import torch
 
 from cosmos_primitives.algo.ddrl import ddrl_data_loss, noisy_latents
 from cosmos_primitives.algo.diffusion_nft import diffusion_nft_loss
-from cosmos_primitives.algo.flow_grpo import flow_grpo_loss, select_train_steps
+from cosmos_primitives.algo.flow_grpo import flow_grpo_loss, listed_train_steps, select_train_steps
 from cosmos_primitives.checkpoint.nonfinite import check_finite
 from cosmos_primitives.config.wfm import WFMConfig
 from cosmos_primitives.parallel.grad_norm import clip_grad_norm_
@@ -97,8 +97,9 @@ def flow_grpo_update(policy: DiffusionPolicy, velocity: VelocityFn, optimizer: A
                      text: torch.Tensor, negative: torch.Tensor | None, advantages: torch.Tensor,
                      clips: torch.Tensor | None, w: WFMConfig, grad_clip: float, rng: dict[str, torch.Generator],
                      *, step: int, nonfinite: str, micro_batch: int | None = None) -> dict[str, float]:
-    """The FlowGRPO loss over a random ``train_step_fraction`` of the trajectory's SDE steps (``rng["train_steps"]``),
-    + ``data_beta`` x the DDRL data loss on ``clips`` ``[B, C, T, H, W]`` (latents; ``rng["ddrl"]``) when given.
+    """The FlowGRPO loss over a random ``train_step_fraction`` of the trajectory's SDE steps (``rng["train_steps"]``;
+    or the steps ``[wfm] train_steps`` lists), + ``data_beta`` x the DDRL data loss on ``clips``
+    ``[B, C, T, H, W]`` (latents; ``rng["ddrl"]``) when given; the gradient is that of ``loss_scale`` x the loss.
 
     ``text`` ``[B, L, D]``, ``advantages`` ``[B]``; ``negative`` the guidance's ``[1, L, D]`` or None.
     ``micro_batch``: samples per forward / backward (module docstring); None: a whole mini-batch.
@@ -111,7 +112,10 @@ def flow_grpo_update(policy: DiffusionPolicy, velocity: VelocityFn, optimizer: A
     forward graphs are never alive together.
     """
     num_train_timesteps = policy.num_train_timesteps
-    positions = select_train_steps(traj.sde_steps.numel(), w.train_step_fraction, generator=rng["train_steps"])
+    if w.train_steps:
+        positions = listed_train_steps(w.train_steps, traj.sde_steps, generator=rng["train_steps"])
+    else:
+        positions = select_train_steps(traj.sde_steps.numel(), w.train_step_fraction, generator=rng["train_steps"])
     k = traj.num_condition_frames
     metrics: dict[str, list[float]] = {}
     for rows in minibatch_rows(traj.batch_size, w.num_minibatches):
@@ -133,7 +137,7 @@ def flow_grpo_update(policy: DiffusionPolicy, velocity: VelocityFn, optimizer: A
                     kl = gaussian_mean_kl(now.mean[:, :, k:], ref.mean[:, :, k:], now.std, reduction=w.kl_reduction)
                 out = flow_grpo_loss(now.log_prob, sub.log_probs[:, pos], advantages[micro], clip_range=w.clip_range,
                                      adv_clip_max=w.adv_clip_max, kl=kl, kl_beta=w.kl_beta)
-                (out.loss * (share / len(positions))).backward()
+                (out.loss * (w.loss_scale * share / len(positions))).backward()
                 mb_loss += out.loss.detach() * (share / len(positions))
                 step_means.add({key: getattr(out, key) for key in ("policy_loss", "kl", "clip_fraction", "approx_kl",
                                                                     "ratio_mean")}, share)
@@ -146,7 +150,7 @@ def flow_grpo_update(policy: DiffusionPolicy, velocity: VelocityFn, optimizer: A
                                               num_train_timesteps=num_train_timesteps,
                                               weighting=w.ddrl_loss_weighting, num_condition_frames=k)
                     if w.data_beta > 0:
-                        (data.loss * (w.data_beta * share / len(positions))).backward()
+                        (data.loss * (w.loss_scale * w.data_beta * share / len(positions))).backward()
                     mb_loss += data.loss.detach() * (w.data_beta * share / len(positions))
                     step_means.add({"data_loss": data.loss}, share)
             step_means.flush_into(metrics)
@@ -155,14 +159,35 @@ def flow_grpo_update(policy: DiffusionPolicy, velocity: VelocityFn, optimizer: A
     return {k: sum(v) / len(v) for k, v in metrics.items()}
 
 
+def nft_grid_points(sigmas: torch.Tensor | None, batch: int, count: int, generator: torch.Generator) -> torch.Tensor:
+    """``[batch, count]`` float32 noise levels: per sample, the nonzero sigmas of the rollout's grid
+    (``sigmas`` ``[S + 1]``, descending to 0) in a random order, the first ``count`` of them (cosmos-rl's
+    DiffusionNFT trains each sample at the sampler's timesteps, shuffled per sample).
+
+    Raises:
+        ValueError: without ``sigmas``, or ``count`` above the grid's ``S`` points (naming the keys).
+    """
+    if sigmas is None:
+        raise ValueError('[wfm] nft_timesteps = "sampler" needs the rollout\'s sigma grid (pass sigmas=)')
+    grid = sigmas.detach().float().cpu()[:-1]
+    if count > grid.numel():
+        raise ValueError(f"[wfm] nft_num_timesteps = {count} is more than the {grid.numel()} sampler steps "
+                         '([wfm] num_inference_steps) that nft_timesteps = "sampler" draws from')
+    order = torch.stack([torch.randperm(grid.numel(), generator=generator)[:count] for _ in range(batch)])
+    return grid[order]
+
+
 def diffusion_nft_update(policy: DiffusionPolicy, velocity: VelocityFn, optimizer: Any, samples: torch.Tensor,
                          text: torch.Tensor, advantages: torch.Tensor, w: WFMConfig, grad_clip: float,
                          generator: torch.Generator, *, step: int, nonfinite: str,
-                         condition: torch.Tensor | None = None, micro_batch: int | None = None) -> dict[str, float]:
+                         condition: torch.Tensor | None = None, micro_batch: int | None = None,
+                         sigmas: torch.Tensor | None = None) -> dict[str, float]:
     """DiffusionNFT (``cp.algo.diffusion_nft_loss``) on the clean rollout samples ``[B, C, T, H, W]``.
 
     Each sample gets ``[wfm] nft_num_timesteps`` forward-process points ``x_t = (1 - t) x0 + t eps``
-    (``t`` uniform in ``[nft_t_min, nft_t_max]``, ``eps`` Gaussian, both from ``generator``); the
+    (``t`` uniform in ``[nft_t_min, nft_t_max]``, or with ``nft_timesteps = "sampler"`` the rollout's
+    sigma grid ``sigmas`` ``[S + 1]`` (its ``S`` nonzero values) in a random order per sample;
+    ``eps`` Gaussian; both from ``generator``); the
     sampling policy's velocity there (``v_old``) is taken before the first optimizer step, so later
     mini-batches are pulled relative to the policy that generated the batch. No guidance (CFG-free).
     ``condition`` ``[B, C, K, H, W]`` (image- / video-to-world): the clean first ``K`` latent frames of
@@ -174,8 +199,12 @@ def diffusion_nft_update(policy: DiffusionPolicy, velocity: VelocityFn, optimize
     b = samples.shape[0]
     k = 0 if condition is None else condition.shape[2]
     draws = []
-    for _ in range(w.nft_num_timesteps):
-        t = w.nft_t_min + (w.nft_t_max - w.nft_t_min) * torch.rand(b, generator=generator)
+    grid = nft_grid_points(sigmas, b, w.nft_num_timesteps, generator) if w.nft_timesteps == "sampler" else None
+    for j in range(w.nft_num_timesteps):
+        if grid is not None:
+            t = grid[:, j]
+        else:
+            t = w.nft_t_min + (w.nft_t_max - w.nft_t_min) * torch.rand(b, generator=generator)
         eps = torch.randn(samples.shape, generator=generator)
         x_t, _ = noisy_latents(samples.float().cpu(), eps, t)
         draws.append((replace_condition_frames(x_t.to(samples.device), condition), t.to(samples.device)))
@@ -206,7 +235,7 @@ def diffusion_nft_update(policy: DiffusionPolicy, velocity: VelocityFn, optimize
                 out = diffusion_nft_loss(v_theta, old[micro][:, :, k:], x_t[micro][:, :, k:],
                                          samples[micro][:, :, k:], t[micro], advantages[micro], beta=w.nft_beta,
                                          adv_clip_max=w.adv_clip_max, v_ref=v_ref, kl_beta=w.kl_beta)
-                (out.loss * (share / len(draws))).backward()
+                (out.loss * (w.loss_scale * share / len(draws))).backward()
                 mb_loss += out.loss.detach() * (share / len(draws))
                 point_means.add({key: getattr(out, key) for key in ("policy_loss", "positive_loss", "negative_loss",
                                                                      "kl")}, share)

@@ -126,6 +126,20 @@ def grpo_micro_batch_loss(
                      entropy=out.entropy, dp_token_count=token_count, weighted_sum=out.weighted_sum)
 
 
+def step_slices(rollouts: int, rollouts_per_step: int | None) -> list[slice]:
+    """The row ranges of a generation's ``rollouts`` rows that each make one optimizer step:
+    ``[grpo] rollouts_per_step`` rows each (None: one step of them all).
+
+    Raises:
+        ValueError: ``rollouts_per_step`` does not divide ``rollouts`` evenly.
+    """
+    size = rollouts if rollouts_per_step is None else rollouts_per_step
+    if size < 1 or rollouts % size:
+        raise ValueError(f"[grpo] rollouts_per_step = {rollouts_per_step} does not divide the {rollouts} rollouts of "
+                         "a generation evenly")
+    return [slice(start, start + size) for start in range(0, rollouts, size)]
+
+
 def grpo_update(policy: torch.nn.Module, reference: torch.nn.Module | None, optimizer: torch.optim.Optimizer,
                 batch: RolloutBatch, advantages: torch.Tensor, cfg: Config,
                 dp_group: Any = None, *, step: int = 0) -> GRPOUpdate:

@@ -1,5 +1,5 @@
 """AdamW (fused kernels where torch has them; float32 moments also for bfloat16 master weights) and
-the warmup + cosine / linear / constant learning-rate schedule (``[train] optm_*``)."""
+the warmup + cosine / linear / sqrt / constant learning-rate schedule (``[train] optm_*``)."""
 
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ from cosmos_primitives.logging.console import get_logger
 
 log = get_logger()
 
-DECAY_TYPES = ("cosine", "linear", "constant")
+DECAY_TYPES = ("cosine", "linear", "sqrt", "constant")
 OPTIMIZER_IMPLS = ("fused", "foreach", "for-loop")
 """Values of ``[train] optm_impl`` (cosmos-rl's)."""
 
@@ -28,25 +28,31 @@ FUSED_ADAMW_DEVICE_TYPES = ("cuda", "cpu", "xpu")
 
 def lr_factor(step: int, *, warmup_steps: int, total_steps: int | None, decay_type: str,
               min_lr_factor: float) -> float:
-    """Multiplier of the peak learning rate for optimizer step ``step`` (0-based).
+    """Multiplier of the peak learning rate for optimizer step ``step`` (0-based): cosmos-rl's schedule
+    (``build_lr_schedulers`` of ``cosmos_rl/policy/trainer/optm``, whole-run decay, warmup from 0).
 
-    Warmup: ``(step + 1) / warmup_steps`` for ``step < warmup_steps`` (the first step already
-    moves the weights). Then over steps ``warmup_steps .. total_steps - 1``, with
-    ``progress = (step - warmup_steps) / (total_steps - 1 - warmup_steps)`` clamped to [0, 1]:
-    cosine ``m + (1 - m) * (1 + cos(pi * progress)) / 2``, linear ``m + (1 - m) * (1 - progress)``,
-    constant ``1``; ``m = min_lr_factor``, reached at the last step ``total_steps - 1`` and kept after.
+    ``W = min(warmup_steps, total_steps)`` (clamped, so a run shorter than its warmup still reaches
+    the peak at its last step). Warmup: ``step / (W - 1)`` for ``step < W`` (0 at the first step, 1
+    at step ``W - 1``; 1 when ``W = 1``). Then, with ``progress = (step - W) / (total_steps - W)``
+    clamped to [0, 1]: cosine ``m + (1 - m) * (1 + cos(pi * progress)) / 2``, linear
+    ``m + (1 - m) * (1 - progress)``, sqrt ``m + (1 - m) * (1 - sqrt(progress))``, constant ``1``;
+    ``m = min_lr_factor``, reached one step after the last (``total_steps``), as cosmos-rl's
+    schedule ends.
     """
-    if step < warmup_steps:
-        return (step + 1) / warmup_steps
+    warmup = warmup_steps if total_steps is None else min(warmup_steps, total_steps)
+    if step < warmup:
+        return 1.0 if warmup == 1 else step / (warmup - 1)
     if decay_type == "constant":
         return 1.0
     if total_steps is None:
         raise ValueError(f"optm_decay_type = {decay_type!r} needs the total number of steps (total_steps)")
-    progress = min(max((step - warmup_steps) / max(total_steps - 1 - warmup_steps, 1), 0.0), 1.0)
+    progress = min(max((step - warmup) / max(total_steps - warmup, 1), 0.0), 1.0)
     if decay_type == "cosine":
         return min_lr_factor + (1.0 - min_lr_factor) * 0.5 * (1.0 + math.cos(math.pi * progress))
     if decay_type == "linear":
         return min_lr_factor + (1.0 - min_lr_factor) * (1.0 - progress)
+    if decay_type == "sqrt":
+        return min_lr_factor + (1.0 - min_lr_factor) * (1.0 - math.sqrt(progress))
     raise ValueError(f"unknown [train] optm_decay_type {decay_type!r}; use one of {', '.join(DECAY_TYPES)}")
 
 
@@ -332,7 +338,8 @@ def build_optimizer(model: torch.nn.Module, train: TrainConfig) -> torch.optim.O
     betas = (float(train.optm_betas[0]), float(train.optm_betas[1]))
     if train.master_dtype == "bfloat16":
         return _resharding_before_step(model, BFloat16AdamW(groups, lr=train.optm_lr, betas=betas, eps=train.optm_eps,
-                                                            weight_decay=train.optm_weight_decay, seed=train.seed,
+                                                            weight_decay=train.optm_weight_decay,
+                                                            seed=0 if train.seed is None else train.seed,
                                                             foreach=train.optm_impl != "for-loop"))
     params = [p for group in groups for p in group["params"]]
     fused = train.optm_impl == "fused" and fused_supported(params)

@@ -26,7 +26,8 @@ def plan_disaggregated(cfg: Config, roles: RoleSplit) -> QueuePlan:
 
     Raises:
         ValueError: naming the key, when ``records_per_step`` does not split evenly over the trainer
-            ranks, ``[redis] max_pending`` is too small for the staleness bound
+            ranks, ``[grpo] rollouts_per_step`` is set (the colocated recipe's),
+            ``[redis] max_pending`` is too small for the staleness bound
             (:func:`~cosmos_primitives.queue.run_control.check_queue_capacity`), or an export upload is
             configured (a disaggregated run does not upload yet).
     """
@@ -55,6 +56,11 @@ def plan_jobs(cfg: Config, num_trainers: int) -> QueuePlan:
 
 def _sizes(cfg: Config, num_trainers: int) -> QueuePlan:
     dis, grpo = cfg.disaggregated, cfg.grpo
+    if grpo.rollouts_per_step is not None:
+        raise ValueError(f"[grpo] rollouts_per_step = {grpo.rollouts_per_step} (a cosmos-rl train_batch_per_replica "
+                         "smaller than a generation) is trained by the colocated recipe, examples/grpo_vlm.py; a "
+                         "disaggregated trainer takes whole records (a prompt's group each): unset it and size "
+                         "steps with [disaggregated] records_per_step")
     per_step = dis.records_per_step or grpo.rollout_batch_size * num_trainers
     if per_step % num_trainers:
         raise ValueError(f"[disaggregated] records_per_step = {per_step} must be a multiple of the "

@@ -47,24 +47,29 @@ def _require_reference(name: str, reference: str | None) -> str:
 
 @register_reward("format")
 def format_reward(completion: str) -> float:
-    """1.0 iff the whole completion is ``<think>...</think>\\n\\n<answer>...</answer>``.
+    """1.0 iff the whole completion is ``<think>...</think>\\n\\n<answer>...</answer>``, as cosmos-rl
+    scores it (its pattern ends in ``$``, which also matches before one final newline).
 
     The think text may not contain ``<think>`` / ``</think>`` tags; nothing may precede ``<think>``
-    or follow ``</answer>`` (not even a newline).
+    or follow ``</answer>`` but one newline.
     """
-    return 1.0 if FORMAT_PATTERN.fullmatch(completion) else 0.0
+    text = completion[:-1] if completion.endswith("\n") else completion
+    return 1.0 if FORMAT_PATTERN.fullmatch(text) else 0.0
 
 
 @register_reward("single_choice")
 def single_choice_reward(completion: str, reference: str | None) -> float:
-    """1.0 iff the student's answer equals the ground truth, ignoring case.
+    """1.0 iff the student's answer equals the ground truth, ignoring case (``str.lower``), as
+    cosmos-rl scores it.
 
     Ground truth: text inside ``<answer>..</answer>`` of the reference if present, else the whole
     reference, stripped. Student: the first ``<answer>..</answer>`` of the completion, else the whole
-    completion, stripped. ``"(A)"`` and ``"A"`` differ.
+    completion, stripped. ``"(A)"`` and ``"A"`` differ. A None reference (a row without an answer)
+    scores 0.0, as in cosmos-rl.
     """
-    truth = extract_answer(_require_reference("single_choice", reference))
-    return 1.0 if extract_answer(completion).casefold() == truth.casefold() else 0.0
+    if reference is None:
+        return 0.0
+    return 1.0 if extract_answer(completion).lower() == extract_answer(reference).lower() else 0.0
 
 
 def _normalise_text(text: str) -> str:

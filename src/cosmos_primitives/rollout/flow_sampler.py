@@ -293,6 +293,7 @@ def sample_flow(
     sde: SDEParams | None = None,
     sde_steps: Sequence[int] | None = None,
     condition: torch.Tensor | None = None,
+    noise_seeds: Sequence[int] | torch.Tensor | None = None,
 ) -> FlowTrajectory:
     """Generate ``B`` latents, recording every step.
 
@@ -302,7 +303,9 @@ def sample_flow(
             branch of guidance; ignored when guidance is off).
         latent_shape: ``(C, T, H, W)`` of one sample's latents.
         sigmas: ``[S + 1]`` descending to 0 and timesteps ``[S]``, e.g. from :func:`flow_sigmas`.
-        seeds: ``[B]`` one seed per sample.
+        seeds: ``[B]`` one seed per sample: its initial noise and its SDE steps' noise.
+        noise_seeds: ``[B]`` seeds of the initial noise alone (e.g. one per prompt group, so that a
+            group starts from the same noise); None: ``seeds``.
         guidance_scale: read in ``guidance_convention``.
         sde: stochastic-step parameters; ``None`` with ``sde_steps`` unset gives a plain ODE rollout.
         sde_steps: which steps are stochastic (``None``: all of them when ``sde`` is given); see
@@ -347,7 +350,15 @@ def sample_flow(
                              f"{', '.join(map(str, latent_shape[2:]))}] with 0 < F < {latent_shape[1]} latent frames "
                              f"(at least one frame left to generate); got {tuple(condition.shape)}")
     generators = [torch.Generator(device=device).manual_seed(int(s)) for s in seeds]
-    x = replace_condition_frames(_noise(generators, latent_shape, device), condition)
+    if noise_seeds is None:
+        x = _noise(generators, latent_shape, device)
+    else:
+        noise_seeds = torch.as_tensor(noise_seeds, dtype=torch.long).cpu()
+        if noise_seeds.shape != (batch,):
+            raise ValueError(f"need one noise seed per sample: {batch} prompts, noise_seeds of shape "
+                             f"{tuple(noise_seeds.shape)}")
+        x = _noise([torch.Generator(device=device).manual_seed(int(s)) for s in noise_seeds], latent_shape, device)
+    x = replace_condition_frames(x, condition)
     latents = [x]
     recorded: list[int] = []
     log_probs: list[torch.Tensor] = []

@@ -1,0 +1,32 @@
+"""``examples/sft.py`` on data whose every sample is bad stops with an error, as the GRPO recipe's
+prompt stream does, instead of running its epochs without a step and exporting the untrained model."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import cosmos_primitives as cp
+from cosmos_primitives.testing.demo_assets import ensure_demo_assets
+
+pytestmark = pytest.mark.slow
+
+REPO = Path(__file__).resolve().parents[1]
+CONFIG = REPO / "examples" / "configs" / "sft_tiny.toml"
+
+
+def test_an_sft_run_whose_every_sample_is_bad_stops_with_an_error(tmp_path: Path) -> None:
+    paths = [f"policy.model_name_or_path={tmp_path / 'model'}", f"train.train_policy.dataset.name={tmp_path / 'clips'}"]
+    ensure_demo_assets(cp.load_config(CONFIG, [p.replace("=", "=demo:", 1) for p in paths] + ["custom.demo_items=4"]))
+    # 8 tokens hold no sample: every one is bad, and the budget is far from spent
+    overrides = [*paths, f"train.output_dir={tmp_path / 'runs'}", "train.train_policy.packing_budget=8",
+                 "train.train_policy.dataset.bad_sample_budget=1000"]
+    run = subprocess.run([sys.executable, "examples/sft.py", "--config", str(CONFIG), *overrides], cwd=REPO,
+                         capture_output=True, text=True, timeout=300)
+    assert run.returncode != 0, run.stdout[-2000:] + run.stderr[-2000:]
+    assert "BadSampleBudgetExceeded: no optimizer step in epoch 0: every sample" in run.stderr
+    assert "exceed the packing budget of 8" in run.stderr  # the worst offenders, with the reason
+    assert not list((tmp_path / "runs").glob("*/safetensors/final"))  # nothing exported
