@@ -119,3 +119,37 @@ def test_migrate_says_the_vendored_file_stops_and_sft_py_stops_on_it(config: Pat
     code, log = _start(config, tmp_path, [f"policy.model_name_or_path={model}"])
     assert code != 0 and reason in log, log[-3000:]
     assert not (tmp_path / "runs").exists() or not any((tmp_path / "runs").rglob("metrics.jsonl"))
+
+
+OURS = REPO / "examples/configs"
+SAME_STEP = ("samples_per_step_per_rank", "data_parallel_size", "lr", "warmup_steps", "decay_type", "min_lr_factor",
+             "epochs", "mini_batch", "sequence_packing")
+
+
+def test_reason2_sft_config_trains_what_the_guide_s_hf_sft_toml_trains() -> None:
+    from cosmos_primitives.migrate import llm_vlm_effective
+
+    ours = _load(OURS / "cosmos_reason2_2b_sft.toml")
+    theirs = _load(HF_SFT)
+    assert {k: llm_vlm_effective(ours)[k] for k in SAME_STEP} == {k: llm_vlm_effective(theirs)[k] for k in SAME_STEP}
+    for key in ("model_name_or_path", "model_max_length", "model_gradient_checkpointing"):
+        assert getattr(ours.policy, key) == getattr(theirs.policy, key), key
+    mine, script = ours.train.train_policy.dataset, theirs.train.train_policy.dataset
+    assert (mine.name, mine.kind, mine.fps, mine.max_pixels) == (script.name, script.kind, script.fps,
+                                                                 script.max_pixels)
+
+
+def test_reason2_grpo_config_trains_what_the_guide_s_4_gpu_rl_trains() -> None:
+    from cosmos_primitives.migrate import llm_vlm_effective
+
+    ours = _load(OURS / "cosmos_reason2_2b_grpo.toml")
+    # the guide's 4-GPU RL: its full config with [policy.parallelism] dp_shard_size = 2 (rollout tp_size 2 there)
+    theirs = _load(REASON2 / "configs/cosmos_rl_config.toml", ["policy.parallelism.dp_shard_size=2"])
+    keys = (*SAME_STEP[:-1], "prompts_per_generation", "samples_per_prompt", "steps_per_generation")
+    assert {k: llm_vlm_effective(ours)[k] for k in keys} == {k: llm_vlm_effective(theirs)[k] for k in keys}
+    assert ours.rollout.parallelism.tp_size == theirs.rollout.parallelism.tp_size
+    for section, names in ((ours.grpo, ("kl_beta", "epsilon_low", "epsilon_high", "loss_type", "mu_iterations",
+                                        "allowed_outdated_steps", "reward_function", "temperature")),
+                           (ours.rollout, ("max_response_length", "gpu_memory_utilization", "enforce_eager"))):
+        other = theirs.grpo if section is ours.grpo else theirs.rollout
+        assert {n: getattr(section, n) for n in names} == {n: getattr(other, n) for n in names}
