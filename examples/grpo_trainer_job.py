@@ -125,7 +125,7 @@ def main() -> None:
     queue = RedisRolloutQueue(cfg.redis, url=url, consumer=f"trainer-{info.rank}", vocab_size=vocab_size)
     control = RunControl(queue)
     stale = StalenessFilter.from_config(grpo)
-    settings = MediaSettings.from_config(dataset_cfg)
+    settings = MediaSettings.from_config(dataset_cfg, processor)  # sized as the rollout side sized them
     wire = None if dis.transfer_dtype == "auto" else getattr(torch, dis.transfer_dtype)
     server = WeightServer(policy.hf_model, url, cfg.redis.stream, layout=cp.rollout.sync_layout(cfg.rollout),
                           bucket_bytes=dis.bucket_mb << 20,

@@ -86,7 +86,7 @@ def train_from_queue(cfg, info, roles, plan: QueuePlan, mesh: RoleMesh, sync_gro
     queue = RedisRolloutQueue(cfg.redis, url=url, consumer=f"trainer-{info.rank}", vocab_size=vocab_size)
     control = RunControl(queue)
     stale = StalenessFilter.from_config(grpo)
-    settings = MediaSettings.from_config(dataset_cfg)
+    settings = MediaSettings.from_config(dataset_cfg, processor)  # sized as the rollout side sized them
     bad = BadSampleTracker(dataset_cfg.bad_sample_budget)
     wire = None if dis.transfer_dtype == "auto" else getattr(torch, dis.transfer_dtype)
     sender = WeightBroadcaster(policy.hf_model, sync_group, layout=cp.rollout.sync_layout(cfg.rollout),

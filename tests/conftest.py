@@ -57,6 +57,31 @@ def tiny_vl_model():
 
 
 @pytest.fixture(scope="session")
+def tiny_qwen3_vl_processor():
+    return cpt.tiny_qwen3_vl_processor()
+
+
+TINY_VL_MODELS = {"qwen2_5_vl": cpt.tiny_qwen2_5_vl, "qwen3_vl": cpt.tiny_qwen3_vl}
+
+
+@pytest.fixture(params=sorted(TINY_VL_MODELS))
+def vl_family(request) -> str:
+    """Each Qwen-VL family in turn. A module that overrides ``tiny_vl_model`` / ``tiny_vl_processor``
+    with :func:`family_vl_model` / :func:`family_vl_processor` runs its VL tests once per family."""
+    return request.param
+
+
+@pytest.fixture
+def family_vl_model(vl_family):
+    return TINY_VL_MODELS[vl_family](seed=0)
+
+
+@pytest.fixture
+def family_vl_processor(vl_family, tiny_vl_processor, tiny_qwen3_vl_processor):
+    return {"qwen2_5_vl": tiny_vl_processor, "qwen3_vl": tiny_qwen3_vl_processor}[vl_family]
+
+
+@pytest.fixture(scope="session")
 def tiny_vl_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A saved tiny Qwen2.5-VL + processor, loadable with ``from_pretrained`` (do not modify)."""
     return cpt.save_tiny_qwen2_5_vl(tmp_path_factory.mktemp("tiny_vl") / "model")

@@ -26,10 +26,19 @@ def cosmos_log(caplog: pytest.LogCaptureFixture):
     logger.removeHandler(caplog.handler)
 
 
-def test_export_tiny_qwen2_5_vl_loads_with_identical_logits(tmp_path: Path, tiny_vl_processor, cosmos_log) -> None:
-    from transformers import AutoProcessor, Qwen2_5_VLForConditionalGeneration
+@pytest.mark.parametrize(("family", "tied"), [("qwen2_5_vl", True), ("qwen3_vl", True), ("qwen3_vl", False)],
+                         ids=["qwen2_5_vl", "qwen3_vl-tied", "qwen3_vl-untied"])
+def test_export_tiny_vl_loads_with_identical_logits(tmp_path: Path, family: str, tied: bool, tiny_vl_processor,
+                                                    tiny_qwen3_vl_processor, cosmos_log) -> None:
+    """Both families (Qwen3-VL tied as Cosmos-Reason2-2B, untied as -8B) round-trip through the export."""
+    from transformers import AutoProcessor, Qwen2_5_VLForConditionalGeneration, Qwen3VLForConditionalGeneration
 
-    model = tiny_qwen2_5_vl(seed=1)
+    if family == "qwen2_5_vl":
+        model, model_class, tiny_vl_processor = tiny_qwen2_5_vl(seed=1), Qwen2_5_VLForConditionalGeneration, \
+            tiny_vl_processor
+    else:
+        model, model_class, tiny_vl_processor = tiny_qwen3_vl(seed=1, tie_word_embeddings=tied), \
+            Qwen3VLForConditionalGeneration, tiny_qwen3_vl_processor
     with torch.no_grad():
         model.model.language_model.norm.weight.mul_(1.5)
     out = tmp_path / "safetensors" / "final"
@@ -46,19 +55,24 @@ def test_export_tiny_qwen2_5_vl_loads_with_identical_logits(tmp_path: Path, tiny
         if len(tensors) > 1:  # a single tensor over the limit is allowed its own shard
             assert (out / shard).stat().st_size <= max_gb * GB + 64 * 1024  # + the safetensors header
     names = set(index["weight_map"])
-    assert "model.embed_tokens.weight" in names and "visual.patch_embed.proj.weight" in names
-    assert "lm_head.weight" not in names  # tied to the embedding, as transformers saves it
+    # each family under its released checkpoints' names (Qwen3-VL keeps transformers 5's module paths)
+    prefix = {"qwen2_5_vl": ("model.", ""), "qwen3_vl": ("model.language_model.", "model.")}[family]
+    assert f"{prefix[0]}embed_tokens.weight" in names and f"{prefix[1]}visual.patch_embed.proj.weight" in names
+    assert ("lm_head.weight" not in names) == tied  # a tied head is saved once, as transformers saves it
     for name in ("config.json", "generation_config.json", "preprocessor_config.json", "chat_template.json",
                  "tokenizer.json", "tokenizer_config.json"):
         assert (out / name).is_file(), name
 
-    loaded = Qwen2_5_VLForConditionalGeneration.from_pretrained(out)
+    loaded = model_class.from_pretrained(out)
     ids = torch.tensor([[9707, 11, 1879, 0, 151644, 872, 198, 100]])
     with torch.no_grad():
         assert torch.equal(loaded(input_ids=ids).logits, model(input_ids=ids).logits)
     processor = AutoProcessor.from_pretrained(out)
+    assert type(processor) is type(tiny_vl_processor)
     assert processor.chat_template == tiny_vl_processor.chat_template
     assert processor.image_processor.size == tiny_vl_processor.image_processor.size
+    assert processor.image_processor.patch_size == tiny_vl_processor.image_processor.patch_size
+    assert processor.video_processor.size == tiny_vl_processor.video_processor.size
 
 
 def test_export_dtype_bfloat16(tmp_path: Path) -> None:

@@ -62,6 +62,10 @@ DELIBERATE: dict[str, tuple[Callable[[Any, Any], bool], str]] = {
     "validation.dataset.split": (
         lambda theirs, ours: theirs == [""] and ours == ["train"],
         "unset: \"train\" (cosmos-rl's \"\" names no split: its readers fail on it)"),
+    "train.train_policy.dataset.name": (
+        lambda theirs, ours: theirs == "" and ours.lstrip("./") != "",
+        "a Cosmos-Reason example's [custom.dataset] path, read as the example script that consumes it reads it "
+        "(config/cosmos_rl_custom.py; cosmos-rl's class leaves the name empty)"),
     "train.ckpt.hf_repo_name": (
         lambda theirs, ours: theirs == "Comos-Reason1" and ours == "",
         "unset: no repository (an upload then stops, naming the key) instead of cosmos-rl's placeholder "

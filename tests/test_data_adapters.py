@@ -5,23 +5,31 @@ from __future__ import annotations
 import functools
 import json
 import logging
+import re
 from pathlib import Path
 
 import pytest
+import torch
 
 from cosmos_primitives import testing as cpt
 from cosmos_primitives.config import DatasetConfig
-from cosmos_primitives.data.bad_samples import BadSampleBudgetExceeded, BadSampleError, BadSampleTracker
+from cosmos_primitives.data.bad_samples import (
+    BadSampleBudgetExceeded,
+    BadSampleError,
+    BadSampleTracker,
+    NoGoodSamplesError,
+)
 from cosmos_primitives.data.hf_conversations import HFConversationDataset
 from cosmos_primitives.data.mcq import MCQPromptDataset, answer_letter, mcq_prompt_text
 from cosmos_primitives.data.media import MediaSettings, default_media_dir
-from cosmos_primitives.data.mrope import MRopeSpec
+from cosmos_primitives.data.mrope import MRopeSpec, mrope_position_ids
 from cosmos_primitives.data.qwen_vl_encoding import IGNORE_INDEX, encode_conversation
 from cosmos_primitives.data.qwen_vl_sizing import frame_indices, smart_nframes
 from cosmos_primitives.data.records import Prompt
 from cosmos_primitives.data.sampler import ResumableDistributedSampler
 from cosmos_primitives.data.sft_loader import SFTBatchLoader, build_sft_dataset
 from cosmos_primitives.data.video_folder import VideoFolderDataset
+from cosmos_primitives.testing.tokenizer import IMAGE_PAD_ID, VIDEO_PAD_ID
 
 
 class _Records(logging.Handler):
@@ -237,6 +245,28 @@ def test_bad_samples_are_skipped_counted_logged_then_fail_past_budget(tiny_vl_pr
     assert str(clips / "does_not_exist.mp4") in message and "not found" in message
 
 
+@pytest.mark.parametrize("packing", [True, False])
+def test_an_epoch_of_only_bad_samples_fails_instead_of_training_nothing(tiny_vl_processor, video_clips,
+                                                                       packing: bool) -> None:
+    """Within the budget, but nothing to train on: the loader raises once the epoch is used up (the SFT
+    recipe would otherwise finish at step 0 with exit code 0)."""
+    clips = video_clips["short"].parent
+    rows = [{"conversations": [_video_turn(name, "What?"), _answer("Clip.")]}
+            for name in ["corrupt.mp4", "does_not_exist.mp4", "corrupt.mp4"]]
+    ds = HFConversationDataset(rows, media_dir=clips, settings=MediaSettings(max_frames=4), name="rows")
+    encode = functools.partial(encode_conversation, tiny_vl_processor, mrope=MRopeSpec())
+    loader = SFTBatchLoader(ds, encode, ResumableDistributedSampler(len(ds), shuffle=False), token_budget=4096,
+                            pad_token_id=151643, packing=packing, bad_samples=BadSampleTracker(100))
+    assert loader.next_step(2) == []  # a step of bad samples alone: the caller takes the next one
+    with pytest.raises(NoGoodSamplesError, match="all 3 samples drawn in epoch 0 were bad") as raised:
+        while loader.next_step(2) is not None:
+            pass
+    assert str(clips / "corrupt.mp4") in str(raised.value) and str(clips / "does_not_exist.mp4") in str(raised.value)
+    loader.start_next_epoch()
+    with pytest.raises(NoGoodSamplesError, match="epoch 1"):
+        list(loader)
+
+
 def test_tracker_ranks_offenders_and_round_trips() -> None:
     tracker = BadSampleTracker(budget=10, max_listed=2)
     for path, times in (("a.mp4", 1), ("b.mp4", 3), ("c.mp4", 2)):
@@ -340,23 +370,64 @@ def test_system_prompt_unset_empty_or_set_renders_as_cosmos_rl_does(tiny_vl_proc
     assert cfg.train.train_policy.dataset.system_prompt == ""
 
 
-def test_build_sft_loader_from_config_keys(video_folder, tiny_vl_processor) -> None:
+@pytest.mark.parametrize("family", ["qwen2_5_vl", "qwen3_vl"])
+def test_build_sft_loader_from_config_keys(video_folder, family: str, tiny_vl_processor,
+                                           tiny_qwen3_vl_processor) -> None:
+    """Video SFT from real mp4s on both families: frames sized for the model's patch (28 / 32 px per
+    token), positions as the model computes them, and (Qwen3-VL) timestamps of the source frames."""
     import cosmos_primitives as cp
     from cosmos_primitives.data.sft_loader import build_sft_loader
 
+    processor, model_config, patch = {
+        "qwen2_5_vl": (tiny_vl_processor, cpt.tiny_qwen2_5_vl_config(), 14),
+        "qwen3_vl": (tiny_qwen3_vl_processor, cpt.tiny_qwen3_vl_config(), 16)}[family]
+    token_pixels = (2 * patch) ** 2
     config = cp.load_config(overrides=[
         f"train.train_policy.dataset.name={video_folder}",
         "train.train_policy.dataset.video_suffix=.camera_front_wide_120fov",
         "train.train_policy.dataset.label_field=caption",
-        "train.train_policy.dataset.max_pixels=3136",
-        "train.train_policy.dataset.min_pixels=3136",
+        f"train.train_policy.dataset.max_pixels={6 * token_pixels}",  # within both tiny processors' bounds
+        f"train.train_policy.dataset.min_pixels={6 * token_pixels}",
         "train.train_policy.dataset.bad_sample_budget=1",
         "train.train_policy.packing_budget=512",
         "train.train_policy.mini_batch=2",
     ])
-    loader = build_sft_loader(config, tiny_vl_processor, cpt.tiny_qwen2_5_vl_config())
+    loader = build_sft_loader(config, processor, model_config)
+    assert loader.dataset.settings.patch_size == patch  # read from the processor
     (batch,) = list(loader)  # two clips fit in one 512-token row; ep3 has no video
     assert loader.bad_samples.count == 1 and loader.token_budget == 512
     assert batch["position_ids"].shape[:2] == (4, 1) and batch["video_grid_thw"].shape == (2, 3)
-    text = tiny_vl_processor.tokenizer.decode(batch["labels"][batch["labels"] != IGNORE_INDEX])
+    text = processor.tokenizer.decode(batch["labels"][batch["labels"] != IGNORE_INDEX])
     assert sorted(text.split("<|im_end|>")[:2]) == ["A red car.", "Empty road."]
+    # frames sized at multiples of the model's token side (2 * patch px) and kept so by the processor
+    sizes = sorted(list(loader.dataset[i].videos[0].shape[1:3]) for i in range(2))
+    assert all(side % (2 * patch) == 0 for size in sizes for side in size)
+    assert sorted((batch["video_grid_thw"][:, 1:] * patch).tolist()) == sizes
+
+    # positions: each packed sample's are its own alone; for Qwen3-VL also the model's (transformers'
+    # get_rope_index; Qwen2.5-VL's differs after long videos, see cosmos_primitives.data.mrope)
+    spec = MRopeSpec.from_config(model_config)
+    model = cpt.tiny_qwen3_vl(seed=0).model if family == "qwen3_vl" else None
+    ids, positions = batch["input_ids"][0], batch["position_ids"][1:, 0]
+    starts = (batch["position_ids"][0, 0] == 0).nonzero().flatten().tolist()
+    ends = [*starts[1:], int((batch["labels"][0] != IGNORE_INDEX).nonzero().max()) + 1]
+    assert len(starts) == 2
+    for k, (start, stop) in enumerate(zip(starts, ends)):
+        sample, grid = ids[start:stop], batch["video_grid_thw"][k:k + 1]
+        seconds = batch["second_per_grid_ts"][k:k + 1] if family == "qwen2_5_vl" else None
+        alone = mrope_position_ids(sample, spec, video_grid_thw=grid, second_per_grid_ts=seconds)
+        assert torch.equal(positions[:, start:stop], alone)
+        if model is not None:
+            types = (sample == IMAGE_PAD_ID).long() + 2 * (sample == VIDEO_PAD_ID).long()
+            theirs, _ = model.get_rope_index(sample[None], types[None], video_grid_thw=grid)
+            assert torch.equal(alone, theirs[:, 0])
+    if family == "qwen3_vl":
+        # <t seconds> of each temporal patch: the mean time of its two source frames (index / source fps)
+        per_clip = []
+        for clip in range(2):
+            meta = loader.dataset[clip].video_metadata[0]
+            assert meta["fps"] == (6.0, 4.0)[clip]  # the file's rate, not the sampling rate
+            pairs = zip(meta["frames_indices"][::2], meta["frames_indices"][1::2])
+            per_clip.append([f"{(a + b) / 2 / meta['fps']:.1f}" for a, b in pairs])
+        found = re.findall(r"<(\d+\.\d) seconds>", processor.tokenizer.decode(ids))
+        assert found in (per_clip[0] + per_clip[1], per_clip[1] + per_clip[0])

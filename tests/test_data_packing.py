@@ -1,4 +1,5 @@
-"""Qwen2.5-VL encoding (assistant-only labels, mRoPE) and sequence packing without cross-sample attention."""
+"""Qwen-VL encoding (assistant-only labels, mRoPE) and sequence packing without cross-sample attention, for
+both families (Qwen2.5-VL, Qwen3-VL: the VL tests run once per family)."""
 
 from __future__ import annotations
 
@@ -12,14 +13,28 @@ from cosmos_primitives import testing as cpt
 from cosmos_primitives.data.mrope import MRopeSpec, mrope_position_ids
 from cosmos_primitives.data.packing import collate_packed, collate_padded, model_inputs, padding_stats, plan_rows
 from cosmos_primitives.data.qwen_vl_encoding import IGNORE_INDEX, encode_conversation
-from cosmos_primitives.testing.tokenizer import IMAGE_PAD_ID, VIDEO_PAD_ID
+from cosmos_primitives.testing.tokenizer import IMAGE_PAD_ID, VIDEO_PAD_ID, VISION_START_ID
 
 PAD = 151643
 
 
+FAMILIES = {"qwen2_5_vl": (cpt.tiny_qwen2_5_vl, cpt.tiny_qwen2_5_vl_processor),
+            "qwen3_vl": (cpt.tiny_qwen3_vl, cpt.tiny_qwen3_vl_processor)}
+
+
+@pytest.fixture(scope="module", params=sorted(FAMILIES))
+def family(request) -> str:
+    return request.param
+
+
 @pytest.fixture(scope="module")
-def vl_model():
-    return cpt.tiny_qwen2_5_vl(seed=0).eval()
+def vl_model(family):
+    return FAMILIES[family][0](seed=0).eval()
+
+
+@pytest.fixture(scope="module")
+def vl_processor(family):
+    return FAMILIES[family][1]()
 
 
 @pytest.fixture(scope="module")
@@ -49,16 +64,16 @@ TEXT_CONV = [
 
 
 @pytest.fixture(scope="module")
-def samples(tiny_vl_processor, spec):
+def samples(vl_processor, spec):
     return [
-        encode_conversation(tiny_vl_processor, VIDEO_CONV, mrope=spec, videos=[_video(6)], video_fps=[2.0]),
-        encode_conversation(tiny_vl_processor, IMAGE_CONV, mrope=spec, images=[cpt.color_image("red")]),
-        encode_conversation(tiny_vl_processor, TEXT_CONV, mrope=spec),
+        encode_conversation(vl_processor, VIDEO_CONV, mrope=spec, videos=[_video(6)], video_fps=[2.0]),
+        encode_conversation(vl_processor, IMAGE_CONV, mrope=spec, images=[cpt.color_image("red")]),
+        encode_conversation(vl_processor, TEXT_CONV, mrope=spec),
     ]
 
 
-def test_labels_cover_exactly_assistant_content_and_im_end(samples, tiny_vl_processor) -> None:
-    tok = tiny_vl_processor.tokenizer
+def test_labels_cover_exactly_assistant_content_and_im_end(samples, vl_processor) -> None:
+    tok = vl_processor.tokenizer
     video = samples[0]
     trained = video.labels != IGNORE_INDEX
     assert torch.equal(video.labels[trained], video.input_ids[trained])
@@ -77,23 +92,31 @@ def test_labels_cover_exactly_assistant_content_and_im_end(samples, tiny_vl_proc
     assert not (image.labels[image.input_ids == IMAGE_PAD_ID] != IGNORE_INDEX).any()
 
 
-def test_media_tensors_match_vision_tokens(samples) -> None:
+def test_media_tensors_match_vision_tokens(samples, family) -> None:
     video, image, text = samples
     assert int((video.input_ids == VIDEO_PAD_ID).sum()) == int(video.video_grid_thw.prod()) // 4
     assert video.video_grid_thw[0, 0] == 3  # 6 frames -> 3 temporal patches
-    assert video.second_per_grid_ts.tolist() == [1.0]  # 2 frames per patch at 2 fps
+    if family == "qwen2_5_vl":
+        assert video.second_per_grid_ts.tolist() == [1.0]  # 2 frames per patch at 2 fps
+    else:  # Qwen3-VL times frames by text: one block per temporal patch, no seconds tensor
+        assert video.second_per_grid_ts is None
+        assert int((video.input_ids == VISION_START_ID).sum()) >= 3
     assert int((image.input_ids == IMAGE_PAD_ID).sum()) == int(image.image_grid_thw.prod()) // 4
     assert text.pixel_values is None and text.pixel_values_videos is None
     assert video.position_ids.shape == (3, len(video))
 
 
-def test_mrope_matches_transformers_where_the_rules_agree(vl_model, tiny_vl_processor, spec) -> None:
+def test_mrope_matches_transformers_where_the_rules_agree(vl_model, vl_processor, spec) -> None:
     for conv, media in ((IMAGE_CONV, {"images": [cpt.color_image("blue", (84, 112))]}),
-                        (VIDEO_CONV, {"videos": [_video(4, (112, 112))]})):
-        text = tiny_vl_processor.apply_chat_template(conv, tokenize=False)
+                        (VIDEO_CONV, {"videos": [_video(4, (112, 112))]}),
+                        (IMAGE_CONV + VIDEO_CONV[1:], {"images": [cpt.color_image("red")],
+                                                       "videos": [_video(6, (64, 96))]})):
+        text = vl_processor.apply_chat_template(conv, tokenize=False)
         # at 8 fps a temporal patch is 0.25 s: temporal positions stay below the 4x4 spatial extent
-        kwargs = {"video_metadata": [{"fps": 8.0, "total_num_frames": 4}], "do_sample_frames": False}
-        out = tiny_vl_processor(text=[text], return_tensors="pt", videos_kwargs=kwargs, **media)
+        frames = len(media["videos"][0]) if "videos" in media else 0
+        kwargs = {"video_metadata": [{"fps": 8.0, "total_num_frames": frames, "frames_indices": list(range(frames)),
+                                      }], "do_sample_frames": False}
+        out = vl_processor(text=[text], return_tensors="pt", videos_kwargs=kwargs, **media)
         ours = mrope_position_ids(out["input_ids"][0], spec, out.get("image_grid_thw"), out.get("video_grid_thw"),
                                   out.get("second_per_grid_ts"))
         theirs, _ = vl_model.model.get_rope_index(
@@ -130,11 +153,12 @@ def test_plan_rows_rejects_a_sample_over_budget() -> None:
         plan_rows([10, 120], budget=100)
 
 
-def test_collate_packed_layout(samples) -> None:
+def test_collate_packed_layout(samples, family) -> None:
     video, image, text = samples
     batch = collate_packed([[video, image], [text]], PAD)
+    timed = {"second_per_grid_ts"} if family == "qwen2_5_vl" else set()  # Qwen3-VL: timestamps are text
     assert set(batch) == {"input_ids", "labels", "position_ids", "pixel_values", "image_grid_thw",
-                          "pixel_values_videos", "video_grid_thw", "second_per_grid_ts"}
+                          "pixel_values_videos", "video_grid_thw", *timed}
     width = len(video) + len(image)
     assert batch["input_ids"].shape == (2, width) and batch["position_ids"].shape == (4, 2, width)
     text_pos = batch["position_ids"][0]
@@ -210,12 +234,12 @@ def test_media_for_a_text_tokenizer_is_refused(qwen_tokenizer) -> None:
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("attn", ["sdpa", "flash_attention_2"])
-def test_packed_rows_are_isolated_on_gpu(samples, attn: str) -> None:
+def test_packed_rows_are_isolated_on_gpu(samples, family, attn: str) -> None:
     """Flash-attention finds the samples from the text position row; it needs one packed row (B == 1)."""
     if attn == "flash_attention_2" and importlib.util.find_spec("flash_attn") is None:
         pytest.skip("flash-attn is not installed on this GPU machine")
     dtype = torch.bfloat16 if attn == "flash_attention_2" else torch.float32
-    model = cpt.tiny_qwen2_5_vl(seed=0).to("cuda", dtype).eval()
+    model = FAMILIES[family][0](seed=0).to("cuda", dtype).eval()
     model.set_attn_implementation(attn)
 
     def run(batch: dict) -> torch.Tensor:

@@ -13,6 +13,17 @@ from cosmos_primitives.policy import CausalLMPolicy, token_logprobs
 from cosmos_primitives.rollout.hf_engine import HFRolloutEngine
 
 
+@pytest.fixture
+def tiny_vl_model(family_vl_model):
+    """Every VL test of this module runs on both families (Qwen2.5-VL, Qwen3-VL)."""
+    return family_vl_model
+
+
+@pytest.fixture
+def tiny_vl_processor(family_vl_processor):
+    return family_vl_processor
+
+
 def prompts() -> list[Prompt]:
     out = []
     for i, colour in enumerate(("red", "blue", "green")):
@@ -80,7 +91,8 @@ def test_text_only_groups(tiny_qwen2_model, qwen_tokenizer) -> None:
     assert batch.completion_mask.sum() == sum(len(c.token_ids) for g in groups for c in g.completions)
 
 
-def test_rows_cut_the_media_of_rows_with_different_numbers_of_blocks(tiny_vl_model, tiny_vl_processor) -> None:
+def test_rows_cut_the_media_of_rows_with_different_numbers_of_blocks(tiny_vl_model, tiny_vl_processor,
+                                                                     vl_family) -> None:
     """Micro-batches of any row range see exactly their own media: log-probs of ``batch.rows(r)``
     equal those rows of the whole batch, for prompts with 0, 1 or 2 images and one with a video."""
     frames = np.stack([cpt.frame_index_pattern(i, (56, 56)) for i in range(4)])
@@ -107,7 +119,9 @@ def test_rows_cut_the_media_of_rows_with_different_numbers_of_blocks(tiny_vl_mod
             assert inputs["input_ids"].shape == (stop - start, batch.inputs["input_ids"].shape[1])
             images = int(batch.images_per_row[rows].sum())
             assert ("image_grid_thw" in inputs) == (images > 0)
-            assert ("pixel_values_videos" in inputs) == ("second_per_grid_ts" in inputs) == (stop > 6)
+            assert ("pixel_values_videos" in inputs) == (stop > 6)
+            if vl_family == "qwen2_5_vl":  # Qwen3-VL times video frames by text, not by this tensor
+                assert ("second_per_grid_ts" in inputs) == (stop > 6)
             if images:
                 assert inputs["image_grid_thw"].shape[0] == images
                 assert inputs["pixel_values"].shape[0] == int(inputs["image_grid_thw"].prod(-1).sum())
@@ -115,6 +129,54 @@ def test_rows_cut_the_media_of_rows_with_different_numbers_of_blocks(tiny_vl_mod
             torch.testing.assert_close(part, whole[rows], atol=1e-4, rtol=1e-4)
     with pytest.raises(ValueError, match="contiguous"):
         batch.rows(slice(0, 8, 2))
+
+
+def test_trainer_rows_have_the_prompt_ids_and_positions_the_engine_generated_from(
+        tiny_vl_model, tiny_vl_processor, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The mRoPE positions the engine's prefill used (its own call of the model's ``get_rope_index``,
+    left-padded batch) equal those the trainer's forward computes for the prompt part of each row
+    (right-padded, prompt + completion), image and video prompts alike; so do the prompt ids."""
+    frames = np.stack([cpt.frame_index_pattern(i, (64, 64)) for i in range(4)])
+    ask = {"type": "text", "text": "What is shown?"}
+    prompts = [
+        Prompt(conversation=[{"role": "user", "content": [{"type": "image"}, ask]}], prompt_id="image",
+               images=[cpt.color_image("red", size=(56, 84))]),
+        Prompt(conversation=[{"role": "user", "content": [{"type": "video"}, ask]}], prompt_id="video",
+               videos=[frames], video_fps=[2.0],
+               video_metadata=[{"fps": 8.0, "frames_indices": [0, 3, 6, 9], "total_num_frames": 10}]),
+    ]
+    inner = tiny_vl_model.model
+    calls, original = [], inner.get_rope_index
+
+    def spy(input_ids, *args, **kwargs):
+        out = original(input_ids, *args, **kwargs)
+        calls.append((input_ids.clone(), kwargs.get("attention_mask"), out[0].clone()))
+        return out
+
+    monkeypatch.setattr(inner, "get_rope_index", spy)
+    engine = HFRolloutEngine(tiny_vl_model, tiny_vl_processor)
+    groups = engine.generate(prompts, SamplingParams(n=2, temperature=1.0, max_new_tokens=4, seed=0))
+    engine_ids, engine_mask, engine_positions = calls[0]  # the prefill of the whole (left-padded) batch
+    calls.clear()
+    batch = collate_rollouts(groups, tiny_vl_processor)
+    media = {k: batch.inputs[k] for k in ("image_grid_thw", "video_grid_thw", "second_per_grid_ts")
+             if k in batch.inputs}
+    with torch.no_grad():
+        token_logprobs(tiny_vl_model, batch.inputs, mask=batch.completion_mask)  # the trainer's forward
+    trainer_ids, _, trainer_positions = calls[0]
+    assert torch.equal(trainer_positions, inner.get_rope_index(
+        batch.inputs["input_ids"], batch.inputs["mm_token_type_ids"], attention_mask=batch.inputs["attention_mask"],
+        **media)[0])
+    for row in range(len(batch)):
+        group = groups[row // 2]
+        n = len(group.prompt_token_ids)
+        real = engine_mask[row].bool()
+        assert engine_ids[row][real].tolist() == group.prompt_token_ids == trainer_ids[row, :n].tolist()
+        assert torch.equal(engine_positions[:, row][:, real], trainer_positions[:, row, :n])
+    if tiny_vl_processor.__class__.__name__ == "Qwen3VLProcessor":  # the timestamps of the frames given
+        text = tiny_vl_processor.tokenizer.decode(groups[1].prompt_token_ids)
+        # each temporal patch at the mean time of its two source frames, index / source fps
+        assert f"<{(0 + 3) / 2 / 8:.1f} seconds>" in text and f"<{(6 + 9) / 2 / 8:.1f} seconds>" in text
 
 
 def test_sampling_params_from_the_rollout_config() -> None:

@@ -13,6 +13,17 @@ from cosmos_primitives.rollout.hf_engine import HFRolloutEngine
 from cosmos_primitives.rollout.token_sampler import InverseCDFSampler
 
 
+@pytest.fixture
+def tiny_vl_model(family_vl_model):
+    """Every VL test of this module runs on both families (Qwen2.5-VL, Qwen3-VL)."""
+    return family_vl_model
+
+
+@pytest.fixture
+def tiny_vl_processor(family_vl_processor):
+    return family_vl_processor
+
+
 def image_prompt(color: str, pid: str) -> Prompt:
     conv = [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": f"Is it {color}?"}]}]
     return Prompt(conversation=conv, prompt_id=pid, images=[cpt.color_image(color)], reference="A")

@@ -256,6 +256,12 @@ def test_requests_carry_per_video_fps_and_vllm_sampling_defaults(standin_vllm, t
                  video_fps=[2.0, 4.0])
     engine.generate([two, HI], SamplingParams(n=1, max_new_tokens=2, top_k=-1))
     assert [c[1] for c in standin_vllm.CALLS if c[0] == "video_fps"] == [[[2.0, 4.0], []]]
+    # a video read from a file goes with its source timing, as the trainer's processor gets it
+    timed = Prompt(conversation=[{"role": "user", "content": "when?"}], prompt_id="t", videos=frames[:1],
+                   video_fps=[2.0], video_metadata=[{"fps": 8.0, "frames_indices": [0, 3, 6, 9],
+                                                     "total_num_frames": 10}])
+    _, metadata = VLLMRolloutEngine._request("when?", timed)["multi_modal_data"]["video"]
+    assert metadata == {"total_num_frames": 10, "fps": 8.0, "duration": 10 / 8.0, "frames_indices": [0, 3, 6, 9]}
     sent = engine._sampling_params(SamplingParams(n=1, top_k=-1))
     assert sent.top_k == 0
     assert engine._sampling_params(SamplingParams(n=1, top_k=7)).top_k == 7

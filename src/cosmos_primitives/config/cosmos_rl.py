@@ -33,6 +33,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from cosmos_primitives.config.cosmos_rl_custom import read_custom_dataset
+
 if sys.version_info >= (3, 11):
     import tomllib
 else:  # pragma: no cover
@@ -593,7 +595,12 @@ def apply_cosmos_rl_meanings(tree: dict[str, Any], reading: CosmosRLReading, exp
     """Give a cosmos-rl style ``tree`` (aliases already on their canonical keys) cosmos-rl's meanings:
     its defaults for keys the file leaves unset, ``disaggregated.transfer_dtype`` = ``train.master_dtype``
     when unset, ``rollout.batch_size`` in prompts, and ``train_batch_per_replica`` as its trainers read
-    it (:func:`_batch_sizes`). ``explicit``: canonical keys given on the command line, taken as they are."""
+    it (:func:`_batch_sizes`), and a Cosmos-Reason example's ``[custom.dataset]`` / ``[custom.vision]``
+    as its script reads them (:func:`~cosmos_primitives.config.cosmos_rl_custom.read_custom_dataset`).
+    ``explicit``: canonical keys given on the command line, taken as they are."""
+    translated, refused = read_custom_dataset(tree, explicit)
+    reading.translated += translated
+    reading.refused.update(refused)
     for key, value in COSMOS_RL_DEFAULTS.items():
         if not _has(tree, key) and key not in explicit:
             _put(tree, key, copy.deepcopy(value))

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import msgspec
 
+from cosmos_primitives.config.cosmos_rl_custom import unreadable_custom_dataset
 from cosmos_primitives.config.errors import ConfigError
 from cosmos_primitives.config.root import Config
 from cosmos_primitives.config.seed import resolve_seed
@@ -79,7 +80,9 @@ def check_runnable(config: Config, source: str) -> Config:
     """What a recipe calls at start-up: :func:`check_input_paths` plus the settings the loader
     refused (``config.unsupported``, e.g. cosmos-rl keys asking for FP8 or expert parallelism),
     a ``[validation.dataset] test_size`` (no recipe reads it), a held-out validation split of 0 items,
-    and a response column without a prompt column. Returns the config with ``demo:`` dropped and an
+    a response column without a prompt column, and a ``[custom.dataset]`` the built-in readers cannot
+    read (a Cosmos-Reason example script's, ``config/cosmos_rl_custom.py``) with neither a dataset
+    name nor a plug-in. Returns the config with ``demo:`` dropped and an
     unset ``[train] seed`` drawn (:func:`~cosmos_primitives.config.seed.resolve_seed`).
 
     Raises:
@@ -99,6 +102,10 @@ def check_runnable(config: Config, source: str) -> Config:
     if policy.response_column_name and not policy.prompt_column_name and not policy.dataset.plugin:
         problems.append(f"{source}: key 'train.train_policy.response_column_name' is set without "
                         "prompt_column_name: name the prompt column too (or give a dataset plug-in)")
+    script = unreadable_custom_dataset(config.custom, config.policy.model_name_or_path)
+    if script is not None and not policy.dataset.name and not policy.dataset.plugin:
+        problems.append(f"{source}: key 'train.train_policy.dataset.name' is empty and no dataset plug-in is given; "
+                        f"the file's [custom.dataset] is for {script.script}: {script.unreadable}")
     data = config.wfm.data
     if data.kind == "webdataset" and not data.shards:
         problems.append(f"{source}: key 'wfm.data.shards' is empty: [wfm.data] kind = \"webdataset\" reads the tar "

@@ -1,6 +1,7 @@
-"""Dataset adapters, video sampling, Qwen2.5-VL encoding with assistant-only labels, sequence packing
-and resumable samplers for VLM training; the rollout record types (``Prompt``, ``SamplingParams``,
-``Completion``, ``RolloutGroup``), prompt encoding and rollout batches.
+"""Dataset adapters, video sampling, Qwen-VL encoding (Qwen2.5-VL, Qwen3-VL; one ``vl_family`` description
+each) with assistant-only labels, sequence packing and resumable samplers for VLM training; the rollout
+record types (``Prompt``, ``SamplingParams``, ``Completion``, ``RolloutGroup``), prompt encoding and
+rollout batches.
 
 Names load on first use so that ``import cosmos_primitives.data`` stays cheap (no ``datasets``,
 decoder or processor import until needed). See :mod:`cosmos_primitives.data.packing` for the batch
@@ -34,6 +35,7 @@ _EXPORTS = {
     "BadSampleError": "bad_samples",
     "BadSampleBudgetExceeded": "bad_samples",
     "BadSampleTracker": "bad_samples",
+    "NoGoodSamplesError": "bad_samples",
     "bad_sample_boundary": "bad_samples",
     "ConversationSample": "conversation",
     "normalize_conversation": "conversation",
@@ -94,6 +96,7 @@ if TYPE_CHECKING:  # pragma: no cover
         BadSampleBudgetExceeded,
         BadSampleError,
         BadSampleTracker,
+        NoGoodSamplesError,
         bad_sample_boundary,
     )
     from cosmos_primitives.data.conversation import (  # noqa: F401

@@ -46,6 +46,10 @@ class BadSampleBudgetExceeded(RuntimeError):
     """More bad samples than ``bad_sample_budget`` allows."""
 
 
+class NoGoodSamplesError(BadSampleBudgetExceeded):
+    """Every sample a loader drew in an epoch was bad: there is nothing to train on."""
+
+
 class BadSampleTracker:
     """Counts bad samples by path and reason, logs each one, and raises past ``budget``.
 
@@ -76,6 +80,13 @@ class BadSampleTracker:
                           f"[{self.count} bad so far, budget {self.budget}]")
         if self.budget >= 0 and self.count > self.budget:
             raise BadSampleBudgetExceeded(self.report())
+
+    def no_good_samples(self, drawn: int, epoch: int) -> NoGoodSamplesError:
+        """The error for an epoch in which all ``drawn`` samples were bad (within the budget or not)."""
+        lines = [f"all {drawn} samples drawn in epoch {epoch} were bad samples: nothing to train on. Worst offenders:"]
+        lines += [f"  {path} (x{k}): {reason}" for path, k, reason in self.worst(self.max_listed)]
+        lines.append("Fix the data (paths, media_dir, formats) or the encoding settings these reasons name.")
+        return NoGoodSamplesError("\n".join(lines))
 
     def worst(self, n: int | None = None) -> list[tuple[str, int, str]]:
         """``(path, times seen, last reason)``, most frequent first."""

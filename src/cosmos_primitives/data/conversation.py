@@ -28,6 +28,8 @@ class ConversationSample:
     ``images``: ``[H, W, 3]`` uint8 arrays and ``videos``: ``[T, H, W, 3]`` uint8 arrays, each in
     the order their parts appear; ``video_fps``: effective sampling rate of each video (frames per
     second of video time); ``frame_indices``: the source frame indices of each video;
+    ``video_metadata``: each video's source fps, frame indices and range
+    (:attr:`~cosmos_primitives.data.SampledVideo.metadata`);
     ``media_paths``: resolved paths of all media; ``sample_id``: the row / file id.
     """
 
@@ -37,6 +39,7 @@ class ConversationSample:
     videos: list[np.ndarray] = attrs.field(factory=list)
     video_fps: list[float] = attrs.field(factory=list)
     frame_indices: list[list[int]] = attrs.field(factory=list)
+    video_metadata: list[dict[str, Any]] = attrs.field(factory=list)
     media_paths: list[str] = attrs.field(factory=list)
 
 
@@ -124,6 +127,7 @@ def _load_part(part: dict[str, Any], media_dir, settings: MediaSettings, sample:
         sample.videos.append(media.frames)
         sample.video_fps.append(media.fps)
         sample.frame_indices.append(media.indices)
+        sample.video_metadata.append(media.metadata)
     sample.media_paths.append(str(path))
     loaded = dict(part)
     # Only the path changes: the part's own sampling keys stay, so re-reading it with the same

@@ -122,11 +122,12 @@ class HFConversationDataset:
                            f"train.train_policy.conversation_column_name")
 
     @classmethod
-    def from_config(cls, cfg: Any, conversation_column: str = "conversations") -> HFConversationDataset:
+    def from_config(cls, cfg: Any, conversation_column: str = "conversations",
+                    processor: Any = None) -> HFConversationDataset:
         """From a :class:`~cosmos_primitives.config.DatasetConfig`; local datasets default their
-        ``media_dir`` to their own folder."""
+        ``media_dir`` to their own folder; media are sized for ``processor`` (its patch size)."""
         rows = load_hf_dataset(cfg.name, split=cfg.split, subset=cfg.subset, revision=cfg.revision)
-        return cls(rows, media_dir=default_media_dir(cfg), settings=MediaSettings.from_config(cfg),
+        return cls(rows, media_dir=default_media_dir(cfg), settings=MediaSettings.from_config(cfg, processor),
                    conversation_column=conversation_column, video_column=cfg.video_column,
                    image_column=cfg.image_column, system_prompt=cfg.system_prompt, name=cfg.name)
 

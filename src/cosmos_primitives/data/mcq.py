@@ -109,14 +109,15 @@ class MCQPromptDataset:
         self.name = name
 
     @classmethod
-    def from_config(cls, cfg: Any, rows: Sequence[dict[str, Any]] | Any | None = None) -> MCQPromptDataset:
+    def from_config(cls, cfg: Any, rows: Sequence[dict[str, Any]] | Any | None = None,
+                    processor: Any = None) -> MCQPromptDataset:
         """From a :class:`~cosmos_primitives.config.DatasetConfig` (rows loaded from ``cfg.name``
-        unless given)."""
+        unless given); media are sized for ``processor`` (its patch size)."""
         if rows is None:
             from cosmos_primitives.data.hf_conversations import load_hf_dataset
 
             rows = load_hf_dataset(cfg.name, split=cfg.split, subset=cfg.subset, revision=cfg.revision)
-        return cls(rows, media_dir=default_media_dir(cfg), settings=MediaSettings.from_config(cfg),
+        return cls(rows, media_dir=default_media_dir(cfg), settings=MediaSettings.from_config(cfg, processor),
                    question_column=cfg.question_column, choices_column=cfg.choices_column,
                    answer_column=cfg.answer_column, video_column=cfg.video_column, image_column=cfg.image_column,
                    system_prompt=cfg.system_prompt, name=cfg.name or "dataset")
@@ -153,4 +154,5 @@ class MCQPromptDataset:
             prompt_id = str(row.get("id", f"{self.name}[{index}]"))
             loaded = load_conversation(messages, self.media_dir, self.settings, sample_id=prompt_id)
         return Prompt(conversation=loaded.conversation, prompt_id=prompt_id, images=loaded.images,
-                      videos=loaded.videos, video_fps=loaded.video_fps, reference=letter, row=row)
+                      videos=loaded.videos, video_fps=loaded.video_fps,
+                      video_metadata=loaded.video_metadata, reference=letter, row=row)

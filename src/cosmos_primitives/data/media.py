@@ -18,6 +18,7 @@ import numpy as np
 from cosmos_primitives.data.bad_samples import BadSampleError, bad_sample_boundary
 from cosmos_primitives.data.qwen_vl_sizing import image_size, pixel_factor
 from cosmos_primitives.data.video_sampling import SampledVideo, sample_video
+from cosmos_primitives.data.vl_family import pixel_patch_size
 
 VIDEO_KEYS = ("fps", "nframes", "min_frames", "max_frames", "min_pixels", "max_pixels", "total_pixels",
               "resized_height", "resized_width", "video_start", "video_end")
@@ -54,10 +55,11 @@ class MediaSettings:
     patch_size: int = 14
 
     @classmethod
-    def from_config(cls, cfg: Any) -> MediaSettings:
-        """From a :class:`cosmos_primitives.config.DatasetConfig`."""
+    def from_config(cls, cfg: Any, processor: Any = None) -> MediaSettings:
+        """From a :class:`cosmos_primitives.config.DatasetConfig`, sizing media for ``processor``'s
+        patch size (:func:`~cosmos_primitives.data.vl_family.pixel_patch_size`; 14 without one)."""
         return cls(fps=cfg.fps, max_pixels=cfg.max_pixels, min_pixels=cfg.min_pixels, max_frames=cfg.max_frames,
-                   backend=cfg.video_backend)
+                   backend=cfg.video_backend, patch_size=pixel_patch_size(processor))
 
     def video_keys(self, part: dict[str, Any] | None = None, where: str = "video part") -> dict[str, Any]:
         """The qwen-vl-utils keys a video is sampled with: ``part``'s, then these settings'.

@@ -1,4 +1,4 @@
-"""3-D multimodal rotary position ids (mRoPE) of one Qwen2.5-VL sequence.
+"""3-D multimodal rotary position ids (mRoPE) of one Qwen-VL sequence (Qwen2.5-VL, Qwen3-VL).
 
 Rule (the Qwen2.5-VL release; vLLM computes the same for generation):
 text tokens advance all three axes together by one per token; a vision block of grid
@@ -6,6 +6,10 @@ text tokens advance all three axes together by one per token; a vision block of 
 position ``s`` gets temporal ``s + floor(i_t * interval)``, height ``s + i_h``, width ``s + i_w``,
 where ``interval = tokens_per_second * second_per_grid`` for videos (0 steps for an image's single
 temporal slice); text after a block resumes at ``max(all positions so far) + 1``.
+
+Qwen3-VL (:attr:`MRopeSpec.video_frames_are_blocks`) splits a video of ``t`` temporal patches into
+``t`` blocks of grid ``(1, h, w)``, each after its own timestamp text (``<1.5 seconds>``), so every
+frame block is laid out as an image; this equals transformers' ``Qwen3VLModel.get_rope_index``.
 
 Note: ``transformers`` 5.x ``Qwen2_5_VLModel.get_rope_index`` resumes text after a video at
 ``s + max(h', w')`` instead, which differs when ``(t - 1) * interval >= max(h', w')`` (long,
@@ -20,24 +24,43 @@ from typing import Any
 import attrs
 import torch
 
+from cosmos_primitives.data.vl_family import vl_family
+
 
 @attrs.define(frozen=True)
 class MRopeSpec:
-    """The model constants mRoPE positions depend on (read them with :meth:`from_config`)."""
+    """The model constants mRoPE positions depend on (read them with :meth:`from_config`).
+
+    ``video_frames_are_blocks``: each temporal patch of a video is its own block (Qwen3-VL, see
+    :class:`~cosmos_primitives.data.vl_family.VLFamily`); ``tokens_per_second`` then plays no part.
+    """
 
     image_token_id: int = 151655
     video_token_id: int = 151656
     spatial_merge_size: int = 2
     tokens_per_second: float = 2.0
+    video_frames_are_blocks: bool = False
 
     @classmethod
     def from_config(cls, config: Any) -> MRopeSpec:
-        """From a ``Qwen2_5_VLConfig`` (or a model holding one as ``.config``)."""
+        """From a Qwen-VL config (``Qwen2_5_VLConfig``, ``Qwen3VLConfig``; or a model holding one as
+        ``.config``); the family comes from ``config.model_type``.
+
+        Raises:
+            ValueError: an unknown family, or one that times video positions without
+                ``vision_config.tokens_per_second``.
+        """
         config = getattr(config, "config", config)
+        family = vl_family(config)
         vision = config.vision_config
+        tokens_per_second = getattr(vision, "tokens_per_second", None)
+        if tokens_per_second is None and not family.video_frames_are_blocks:
+            raise ValueError(f"{config.model_type} config has no vision_config.tokens_per_second, which its video "
+                             "positions need; add it to the model's config.json")
         return cls(image_token_id=int(config.image_token_id), video_token_id=int(config.video_token_id),
                    spatial_merge_size=int(vision.spatial_merge_size),
-                   tokens_per_second=float(vision.tokens_per_second))
+                   tokens_per_second=float(tokens_per_second or 0.0),
+                   video_frames_are_blocks=family.video_frames_are_blocks)
 
 
 def mrope_position_ids(input_ids: torch.Tensor, spec: MRopeSpec, image_grid_thw: torch.Tensor | None = None,
@@ -49,16 +72,22 @@ def mrope_position_ids(input_ids: torch.Tensor, spec: MRopeSpec, image_grid_thw:
         input_ids: ``[L]`` with each image / video expanded to its ``t * h' * w'`` pad tokens.
         image_grid_thw: ``[num_images, 3]`` patch grids, in order of appearance.
         video_grid_thw: ``[num_videos, 3]``; ``second_per_grid_ts``: ``[num_videos]`` seconds of video
-            per temporal patch (default 1.0).
+            per temporal patch (default 1.0; unused with ``spec.video_frames_are_blocks``, where the
+            ``t`` frame blocks of a video are separate runs of ``h' * w'`` pad tokens).
 
     Raises:
         ValueError: the pad-token runs do not match the grids.
     """
     ids = input_ids.tolist()
-    grids = {spec.image_token_id: _rows(image_grid_thw), spec.video_token_id: _rows(video_grid_thw)}
-    seconds = [1.0] * len(grids[spec.video_token_id])
+    video_grids = _rows(video_grid_thw)
+    seconds = [1.0] * len(video_grids)
     if second_per_grid_ts is not None:
         seconds = [float(x) for x in torch.as_tensor(second_per_grid_ts).reshape(-1).tolist()]
+    if spec.video_frames_are_blocks:
+        # one (1, h, w) block per temporal patch; all at one temporal position, so no seconds
+        video_grids = [[1, h, w] for t, h, w in video_grids for _ in range(t)]
+        seconds = [0.0] * len(video_grids)
+    grids = {spec.image_token_id: _rows(image_grid_thw), spec.video_token_id: video_grids}
     used = {spec.image_token_id: 0, spec.video_token_id: 0}
     merge = spec.spatial_merge_size
     pieces: list[torch.Tensor] = []

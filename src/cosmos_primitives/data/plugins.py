@@ -287,7 +287,8 @@ class CosmosRLPromptDataset:
                                         f"string, got {type(item).__name__}")
         loaded = load_conversation(item, self.media_dir, self.settings, sample_id=where)
         return Prompt(conversation=loaded.conversation, prompt_id=where, images=loaded.images, videos=loaded.videos,
-                      video_fps=loaded.video_fps, reference="" if reference is None else str(reference),
+                      video_fps=loaded.video_fps,
+                      video_metadata=loaded.video_metadata, reference="" if reference is None else str(reference),
                       row={"index": index})
 
 
@@ -384,7 +385,8 @@ class ColumnPromptDataset:
             messages = [{"role": "system", "content": self.system_prompt}, *messages]
         loaded = load_conversation(messages, self.media_dir, self.settings, sample_id=where)
         return Prompt(conversation=loaded.conversation, prompt_id=str(row.get("id", where)), images=loaded.images,
-                      videos=loaded.videos, video_fps=loaded.video_fps, reference=reference, row=row)
+                      videos=loaded.videos, video_fps=loaded.video_fps,
+                      video_metadata=loaded.video_metadata, reference=reference, row=row)
 
 
 def plugin_key(dataset_cfg: Any, config: Any = None) -> str:
@@ -417,17 +419,17 @@ def prompt_dataset(dataset_cfg: Any, config: Any = None, processor: Any = None) 
                                revision=dataset_cfg.revision)
         return ColumnPromptDataset(rows, columns, config.train.train_policy.response_column_name,
                                    media_dir=default_media_dir(dataset_cfg),
-                                   settings=MediaSettings.from_config(dataset_cfg),
+                                   settings=MediaSettings.from_config(dataset_cfg, processor),
                                    image_column=dataset_cfg.image_column, video_column=dataset_cfg.video_column,
                                    system_prompt=dataset_cfg.system_prompt, name=dataset_cfg.name or "dataset")
     if not dataset_cfg.plugin:
-        return MCQPromptDataset.from_config(dataset_cfg)
+        return MCQPromptDataset.from_config(dataset_cfg, processor=processor)
     dataset = build_plugin(dataset_cfg, config)
     if not (hasattr(dataset, "setup") or hasattr(dataset, "get_reference_answer")):
         return dataset  # this library's shape: dataset[i] is a Prompt
     tokenizer = getattr(processor, "tokenizer", processor)
     return CosmosRLPromptDataset(dataset, config, tokenizer, media_dir=default_media_dir(dataset_cfg),
-                                 settings=MediaSettings.from_config(dataset_cfg), name=dataset_cfg.plugin)
+                                 settings=MediaSettings.from_config(dataset_cfg, processor), name=dataset_cfg.plugin)
 
 
 def sft_plugin_dataset(dataset_cfg: Any, config: Any = None, processor: Any = None) -> CosmosRLConversationDataset:
@@ -439,7 +441,8 @@ def sft_plugin_dataset(dataset_cfg: Any, config: Any = None, processor: Any = No
     dataset = build_plugin(dataset_cfg, config)
     tokenizer = getattr(processor, "tokenizer", processor)
     return CosmosRLConversationDataset(dataset, config, tokenizer, media_dir=default_media_dir(dataset_cfg),
-                                       settings=MediaSettings.from_config(dataset_cfg), name=dataset_cfg.plugin)
+                                       settings=MediaSettings.from_config(dataset_cfg, processor),
+                                       name=dataset_cfg.plugin)
 
 
 def check_plugins_read(config: Any, source: str, reads: tuple[str, ...] = PLUGIN_KEYS) -> None:

@@ -8,6 +8,8 @@ from typing import Any
 import torch
 
 from cosmos_primitives.data.records import Prompt
+from cosmos_primitives.data.video_sampling import video_metadata
+from cosmos_primitives.data.vl_family import video_processor_kwargs
 
 # Keys of a Qwen2.5-VL processor output that have one row per sequence.
 PER_SEQUENCE_KEYS = ("input_ids", "attention_mask", "mm_token_type_ids")
@@ -35,7 +37,8 @@ def encode_prompts(processor: Any, prompts: Sequence[Prompt]) -> dict[str, torch
     processors, ``pixel_values`` / ``image_grid_thw`` / ``pixel_values_videos`` /
     ``video_grid_thw`` / ``second_per_grid_ts`` for the prompts' media in order. Images and videos go
     in as loaded (:class:`~cosmos_primitives.data.MediaSettings` sizes them as qwen-vl-utils does,
-    so the processor keeps their size), each video at its ``video_fps``.
+    so the processor keeps their size), each video with its ``video_metadata`` (source fps and frame
+    indices: Qwen3-VL's timestamps) or else as consecutive frames at its ``video_fps``.
     """
     texts = [render_prompt(processor, p) for p in prompts]
     images = [img for p in prompts for img in p.images]
@@ -44,18 +47,16 @@ def encode_prompts(processor: Any, prompts: Sequence[Prompt]) -> dict[str, torch
     if images:
         kwargs["images"] = images
     if videos:
-        from transformers.video_utils import VideoMetadata
-
         fps = [f for p in prompts for f in (p.video_fps or [2.0] * len(p.videos))]
+        metadata = [m for p in prompts for m in (p.video_metadata or [None] * len(p.videos))]
+        if len(fps) != len(videos) or len(metadata) != len(videos):
+            raise ValueError(f"{len(videos)} videos but {len(fps)} video_fps and {len(metadata)} video_metadata "
+                             "entries over the prompts; give one per video (or none) in each prompt")
         kwargs["videos"] = videos
-        kwargs["video_metadata"] = [
-            VideoMetadata(total_num_frames=len(v), fps=f, frames_indices=list(range(len(v))))
-            for v, f in zip(videos, fps)
-        ]
-        kwargs["do_sample_frames"] = False
-        if hasattr(getattr(processor, "video_processor", None), "cap_pixels_per_frame"):
-            # frames are already sized as qwen-vl-utils sizes them; the processor must keep that size
-            kwargs["cap_pixels_per_frame"] = False
+        # videos_kwargs, not top-level keys: do_resize there would reach the image processor too
+        kwargs["videos_kwargs"] = {
+            "video_metadata": [video_metadata(len(v), f, m) for v, f, m in zip(videos, fps, metadata)],
+            **video_processor_kwargs(processor, videos)}
     # padding_side is a call argument (a tokenizer and a processor both take it), so the caller's
     # tokenizer keeps its own padding_side
     return dict(processor(**kwargs))

@@ -17,6 +17,8 @@ import torch
 
 from cosmos_primitives.data.conversation import ConversationSample
 from cosmos_primitives.data.mrope import MRopeSpec, mrope_position_ids
+from cosmos_primitives.data.video_sampling import video_metadata
+from cosmos_primitives.data.vl_family import video_processor_kwargs
 
 IGNORE_INDEX = -100
 MEDIA_KEYS = ("pixel_values", "image_grid_thw", "pixel_values_videos", "video_grid_thw", "second_per_grid_ts")
@@ -27,10 +29,11 @@ class EncodedSample:
     """One encoded training sample (no batch dimension).
 
     ``input_ids``: ``[L]`` int64; ``labels``: ``[L]`` int64, ``-100`` where not trained;
-    ``position_ids``: ``[3, L]`` int64 mRoPE (temporal, height, width) for Qwen2.5-VL, ``[L]`` for
-    text models; ``pixel_values``: ``[num_image_patches, C * 2 * 14 * 14]`` float32 and
+    ``position_ids``: ``[3, L]`` int64 mRoPE (temporal, height, width) for Qwen-VL models, ``[L]`` for
+    text models; ``pixel_values``: ``[num_image_patches, C * 2 * patch * patch]`` float32 and
     ``image_grid_thw``: ``[num_images, 3]`` int64; ``pixel_values_videos`` / ``video_grid_thw`` the
-    same for videos, ``second_per_grid_ts``: ``[num_videos]`` float32 seconds per temporal patch.
+    same for videos, ``second_per_grid_ts``: ``[num_videos]`` float32 seconds per temporal patch
+    (Qwen2.5-VL only).
     ``source``: a path or id naming the sample in messages.
     """
 
@@ -58,20 +61,24 @@ class EncodedSample:
 
 def encode_conversation(processor: Any, sample: ConversationSample | list[dict[str, Any]], *,
                         mrope: MRopeSpec | None = None, images: Sequence[np.ndarray] = (),
-                        videos: Sequence[np.ndarray] = (), video_fps: Sequence[float] = ()) -> EncodedSample:
+                        videos: Sequence[np.ndarray] = (), video_fps: Sequence[float] = (),
+                        video_meta: Sequence[dict[str, Any] | None] = ()) -> EncodedSample:
     """Encode a whole conversation for training.
 
     Args:
-        processor: a Qwen2.5-VL processor (has ``.tokenizer`` and ``.image_processor``), or a plain
+        processor: a Qwen-VL processor (Qwen2.5-VL, Qwen3-VL; has ``.tokenizer`` and ``.image_processor``), or a plain
             tokenizer with a chat template for text-only models.
         sample: a :class:`ConversationSample` (its media are used) or a bare conversation, in which
-            case ``images`` / ``videos`` (``[T, H, W, 3]`` uint8) / ``video_fps`` give the media.
+            case ``images`` / ``videos`` (``[T, H, W, 3]`` uint8) / ``video_fps`` give the media, with
+            ``video_meta`` (:attr:`~cosmos_primitives.data.SampledVideo.metadata` of each video: source
+            fps and frame indices) when known, else the frames are taken as consecutive at ``video_fps``.
         mrope: the model's mRoPE constants (``MRopeSpec.from_config(model.config)``); required with a
             VL processor, ignored for a tokenizer.
     """
     source = ""
     if isinstance(sample, ConversationSample):
         conversation, images, videos, video_fps = sample.conversation, sample.images, sample.videos, sample.video_fps
+        video_meta = sample.video_metadata
         source = sample.media_paths[0] if sample.media_paths else sample.sample_id
     else:
         conversation = sample
@@ -80,7 +87,7 @@ def encode_conversation(processor: Any, sample: ConversationSample | list[dict[s
     text = processor.apply_chat_template(conversation, tokenize=False, add_generation_prompt=False)
     if is_vl:
         if mrope is None:
-            raise ValueError("encoding for a Qwen2.5-VL processor needs mrope=MRopeSpec.from_config(model.config)")
+            raise ValueError("encoding for a Qwen-VL processor needs mrope=MRopeSpec.from_config(model.config)")
         if len(video_fps) != len(videos):
             raise ValueError(f"{len(videos)} videos but {len(video_fps)} video_fps values")
         kwargs: dict[str, Any] = {}
@@ -88,14 +95,13 @@ def encode_conversation(processor: Any, sample: ConversationSample | list[dict[s
             kwargs["images"] = list(images)
         if videos:
             kwargs["videos"] = list(videos)
-            videos_kwargs: dict[str, Any] = {
-                # frames are already sampled: the processor must not resample, and must know their rate
-                "do_sample_frames": False,
-                "video_metadata": [{"fps": float(f), "total_num_frames": len(v)} for v, f in zip(videos, video_fps)],
-            }
-            if hasattr(processor.video_processor, "cap_pixels_per_frame"):
-                # frames were sized by our own per-frame max_pixels; keep the processor from re-budgeting
-                videos_kwargs["cap_pixels_per_frame"] = False
+            metadata = list(video_meta) or [None] * len(videos)
+            if len(metadata) != len(videos):
+                raise ValueError(f"{len(videos)} videos but {len(metadata)} video_metadata entries")
+            # frames are already sampled and sized: the processor keeps them, with their source timing
+            videos_kwargs = {"video_metadata": [video_metadata(len(v), f, m)
+                                                for v, f, m in zip(videos, video_fps, metadata)],
+                             **video_processor_kwargs(processor, videos)}
             kwargs["videos_kwargs"] = videos_kwargs
         out = processor(text=[text], return_tensors="pt", **kwargs)
         input_ids = out["input_ids"][0].to(torch.long)
@@ -110,7 +116,7 @@ def encode_conversation(processor: Any, sample: ConversationSample | list[dict[s
     else:
         if images or videos or _has_media(conversation):
             raise ValueError("the conversation has images or videos but a text-only tokenizer was given; "
-                             "pass the model's Qwen2.5-VL processor")
+                             "pass the model's Qwen-VL processor")
         input_ids = torch.tensor(tokenizer(text, add_special_tokens=False)["input_ids"], dtype=torch.long)
         media = {}
         position_ids = torch.arange(input_ids.shape[0])

@@ -47,8 +47,9 @@ class Prompt:
     prompt. Plain text holds no media placeholders, so it comes without images or videos.
     ``images`` / ``videos`` hold already-loaded visual inputs in the order their placeholders appear:
     images as ``[H, W, 3]`` uint8 arrays / PIL images, videos as ``[T, H, W, 3]`` uint8 arrays
-    (with ``video_fps`` for each). ``prompt_id`` identifies it within a run; ``row`` is the dataset
-    row it came from (passed to reward functions).
+    (with ``video_fps`` for each, and, when read from files, ``video_metadata``: the source fps and
+    frame indices, :attr:`~cosmos_primitives.data.SampledVideo.metadata`). ``prompt_id`` identifies
+    it within a run; ``row`` is the dataset row it came from (passed to reward functions).
     """
 
     conversation: list[dict[str, Any]] | str
@@ -56,6 +57,7 @@ class Prompt:
     images: list[Any] = attrs.field(factory=list)
     videos: list[Any] = attrs.field(factory=list)
     video_fps: list[float] = attrs.field(factory=list)
+    video_metadata: list[dict[str, Any]] = attrs.field(factory=list)
     reference: str = ""
     row: dict[str, Any] = attrs.field(factory=dict)
 

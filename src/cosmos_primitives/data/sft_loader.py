@@ -41,7 +41,9 @@ class SFTBatchLoader:
     Iterating yields the rest of the current epoch, then moves the sampler to the next epoch.
     :meth:`state_dict` between two batches captures the sampler position, the indices drawn but not
     yet batched, and the bad-sample counts; :meth:`load_state_dict` on a loader built the same way
-    makes it yield exactly the batches the saved one would have yielded next.
+    makes it yield exactly the batches the saved one would have yielded next. An epoch in which every
+    drawn sample was bad raises :class:`~cosmos_primitives.data.bad_samples.NoGoodSamplesError` when it
+    runs out (a run that would train on nothing fails rather than finishing at step 0).
 
     With several data-parallel ranks, ranks can run out of batches at different steps (packing
     makes the batch count data-dependent): stop the epoch when any rank is out, e.g. with
@@ -68,6 +70,7 @@ class SFTBatchLoader:
         self._pending: list[tuple[int, EncodedSample]] = []
         self._restored: list[int] = []
         self._indices: Iterator[int] | None = None
+        self._drawn = self._good = 0  # samples drawn / encoded this epoch (by this process)
 
     @property
     def epoch(self) -> int:
@@ -81,6 +84,7 @@ class SFTBatchLoader:
     def start_next_epoch(self) -> None:
         """Move to the next epoch (samples held back for the current one are dropped with it)."""
         self.sampler.set_epoch(self.sampler.epoch + 1)
+        self._drawn = self._good = 0
         self._pending = []
         self._restored = []
         self._indices = None
@@ -98,11 +102,11 @@ class SFTBatchLoader:
                 taken = set(chosen)
                 self._pending = [p for i, p in enumerate(self._pending) if i not in taken]
             if not rows:
-                return None
+                return self._epoch_end()
             return collate_packed(rows, self.pad_token_id, pad_to=self.token_budget if self.pad_to_budget else None)
         self._fill(self.samples_per_batch)
         if not self._pending:
-            return None
+            return self._epoch_end()
         taken, self._pending = self._pending[: self.samples_per_batch], self._pending[self.samples_per_batch:]
         return collate_padded([s for _, s in taken], self.pad_token_id,
                               pad_to=self.token_budget if self.pad_to_budget else None)
@@ -129,7 +133,7 @@ class SFTBatchLoader:
             if len(self._pending) > before:
                 samples.append(self._pending.pop()[1])
         if drawn == 0:
-            return None
+            return self._epoch_end()
         if not samples:
             return []
         if not self.packing:
@@ -155,7 +159,12 @@ class SFTBatchLoader:
                 return
             self._admit(index)
 
+    def _epoch_end(self) -> None:
+        if self._drawn > 0 and self._good == 0:
+            raise self.bad_samples.no_good_samples(self._drawn, self.epoch)
+
     def _admit(self, index: int) -> None:
+        self._drawn += 1
         try:
             # the per-sample boundary: whatever one sample raises makes it a counted bad sample
             with bad_sample_boundary(f"sample {index}"):
@@ -169,6 +178,7 @@ class SFTBatchLoader:
         except BadSampleError as error:
             self.bad_samples.record(error, sample=index)
             return
+        self._good += 1
         self._pending.append((index, sample))
 
     def state_dict(self) -> dict[str, Any]:
@@ -204,7 +214,9 @@ def build_sft_dataset(cfg: Any, conversation_column: str = "conversations", *, c
                       processor: Any = None) -> Any:
     """The dataset a :class:`~cosmos_primitives.config.DatasetConfig` names: its ``plugin`` when set
     (:func:`~cosmos_primitives.data.plugins.sft_plugin_dataset`; ``config`` and ``processor``'s
-    tokenizer go to the plug-in's ``setup``), else the reader its ``kind`` picks."""
+    tokenizer go to the plug-in's ``setup``), else the reader its ``kind`` picks. Media are sized for
+    ``processor`` (the model's; its patch size sets the pixel factor: 28 for Qwen2.5-VL, 32 for
+    Qwen3-VL; 28 without one)."""
     from pathlib import Path
 
     if cfg.plugin:
@@ -219,8 +231,8 @@ def build_sft_dataset(cfg: Any, conversation_column: str = "conversations", *, c
     if not cfg.name:
         raise ValueError("train.train_policy.dataset.name is empty: give a hub name or a local path")
     if kind == "video_folder":
-        return VideoFolderDataset.from_config(cfg)
-    return HFConversationDataset.from_config(cfg, conversation_column=conversation_column)
+        return VideoFolderDataset.from_config(cfg, processor)
+    return HFConversationDataset.from_config(cfg, conversation_column=conversation_column, processor=processor)
 
 
 def build_sft_loader(config: Any, processor: Any, model_config: Any = None, *, rank: int = 0, world_size: int = 1,
@@ -230,13 +242,15 @@ def build_sft_loader(config: Any, processor: Any, model_config: Any = None, *, r
     Reads ``[train.train_policy]`` (``dataset``, ``sequence_packing``, ``packing_budget`` (default
     ``policy.model_max_length``), ``packing_buffer``, ``mini_batch`` = rows (packed) or samples
     (padded) per batch), the data order (``dataloader_shuffle``, ``dataloader_seed`` or ``train.seed``:
-    ``cp.config.sampler_settings``). ``model_config``: the model's config (mRoPE constants for
-    Qwen2.5-VL; ``None`` or a text config for text models). ``dataset`` overrides the configured one.
+    ``cp.config.sampler_settings``). ``model_config``: the model's config (mRoPE constants and
+    family of a Qwen-VL model; ``None`` or a text config for text models). ``dataset`` overrides the
+    configured one.
     """
     policy_cfg = config.train.train_policy
     data_cfg = policy_cfg.dataset
     if dataset is None:
-        dataset = build_sft_dataset(data_cfg, policy_cfg.conversation_column_name)
+        dataset = build_sft_dataset(data_cfg, policy_cfg.conversation_column_name, config=config,
+                                    processor=processor)
     mrope = MRopeSpec.from_config(model_config) if getattr(model_config, "vision_config", None) is not None else None
     tokenizer = getattr(processor, "tokenizer", processor)
     pad_token_id = tokenizer.pad_token_id

@@ -71,7 +71,7 @@ def build_sft_datasets(config: Any, processor: Any = None) -> tuple[Any, Any | N
     dataset's ``conversation_column_name``), else the items ``[train.train_policy.dataset]
     test_size`` holds out of the training dataset (:func:`split_validation`, seeded by ``[train]
     seed``), which training then never sees. Dataset plug-ins get ``config`` and ``processor``'s
-    tokenizer (:func:`build_sft_dataset`).
+    tokenizer (:func:`build_sft_dataset`). Media are sized for ``processor`` (the model's; its patch size).
     """
     policy_cfg = config.train.train_policy
     column = policy_cfg.conversation_column_name

@@ -59,10 +59,11 @@ class VideoFolderDataset:
                                  f"(e.g. {sorted(unlabelled)[:3]})")
 
     @classmethod
-    def from_config(cls, cfg: Any) -> VideoFolderDataset:
-        """From a :class:`~cosmos_primitives.config.DatasetConfig` (``name`` is the folder)."""
+    def from_config(cls, cfg: Any, processor: Any = None) -> VideoFolderDataset:
+        """From a :class:`~cosmos_primitives.config.DatasetConfig` (``name`` is the folder); videos
+        are sized for ``processor`` (its patch size)."""
         return cls(cfg.name, video_suffix=cfg.video_suffix, label_field=cfg.label_field, prompt=cfg.prompt,
-                   system_prompt=cfg.system_prompt, settings=MediaSettings.from_config(cfg))
+                   system_prompt=cfg.system_prompt, settings=MediaSettings.from_config(cfg, processor))
 
     def __len__(self) -> int:
         return len(self.ids)

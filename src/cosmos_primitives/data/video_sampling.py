@@ -16,7 +16,7 @@ or torchcodec, the whole clip).
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 import attrs
 import numpy as np
@@ -41,7 +41,8 @@ class SampledVideo:
     pixel factor (28 for Qwen2.5-VL); ``indices``: the ``T`` source frame indices (0-based,
     non-decreasing); ``fps``: the sampling rate handed to the processor, frames per second of video
     time (``T / range_frames * source_fps``); ``source_fps`` / ``total_frames`` / ``source_size``
-    (``(H, W)``): of the file; ``backend``: the decoder that produced the frames.
+    (``(H, W)``): of the file; ``backend``: the decoder that produced the frames; ``range_frames``:
+    source frames in the sampled range (``video_start`` .. ``video_end``; the whole clip without them).
     """
 
     frames: np.ndarray
@@ -52,6 +53,37 @@ class SampledVideo:
     source_size: tuple[int, int]
     backend: str
     path: str
+    range_frames: int = 0
+
+    @property
+    def metadata(self) -> dict[str, Any]:
+        """The processor's video metadata of these frames (:func:`video_metadata`): source fps and
+        source frame indices, so timestamps are those of the source frames."""
+        return {"fps": self.source_fps, "frames_indices": list(self.indices),
+                "total_num_frames": self.range_frames or self.total_frames}
+
+
+def video_metadata(num_frames: int, fps: float, metadata: dict[str, Any] | None = None) -> Any:
+    """A ``transformers`` ``VideoMetadata`` for ``num_frames`` already-sampled frames.
+
+    ``metadata`` (:attr:`SampledVideo.metadata`: ``fps`` of the source, ``frames_indices`` of the
+    source frames, ``total_num_frames`` in the sampled range) gives real timestamps (Qwen3-VL's
+    ``<t seconds>``: ``index / fps``) and, as ``sampled_fps``, the effective rate (Qwen2.5-VL's
+    ``second_per_grid_ts``). Without it the frames are taken as consecutive at ``fps``.
+
+    Raises:
+        ValueError: ``metadata`` names a different number of frames than ``num_frames``.
+    """
+    from transformers.video_utils import VideoMetadata
+
+    if metadata is None:
+        return VideoMetadata(total_num_frames=num_frames, fps=float(fps), frames_indices=list(range(num_frames)))
+    indices = [int(i) for i in metadata["frames_indices"]]
+    if len(indices) != num_frames:
+        raise ValueError(f"video metadata lists {len(indices)} frame indices for a video of {num_frames} frames; "
+                         "give the metadata of the frames passed (SampledVideo.metadata)")
+    return VideoMetadata(total_num_frames=int(metadata["total_num_frames"]), fps=float(metadata["fps"]),
+                         frames_indices=indices)
 
 
 def resize_frames(frames: np.ndarray, size: tuple[int, int]) -> np.ndarray:
@@ -128,7 +160,7 @@ def _read_decord(decord, path: Path, plan) -> SampledVideo:
             raise RuntimeError(f"decord returned frames of shape {batch.shape[1:]}, expected {(height, width, 3)}")
         out[start:start + len(batch)] = resize_frames(batch, chosen.size)
     return SampledVideo(out, chosen.indices, chosen.sample_fps, source_fps, total, (height, width), "decord",
-                        str(path))
+                        str(path), chosen.range_frames)
 
 
 def _native_size(decord, path: Path) -> tuple[int, int]:
@@ -177,4 +209,4 @@ def _read_pyav(av, path: Path, plan) -> SampledVideo:
         raise RuntimeError(f"stream ended after {filled} of {len(chosen.indices)} wanted frames "
                            f"(header says {total} frames)")
     return SampledVideo(out, chosen.indices, chosen.sample_fps, source_fps, total, (height, width), "pyav",
-                        str(path))
+                        str(path), chosen.range_frames)

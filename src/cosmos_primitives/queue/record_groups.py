@@ -70,7 +70,8 @@ def group_from_record(record: RolloutRecord, settings: MediaSettings | None = No
             raise ValueError(f"{sample_id}: media lists {len(record.media)} references but its conversation "
                              f"holds {len(loaded.media_paths)} media parts")
         prompt = Prompt(conversation=loaded.conversation, prompt_id=record.prompt_id, images=loaded.images,
-                        videos=loaded.videos, video_fps=loaded.video_fps, reference=reference)
+                        videos=loaded.videos, video_fps=loaded.video_fps,
+                        video_metadata=loaded.video_metadata, reference=reference)
     completions = [
         Completion(text=text, token_ids=list(ids), logprobs=list(lps), finish_reason=reason)
         for text, ids, lps, reason in zip(record.completions, record.completion_token_ids, record.logprobs,

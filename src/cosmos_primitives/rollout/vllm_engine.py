@@ -258,7 +258,8 @@ class VLLMRolloutEngine:
                 raise ValueError(f"prompt {prompt.prompt_id!r}: {len(prompt.videos)} videos but "
                                  f"{len(prompt.video_fps)} video_fps values; give one fps per video")
             fps = prompt.video_fps or [2.0] * len(prompt.videos)
-            items = [(video, _video_metadata(len(video), f)) for video, f in zip(prompt.videos, fps)]
+            metas = prompt.video_metadata or [None] * len(prompt.videos)
+            items = [(video, _video_metadata(len(video), f, m)) for video, f, m in zip(prompt.videos, fps, metas)]
             media["video"] = items if len(items) > 1 else items[0]
         if media:
             request["multi_modal_data"] = media
@@ -377,8 +378,14 @@ def _group_seed(seed: int, group: Any) -> int:
     return int(box[0])
 
 
-def _video_metadata(num_frames: int, fps: float) -> dict[str, Any]:
+def _video_metadata(num_frames: int, fps: float, metadata: dict[str, Any] | None = None) -> dict[str, Any]:
     """vLLM's per-video metadata (the fields of ``transformers.video_utils.VideoMetadata``) for
-    frames that are already sampled at ``fps``."""
-    return {"total_num_frames": num_frames, "fps": float(fps), "duration": num_frames / float(fps),
-            "frames_indices": list(range(num_frames))}
+    frames that are already sampled: the prompt's own (``Prompt.video_metadata``: source fps, source
+    frame indices, frames in the sampled range; as the trainer's processor gets it, so Qwen3-VL's
+    timestamps and Qwen2.5-VL's ``sampled_fps`` agree), else consecutive frames at ``fps``."""
+    if metadata is None:
+        return {"total_num_frames": num_frames, "fps": float(fps), "duration": num_frames / float(fps),
+                "frames_indices": list(range(num_frames))}
+    total, source_fps = int(metadata["total_num_frames"]), float(metadata["fps"])
+    return {"total_num_frames": total, "fps": source_fps, "duration": total / source_fps,
+            "frames_indices": [int(i) for i in metadata["frames_indices"]]}

@@ -26,6 +26,7 @@ from cosmos_primitives.testing.models import (
     save_tiny_qwen2,
     save_tiny_qwen2_5_vl,
     save_tiny_qwen3,
+    save_tiny_qwen3_vl,
     tiny_cosmos_transformer,
     tiny_flow_scheduler,
     tiny_qwen2,
@@ -35,12 +36,18 @@ from cosmos_primitives.testing.models import (
     tiny_qwen3,
     tiny_qwen3_vl,
     tiny_qwen3_vl_config,
+    tiny_qwen3_vl_processor,
     tiny_unipc_flow_scheduler,
     tiny_wan_transformer,
     tiny_wan_vae,
 )
 from cosmos_primitives.testing.reason1_benchmark import write_reason1_benchmark
-from cosmos_primitives.testing.tokenizer import qwen2_5_vl_chat_template, qwen_tokenizer, qwen_tokenizer_dir
+from cosmos_primitives.testing.tokenizer import (
+    qwen2_5_vl_chat_template,
+    qwen3_vl_chat_template,
+    qwen_tokenizer,
+    qwen_tokenizer_dir,
+)
 
 __all__ = [
     "COLOURS",
@@ -53,12 +60,14 @@ __all__ = [
     "ensure_demo_assets",
     "frame_index_pattern",
     "qwen2_5_vl_chat_template",
+    "qwen3_vl_chat_template",
     "qwen_tokenizer",
     "qwen_tokenizer_dir",
     "run_distributed",
     "save_tiny_qwen2",
     "save_tiny_qwen2_5_vl",
     "save_tiny_qwen3",
+    "save_tiny_qwen3_vl",
     "tiny_cosmos_transformer",
     "tiny_flow_scheduler",
     "tiny_qwen2",
@@ -68,6 +77,7 @@ __all__ = [
     "tiny_qwen3",
     "tiny_qwen3_vl",
     "tiny_qwen3_vl_config",
+    "tiny_qwen3_vl_processor",
     "tiny_unipc_flow_scheduler",
     "tiny_wan_transformer",
     "tiny_wan_vae",

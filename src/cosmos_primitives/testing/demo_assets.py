@@ -6,7 +6,8 @@ Only paths written ``demo:<path>`` are ever written to (``cp.config.paths``): a 
 tiny one whose path was changed to the user's own model or data never gets a random model or
 generated data there. ``[custom]`` keys say what to generate:
 
-- ``demo_model = "tiny_qwen2_5_vl"`` (or ``"tiny_qwen2"``, ``"tiny_qwen3"``): that model + processor, at
+- ``demo_model = "tiny_qwen2_5_vl"`` (or ``"tiny_qwen3_vl"``, ``"tiny_qwen2"``, ``"tiny_qwen3"``): that model +
+  processor, at
   ``[policy] model_name_or_path = "demo:<folder>"``, when the folder does not exist yet.
 - ``demo_data = "video_qa"``: a local video folder (``videos/<id>.mp4`` + ``metas/<id>.label.json``)
   at ``[train.train_policy.dataset] name = "demo:<folder>"``; ``"colour_mcq"``: colour-MCQ images +
@@ -27,9 +28,10 @@ import numpy as np
 from cosmos_primitives.config.paths import DEMO_PREFIX, demo_target
 from cosmos_primitives.testing.colour_mcq import write_colour_mcq, write_colour_mcq_sft
 from cosmos_primitives.testing.media import COLOURS, write_mp4
-from cosmos_primitives.testing.models import save_tiny_qwen2, save_tiny_qwen2_5_vl, save_tiny_qwen3
+from cosmos_primitives.testing.models import save_tiny_qwen2, save_tiny_qwen2_5_vl, save_tiny_qwen3, save_tiny_qwen3_vl
 
-DEMO_MODELS = {"tiny_qwen2_5_vl": save_tiny_qwen2_5_vl, "tiny_qwen2": save_tiny_qwen2, "tiny_qwen3": save_tiny_qwen3}
+DEMO_MODELS = {"tiny_qwen2_5_vl": save_tiny_qwen2_5_vl, "tiny_qwen3_vl": save_tiny_qwen3_vl,
+               "tiny_qwen2": save_tiny_qwen2, "tiny_qwen3": save_tiny_qwen3}
 
 
 def write_video_qa(root: str | Path, n: int = 32, seed: int = 0) -> Path:

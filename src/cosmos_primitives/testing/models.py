@@ -14,12 +14,14 @@ from cosmos_primitives.testing.tokenizer import (
     VISION_END_ID,
     VISION_START_ID,
     qwen2_5_vl_chat_template,
+    qwen3_vl_chat_template,
     qwen_tokenizer,
 )
 from cosmos_primitives.utils.extras import require
 
 QWEN_VOCAB_SIZE = 151936
 TINY_PIXELS = 28 * 28  # one merged 2x2 patch of 14 px
+TINY_QWEN3_VL_PIXELS = 32 * 32  # one merged 2x2 patch of 16 px
 
 
 def tiny_qwen2_5_vl_config(hidden_size: int = 64, num_layers: int = 2, vision_depth: int = 2,
@@ -175,6 +177,32 @@ def tiny_qwen2_5_vl_processor(min_pixels: int = 4 * TINY_PIXELS, max_pixels: int
     )
 
 
+def tiny_qwen3_vl_processor(min_pixels: int = 4 * TINY_QWEN3_VL_PIXELS, max_pixels: int = 16 * TINY_QWEN3_VL_PIXELS,
+                            video_min_pixels: int = 8 * TINY_QWEN3_VL_PIXELS,
+                            video_max_pixels: int = 256 * TINY_QWEN3_VL_PIXELS) -> Any:
+    """A ``Qwen3VLProcessor`` (16-px patches, 32-px tokens) over the real Qwen vocabulary, with a
+    Qwen3-VL chat template and small pixel budgets.
+
+    Images are resized to between ``min_pixels`` and ``max_pixels`` each; a video's frames together
+    to between ``video_min_pixels`` and ``video_max_pixels`` (the Qwen3-VL video processor budgets
+    the whole clip, not one frame). Sides are multiples of 32 px.
+    """
+    from transformers import Qwen2VLImageProcessor, Qwen3VLProcessor
+
+    require("torchvision", "the Qwen3-VL video processor")
+    from transformers import Qwen3VLVideoProcessor
+
+    return Qwen3VLProcessor(
+        image_processor=Qwen2VLImageProcessor(size={"shortest_edge": min_pixels, "longest_edge": max_pixels},
+                                              patch_size=16, merge_size=2, temporal_patch_size=2),
+        video_processor=Qwen3VLVideoProcessor(
+            size={"shortest_edge": video_min_pixels, "longest_edge": video_max_pixels},
+            patch_size=16, merge_size=2, temporal_patch_size=2),
+        tokenizer=qwen_tokenizer(),
+        chat_template=qwen3_vl_chat_template(),
+    )
+
+
 def _text_config_fields(hidden_size: int, num_layers: int) -> dict[str, Any]:
     """Config fields shared by the tiny text-only Qwen families (Qwen vocabulary and special ids)."""
     return dict(
@@ -223,6 +251,15 @@ def save_tiny_qwen2_5_vl(path: str | Path, seed: int = 0, **config_kwargs: Any) 
     path = Path(path)
     tiny_qwen2_5_vl(seed=seed, **config_kwargs).save_pretrained(path)
     tiny_qwen2_5_vl_processor().save_pretrained(path)
+    return path
+
+
+def save_tiny_qwen3_vl(path: str | Path, seed: int = 0, **config_kwargs: Any) -> Path:
+    """Write a tiny Qwen3-VL (:func:`tiny_qwen3_vl`) and its processor
+    (:func:`tiny_qwen3_vl_processor`) to ``path`` (loadable with ``from_pretrained``)."""
+    path = Path(path)
+    tiny_qwen3_vl(seed=seed, **config_kwargs).save_pretrained(path)
+    tiny_qwen3_vl_processor().save_pretrained(path)
     return path
 
 

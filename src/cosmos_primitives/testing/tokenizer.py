@@ -9,6 +9,7 @@ from pathlib import Path
 from cosmos_primitives.utils.extras import MissingExtraError
 
 CHAT_TEMPLATE_PATH = Path(__file__).with_name("qwen2_5_vl_chat_template.jinja")
+QWEN3_VL_CHAT_TEMPLATE_PATH = Path(__file__).with_name("qwen3_vl_chat_template.jinja")
 
 # Qwen2.5-VL special token ids (identical in the Qwen2.5 / Qwen3 vocabularies).
 VISION_START_ID = 151652
@@ -37,6 +38,13 @@ def qwen_tokenizer_dir() -> Path:
 def qwen2_5_vl_chat_template() -> str:
     """A Qwen2.5-VL style chat template (default system prompt, vision placeholders)."""
     return CHAT_TEMPLATE_PATH.read_text()
+
+
+def qwen3_vl_chat_template() -> str:
+    """A Qwen3-VL style chat template: no default system prompt; each image is
+    ``<|vision_start|><|image_pad|><|vision_end|>``, each video ``<|vision_start|><|video_pad|><|vision_end|>``,
+    whose ``<|video_pad|>`` the Qwen3-VL processor expands into per-frame blocks with timestamps."""
+    return QWEN3_VL_CHAT_TEMPLATE_PATH.read_text()
 
 
 @functools.lru_cache(maxsize=1)
