@@ -190,23 +190,21 @@ def test_nonfinite_loss_or_gradient_stops_or_skips(loss, grad_norm) -> None:
         check_finite(1.0, 1.0, step=1, mode="ignore")
 
 
-def _one_rank_sees_a_nan(mode: str) -> list[str]:
+def _one_rank_sees_a_nan() -> dict[str, list[str]]:
     rank = torch.distributed.get_rank()
-    outcomes = []
-    for step, loss in ((1, 0.5), (2, float("nan") if rank == 1 else 0.5), (3, 0.25)):
-        try:
-            outcomes.append(str(check_finite(torch.tensor(loss), torch.tensor(1.0), step=step, mode=mode)))
-        except NonFiniteError as exc:
-            outcomes.append(f"stop: {exc}")
+    outcomes: dict[str, list[str]] = {"skip": [], "stop": []}
+    for mode, seen in outcomes.items():
+        for step, loss in ((1, 0.5), (2, float("nan") if rank == 1 else 0.5), (3, 0.25)):
+            try:
+                seen.append(str(check_finite(torch.tensor(loss), torch.tensor(1.0), step=step, mode=mode)))
+            except NonFiniteError as exc:
+                seen.append(f"stop: {exc}")
     return outcomes
 
 
-@pytest.mark.parametrize("mode", ["skip", "stop"])
-def test_every_rank_gets_the_same_answer_when_one_rank_sees_a_nan(mode: str) -> None:
-    ranks = run_distributed(_one_rank_sees_a_nan, 2, args=(mode,), timeout_s=120)
-    assert [r[0] for r in ranks] == ["True", "True"] and [r[2] for r in ranks] == ["True", "True"]
-    if mode == "skip":
-        assert [r[1] for r in ranks] == ["False", "False"]
-    else:
-        assert all(r[1].startswith("stop: step 2: non-finite loss") for r in ranks)
-        assert "loss nan" in ranks[1][1] and "loss 0.5" in ranks[0][1]  # each rank reports its own values
+def test_every_rank_gets_the_same_answer_when_one_rank_sees_a_nan() -> None:
+    skip, stop = zip(*((r["skip"], r["stop"]) for r in run_distributed(_one_rank_sees_a_nan, 2, timeout_s=120)))
+    assert list(skip) == [["True", "False", "True"]] * 2
+    assert [(r[0], r[2]) for r in stop] == [("True", "True")] * 2
+    assert all(r[1].startswith("stop: step 2: non-finite loss") for r in stop)
+    assert "loss nan" in stop[1][1] and "loss 0.5" in stop[0][1]  # each rank reports its own values
