@@ -1,12 +1,13 @@
 """Quickstart: a tiny vision-language model learns colour MCQ on a CPU, with SFT then GRPO.
 
     python examples/quickstart.py            # or: make demo
+    python examples/quickstart.py --family qwen3_vl   # the same with a tiny Qwen3-VL (Cosmos-Reason2's family)
 
 1. Generate data: solid-colour images, "Which colour fills the image?" with four choices
    (train and held-out test splits), and SFT conversations whose answers follow the
    "<think> ... </think> <answer> X </answer>" format. As SFT data often does, they come from an
    imperfect teacher: it mistakes blue for green and yellow for red two times in three.
-2. SFT a randomly initialised tiny Qwen2.5-VL (examples/sft.py) and evaluate it on the held-out set:
+2. SFT a randomly initialised tiny Qwen2.5-VL (or Qwen3-VL) (examples/sft.py) and evaluate it on the held-out set:
    it learns the format and imitates the teacher, mistakes included.
 3. GRPO from the SFT export (examples/grpo_vlm.py, rewards: format + single_choice against the true
    answers) and evaluate again: the reward corrects the teacher's mistakes.
@@ -30,6 +31,8 @@ from cosmos_primitives.rewards import get_reward
 
 EXAMPLES = Path(__file__).resolve().parent
 HIDDEN_SIZE = 128
+# the tiny model of each family: Qwen2.5-VL (Cosmos-Reason1) or Qwen3-VL (Cosmos-Reason2)
+FAMILIES = {"qwen2_5_vl": ("Qwen2.5-VL", cpt.save_tiny_qwen2_5_vl), "qwen3_vl": ("Qwen3-VL", cpt.save_tiny_qwen3_vl)}
 # The SFT traces come from an imperfect teacher: it mistakes blue for green and yellow for red two
 # times in three. SFT imitates it, mistakes included; GRPO, rewarded with the true answers, has
 # something to correct.
@@ -73,20 +76,23 @@ def main() -> None:
     parser.add_argument("--sft-steps", type=int, default=None, help="override quickstart_sft.toml max_steps")
     parser.add_argument("--grpo-steps", type=int, default=None, help="override grpo_tiny.toml max_steps")
     parser.add_argument("--seed", type=int, default=0, help="seeds the model init, the generated data and both runs")
+    parser.add_argument("--family", choices=sorted(FAMILIES), default="qwen2_5_vl",
+                        help="the tiny model's family: qwen2_5_vl (Cosmos-Reason1's) or qwen3_vl (Cosmos-Reason2's)")
     args = parser.parse_args()
     start = time.perf_counter()
     out = Path(args.output_dir).resolve()
     data, models = out / "data", out / "models"
 
-    print("== 1. data and a random tiny Qwen2.5-VL", flush=True)
+    family_name, save_tiny_model = FAMILIES[args.family]
+    print(f"== 1. data and a random tiny {family_name}", flush=True)
     train = cpt.write_colour_mcq(data, args.train_items, seed=args.seed, split="train")
     test = cpt.write_colour_mcq(data, args.test_items, seed=args.seed, split="test")
     sft_rows = cpt.write_colour_mcq_sft(data, train, mistakes=TEACHER_MISTAKES, mistake_rate=TEACHER_MISTAKE_RATE,
                                         seed=args.seed)
     # Weights drawn with std 1/sqrt(width): with transformers' default 0.02 (right for a 3,584-wide
     # model) a model this narrow learns to read the image only after long, seed-dependent plateaus.
-    base = cpt.save_tiny_qwen2_5_vl(models / "base", seed=args.seed, hidden_size=HIDDEN_SIZE,
-                                    initializer_range=HIDDEN_SIZE**-0.5)
+    base = save_tiny_model(models / "base", seed=args.seed, hidden_size=HIDDEN_SIZE,
+                           initializer_range=HIDDEN_SIZE**-0.5)
 
     print("== 2. SFT", flush=True)
     sft_overrides = [f"policy.model_name_or_path={base}", f"train.output_dir={out / 'sft'}",
