@@ -92,6 +92,32 @@ def test_video_frame_size_defaults_and_total_pixels() -> None:
     assert video_frame_size(270, 480, 8, resized_height=200, resized_width=300) == (196, 308)
 
 
+@pytest.mark.parametrize("patch_size", [14, 16], ids=["qwen2_5_vl", "qwen3_vl"])
+def test_dataset_total_pixels_is_each_long_clip_s_budget(patch_size: int, tmp_path) -> None:
+    from types import SimpleNamespace
+
+    from cosmos_primitives.config import DatasetConfig
+
+    factor = 2 * patch_size
+    # 24 frames of 112 x 224 at 8 fps, all sampled (fps 8): unbudgeted, every frame keeps its size
+    clip = cpt.write_mp4(tmp_path / "long.mp4", num_frames=24, fps=8.0, size=(112, 224))
+    processor = SimpleNamespace(image_processor=SimpleNamespace(patch_size=patch_size))
+    total = 96 * factor * factor  # 96 tokens for the video: 8 per frame (a pair of frames is one temporal patch)
+    free = MediaSettings.from_config(DatasetConfig(fps=8, min_pixels=factor**2), processor).video(clip)
+    budget = MediaSettings.from_config(DatasetConfig(fps=8, min_pixels=factor**2, total_pixels=total),
+                                       processor).video(clip)
+    assert free.frames.shape[0] == budget.frames.shape[0] == 24
+    # qwen-vl-utils: a frame is at most total_pixels / frames x 2 px (two frames are one temporal
+    # patch), so the video's tokens (frames / 2 x frame px / factor^2) fit total_pixels / factor^2
+    t, h, w = budget.frames.shape[:3]
+    assert h * w <= total / t * 2 and t // 2 * h * w <= total
+    assert free.frames.shape[1] * free.frames.shape[2] > 2 * h * w  # the budget is what shrank them
+    # a part's own total_pixels wins over the dataset's
+    own = MediaSettings.from_config(DatasetConfig(fps=8, min_pixels=factor**2, total_pixels=total),
+                                    processor).video(clip, {"total_pixels": 4 * total})
+    assert own.frames.shape[1] * own.frames.shape[2] > h * w
+
+
 @pytest.mark.parametrize(("h", "w", "lo", "hi"), [(240, 320, 3136, 81920), (1080, 1920, 3136, 81920),
                                                    (48, 64, 3136, 81920), (100, 2000, 3136, 20000),
                                                    (37, 53, 200704, 12845056)])

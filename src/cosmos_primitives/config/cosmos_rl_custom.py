@@ -14,7 +14,9 @@ cosmos-reason1 ``examples/post_training_hf/scripts/sft.py``): ``datasets.load_fr
 the conversation of each row from ``[train.train_policy] conversation_column_name`` (JSON text or a
 list), and every image / video part given the ``[custom.vision]`` qwen-vl-utils keys (a whole
 table replacing the script's default ``VisionConfig(fps=1)``; Reason1's: ``fps=1,
-max_pixels=81920``); the Reason2 scripts also set ``total_pixels = model_max_length x 0.9`` tokens.
+max_pixels=81920``); the Reason2 scripts then set every video's ``total_pixels`` to
+``int(policy.model_max_length x 32 x 32 x 0.9)`` (0.9 x the context in Qwen3-VL tokens), whatever
+``[custom.vision]`` says, which lands on ``[train.train_policy.dataset] total_pixels``.
 """
 
 from __future__ import annotations
@@ -23,8 +25,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 DATASET = "train.train_policy.dataset"
+COSMOS_RL_MODEL_MAX_LENGTH = 4096  # cosmos-rl's policy.model_max_length default
 
-VISION_KEYS = ("fps", "max_pixels", "min_pixels", "max_frames")
+VISION_KEYS = ("fps", "max_pixels", "min_pixels", "max_frames", "total_pixels")
 """The ``[custom.vision]`` keys that ``[train.train_policy.dataset]`` holds too (same names)."""
 
 
@@ -37,7 +40,8 @@ class ExampleScript:
     ``maps``: its ``[custom.dataset]`` keys onto ``[train.train_policy.dataset]`` keys (empty: the
     built-in readers cannot read its data, ``unreadable`` says why and what to do);
     ``vision_default``: its ``[custom.vision]`` when the file has none; ``total_pixels_tokens``:
-    the share of ``model_max_length`` it gives a video as ``total_pixels`` (0: none); ``fixed``:
+    the share of ``model_max_length`` it gives every video as ``total_pixels``, in tokens of
+    ``pixels_per_token`` pixels, replacing any ``[custom.vision] total_pixels`` (0: none); ``fixed``:
     dataset keys its reader implies (``datasets.load_from_disk``: a local ``"hf"`` dataset, so a
     relative ``path`` is taken as ``./path``, never as a Hub name)."""
 
@@ -48,6 +52,7 @@ class ExampleScript:
     fixed: dict[str, Any] = field(default_factory=dict)
     vision_default: dict[str, Any] = field(default_factory=dict)
     total_pixels_tokens: float = 0.0
+    pixels_per_token: int = 0
     unreadable: str = ""
 
 
@@ -55,7 +60,8 @@ EXAMPLE_SCRIPTS = (
     ExampleScript("cosmos-reason1 examples/post_training_hf/scripts/sft.py", "path", model_hint="Reason1",
                   maps={"path": "name"}, fixed={"kind": "hf"}, vision_default={"fps": 1, "max_pixels": 81920}),
     ExampleScript("cosmos-reason2 examples/cosmos_rl/scripts/hf_sft.py", "path", maps={"path": "name"},
-                  fixed={"kind": "hf"}, vision_default={"fps": 1}, total_pixels_tokens=0.9),
+                  fixed={"kind": "hf"}, vision_default={"fps": 1}, total_pixels_tokens=0.9,
+                  pixels_per_token=32 * 32),  # cosmos_reason2_utils.vision.PIXELS_PER_TOKEN
     ExampleScript("cosmos-reason2 examples/cosmos_rl/scripts/llava_sft.py", "annotation_path",
                   unreadable="LLaVA annotations (human / gpt turns, <image> tags) are read by that script, not by "
                              "the built-in readers: give it to the recipe as the dataset plug-in "
@@ -109,24 +115,35 @@ def read_custom_dataset(tree: dict[str, Any], explicit: set[str]) -> tuple[list[
             tables[key] = value
     vision = custom.get("vision")
     given = vision if isinstance(vision, dict) else script.vision_default
+    replaced = script.total_pixels_tokens > 0 and _unset(tree, "total_pixels", explicit)
     refused = {}
     for key, value in given.items():
+        if key == "total_pixels" and script.total_pixels_tokens:
+            continue  # the script overwrites it (below)
         if key in VISION_KEYS:
             if _unset(tree, key, explicit):
                 tables[key] = value
                 translated.append(f"custom.vision.{key} = {value!r} is {DATASET}.{key}"
                                   + ("" if vision is not None else f" ({script.script}'s default)"))
-        elif key != "total_pixels" or not script.total_pixels_tokens:
+        else:
             refused[f"custom.vision.{key}"] = (f"= {value!r}: {script.script} gives it to every media part; "
                                                f"{DATASET} has no such key: write it into the conversation parts "
                                                "(a part's own qwen-vl-utils keys are read)")
-    if script.total_pixels_tokens:
-        translated.append(f"NOT carried: {script.script} also gives every video total_pixels = "
-                          f"{script.total_pixels_tokens} x policy.model_max_length tokens, which "
-                          f"{DATASET} cannot hold yet; the recipes keep qwen-vl-utils' default (0.9 x 128000 tokens), "
-                          "so a clip of more than 2 x 0.9 x model_max_length / 768 sampled frames gets larger frames "
-                          "than there: cap them with custom.vision.max_pixels or max_frames")
+    if replaced:
+        tables["total_pixels"] = script_total_pixels(script, tree)
+        translated.append(f"{script.script} gives every video total_pixels = int(policy.model_max_length x "
+                          f"{script.pixels_per_token} x {script.total_pixels_tokens}) = {tables['total_pixels']}: "
+                          f"{DATASET}.total_pixels")
     return translated, refused
+
+
+def script_total_pixels(script: ExampleScript, tree: dict[str, Any]) -> int:
+    """The ``total_pixels`` ``script`` gives every video of a parsed file: ``int(model_max_length x
+    pixels_per_token x total_pixels_tokens)``, ``model_max_length`` the file's (cosmos-rl's 4096 when
+    unset)."""
+    policy = tree.get("policy") if isinstance(tree.get("policy"), dict) else {}
+    length = policy.get("model_max_length", COSMOS_RL_MODEL_MAX_LENGTH)
+    return int(length * script.pixels_per_token * script.total_pixels_tokens)
 
 
 def unreadable_custom_dataset(tree_or_custom: dict[str, Any], model: str = "") -> ExampleScript | None:

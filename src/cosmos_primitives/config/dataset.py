@@ -27,8 +27,13 @@ class DatasetConfig(Section):
     any other qwen-vl-utils key) wins, then ``fps`` / ``max_pixels`` / ``min_pixels`` /
     ``max_frames`` here, then qwen-vl-utils' defaults (unset here: 2 fps; frames per video floored
     to an even number, at most ``min(768, frames in the clip)``; per video frame at least 128 x 28 x
-    28 pixels and at most 768 x 28 x 28; images 4 .. 16384 x 28 x 28 pixels). ``max_pixels`` /
-    ``min_pixels`` bound images and video frames alike.
+    28 pixels and at most 768 x 28 x 28; images 4 .. 16384 x 28 x 28 pixels; 28 is Qwen2.5-VL's
+    token side, 32 Qwen3-VL's). ``max_pixels`` / ``min_pixels`` bound images and video frames alike.
+    ``total_pixels`` is a video's budget (qwen-vl-utils' key, a part's own wins): each frame is
+    capped at ``total_pixels / frames x 2`` pixels (two frames make one temporal patch), so a long
+    clip gets smaller frames; unset: qwen-vl-utils' default, 0.9 x 128000 tokens. The Cosmos-Reason2
+    example scripts give every video ``0.9 x policy.model_max_length`` tokens of 32 x 32 pixels
+    (``examples/configs/cosmos_reason2_2b_sft.toml``).
 
     Bad samples (missing or undecodable media, samples longer than the packing budget) are skipped,
     counted and logged; the run stops once more than ``bad_sample_budget`` were seen on one rank.
@@ -57,6 +62,7 @@ class DatasetConfig(Section):
     max_pixels: AtLeastOne | None = None
     min_pixels: AtLeastOne | None = None
     max_frames: AtLeastOne | None = None
+    total_pixels: AtLeastOne | None = None
     video_backend: Literal["auto", "decord", "pyav"] = "auto"
     bad_sample_budget: NonNegativeInt = 100
     # video folder adapter

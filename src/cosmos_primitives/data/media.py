@@ -59,7 +59,7 @@ class MediaSettings:
         """From a :class:`cosmos_primitives.config.DatasetConfig`, sizing media for ``processor``'s
         patch size (:func:`~cosmos_primitives.data.vl_family.pixel_patch_size`; 14 without one)."""
         return cls(fps=cfg.fps, max_pixels=cfg.max_pixels, min_pixels=cfg.min_pixels, max_frames=cfg.max_frames,
-                   backend=cfg.video_backend, patch_size=pixel_patch_size(processor))
+                   total_pixels=cfg.total_pixels, backend=cfg.video_backend, patch_size=pixel_patch_size(processor))
 
     def video_keys(self, part: dict[str, Any] | None = None, where: str = "video part") -> dict[str, Any]:
         """The qwen-vl-utils keys a video is sampled with: ``part``'s, then these settings'.
