@@ -27,6 +27,7 @@ def test_an_sft_run_whose_every_sample_is_bad_stops_with_an_error(tmp_path: Path
     run = subprocess.run([sys.executable, "examples/sft.py", "--config", str(CONFIG), *overrides], cwd=REPO,
                          capture_output=True, text=True, timeout=300)
     assert run.returncode != 0, run.stdout[-2000:] + run.stderr[-2000:]
-    assert "BadSampleBudgetExceeded: no optimizer step in epoch 0: every sample" in run.stderr
+    # the loader's own check (cp.data.NoGoodSamplesError) speaks first; the recipe's is the multi-rank backstop
+    assert "NoGoodSamplesError: all 4 samples drawn in epoch 0 were bad samples: nothing to train on" in run.stderr
     assert "exceed the packing budget of 8" in run.stderr  # the worst offenders, with the reason
     assert not list((tmp_path / "runs").glob("*/safetensors/final"))  # nothing exported
