@@ -24,6 +24,32 @@ TINY_PIXELS = 28 * 28  # one merged 2x2 patch of 14 px
 TINY_QWEN3_VL_PIXELS = 32 * 32  # one merged 2x2 patch of 16 px
 
 
+def _mrope_section(head_dim: int) -> list[int]:
+    """mRoPE splits the rotary half-dimension into (temporal, height, width) sections."""
+    half = head_dim // 2
+    return [half - 2 * (half // 3), half // 3, half // 3]
+
+
+def _vl_vision_fields(vision_depth: int, hidden_size: int) -> dict[str, Any]:
+    """Vision-tower sizes shared by the tiny VL families (32 wide, 2 heads, 2x2 merge, 2-frame patches)."""
+    return dict(depth=vision_depth, hidden_size=32, intermediate_size=64, num_heads=2, out_hidden_size=hidden_size,
+                spatial_merge_size=2, temporal_patch_size=2)
+
+
+def _vl_token_ids() -> dict[str, int]:
+    return dict(image_token_id=IMAGE_PAD_ID, video_token_id=VIDEO_PAD_ID, vision_start_token_id=VISION_START_ID,
+                vision_end_token_id=VISION_END_ID)
+
+
+def _with_initializer_range(config: Any, initializer_range: float | None) -> Any:
+    if initializer_range is not None:
+        # the top-level model initialises all of its modules with the top config's std when it has one
+        config.initializer_range = initializer_range
+        config.text_config.initializer_range = initializer_range
+        config.vision_config.initializer_range = initializer_range
+    return config
+
+
 def tiny_qwen2_5_vl_config(hidden_size: int = 64, num_layers: int = 2, vision_depth: int = 2,
                            initializer_range: float | None = None) -> Any:
     """A Qwen2.5-VL config of a few million parameters (mostly the 151,936-token embedding).
@@ -35,50 +61,15 @@ def tiny_qwen2_5_vl_config(hidden_size: int = 64, num_layers: int = 2, vision_de
     """
     from transformers import Qwen2_5_VLConfig
 
-    heads = 4
-    head_dim = hidden_size // heads
-    half = head_dim // 2
-    # mRoPE splits the rotary half-dimension into (temporal, height, width) sections.
-    mrope = [half - 2 * (half // 3), half // 3, half // 3]
+    rope = {"rope_type": "default", "rope_theta": 1_000_000.0, "mrope_section": _mrope_section(hidden_size // 4)}
     config = Qwen2_5_VLConfig(
-        text_config=dict(
-            vocab_size=QWEN_VOCAB_SIZE,
-            hidden_size=hidden_size,
-            intermediate_size=2 * hidden_size,
-            num_hidden_layers=num_layers,
-            num_attention_heads=heads,
-            num_key_value_heads=2,
-            max_position_embeddings=8192,
-            rope_parameters={"rope_type": "default", "rope_theta": 1_000_000.0, "mrope_section": mrope},
-            tie_word_embeddings=True,
-            bos_token_id=151643,
-            eos_token_id=151645,
-            pad_token_id=151643,
-        ),
-        vision_config=dict(
-            depth=vision_depth,
-            hidden_size=32,
-            intermediate_size=64,
-            num_heads=2,
-            out_hidden_size=hidden_size,
-            patch_size=14,
-            spatial_merge_size=2,
-            temporal_patch_size=2,
-            window_size=112,
-            fullatt_block_indexes=[vision_depth - 1],
-        ),
-        image_token_id=IMAGE_PAD_ID,
-        video_token_id=VIDEO_PAD_ID,
-        vision_start_token_id=VISION_START_ID,
-        vision_end_token_id=VISION_END_ID,
+        text_config={**_text_config_fields(hidden_size, num_layers), "rope_parameters": rope},
+        vision_config={**_vl_vision_fields(vision_depth, hidden_size), "patch_size": 14, "window_size": 112,
+                       "fullatt_block_indexes": [vision_depth - 1]},
         tie_word_embeddings=True,
+        **_vl_token_ids(),
     )
-    if initializer_range is not None:
-        # the top-level model initialises all of its modules with the top config's std when it has one
-        config.initializer_range = initializer_range
-        config.text_config.initializer_range = initializer_range
-        config.vision_config.initializer_range = initializer_range
-    return config
+    return _with_initializer_range(config, initializer_range)
 
 
 def tiny_qwen2_5_vl(seed: int = 0, **config_kwargs: Any) -> Any:
@@ -86,10 +77,7 @@ def tiny_qwen2_5_vl(seed: int = 0, **config_kwargs: Any) -> Any:
     from transformers import Qwen2_5_VLForConditionalGeneration
 
     torch.manual_seed(seed)
-    model = Qwen2_5_VLForConditionalGeneration(tiny_qwen2_5_vl_config(**config_kwargs))
-    model.generation_config.pad_token_id = 151643
-    model.generation_config.eos_token_id = [151645, 151643]
-    return model
+    return _with_generation_ids(Qwen2_5_VLForConditionalGeneration(tiny_qwen2_5_vl_config(**config_kwargs)))
 
 
 def tiny_qwen3_vl_config(hidden_size: int = 64, num_layers: int = 2, vision_depth: int = 2,
@@ -104,50 +92,19 @@ def tiny_qwen3_vl_config(hidden_size: int = 64, num_layers: int = 2, vision_dept
     """
     from transformers import Qwen3VLConfig
 
-    heads = 4
-    head_dim = hidden_size // heads
-    half = head_dim // 2
-    mrope = [half - 2 * (half // 3), half // 3, half // 3]
+    head_dim = hidden_size // 4
+    rope = {"rope_type": "default", "rope_theta": 5_000_000.0, "mrope_section": _mrope_section(head_dim),
+            "mrope_interleaved": True}
+    text = {**_text_config_fields(hidden_size, num_layers), "head_dim": head_dim, "rope_parameters": rope,
+            "tie_word_embeddings": tie_word_embeddings}
     config = Qwen3VLConfig(
-        text_config=dict(
-            vocab_size=QWEN_VOCAB_SIZE,
-            hidden_size=hidden_size,
-            intermediate_size=2 * hidden_size,
-            num_hidden_layers=num_layers,
-            num_attention_heads=heads,
-            num_key_value_heads=2,
-            head_dim=head_dim,
-            max_position_embeddings=8192,
-            rope_parameters={"rope_type": "default", "rope_theta": 5_000_000.0, "mrope_section": mrope,
-                             "mrope_interleaved": True},
-            tie_word_embeddings=tie_word_embeddings,
-            bos_token_id=151643,
-            eos_token_id=151645,
-            pad_token_id=151643,
-        ),
-        vision_config=dict(
-            depth=vision_depth,
-            hidden_size=32,
-            intermediate_size=64,
-            num_heads=2,
-            out_hidden_size=hidden_size,
-            patch_size=16,
-            spatial_merge_size=2,
-            temporal_patch_size=2,
-            num_position_embeddings=64,
-            deepstack_visual_indexes=[0],
-        ),
-        image_token_id=IMAGE_PAD_ID,
-        video_token_id=VIDEO_PAD_ID,
-        vision_start_token_id=VISION_START_ID,
-        vision_end_token_id=VISION_END_ID,
+        text_config=text,
+        vision_config={**_vl_vision_fields(vision_depth, hidden_size), "patch_size": 16,
+                       "num_position_embeddings": 64, "deepstack_visual_indexes": [0]},
         tie_word_embeddings=tie_word_embeddings,
+        **_vl_token_ids(),
     )
-    if initializer_range is not None:
-        config.initializer_range = initializer_range
-        config.text_config.initializer_range = initializer_range
-        config.vision_config.initializer_range = initializer_range
-    return config
+    return _with_initializer_range(config, initializer_range)
 
 
 def tiny_qwen3_vl(seed: int = 0, **config_kwargs: Any) -> Any:
