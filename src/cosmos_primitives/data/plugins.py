@@ -245,7 +245,23 @@ def call_setup(dataset: Any, config: Any = None, tokenizer: Any = None) -> None:
                         "as cosmos-rl calls it")
 
 
-class CosmosRLPromptDataset:
+class _SetUpPlugin:
+    """A user's dataset object with cosmos-rl's method shape, set up (:func:`call_setup`) and read
+    with this library's media settings; subclasses say what ``dataset[i]`` becomes."""
+
+    def __init__(self, dataset: Any, config: Any = None, tokenizer: Any = None, media_dir: Any = None,
+                 settings: MediaSettings | None = None, name: str = "plugin") -> None:
+        call_setup(dataset, config, tokenizer)
+        self.dataset = dataset
+        self.media_dir = media_dir
+        self.settings = settings or MediaSettings()
+        self.name = name
+
+    def __len__(self) -> int:
+        return len(self.dataset)
+
+
+class CosmosRLPromptDataset(_SetUpPlugin):
     """Prompts from a dataset object with cosmos-rl's method shape.
 
     Args:
@@ -259,17 +275,6 @@ class CosmosRLPromptDataset:
     ``__getitem__``, a missing media file) raises :class:`BadSampleError` naming the index, so the
     recipes count and skip it within the bad-sample budget.
     """
-
-    def __init__(self, dataset: Any, config: Any = None, tokenizer: Any = None, media_dir: Any = None,
-                 settings: MediaSettings | None = None, name: str = "plugin") -> None:
-        call_setup(dataset, config, tokenizer)
-        self.dataset = dataset
-        self.media_dir = media_dir
-        self.settings = settings or MediaSettings()
-        self.name = name
-
-    def __len__(self) -> int:
-        return len(self.dataset)
 
     def __getitem__(self, index: int) -> Prompt:
         where = f"{self.name}[{index}]"
@@ -292,7 +297,7 @@ class CosmosRLPromptDataset:
                       row={"index": index})
 
 
-class CosmosRLConversationDataset:
+class CosmosRLConversationDataset(_SetUpPlugin):
     """SFT conversations from a dataset object with cosmos-rl's method shape (what cosmos-rl's SFT
     trainer takes from a user's dataset: ``dataset[i]`` is the whole conversation, assistant turns
     included, a list of messages or its JSON text).
@@ -305,17 +310,6 @@ class CosmosRLConversationDataset:
     :class:`BadSampleError` naming ``name[i]`` (or the media file), which the SFT loader counts and
     skips within the bad-sample budget.
     """
-
-    def __init__(self, dataset: Any, config: Any = None, tokenizer: Any = None, media_dir: Any = None,
-                 settings: MediaSettings | None = None, name: str = "plugin") -> None:
-        call_setup(dataset, config, tokenizer)
-        self.dataset = dataset
-        self.media_dir = media_dir
-        self.settings = settings or MediaSettings()
-        self.name = name
-
-    def __len__(self) -> int:
-        return len(self.dataset)
 
     def __getitem__(self, index: int) -> ConversationSample:
         where = f"{self.name}[{index}]"
