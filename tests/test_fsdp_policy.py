@@ -92,30 +92,7 @@ def _vl_batch(variant: str) -> dict[str, torch.Tensor]:
 
     if variant == "qwen2_5_vl":
         return image_batch(seed=1)
-    return qwen3_vl_image_batch(seed=1)
-
-
-def qwen3_vl_image_batch(seed: int = 0) -> dict[str, torch.Tensor]:
-    """One 64x64 image (4x4 patches of 16 px -> 4 merged tokens) inside a short prompt + answer, with
-    the ``mm_token_type_ids`` (1 = image token) Qwen3-VL's mRoPE needs. Built by hand: the tiny
-    Qwen3-VL processor is not part of this change."""
-    from cosmos_primitives.testing.models import IMAGE_PAD_ID, VISION_END_ID, VISION_START_ID
-
-    g = torch.Generator().manual_seed(seed)
-    ids = torch.cat([
-        torch.randint(0, 5000, (3,), generator=g),
-        torch.tensor([VISION_START_ID, *[IMAGE_PAD_ID] * 4, VISION_END_ID]),
-        torch.randint(0, 5000, (6,), generator=g),
-    ])[None]
-    labels = ids.clone()
-    labels[:, :10] = -100
-    return {
-        "input_ids": ids,
-        "labels": labels,
-        "pixel_values": torch.randn(16, 3 * 2 * 16 * 16, generator=g),
-        "image_grid_thw": torch.tensor([[1, 4, 4]]),
-        "mm_token_type_ids": (ids == IMAGE_PAD_ID).int(),
-    }
+    return image_batch(seed=1, patch_size=16, token_types=True)
 
 
 def _worker(text_dir: str, vl_dirs: dict[str, str]) -> dict:

@@ -23,8 +23,10 @@ def text_batch(seed: int = 0, batch: int = 2, length: int = 12) -> dict[str, tor
     return {"input_ids": ids, "labels": labels}
 
 
-def image_batch(seed: int = 0) -> dict[str, torch.Tensor]:
-    """One 56x56 image (4x4 patches of 14 px -> 4 merged tokens) inside a short prompt + answer."""
+def image_batch(seed: int = 0, patch_size: int = 14, token_types: bool = False) -> dict[str, torch.Tensor]:
+    """One image of 4x4 patches (56x56 at Qwen2.5-VL's 14 px, 64x64 at Qwen3-VL's ``patch_size=16``;
+    4 merged tokens) inside a short prompt + answer; ``token_types`` adds the ``mm_token_type_ids``
+    (1 = image token) Qwen3-VL's mRoPE needs."""
     g = torch.Generator().manual_seed(seed)
     ids = torch.cat([
         torch.randint(0, 5000, (3,), generator=g),
@@ -33,12 +35,15 @@ def image_batch(seed: int = 0) -> dict[str, torch.Tensor]:
     ])[None]
     labels = ids.clone()
     labels[:, :10] = -100
-    return {
+    batch = {
         "input_ids": ids,
         "labels": labels,
-        "pixel_values": torch.randn(16, 3 * 2 * 14 * 14, generator=g),
+        "pixel_values": torch.randn(16, 3 * 2 * patch_size * patch_size, generator=g),
         "image_grid_thw": torch.tensor([[1, 4, 4]]),
     }
+    if token_types:
+        batch["mm_token_type_ids"] = (ids == IMAGE_PAD_ID).int()
+    return batch
 
 
 def hf_reference_logprobs(hf_model, batch) -> torch.Tensor:
