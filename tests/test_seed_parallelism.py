@@ -60,10 +60,25 @@ def test_reason1_sft_4gpu_snippet_runs_on_4_gloo_ranks(tmp_path: Path) -> None:
     assets = [f"policy.model_name_or_path=demo:{tmp_path / 'model'}",
               f"train.train_policy.dataset.name=demo:{tmp_path / 'video_qa'}", "custom.demo_items=16"]
     overrides = [*assets, *snippet_overrides(REASON1_SNIPPETS[("sft", 4)]), f"train.output_dir={tmp_path / 'runs'}",
-                 "train.max_steps=2", "train.ckpt.enable_checkpoint=false", "train.ckpt.export_safetensors=false"]
+                 "train.max_steps=3", "train.ckpt.enable_checkpoint=false", "train.ckpt.export_safetensors=false"]
     log = tmp_path / "sft.log"
     text = finish(launch_recipe("examples/sft.py", SFT_CONFIG, overrides, log, cwd=REPO, nproc=4), log)
     assert re.search(r"ParallelMesh\(pp=1, dp_replicate=1, dp_shard=4, cp=1, tp=1, world_size=4", text), text[-3000:]
     records = cp.logging.read_metrics(only_run_dir(tmp_path / "runs"))
-    assert [r["step"] for r in records] == [1, 2]
-    assert all(r["loss"] > 0 for r in records)
+    assert [r["step"] for r in records] == [1, 2, 3]
+    # One process taking the same 16 samples per step (4 per rank x 4; 16 items, so every step is a
+    # whole epoch): the 4-way run must average its ranks' losses and gradients into exactly these.
+    # A rank-local loss, a summed gradient or a skipped all-reduce differs far beyond reduction order.
+    # Step 1 trains at lr 0 (warmup from 0), so step 3 is the one that shows the update of step 2.
+    single = [*assets, "policy.parallelism.dp_shard_size=1", "train.train_batch_per_replica=16",
+              f"train.output_dir={tmp_path / 'runs1'}", "train.max_steps=3", "train.ckpt.enable_checkpoint=false",
+              "train.ckpt.export_safetensors=false"]
+    log1 = tmp_path / "sft1.log"
+    finish(launch_recipe("examples/sft.py", SFT_CONFIG, single, log1, cwd=REPO, nproc=1), log1)
+    alone = cp.logging.read_metrics(only_run_dir(tmp_path / "runs1"))
+    assert [r["step"] for r in alone] == [1, 2, 3]
+    for four, one in zip(records, alone, strict=True):
+        assert four["tokens"] == one["tokens"]
+        assert four["loss"] == pytest.approx(one["loss"], rel=1e-5), (four, one)
+        assert four["grad_norm"] == pytest.approx(one["grad_norm"], rel=1e-4), (four, one)
+    assert abs(records[2]["loss"] - records[1]["loss"]) > 1e-3  # the update of step 2 moved the loss
