@@ -84,17 +84,22 @@ def test_an_expired_claim_that_nobody_took_can_still_be_completed(redis_url: str
 
 
 def test_renew_keeps_the_claims_of_a_live_job(redis_url: str) -> None:
-    claims = make_claims(redis_url, claim_ttl_s=0.4)
+    """Every deadline is moved into the past by hand (the ttl went by; no race with the clock); a renewal
+    gives the renewing job's claims the whole ttl again, so only the silent job's range is re-issued."""
+    client = redis.Redis.from_url(redis_url)
+    claims = make_claims(redis_url, claim_ttl_s=60)
     held = [claims.claim("A"), claims.claim("A")]
     other = claims.claim("B")
-    for _ in range(8):  # 0.8 s: twice the ttl
-        time.sleep(0.1)
-        assert claims.renew("A") == 2
+    for claim in (*held, other):
+        _expired(client, claims, claim)
+    assert claims.renew("A") == 2
+    assert all(59_000 < _ms_left(client, claims, c) <= 60_000 for c in held)
     taken = [claims.claim("C"), claims.claim("C")]
     # B did not renew: its range went to C; A's two ranges were never re-issued
     assert [(c.range_id, c.reissued) for c in taken] == [(other.range_id, True), (3, False)]
     assert claims.complete(held[0]) and claims.complete(held[1])
     assert not claims.complete(other)
+    client.close()
 
 
 def test_release_hands_claims_back_at_once(redis_url: str) -> None:
@@ -222,6 +227,12 @@ def test_clear_stream_forgets_claims_and_jobs_of_the_run(redis_url: str) -> None
 def _ms_left(client: redis.Redis, claims: PromptClaims, claim: Claim) -> float:
     seconds, micros = client.time()
     return client.zscore(claims.keys["deadlines"], claim.range_id) - (seconds * 1000 + micros / 1000)
+
+
+def _expired(client: redis.Redis, claims: PromptClaims, claim: Claim) -> None:
+    """Move ``claim``'s deadline 1 ms into the past, as if its whole ttl went by without a renewal."""
+    seconds, micros = client.time()
+    client.zadd(claims.keys["deadlines"], {str(claim.range_id): seconds * 1000 + micros // 1000 - 1})
 
 
 def _nearly_expired(client: redis.Redis, claims: PromptClaims, claim: Claim) -> None:

@@ -60,22 +60,33 @@ def test_age_is_measured_from_the_last_heartbeat_not_the_join(redis_url: str) ->
 
 
 def test_a_job_that_stops_heartbeating_drops_out_and_leave_is_at_once(redis_url: str) -> None:
-    registry = JobRegistry(redis_url, RUN, ttl_s=0.3)
+    """The silent job's key is made to run out by hand (its ttl went by; no race with the clock); a
+    heartbeat gives the beating job the whole ttl again."""
+    registry = JobRegistry(redis_url, RUN, ttl_s=60)
+    client = registry._link.client
     silent = registry.join("rollout")
     beating = registry.join("rollout")
     leaving = registry.join("trainer")
     registry.leave(leaving)
     assert set(registry.live()) == {silent, beating}
-    for _ in range(5):
-        time.sleep(0.1)
-        registry.heartbeat(beating)
+    client.pexpire(registry.job_key(silent), 1)
+    client.pexpire(registry.job_key(beating), 1000)
+    registry.heartbeat(beating)
+    assert 59_000 < client.pttl(registry.job_key(beating)) <= 60_000
+    deadline = time.monotonic() + 10
+    while client.exists(registry.job_key(silent)):
+        assert time.monotonic() < deadline, "redis never expired the silent job's key"
+        time.sleep(0.01)
     assert set(registry.live()) == {beating}
-    assert registry._link.client.smembers(registry.index_key) == {beating.encode()}  # the expired id was pruned
+    assert client.smembers(registry.index_key) == {beating.encode()}  # the expired id was pruned
+    registry.close()
 
 
 def test_the_heartbeat_thread_keeps_a_job_alive_with_fresh_fields_and_survives_failures(
         redis_url: str, caplog: pytest.LogCaptureFixture) -> None:
-    registry = JobRegistry(redis_url, RUN, ttl_s=0.3)
+    """Rounds every 0.05 s under a 60 s ttl: the test waits for the rounds, whenever they come."""
+    registry = JobRegistry(redis_url, RUN, ttl_s=60)
+    client = registry._link.client
     job = registry.join("rollout", records_put=0)
     calls = {"n": 0}
 
@@ -86,16 +97,19 @@ def test_the_heartbeat_thread_keeps_a_job_alive_with_fresh_fields_and_survives_f
         return {"records_put": calls["n"]}
 
     with caplog.at_level(logging.WARNING, logger="cosmos.queue"):
-        registry.start_heartbeat(job, fields)
-        time.sleep(0.9)  # three TTLs
-        live = registry.live()
-    assert job in live and live[job]["records_put"] >= 3
+        client.pexpire(registry.job_key(job), 1000)
+        registry.start_heartbeat(job, fields, interval_s=0.05)
+        deadline = time.monotonic() + 10
+        while registry.live().get(job, {}).get("records_put", 0) < 3:
+            assert time.monotonic() < deadline, f"no third heartbeat in 10 s: {registry.live()}"
+            time.sleep(0.02)
+    assert client.pttl(registry.job_key(job)) > 50_000  # each beat gave the key the whole ttl again
     assert any("heartbeat of job" in r.message and "engine busy" in r.message for r in caplog.records)
     with pytest.raises(ValueError, match="already heartbeats"):
         registry.start_heartbeat(job)
     registry.leave(job)
-    time.sleep(0.25)
-    assert registry.live() == {}  # the thread stopped: nothing re-created the key
+    time.sleep(0.25)  # five rounds' time: a thread still running would have re-created the key
+    assert registry.live() == {}
     registry.close()
 
 
