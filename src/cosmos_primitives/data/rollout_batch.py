@@ -97,7 +97,7 @@ def collate_rollouts(groups: Sequence[RolloutGroup], processor: Any, pad_token_i
     Each row is the group's ``prompt_token_ids`` (the prompt the engine generated from) followed by
     a completion, so the trainer scores exactly what was sampled. The prompts are re-encoded with
     ``processor`` only to recover their media tensors; the re-encoding must hold the same tokens
-    except for where vision blocks open and close (:func:`same_prompt_tokens`: vLLM writes a
+    except for where vision blocks open and close (:func:`_same_prompt_tokens`: vLLM writes a
     Qwen3-VL video without the template's outer ``<|vision_start|>`` / ``<|vision_end|>``,
     transformers 5's processor keeps them), and ``mm_token_type_ids`` are laid on the engine's ids.
     """
@@ -113,7 +113,7 @@ def collate_rollouts(groups: Sequence[RolloutGroup], processor: Any, pad_token_i
     encoded = encode_prompts(processor, prompts)
     markers = _vision_block_markers(tokenizer)
     for g, row, mask in zip(groups, encoded["input_ids"], encoded["attention_mask"]):
-        if not same_prompt_tokens(row[mask.bool()].tolist(), g.prompt_token_ids, markers):
+        if not _same_prompt_tokens(row[mask.bool()].tolist(), g.prompt_token_ids, markers):
             raise ValueError(f"prompt {g.prompt.prompt_id!r}: re-encoding the prompt gave different token ids than "
                              "the rollout engine used; is the same processor / chat template used for both?")
     media = repeat_batch({k: v for k, v in encoded.items() if k not in ("input_ids", "attention_mask",
@@ -166,7 +166,7 @@ def _vision_block_markers(tokenizer: Any) -> frozenset[int]:
     return frozenset(vocab[t] for t in ("<|vision_start|>", "<|vision_end|>") if t in vocab)
 
 
-def same_prompt_tokens(encoded: Sequence[int], engine: Sequence[int], markers: frozenset[int]) -> bool:
+def _same_prompt_tokens(encoded: Sequence[int], engine: Sequence[int], markers: frozenset[int]) -> bool:
     """Whether a prompt re-encoded by the trainer's processor (``encoded``) and the prompt an engine
     generated from (``engine``) hold the same tokens once the vision-block markers (``markers``: the
     ``<|vision_start|>`` / ``<|vision_end|>`` ids) are left out of both. Text, placeholders and their
