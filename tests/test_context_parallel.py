@@ -220,14 +220,14 @@ def test_fsdp_times_context_parallel_matches_one_process(tiny_qwen2_dir: Path) -
             torch.testing.assert_close(got["grads"][w], g, rtol=1e-4, atol=1e-5, msg=f"rank {rank} {w}")
 
 
-def _padded_vl_batch(processor) -> dict:
-    """Two right-padded Qwen2.5-VL prompts with an image each, as the processor returns them: an
-    ``attention_mask`` and ``mm_token_type_ids``, no ``position_ids``; 34 tokens, a multiple of 2."""
+def _padded_vl_batch(processor, question: str) -> dict:
+    """Two right-padded VL prompts with an image each (the second asks ``question``), as the processor
+    returns them: an ``attention_mask`` and ``mm_token_type_ids``, no ``position_ids``."""
     def conversation(question: str) -> list:
         return [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": question}]}]
 
     texts = [processor.apply_chat_template(conversation(q), tokenize=False, add_generation_prompt=True)
-             for q in ("Which colour?", "Which colour is this small square, please?")]
+             for q in ("Which colour?", question)]
     batch = dict(processor(text=texts, images=[cpt.color_image("red"), cpt.color_image("blue")], padding=True,
                            return_tensors="pt"))
     batch["labels"] = batch["input_ids"].masked_fill(batch["attention_mask"] == 0, -100)
@@ -249,19 +249,32 @@ def _padded_worker(model_dir: str, batch_file: str) -> dict:
     return {"logprobs": out.logprobs.detach(), "backbone_inputs": given[0]}
 
 
+# per VL family: (save the tiny model + processor, its processor, a question that makes the batch an
+# even length: 34 tokens with Qwen2.5-VL's template, 22 with Qwen3-VL's)
+PADDED_FAMILIES = {
+    "qwen2_5_vl": (cpt.save_tiny_qwen2_5_vl, cpt.tiny_qwen2_5_vl_processor,
+                   "Which colour is this small square, please?"),
+    "qwen3_vl": (cpt.save_tiny_qwen3_vl, cpt.tiny_qwen3_vl_processor, "Which colour is this square, please?"),
+}
+
+
 @pytest.mark.slow
-def test_padded_vl_batch_without_position_ids_keeps_its_masks(tiny_vl_dir: Path, tiny_vl_processor, tmp_path) -> None:
+@pytest.mark.parametrize("family", sorted(PADDED_FAMILIES))
+def test_padded_vl_batch_without_position_ids_keeps_its_masks(family: str, tmp_path) -> None:
     """Regression (commit 8964077): a padded batch whose length is already a multiple of the cp size
     needs no padding, and its attention_mask / mm_token_type_ids used to be dropped then; without
-    mm_token_type_ids Qwen2.5-VL numbers the image tokens as text, so the log-probs differed from one
-    process. Tolerance 1e-5 absolute (float32)."""
-    batch = _padded_vl_batch(tiny_vl_processor)
+    mm_token_type_ids the model numbers the image tokens as text, so the log-probs differed from one
+    process. Both VL families, batches encoded by their own processors (Qwen3-VL: 16-px patches,
+    deepstack features on the image tokens). Tolerance 1e-5 absolute (float32)."""
+    save, processor_of, question = PADDED_FAMILIES[family]
+    model_dir = save(tmp_path / "model")
+    batch = _padded_vl_batch(processor_of(), question)
     assert batch["input_ids"].shape[1] % 2 == 0 and "position_ids" not in batch
     assert (batch["attention_mask"] == 0).any()
-    policy = CausalLMPolicy(cp.policy.load_hf_model(tiny_vl_dir, dtype="float32"), chunk_size=16)
+    policy = CausalLMPolicy(cp.policy.load_hf_model(model_dir, dtype="float32"), chunk_size=16)
     reference = cp.policy.token_logprobs(policy, batch).logprobs.detach()
     torch.save(batch, tmp_path / "batch.pt")
-    per_rank = cpt.run_distributed(_padded_worker, 2, (str(tiny_vl_dir), str(tmp_path / "batch.pt")), timeout_s=400)
+    per_rank = cpt.run_distributed(_padded_worker, 2, (str(model_dir), str(tmp_path / "batch.pt")), timeout_s=400)
     scored = batch["labels"] != -100
     for rank, got in enumerate(per_rank):
         torch.testing.assert_close(got["logprobs"][scored], reference[scored], atol=1e-5, rtol=0, msg=f"rank {rank}")

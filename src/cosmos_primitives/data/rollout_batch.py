@@ -94,8 +94,12 @@ class RolloutBatch:
 def collate_rollouts(groups: Sequence[RolloutGroup], processor: Any, pad_token_id: int | None = None) -> RolloutBatch:
     """Build the training batch of ``groups`` (every group must hold the same number of completions).
 
-    The prompts are re-encoded with ``processor`` to recover their media tensors; their token ids
-    must equal the ones the engine generated from (an error names the prompt otherwise).
+    Each row is the group's ``prompt_token_ids`` (the prompt the engine generated from) followed by
+    a completion, so the trainer scores exactly what was sampled. The prompts are re-encoded with
+    ``processor`` only to recover their media tensors; the re-encoding must hold the same tokens
+    except for where vision blocks open and close (:func:`_same_prompt_tokens`: vLLM writes a
+    Qwen3-VL video without the template's outer ``<|vision_start|>`` / ``<|vision_end|>``,
+    transformers 5's processor keeps them), and ``mm_token_type_ids`` are laid on the engine's ids.
     """
     if not groups:
         raise ValueError("collate_rollouts: no rollout groups")
@@ -107,8 +111,9 @@ def collate_rollouts(groups: Sequence[RolloutGroup], processor: Any, pad_token_i
     pad = pad_token_id if pad_token_id is not None else tokenizer.pad_token_id
     prompts = [g.prompt for g in groups]
     encoded = encode_prompts(processor, prompts)
+    markers = _vision_block_markers(tokenizer)
     for g, row, mask in zip(groups, encoded["input_ids"], encoded["attention_mask"]):
-        if row[mask.bool()].tolist() != list(g.prompt_token_ids):
+        if not _same_prompt_tokens(row[mask.bool()].tolist(), g.prompt_token_ids, markers):
             raise ValueError(f"prompt {g.prompt.prompt_id!r}: re-encoding the prompt gave different token ids than "
                              "the rollout engine used; is the same processor / chat template used for both?")
     media = repeat_batch({k: v for k, v in encoded.items() if k not in ("input_ids", "attention_mask",
@@ -136,8 +141,10 @@ def collate_rollouts(groups: Sequence[RolloutGroup], processor: Any, pad_token_i
     if "mm_token_type_ids" in encoded:
         # vision placeholders are marked per prompt token; completions hold none
         inputs["mm_token_type_ids"] = torch.zeros_like(input_ids)
-        for p, (types, mask) in enumerate(zip(encoded["mm_token_type_ids"], encoded["attention_mask"])):
-            prompt_types = types[mask.bool()]
+        for p, (types, row, mask) in enumerate(zip(encoded["mm_token_type_ids"], encoded["input_ids"],
+                                                    encoded["attention_mask"])):
+            prompt_types = _types_on(groups[p].prompt_token_ids, row[mask.bool()].tolist(), types[mask.bool()],
+                                     markers)
             for i in range(p * n, (p + 1) * n):
                 inputs["mm_token_type_ids"][i, : len(prompt_types)] = prompt_types
     return RolloutBatch(
@@ -150,3 +157,31 @@ def collate_rollouts(groups: Sequence[RolloutGroup], processor: Any, pad_token_i
         images_per_row=torch.tensor([len(g.prompt.images) for g in groups]).repeat_interleave(n),
         videos_per_row=torch.tensor([len(g.prompt.videos) for g in groups]).repeat_interleave(n),
     )
+
+
+def _vision_block_markers(tokenizer: Any) -> frozenset[int]:
+    """The ids of ``<|vision_start|>`` / ``<|vision_end|>`` in ``tokenizer``'s vocabulary (none for a
+    tokenizer without them)."""
+    vocab = tokenizer.get_vocab() if hasattr(tokenizer, "get_vocab") else {}
+    return frozenset(vocab[t] for t in ("<|vision_start|>", "<|vision_end|>") if t in vocab)
+
+
+def _same_prompt_tokens(encoded: Sequence[int], engine: Sequence[int], markers: frozenset[int]) -> bool:
+    """Whether a prompt re-encoded by the trainer's processor (``encoded``) and the prompt an engine
+    generated from (``engine``) hold the same tokens once the vision-block markers (``markers``: the
+    ``<|vision_start|>`` / ``<|vision_end|>`` ids) are left out of both. Text, placeholders and their
+    order must agree; only where vision blocks open and close may differ, as vLLM's and transformers'
+    Qwen3-VL video prompts do (docs/vllm.md)."""
+    if list(encoded) == list(engine):
+        return True
+    return [t for t in encoded if t not in markers] == [t for t in engine if t not in markers]
+
+
+def _types_on(engine: Sequence[int], encoded: Sequence[int], types: torch.Tensor,
+              markers: frozenset[int]) -> torch.Tensor:
+    """``mm_token_type_ids`` ``[len(engine)]`` for the engine's prompt ids: the processor's type of each
+    token (``types`` ``[len(encoded)]``), markers 0 (they are text to the model)."""
+    if list(engine) == list(encoded):
+        return types
+    kept = iter(types[torch.tensor([t not in markers for t in encoded], dtype=torch.bool)].tolist())
+    return torch.tensor([0 if t in markers else next(kept) for t in engine], dtype=types.dtype)

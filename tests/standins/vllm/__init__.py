@@ -49,6 +49,18 @@ models the documented behaviours the adapter depends on, as vLLM 0.20 - 0.33 has
   ``CompletionOutput.finish_reason`` is ``"stop"``, ``"length"`` or ``"abort"``; a video item is
   ``frames`` or ``(frames, metadata)`` with the metadata's ``fps``; ``mm_processor_kwargs["fps"]``
   applies to every video of the prompt.
+- Qwen3-VL media (``vllm/model_executor/models/qwen3_vl.py``, ``Qwen3VLMultiModalProcessor``): a video
+  must come with its metadata (``video_needs_metadata=True``); its frames go through the model's video
+  processor without resampling unless the metadata says ``do_sample_frames``; the prompt's
+  ``<|vision_start|><|video_pad|><|vision_end|>`` is replaced WHOLE (``PromptReplacement`` target) by one
+  block per temporal patch: the tokens of ``<{t:.1f} seconds>`` (``_get_video_second_idx`` /
+  ``_calculate_timestamps``: the mean of the patch's source frame indices over the source fps), then
+  ``<|vision_start|>``, ``h * w / merge**2`` video pads, ``<|vision_end|>``; each ``<|image_pad|>`` by
+  ``t * h * w / merge**2`` image pads. ``RequestOutput.prompt_token_ids`` is that expanded prompt, and
+  the model runs it with the media. (transformers 5's ``Qwen3VLProcessor`` keeps the template's outer
+  ``<|vision_start|>`` / ``<|vision_end|>`` around a video: its prompt is two tokens longer per video.)
+  A prompt with media is not prefix-cached here (vLLM keys such blocks by the media's hash). Qwen2.5-VL
+  and text models take the prompt text alone, media ignored, as before.
 """
 
 from __future__ import annotations
@@ -420,6 +432,7 @@ class LLM:
         self._model_path = kwargs["model"]
         self.hf_model = self._load(kwargs["model"], kwargs.get("dtype", "auto"))
         self._tokenizer = None
+        self._processor = None
         module, _, cls = kwargs["worker_extension_cls"].rpartition(".")
         extension = getattr(importlib.import_module(module), cls)
         worker_cls = type("StandInWorker", (_Worker, extension), {})
@@ -445,6 +458,90 @@ class LLM:
 
             self._tokenizer = AutoTokenizer.from_pretrained(self._model_path)
         return self._tokenizer
+
+    @property
+    def processor(self) -> Any:
+        if self._processor is None:
+            from transformers import AutoProcessor
+
+            self._processor = AutoProcessor.from_pretrained(self._model_path)
+        return self._processor
+
+    def _qwen3_vl_inputs(self, request: dict[str, Any], prompt_ids: list[int]) -> tuple[list[int], dict[str, Any]]:
+        """``prompt_ids`` with the media placeholders expanded as vLLM's Qwen3-VL processor expands them,
+        and the model's media inputs (``pixel_values`` / ``image_grid_thw``, ``pixel_values_videos`` /
+        ``video_grid_thw``, ``mm_token_type_ids`` ``[1, P]``); unchanged ids and no inputs otherwise."""
+        data = request.get("multi_modal_data") or {}
+        config = self.hf_model.config
+        if config.model_type != "qwen3_vl" or not data:
+            return prompt_ids, {}
+        from transformers.video_utils import VideoMetadata
+
+        processor, merge = self.processor, config.vision_config.spatial_merge_size ** 2
+        inputs: dict[str, Any] = {}
+        images = data.get("image")
+        images = [] if images is None else images if isinstance(images, list) else [images]
+        image_blocks: list[list[int]] = []
+        if images:
+            out = processor.image_processor(images=images, return_tensors="pt")
+            inputs["pixel_values"], inputs["image_grid_thw"] = out["pixel_values"], out["image_grid_thw"]
+            image_blocks = [[config.image_token_id] * (int(g.prod()) // merge) for g in out["image_grid_thw"]]
+        videos = data.get("video")
+        videos = [] if videos is None else videos if isinstance(videos, list) else [videos]
+        video_blocks: list[list[int]] = []
+        pixels, grids = [], []
+        for item in videos:
+            if not isinstance(item, tuple):
+                raise ValueError("Qwen3-VL needs each video as (frames, metadata): its processor reads the frame "
+                                 "timestamps from the metadata (video_needs_metadata=True)")
+            frames, metadata = item
+            sample = bool(metadata.get("do_sample_frames", False))
+            meta = VideoMetadata(**{k: v for k, v in metadata.items() if k != "do_sample_frames"})
+            out = processor.video_processor(videos=[frames], video_metadata=[meta], do_sample_frames=sample,
+                                            return_metadata=True, return_tensors="pt")
+            grid = out["video_grid_thw"][0]
+            indices = list(out["video_metadata"][0].frames_indices if sample else metadata["frames_indices"])
+            pairs = processor.video_processor.merge_size
+            indices += [indices[-1]] * (-len(indices) % pairs)
+            seconds = [sum(indices[i:i + pairs]) / pairs / float(metadata["fps"])
+                       for i in range(0, len(indices), pairs)]
+            if len(seconds) != int(grid[0]):
+                raise AssertionError(f"{len(seconds)} timestamps for {int(grid[0])} temporal patches")
+            block: list[int] = []
+            for t in seconds:
+                block += self.tokenizer.encode(f"<{t:.1f} seconds>", add_special_tokens=False)
+                block += ([config.vision_start_token_id] + [config.video_token_id] * (int(grid[1:].prod()) // merge)
+                          + [config.vision_end_token_id])
+            video_blocks.append(block)
+            pixels.append(out["pixel_values_videos"])
+            grids.append(out["video_grid_thw"])
+        if videos:
+            inputs["pixel_values_videos"], inputs["video_grid_thw"] = torch.cat(pixels), torch.cat(grids)
+        triple = [config.vision_start_token_id, config.video_token_id, config.vision_end_token_id]
+        expanded: list[int] = []
+        images_left, videos_left = iter(image_blocks), iter(video_blocks)
+        i = 0
+        while i < len(prompt_ids):
+            if prompt_ids[i:i + 3] == triple:
+                expanded += next(videos_left, None) or self._missing("video", len(video_blocks))
+                i += 3
+                continue
+            if prompt_ids[i] == config.image_token_id:
+                expanded += next(images_left, None) or self._missing("image", len(image_blocks))
+            else:
+                expanded.append(prompt_ids[i])
+            i += 1
+        if next(images_left, None) is not None or next(videos_left, None) is not None:
+            raise ValueError(f"the prompt has fewer placeholders than the {len(image_blocks)} images and "
+                             f"{len(video_blocks)} videos given")
+        ids = torch.tensor(expanded)
+        inputs["mm_token_type_ids"] = ((ids == config.image_token_id).long()
+                                       + 2 * (ids == config.video_token_id).long())[None]
+        return expanded, inputs
+
+    @staticmethod
+    def _missing(kind: str, given: int) -> list[int]:
+        raise ValueError(f"the prompt has more {kind} placeholders than the {given} {kind}s given")
 
     def collective_rpc(self, method: str, timeout: float | None = None, args: tuple = (), kwargs: dict | None = None):
         CALLS.append(("collective_rpc", method))
@@ -491,14 +588,22 @@ class LLM:
                 fps.append(shared)
         return fps
 
-    def _prompt_state(self, prompt_ids: list[int]) -> tuple[Any, torch.Tensor]:
-        """KV of ``prompt_ids[:-1]`` (from the prefix cache when there) and the last position's logits."""
+    def _prompt_state(self, prompt_ids: list[int], media: dict[str, Any] | None = None) -> tuple[Any, torch.Tensor]:
+        """KV of ``prompt_ids[:-1]`` (from the prefix cache when there; never with ``media``) and the
+        last position's logits."""
         key = tuple(prompt_ids[:-1])
-        cache = self._prefix_cache.get(key) if self.prefix_caching else None
+        caching = self.prefix_caching and not media
+        cache = self._prefix_cache.get(key) if caching else None
+        inner = getattr(self.hf_model, "model", None)
+        if hasattr(inner, "rope_deltas"):  # mRoPE offsets of the previous request must not carry over
+            inner.rope_deltas = None
         if cache is None:
-            out = self.hf_model(input_ids=torch.tensor([prompt_ids[:-1]]), use_cache=True)
+            extra = dict(media or {})
+            if "mm_token_type_ids" in extra:
+                extra["mm_token_type_ids"] = extra["mm_token_type_ids"][:, :-1]
+            out = self.hf_model(input_ids=torch.tensor([prompt_ids[:-1]]), use_cache=True, **extra)
             cache = out.past_key_values
-            if self.prefix_caching:
+            if caching:
                 self._prefix_cache[key] = copy.deepcopy(cache)
         else:
             cache = copy.deepcopy(cache)
@@ -537,10 +642,10 @@ class LLM:
             if gen is None:
                 gen = generators[id(sampling_params)] = torch.Generator().manual_seed(sampling_params.seed or 0)
             eos = set(sampling_params.stop_token_ids or []) | {self.tokenizer.convert_tokens_to_ids("<|im_end|>")}
-            prompt_ids = self.tokenizer(request["prompt"])["input_ids"]
+            prompt_ids, media = self._qwen3_vl_inputs(request, self.tokenizer(request["prompt"])["input_ids"])
             outs = []
             for k in range(sampling_params.n):
-                cache, logits = self._prompt_state(prompt_ids)
+                cache, logits = self._prompt_state(prompt_ids, media)
                 token_ids, logprobs, finish = [], [], "length"
                 for step in range(sampling_params.max_tokens):
                     if ABORT_AFTER_TOKENS is not None and step >= ABORT_AFTER_TOKENS:
