@@ -102,3 +102,24 @@ def test_trainer_scores_the_prompt_the_engine_used(standin_vllm, qwen3_vl_dir, t
         trainer = token_logprobs(policy, batch.inputs).logprobs
     scored = batch.completion_mask.bool()
     torch.testing.assert_close(trainer[scored], batch.rollout_logprobs[scored], atol=1e-5, rtol=0)
+
+
+def test_a_queue_record_in_vllms_form_passes_the_trainers_check(standin_vllm, qwen3_vl_dir,
+                                                                 tiny_qwen3_vl_processor) -> None:
+    """The independent jobs' trainer checks each record's prompt ids against its own re-encoding
+    (``check_trainable``) before training on it: vLLM's form of a Qwen3-VL video prompt must pass, as
+    :func:`collate_rollouts` lets it, and a prompt differing in a text token must still be refused."""
+    from types import SimpleNamespace
+
+    from cosmos_primitives.queue.record_groups import check_trainable
+    from cosmos_primitives.rollout.vllm_engine import VLLMRolloutEngine
+
+    processor = tiny_qwen3_vl_processor
+    engine = VLLMRolloutEngine(qwen3_vl_dir, processor, seed=0, dtype="float32")
+    [group] = engine.generate([_video_prompt()], SamplingParams(n=2, temperature=1.0, max_new_tokens=2, seed=0))
+    check_trainable(SimpleNamespace(num_completions=2, prompt_token_ids=group.prompt_token_ids), group, processor,
+                    num_completions=2)
+    changed = list(group.prompt_token_ids)
+    changed[-3] = changed[-3] + 1  # a token of the text after the video
+    with pytest.raises(ValueError, match="re-encoding its prompt"):
+        check_trainable(SimpleNamespace(num_completions=2, prompt_token_ids=changed), group, processor)

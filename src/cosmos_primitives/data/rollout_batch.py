@@ -97,7 +97,7 @@ def collate_rollouts(groups: Sequence[RolloutGroup], processor: Any, pad_token_i
     Each row is the group's ``prompt_token_ids`` (the prompt the engine generated from) followed by
     a completion, so the trainer scores exactly what was sampled. The prompts are re-encoded with
     ``processor`` only to recover their media tensors; the re-encoding must hold the same tokens
-    except for where vision blocks open and close (:func:`_same_prompt_tokens`: vLLM writes a
+    except for where vision blocks open and close (:func:`same_prompt_tokens`: vLLM writes a
     Qwen3-VL video without the template's outer ``<|vision_start|>`` / ``<|vision_end|>``,
     transformers 5's processor keeps them), and ``mm_token_type_ids`` are laid on the engine's ids.
     """
@@ -111,9 +111,9 @@ def collate_rollouts(groups: Sequence[RolloutGroup], processor: Any, pad_token_i
     pad = pad_token_id if pad_token_id is not None else tokenizer.pad_token_id
     prompts = [g.prompt for g in groups]
     encoded = encode_prompts(processor, prompts)
-    markers = _vision_block_markers(tokenizer)
+    markers = vision_block_markers(tokenizer)
     for g, row, mask in zip(groups, encoded["input_ids"], encoded["attention_mask"]):
-        if not _same_prompt_tokens(row[mask.bool()].tolist(), g.prompt_token_ids, markers):
+        if not same_prompt_tokens(row[mask.bool()].tolist(), g.prompt_token_ids, markers):
             raise ValueError(f"prompt {g.prompt.prompt_id!r}: re-encoding the prompt gave different token ids than "
                              "the rollout engine used; is the same processor / chat template used for both?")
     media = repeat_batch({k: v for k, v in encoded.items() if k not in ("input_ids", "attention_mask",
@@ -159,14 +159,14 @@ def collate_rollouts(groups: Sequence[RolloutGroup], processor: Any, pad_token_i
     )
 
 
-def _vision_block_markers(tokenizer: Any) -> frozenset[int]:
+def vision_block_markers(tokenizer: Any) -> frozenset[int]:
     """The ids of ``<|vision_start|>`` / ``<|vision_end|>`` in ``tokenizer``'s vocabulary (none for a
     tokenizer without them)."""
     vocab = tokenizer.get_vocab() if hasattr(tokenizer, "get_vocab") else {}
     return frozenset(vocab[t] for t in ("<|vision_start|>", "<|vision_end|>") if t in vocab)
 
 
-def _same_prompt_tokens(encoded: Sequence[int], engine: Sequence[int], markers: frozenset[int]) -> bool:
+def same_prompt_tokens(encoded: Sequence[int], engine: Sequence[int], markers: frozenset[int]) -> bool:
     """Whether a prompt re-encoded by the trainer's processor (``encoded``) and the prompt an engine
     generated from (``engine``) hold the same tokens once the vision-block markers (``markers``: the
     ``<|vision_start|>`` / ``<|vision_end|>`` ids) are left out of both. Text, placeholders and their

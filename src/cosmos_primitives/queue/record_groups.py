@@ -20,7 +20,12 @@ from cosmos_primitives.data.conversation import load_conversation
 from cosmos_primitives.data.media import MediaSettings
 from cosmos_primitives.data.prompt_inputs import encode_prompts
 from cosmos_primitives.data.records import Completion, Prompt, RolloutGroup
-from cosmos_primitives.data.rollout_batch import RolloutBatch, collate_rollouts
+from cosmos_primitives.data.rollout_batch import (
+    RolloutBatch,
+    collate_rollouts,
+    same_prompt_tokens,
+    vision_block_markers,
+)
 from cosmos_primitives.queue.base import RolloutQueue
 from cosmos_primitives.queue.record import RolloutRecord, record_from_group
 from cosmos_primitives.queue.staleness import StalenessFilter
@@ -88,7 +93,8 @@ def check_trainable(record: RolloutRecord, group: RolloutGroup, processor: Any =
     Args:
         record, group: the record and the group :func:`group_from_record` rebuilt from it.
         processor: when given, the prompt is re-encoded alone (one extra processor pass) and must
-            give the record's ``prompt_token_ids``.
+            give the record's ``prompt_token_ids``, up to where vision blocks open and close (as
+            :func:`collate_rollouts` allows: vLLM's Qwen3-VL video prompts lack the template's outer pair).
         num_completions: when given, the record must hold this many completions (one batch holds
             groups of one size).
 
@@ -101,7 +107,8 @@ def check_trainable(record: RolloutRecord, group: RolloutGroup, processor: Any =
     if processor is not None:
         encoded = encode_prompts(processor, [group.prompt])
         ids = encoded["input_ids"][0][encoded["attention_mask"][0].bool()].tolist()
-        if ids != list(record.prompt_token_ids):
+        markers = vision_block_markers(getattr(processor, "tokenizer", processor))
+        if not same_prompt_tokens(ids, record.prompt_token_ids, markers):
             raise ValueError(f"re-encoding its prompt gives {len(ids)} token ids that differ from its "
                              f"{len(record.prompt_token_ids)} prompt_token_ids; is the same processor / chat "
                              "template used on the rollout side?")
