@@ -83,10 +83,12 @@ def _tp_rank(folder: str) -> dict:
 
 
 @pytest.mark.slow
-def test_tp2_engine_generates_what_the_tp1_engine_does(standin_vllm, tmp_path, qwen_tokenizer) -> None:
+def test_tp2_engine_generates_what_the_tp1_engine_does(standin_vllm, tmp_path, qwen_tokenizer,
+                                                       monkeypatch: pytest.MonkeyPatch) -> None:
     """Two ranks, one TP group: each holds half of every sharded weight after an in-process sync of the
     trainer's full tensors, and each gets for its own prompts exactly the completions (tokens, and
     log-probs to 1e-6 in float32) a tp=1 engine with the trainer's weights gives for them."""
+    from cosmos_primitives.rollout import vllm_engine
     from cosmos_primitives.rollout.vllm_engine import VLLMRolloutEngine
 
     folder = str(cpt.save_tiny_qwen2(tmp_path / "start", seed=0))
@@ -96,6 +98,8 @@ def test_tp2_engine_generates_what_the_tp1_engine_does(standin_vllm, tmp_path, q
                                   seed=0, dtype="float32")
     vocab, hidden = QWEN_VOCAB_SIZE, 64
     for rank, out in enumerate(got):
+        # each request's seed includes the rank that owns it: generate as that rank
+        monkeypatch.setattr(vllm_engine, "_global_rank", lambda rank=rank: rank)
         assert out["verified"] and all(out["shards_ok"].values()), out["shards_ok"]
         assert out["shapes"] == {"model.embed_tokens.weight": (vocab // 2, hidden),
                                  "model.layers.0.self_attn.qkv_proj.weight": ((hidden + 2 * 32) // 2, hidden),

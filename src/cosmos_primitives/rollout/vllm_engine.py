@@ -366,8 +366,7 @@ class VLLMRolloutEngine:
         import torch.distributed as dist
 
         if self._tp_group is None:
-            rank = dist.get_rank() if dist.is_initialized() else 0
-            return list(prompts), self._per_request(prompts, params, rank), 0
+            return list(prompts), self._per_request(prompts, params, _global_rank()), 0
         members: list[Any] = [None] * self.tensor_parallel_size
         dist.all_gather_object(members, (list(prompts), params), group=self._tp_group)
         me = dist.get_rank(self._tp_group)
@@ -492,6 +491,13 @@ class VLLMRolloutEngine:
                                "holds shards; check coverage with unloaded_weights()")
         self._wake("weights")
         return self.llm.collective_rpc("cosmos_weight_checksums", args=(list(names),))[0]
+
+
+def _global_rank() -> int:
+    """This process's rank in the job (0 outside torch.distributed): part of each request's seed."""
+    import torch.distributed as dist
+
+    return dist.get_rank() if dist.is_initialized() else 0
 
 
 def release(vllm: Any) -> tuple[int, ...]:
