@@ -260,3 +260,13 @@ def test_throttled_worker_never_produces_records_the_trainer_must_drop() -> None
     assert outcomes[True][0] == 0 and outcomes[True][1] <= 1
     # the unthrottled worker produced everything with version 0 up front: steps 2.. are too stale
     assert outcomes[False][0] > 0
+
+
+def test_repetition_is_a_finish_reason_records_take() -> None:
+    """Issue 29: vLLM's "repetition" completions are trained on (the engine drops "abort" / "error")."""
+    record = make_record(0)
+    record.finish_reasons = ["repetition", "stop"]
+    assert msgspec.msgpack.decode(msgspec.msgpack.encode(record), type=RolloutRecord).finish_reasons[0] == "repetition"
+    record.finish_reasons = ["abort", "stop"]
+    with pytest.raises(msgspec.ValidationError, match="'abort'"):
+        msgspec.msgpack.decode(msgspec.msgpack.encode(record), type=RolloutRecord)

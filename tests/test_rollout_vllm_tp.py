@@ -97,11 +97,13 @@ def _tp_rank(folder: str, family: str) -> dict:
 
 @pytest.mark.slow
 @pytest.mark.parametrize("family", sorted(FAMILIES))
-def test_tp2_engine_generates_what_the_tp1_engine_does(standin_vllm, tmp_path, family) -> None:
+def test_tp2_engine_generates_what_the_tp1_engine_does(standin_vllm, tmp_path, family,
+                                                       monkeypatch: pytest.MonkeyPatch) -> None:
     """Two ranks, one TP group: each holds half of every sharded weight (a VL model's vision tower whole)
     after an in-process sync of the trainer's full tensors, and each gets for its own prompts exactly
     the completions (tokens, and log-probs to 1e-6 in float32) a tp=1 engine with the trainer's weights
     gives for them."""
+    from cosmos_primitives.rollout import vllm_engine
     from cosmos_primitives.rollout.vllm_engine import VLLMRolloutEngine
 
     save, _, processor_of, _, held_prefix = FAMILIES[family]
@@ -112,6 +114,8 @@ def test_tp2_engine_generates_what_the_tp1_engine_does(standin_vllm, tmp_path, f
                                   seed=0, dtype="float32")
     vocab, hidden = QWEN_VOCAB_SIZE, 64
     for rank, out in enumerate(got):
+        # each request's seed includes the rank that owns it: generate as that rank
+        monkeypatch.setattr(vllm_engine, "_global_rank", lambda rank=rank: rank)
         assert out["verified"] and all(out["shards_ok"].values()), out["shards_ok"]
         assert ("visual" in out["shards_ok"]) == (family == "qwen3_vl")
         assert out["shapes"] == {"embed_tokens.weight": (vocab // 2, hidden),

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
 import msgspec
 
@@ -34,4 +34,9 @@ class RolloutConfig(Section):
     # backend "hf": decode into a static KV cache kept across calls, compiled with CUDA graphs on CUDA;
     # off until measured on a GPU (issue 28)
     hf_static_cache: bool = False
+    # backend "vllm": bounds on vLLM's start-up profiling run and scheduling, passed to LLM() when set
+    # (None: vLLM's defaults); new beside the cosmos-rl keys (cosmos-rl fixes max_num_batched_tokens = 2048)
+    max_num_batched_tokens: AtLeastOne | None = None
+    limit_mm_per_prompt: dict[str, int] | None = None
+    mm_processor_kwargs: dict[str, Any] | None = None
     sampling_config: SamplingConfig = msgspec.field(default_factory=SamplingConfig)

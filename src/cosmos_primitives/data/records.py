@@ -69,7 +69,8 @@ class Completion:
     ``token_ids``: generated ids (no prompt), ``[L]``; ``logprobs``: float32 ``[L]``, the sampling
     distribution's log-probability of each generated token (after temperature), as vLLM reports it;
     ``finish_reason``: ``"stop"`` (EOS / stop token) or ``"length"``; a vLLM engine also reports
-    ``"abort"`` (the request was aborted) and ``"error"``.
+    ``"repetition"`` (stopped by vLLM's repetition detection); it drops ``"abort"`` / ``"error"``
+    completions (not samples of the policy).
     """
 
     text: str

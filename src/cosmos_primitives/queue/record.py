@@ -22,8 +22,9 @@ if TYPE_CHECKING:  # pragma: no cover
 
 # content-part types of a Qwen2.5-VL conversation whose value is a media item
 MEDIA_PART_TYPES = ("image", "video", "audio", "image_url", "video_url")
-# what the rollout engines report (``cp.rollout``: vLLM's other reasons are mapped to these)
-FINISH_REASONS = ("stop", "length")
+# what the rollout engines report (``cp.rollout``; vLLM's "repetition": stopped by its repetition
+# detection; its "abort" / "error" completions are dropped by the engine, never recorded)
+FINISH_REASONS = ("stop", "length", "repetition")
 # deepest list / dict nesting accepted in a conversation (a chat message is 3-4 levels deep)
 MAX_CONVERSATION_DEPTH = 32
 # a log-probability above this (nats) is not a probability; the slack absorbs float rounding
@@ -55,7 +56,7 @@ class RolloutRecord(msgspec.Struct, kw_only=True):
     - ``prompt_token_ids``: ``[P]`` int, the prompt as the engine saw it (vision placeholders included).
     - ``completions``: ``n`` decoded texts; ``completion_token_ids``: ``n`` lists ``[L_i]`` int;
       ``logprobs``: ``n`` lists ``[L_i]`` float, the sampling distribution's log-probability (nats)
-      of each generated token; ``finish_reasons``: ``n`` of ``"stop"`` / ``"length"``.
+      of each generated token; ``finish_reasons``: ``n`` of ``"stop"`` / ``"length"`` / ``"repetition"``.
     - ``rewards``, ``advantages``: ``[n]`` float.
     - ``media``: references (paths / URIs) of the prompt's images and videos, in placeholder order.
     - ``conversation``: the prompt conversation, JSON-like (media parts hold references), or the

@@ -20,7 +20,8 @@ def build_rollout_engine(cfg: RolloutConfig, model_path: str, processor: Any, *,
     model in ``dtype`` on ``device`` (``batch_size`` sequences per ``generate`` call; ``hf_static_cache``:
     its static KV cache, compiled with CUDA graphs on CUDA). ``"vllm"``:
     :class:`~cosmos_primitives.rollout.vllm_engine.VLLMRolloutEngine` (``gpu_memory_utilization``,
-    ``enforce_eager``) in this process on this rank's GPU (vLLM's external launcher under torchrun);
+    ``enforce_eager``, ``max_num_batched_tokens``, ``limit_mm_per_prompt``, ``mm_processor_kwargs``) in this
+    process on this rank's GPU (vLLM's external launcher under torchrun);
     ``colocated``: a trainer shares the GPU, so the engine sleeps between rollouts; ``engine_ranks``:
     the global ranks that build an engine (default: all).
 
@@ -73,7 +74,9 @@ def build_rollout_engine(cfg: RolloutConfig, model_path: str, processor: Any, *,
     engine = VLLMRolloutEngine(model_path, processor, tensor_parallel_size=tp,
                                gpu_memory_utilization=cfg.gpu_memory_utilization, enforce_eager=cfg.enforce_eager,
                                dtype=dtype, max_model_len=max_model_len, seed=seed, sleep_level=1 if colocated else 0,
-                               engine_ranks=engine_ranks, tp_group=tp_group)
+                               engine_ranks=engine_ranks, tp_group=tp_group,
+                               max_num_batched_tokens=cfg.max_num_batched_tokens,
+                               limit_mm_per_prompt=cfg.limit_mm_per_prompt, mm_processor_kwargs=cfg.mm_processor_kwargs)
     return engine, None
 
 

@@ -45,12 +45,39 @@ How it drives vLLM (V1 engine, vLLM >= 0.20):
   under TP it checks that every one of the engine's tensors was loaded (:meth:`unloaded_weights`).
 - Colocated with a resident trainer (``sleep_level=1``): ``enable_sleep_mode=True``; after each
   ``generate`` the engine sleeps (weights offloaded to CPU, KV cache freed), an update wakes only the
-  weights, the next ``generate`` wakes the KV cache.
+  weights, the next ``generate`` wakes the KV cache. torch's CUDA cache is emptied before every
+  ``wake_up`` (vLLM 0.20 - 0.26 do not do it themselves, so blocks the trainer freed stay reserved by
+  torch's allocator). ``PYTORCH_CUDA_ALLOC_CONF`` with ``expandable_segments:True`` breaks sleep mode on
+  vLLM 0.20 and is refused there.
+
+Second pass (issue 29), per vLLM's source:
+
+- Weights are streamed: :meth:`VLLMRolloutEngine.update_weights` hands the worker one bucket of
+  ``update_bucket_bytes`` at a time, so beside an FSDP2 trainer the extra memory is one bucket of
+  gathered / cast tensors, not a copy of the whole model.
+- After every weight update the multimodal encoder cache is reset too (``LLM.reset_encoder_cache``): it
+  is keyed by the media's hash only, so a repeated image or video would otherwise keep the embedding the
+  old weights computed.
+- Every request gets its own seed (:func:`request_seed`: from the call's seed, the rank, the prompt's
+  index; vLLM seeds child ``k`` of an ``n``-sample request with ``seed + k``), so prompts of one call do
+  not draw the same noise and ranks do not collide.
+- Qwen2.5-VL videos need vLLM >= 0.31: before, its input parser drops the per-video metadata and
+  transformers takes 24 fps, so rollout positions would differ from the trainer's; such prompts are
+  refused with an error on 0.20 - 0.30.
+- ``finish_reason`` ``"repetition"`` is a finished completion; ``"abort"`` / ``"error"`` completions are
+  dropped (counted in a warning and in :attr:`VLLMRolloutEngine.dropped`), never trained on.
+- The worker extension reaches the model through ``model_runner.get_model()`` (``model_runner.model`` is
+  the CUDA-graph wrapper unless ``enforce_eager``); the first-sync checksums reduce in float64 chunks
+  of :data:`CHECKSUM_CHUNK` elements instead of a float64 copy of each tensor.
 """
 
 from __future__ import annotations
 
+import hashlib
+import logging
 import os
+import re
+from collections import Counter
 from collections.abc import Iterable, Sequence
 from typing import Any
 
@@ -61,28 +88,62 @@ from cosmos_primitives.data.records import Completion, Prompt, RolloutGroup, Sam
 from cosmos_primitives.utils.extras import require
 
 WORKER_EXTENSION = "cosmos_primitives.rollout.vllm_engine.CosmosWorkerExtension"
-# what vLLM's CompletionOutput.finish_reason can say of a finished request (vllm/v1/engine FinishReason)
-FINISH_REASONS = ("stop", "length", "abort", "error")
+# what vLLM's CompletionOutput.finish_reason can say of a finished request (vllm/v1/engine FinishReason):
+# kept for training, or dropped (the request was aborted or failed: its tokens are not a sample)
+FINISH_REASONS = ("stop", "length", "repetition")
+DROPPED_FINISH_REASONS = ("abort", "error")
 DEFAULT_GPU_MEMORY_UTILIZATION = 0.3
+DEFAULT_UPDATE_BUCKET_BYTES = 512 << 20
+CHECKSUM_CHUNK = 1 << 22  # elements per float64 partial sum in the first-sync checksums (32 MiB)
+# Qwen2.5-VL's vLLM input parser keeps per-video metadata (fps) from this release on
+QWEN2_5_VL_VIDEO_METADATA_SINCE = (0, 31)
+_SEED_SPACE = 1 << 62  # request seeds; child k of a request takes seed + k, still below 2**63
+logger = logging.getLogger(__name__)
 _LAUNCHER_ENV = ("RANK", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
 
 
 class CosmosWorkerExtension:
     """Methods mixed into every vLLM worker (``worker_extension_cls``); reached by ``collective_rpc``."""
 
+    def _cosmos_model(self) -> Any:
+        """The model itself: ``model_runner.model`` is vLLM's CUDA-graph wrapper unless enforce_eager."""
+        runner = self.model_runner  # type: ignore[attr-defined]
+        return runner.get_model() if hasattr(runner, "get_model") else runner.model
+
     def cosmos_load_weights(self, named_tensors: list[tuple[str, torch.Tensor]]) -> list[str]:
         """Load full checkpoint-named tensors (each TP rank keeps its slice); the vLLM names loaded."""
-        model = self.model_runner.model  # type: ignore[attr-defined]
-        loaded = model.load_weights(weights=named_tensors)
+        loaded = self._cosmos_model().load_weights(weights=named_tensors)
         return sorted(loaded) if loaded is not None else []
 
     def cosmos_parameter_names(self) -> list[str]:
-        return [name for name, _ in self.model_runner.model.named_parameters()]  # type: ignore[attr-defined]
+        return [name for name, _ in self._cosmos_model().named_parameters()]
 
     def cosmos_weight_checksums(self, names: list[str]) -> dict[str, float]:
         """float64 sums of the named parameters, in vLLM's own names (fused tensors whole)."""
-        params = dict(self.model_runner.model.named_parameters())  # type: ignore[attr-defined]
-        return {n: float(params[n].detach().double().sum()) for n in names if n in params}
+        params = dict(self._cosmos_model().named_parameters())
+        return {n: chunked_sum(params[n]) for n in names if n in params}
+
+
+def chunked_sum(tensor: torch.Tensor, chunk: int = CHECKSUM_CHUNK) -> float:
+    """The float64 sum of ``tensor`` (any shape), reduced ``chunk`` elements at a time, so the float64
+    temporaries stay at ``chunk`` elements (a 7B model's embedding would take 4.4 GB as one copy)."""
+    flat = tensor.detach().reshape(-1)
+    total = torch.zeros((), dtype=torch.float64, device=flat.device)
+    for start in range(0, flat.numel(), chunk):
+        total += flat[start:start + chunk].sum(dtype=torch.float64)
+    return float(total)
+
+
+def request_seed(seed: int, rank: int, index: int, n: int = 1) -> int:
+    """The seed of one request: prompt ``index`` of a ``generate`` call with ``seed`` on global ``rank``.
+
+    vLLM seeds child ``k`` of an ``n``-sample request with ``seed + k``; a hash of ``(seed, rank,
+    index)`` spread over 2**62 values makes two requests' ranges ``[s, s + n)`` overlap with probability
+    about ``2 n / 2**62`` per pair (call seeds that differ per step and rank, as the recipes pass, keep
+    steps apart too).
+    """
+    digest = hashlib.blake2b(f"{seed}/{rank}/{index}".encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "little") % (_SEED_SPACE - n)
 
 
 def launcher_settings(engine_ranks: Sequence[int] | None = None, tensor_parallel_size: int = 1) -> dict[str, Any]:
@@ -144,6 +205,12 @@ class VLLMRolloutEngine:
         gpu_memory_utilization: the share of the GPU vLLM takes for weights and KV cache; it must be
             free when the engine starts, so beside a resident trainer keep it low (default 0.3).
         enforce_eager, dtype, max_model_len, seed: passed to ``LLM``.
+        max_num_batched_tokens, limit_mm_per_prompt, mm_processor_kwargs: passed to ``LLM`` when given
+            (``[rollout]`` keys of the same names): they bound vLLM's start-up profiling run (a batch of
+            ``max_num_batched_tokens`` tokens, the largest media ``limit_mm_per_prompt`` allows, processed
+            with ``mm_processor_kwargs`` such as ``max_pixels``).
+        update_bucket_bytes: :meth:`update_weights` hands the worker tensors in buckets of about this
+            many bytes (the extra memory of a sync is one bucket plus one tensor).
         sleep_level: 1 to sleep between rollouts (colocated with a trainer), 0 never.
         engine_ranks: the global ranks that build an engine (see :func:`launcher_settings`).
         tp_group: under torchrun with ``tensor_parallel_size > 1``, this rank's TP group (the
@@ -153,18 +220,32 @@ class VLLMRolloutEngine:
         llm_kwargs: anything else for ``LLM``.
 
     Raises:
-        ValueError: ``tp_group`` is not the ranks vLLM puts in this rank's TP group.
+        ValueError: ``tp_group`` is not the ranks vLLM puts in this rank's TP group; ``sleep_level=1``
+            with ``expandable_segments:True`` in ``PYTORCH_CUDA_ALLOC_CONF`` on vLLM 0.20.
     """
 
     def __init__(self, model_path: str, processor: Any, *, tensor_parallel_size: int = 1,
                  gpu_memory_utilization: float = DEFAULT_GPU_MEMORY_UTILIZATION, enforce_eager: bool = True,
                  dtype: str = "bfloat16", max_model_len: int | None = None, seed: int = 0, weight_version: int = 0,
                  sleep_level: int = 0, engine_ranks: Sequence[int] | None = None, tp_group: Any = None,
+                 max_num_batched_tokens: int | None = None, limit_mm_per_prompt: dict[str, int] | None = None,
+                 mm_processor_kwargs: dict[str, Any] | None = None,
+                 update_bucket_bytes: int = DEFAULT_UPDATE_BUCKET_BYTES,
                  llm_kwargs: dict[str, Any] | None = None) -> None:
         if sleep_level not in (0, 1):
             raise ValueError(f"sleep_level must be 0 (never) or 1 (weights to CPU, KV cache freed), got {sleep_level}")
         vllm = require("vllm", "vLLM rollouts")
         self._vllm = vllm
+        self.release = release(vllm)
+        alloc_conf = os.environ.get("PYTORCH_CUDA_ALLOC_CONF", "")
+        if sleep_level and self.release < (0, 21) and "expandable_segments:True" in alloc_conf.replace(" ", ""):
+            raise ValueError(
+                f"PYTORCH_CUDA_ALLOC_CONF={alloc_conf!r} holds expandable_segments:True, which vLLM "
+                f"{vllm.__version__}'s sleep mode cannot take (its memory pool refuses expandable segments). Unset "
+                "it for the rollout process, use vLLM >= 0.21, or [rollout] on a GPU of its own (sleep_level 0)"
+            )
+        self.update_bucket_bytes = int(update_bucket_bytes)
+        self.dropped: Counter[str] = Counter()
         self.processor = processor
         self.sleep_level = sleep_level
         self.tensor_parallel_size = tensor_parallel_size
@@ -181,7 +262,7 @@ class VLLMRolloutEngine:
             "dtype": dtype,
             "seed": seed,
             "worker_extension_cls": WORKER_EXTENSION,
-            # log-probs of the temperature-scaled distribution, as HFRolloutEngine reports them
+            # log-probs of the distribution sampled from: after temperature, top-k and top-p (renormalised)
             "logprobs_mode": "processed_logprobs",
             **launcher,
         }
@@ -189,6 +270,10 @@ class VLLMRolloutEngine:
             kwargs["enable_sleep_mode"] = True
         if max_model_len is not None:
             kwargs["max_model_len"] = max_model_len
+        for key, value in (("max_num_batched_tokens", max_num_batched_tokens),
+                           ("limit_mm_per_prompt", limit_mm_per_prompt), ("mm_processor_kwargs", mm_processor_kwargs)):
+            if value is not None:
+                kwargs[key] = value
         kwargs.update(llm_kwargs or {})
         # read by vLLM when the engine is built: keep the engine core (and its model) in this process
         os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
@@ -203,6 +288,8 @@ class VLLMRolloutEngine:
         self._asleep: set[str] = set()
         self._loaded: set[str] = set()
         self.weight_version = weight_version
+        hf_config = getattr(getattr(self.llm.llm_engine, "model_config", None), "hf_config", None)
+        self.model_type = getattr(hf_config, "model_type", None)
 
     @property
     def tp_group(self) -> Any:
@@ -215,6 +302,7 @@ class VLLMRolloutEngine:
 
     def _wake(self, tag: str) -> None:
         if tag in self._asleep:
+            torch.cuda.empty_cache()  # hand what the trainer freed back to the driver before vLLM maps its pool
             self.llm.wake_up(tags=[tag])
             self._asleep.discard(tag)
 
@@ -226,7 +314,7 @@ class VLLMRolloutEngine:
 
     # generation ----------------------------------------------------------------------------------
 
-    def _sampling_params(self, params: SamplingParams) -> Any:
+    def _sampling_params(self, params: SamplingParams, seed: int | None = None) -> Any:
         kwargs: dict[str, Any] = {
             "n": params.n,
             "temperature": params.temperature,
@@ -235,7 +323,7 @@ class VLLMRolloutEngine:
             "repetition_penalty": params.repetition_penalty,
             "max_tokens": params.max_new_tokens,
             "logprobs": 0,  # the sampled token's log-prob only
-            "seed": params.seed,
+            "seed": seed,
         }
         if params.stop_token_ids:
             kwargs["stop_token_ids"] = list(params.stop_token_ids)
@@ -265,27 +353,48 @@ class VLLMRolloutEngine:
             request["multi_modal_data"] = media
         return request
 
+    def _per_request(self, prompts: Sequence[Prompt], params: SamplingParams, rank: int) -> list[Any]:
+        """One ``SamplingParams`` per prompt, each with its own :func:`request_seed` (None: unseeded)."""
+        if params.seed is None:
+            return [self._sampling_params(params)] * len(prompts)
+        return [self._sampling_params(params, request_seed(params.seed, rank, i, params.n))
+                for i in range(len(prompts))]
+
     def _group_requests(self, prompts: Sequence[Prompt], params: SamplingParams) -> tuple[list[Prompt], Any, int]:
         """The requests this rank submits: its own, or under TP those of every rank of its group (in
-        group order, each with its rank's sampling parameters), and where its own start."""
-        if self._tp_group is None:
-            return list(prompts), self._sampling_params(params), 0
+        group order, each with its rank's sampling parameters and seeds), and where its own start."""
         import torch.distributed as dist
 
+        if self._tp_group is None:
+            return list(prompts), self._per_request(prompts, params, _global_rank()), 0
         members: list[Any] = [None] * self.tensor_parallel_size
         dist.all_gather_object(members, (list(prompts), params), group=self._tp_group)
         me = dist.get_rank(self._tp_group)
+        ranks = dist.get_process_group_ranks(self._tp_group)
         everything, per_request, start = [], [], 0
         for index, (their_prompts, their_params) in enumerate(members):
             if index == me:
                 start = len(everything)
             everything.extend(their_prompts)
-            sent = self._sampling_params(their_params)  # one object per rank: vLLM seeds each request
-            per_request.extend([sent] * len(their_prompts))
+            per_request.extend(self._per_request(their_prompts, their_params, ranks[index]))
         return everything, per_request, start
+
+    def _check_video_timing(self, prompts: Sequence[Prompt]) -> None:
+        """Refuse Qwen2.5-VL videos where vLLM would process them at 24 fps whatever their own rate."""
+        if self.model_type != "qwen2_5_vl" or self.release >= QWEN2_5_VL_VIDEO_METADATA_SINCE:
+            return
+        with_video = [p.prompt_id for p in prompts if p.videos]
+        if with_video:
+            raise ValueError(
+                f"prompts {with_video[:3]} hold videos, but vLLM {self._vllm.__version__}'s Qwen2.5-VL input "
+                "parser drops the per-video metadata (before 0.31), so transformers would take 24 fps and "
+                "the rollout's video positions (second_per_grid_ts) would differ from the trainer's. Use "
+                "vLLM >= 0.31, or [rollout] backend = \"hf\" for video prompts"
+            )
 
     def generate(self, prompts: Sequence[Prompt], params: SamplingParams) -> list[RolloutGroup]:
         everything, sampling, start = self._group_requests(prompts, params)
+        self._check_video_timing(everything)
         requests = [self._request(render_prompt(self.processor, p), p) for p in everything]
         self._wake("weights")
         self._wake("kv_cache")
@@ -294,11 +403,14 @@ class VLLMRolloutEngine:
         if len(outputs) != len(everything):
             raise RuntimeError(f"vLLM returned {len(outputs)} outputs for {len(everything)} prompts")
         outputs = outputs[start:start + len(prompts)]
-        groups = []
+        groups, dropped = [], Counter()
         for prompt, out in zip(prompts, outputs):
             completions = []
             for sample in out.outputs:
                 token_ids = list(sample.token_ids)
+                if sample.finish_reason in DROPPED_FINISH_REASONS:
+                    dropped[str(sample.finish_reason)] += 1
+                    continue
                 if sample.logprobs is None:
                     raise RuntimeError("vLLM returned no log-probs although SamplingParams.logprobs=0 was set")
                 if sample.finish_reason not in FINISH_REASONS:
@@ -307,23 +419,53 @@ class VLLMRolloutEngine:
                 logprobs = [float(step[tok].logprob) for tok, step in zip(token_ids, sample.logprobs)]
                 completions.append(Completion(text=sample.text, token_ids=token_ids, logprobs=logprobs,
                                               finish_reason=str(sample.finish_reason)))
-            groups.append(RolloutGroup(prompt=prompt, prompt_token_ids=list(out.prompt_token_ids),
-                                       completions=completions, weight_version=self.weight_version))
+            if completions:
+                groups.append(RolloutGroup(prompt=prompt, prompt_token_ids=list(out.prompt_token_ids),
+                                           completions=completions, weight_version=self.weight_version))
+        if dropped:
+            self.dropped.update(dropped)
+            total = sum(len(out.outputs) for out in outputs)
+            logger.warning("vLLM rollout: dropped %d of %d completions (%s) and %d of %d prompts left with none; "
+                           "they are not trained on", sum(dropped.values()), total, dict(dropped),
+                           len(prompts) - len(groups), len(prompts))
         return groups
 
     # weights -------------------------------------------------------------------------------------
 
     def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]], version: int) -> None:
-        """Load HF-checkpoint-named tensors into the engine's model, reset the prefix cache, and tag
-        later rollouts with ``version``. The tensors are read during the call only."""
-        batch = list(named_tensors)
+        """Load HF-checkpoint-named tensors into the engine's model, reset the prefix and encoder
+        caches, and tag later rollouts with ``version``.
+
+        ``named_tensors`` is consumed lazily, ``update_bucket_bytes`` at a time: each bucket is loaded,
+        then released, before the next is drawn, so an iterator that makes each tensor on demand (a
+        gathered FSDP2 shard, a bf16 cast) keeps one bucket alive at a time."""
         self._wake("weights")
-        for loaded in self.llm.collective_rpc("cosmos_load_weights", args=(batch,)):
-            self._loaded.update(loaded)
+        bucket: list[tuple[str, torch.Tensor]] = []
+        size = 0
+        for name, tensor in named_tensors:
+            bucket.append((name, tensor))
+            size += tensor.numel() * tensor.element_size()
+            del tensor
+            if size >= self.update_bucket_bytes:
+                self._load_bucket(bucket)
+                bucket, size = [], 0
+        if bucket:
+            self._load_bucket(bucket)
+        del bucket
         if self.llm.reset_prefix_cache() is False:
             raise RuntimeError("vLLM could not reset its prefix cache after a weight update (requests still "
                                "running?); cached KV would come from the old weights")
+        reset_encoder = getattr(self.llm, "reset_encoder_cache", None)
+        if reset_encoder is None:
+            raise RuntimeError(f"vLLM {self._vllm.__version__} has no LLM.reset_encoder_cache(): images and videos "
+                               "seen before the update would keep their old embeddings. Use a vLLM of the "
+                               "supported range (>= 0.20)")
+        reset_encoder()
         self.weight_version = version
+
+    def _load_bucket(self, bucket: list[tuple[str, torch.Tensor]]) -> None:
+        for loaded in self.llm.collective_rpc("cosmos_load_weights", args=(bucket,)):
+            self._loaded.update(loaded)
 
     @property
     def checksum_layout(self) -> str | None:
@@ -349,6 +491,19 @@ class VLLMRolloutEngine:
                                "holds shards; check coverage with unloaded_weights()")
         self._wake("weights")
         return self.llm.collective_rpc("cosmos_weight_checksums", args=(list(names),))[0]
+
+
+def _global_rank() -> int:
+    """This process's rank in the job (0 outside torch.distributed): part of each request's seed."""
+    import torch.distributed as dist
+
+    return dist.get_rank() if dist.is_initialized() else 0
+
+
+def release(vllm: Any) -> tuple[int, ...]:
+    """vLLM's release as ``(major, minor, patch)`` from ``vllm.__version__`` (``"0.30.1rc2"`` -> ``(0, 30, 1)``)."""
+    numbers = re.findall(r"\d+", str(getattr(vllm, "__version__", "0")).split("+")[0])[:3]
+    return tuple(int(n) for n in numbers) + (0,) * (3 - len(numbers))
 
 
 def _tp_group(tp_size: int, given: Any) -> Any:

@@ -1,9 +1,11 @@
 """In-process weight sync for the colocated case: trainer and rollout engine in one process.
 
 Each engine tensor is either SHARED (it aliases the trainer's storage: same dtype, device and
-shape, not sharded; later syncs only re-check ``data_ptr`` and bump the version) or COPIED into a
-tensor allocated once (a dtype cast, an FSDP2 ``DTensor`` gathered with ``full_tensor()``, a fused
-``qkv_proj`` / ``gate_up_proj``). The plan (name, shape, dtype, mode per tensor) is built once in
+shape, not sharded; later syncs only re-check ``data_ptr`` and bump the version) or COPIED (a dtype
+cast, an FSDP2 ``DTensor`` gathered with ``full_tensor()``, a fused ``qkv_proj`` / ``gate_up_proj``):
+into the module's own tensor for a module target, or, for a ``RolloutEngine`` target, into a tensor
+made when the engine draws it from the iterator handed to ``update_weights`` (no copy of the model
+is kept between syncs). The plan (name, shape, dtype, mode per tensor) is built once in
 the constructor. The first sync is checked: every engine tensor must equal, bit for bit, the
 trainer's value after the same cast.
 
@@ -110,12 +112,6 @@ class InProcessSync:
         else:
             self._targets = {}
         self.plan: list[PlanEntry] = [self._entry(s.name, s.sources, share, dtype) for s in specs]
-        self._staging: dict[str, torch.Tensor] = {}
-        if self._module is None:
-            for e in self.plan:
-                if e.mode == "copy":
-                    device = local_device(self._sources[e.sources[0]])
-                    self._staging[e.target] = torch.empty(e.shape, dtype=e.dtype, device=device)
         self._cuda = _uses_cuda(self._targets, self._sources)
         self._read_back = read_back or self._default_read_back()
         # an engine whose tensors live elsewhere (vLLM workers) is checked by per-tensor checksums, asked
@@ -226,20 +222,26 @@ class InProcessSync:
         return moved
 
     def _sync_engine(self, version: int) -> int:
-        moved = 0
-        named: list[tuple[str, torch.Tensor]] = []
+        self._engine.update_weights(self._engine_tensors(), version)
+        return sum(e.nbytes for e in self.plan if e.mode == "copy")
+
+    def _engine_tensors(self) -> Iterator[tuple[str, torch.Tensor]]:
+        """``(engine name, tensor)`` per plan entry, each copied (gathered, cast, fused) only when the
+        engine draws it: an engine that loads as it reads (vLLM's, bucket by bucket) keeps one bucket of
+        copies alive, not a copy of the whole model (a 7B model's bf16 copy beside an FSDP2 trainer is
+        ~15 GB on every GPU). Every rank of a sharded trainer must draw in plan order (gathers are collective)."""
         for e in self.plan:
-            fulls = [full_tensor(self._sources[s]) for s in e.sources]
             if e.mode == "share":
-                named.append((e.target, fulls[0]))
-                continue
-            staging = self._staging[e.target]
-            for piece_dst, piece_src in _pieces(staging, fulls):
-                piece_dst.copy_(piece_src)
-            named.append((e.target, staging))
-            moved += e.nbytes
-        self._engine.update_weights(iter(named), version)
-        return moved
+                yield e.target, full_tensor(self._sources[e.sources[0]])
+            else:
+                yield e.target, self._copied(e)
+
+    def _copied(self, e: PlanEntry) -> torch.Tensor:
+        fulls = [full_tensor(self._sources[s]) for s in e.sources]
+        out = torch.empty(e.shape, dtype=e.dtype, device=local_device(self._sources[e.sources[0]]))
+        for piece_dst, piece_src in _pieces(out, fulls):
+            piece_dst.copy_(piece_src)
+        return out
 
     # first-sync check -----------------------------------------------------------------------
 

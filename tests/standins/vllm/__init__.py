@@ -61,6 +61,33 @@ models the documented behaviours the adapter depends on, as vLLM 0.20 - 0.33 has
   ``<|vision_start|>`` / ``<|vision_end|>`` around a video: its prompt is two tokens longer per video.)
   A prompt with media is not prefix-cached here (vLLM keys such blocks by the media's hash). Qwen2.5-VL
   and text models take the prompt text alone, media ignored, as before.
+
+Second pass (issue 29); behaviours that change between releases follow :data:`__version__` (set it
+in a test to model an older release; :func:`reset` puts back the newest):
+
+- Qwen2.5-VL video metadata (``Qwen2_5_VLMultiModalProcessor``'s data parser): before 0.31 it does
+  not ask for video metadata (``video_needs_metadata`` off), so a ``(frames, metadata)`` item loses its
+  metadata and transformers 5's processor falls back to ``VideoMetadata.sampled_fps`` = 24 fps;
+  Qwen3-VL's parser always keeps it. The fps each video is processed at is recorded in :data:`CALLS`.
+- the multimodal encoder cache (``vllm/v1/core/encoder_cache_manager.py``): encoder outputs are keyed
+  by the media's hash only (``mm_hash``), so a repeated image / video reuses the embedding computed with
+  the weights loaded then, until ``reset_encoder_cache()`` (or sleep, which drops it); the stand-in
+  records, per media item, a fingerprint of the weights its embedding came from.
+- per-request seeds (``vllm/v1/worker/gpu_input_batch.py``: one ``torch.Generator`` per seeded request;
+  ``vllm/v1/engine/parallel_sampling.py``: child ``k`` of an ``n > 1`` request is seeded ``seed + k``);
+  unseeded requests draw from the engine's one generator (seeded from ``LLM(seed=...)``).
+- log-probs (``vllm/v1/sample/ops/topk_topp_sampler.py``): ``processed_logprobs`` is the log-softmax of
+  the logits after temperature, top-k and top-p masking (so it is renormalised over the kept tokens);
+  ``raw_logprobs`` of the model's logits. Top-k keeps the logits at least the k-th largest; top-p sorts
+  ascending and masks the tokens whose cumulative probability is at most ``1 - top_p`` (the largest
+  always kept).
+- ``model_runner.model`` is the CUDA-graph wrapper unless ``enforce_eager`` (``CUDAGraphWrapper``, no
+  ``load_weights``); ``model_runner.get_model()`` unwraps it.
+- sleep mode with ``PYTORCH_CUDA_ALLOC_CONF`` holding ``expandable_segments:True`` fails in 0.20 (the
+  cumem allocator's pool cannot take expandable segments): modelled as an ``AssertionError`` at
+  ``sleep()``.
+- ``finish_reason`` may also be ``"repetition"`` and ``"error"`` (:data:`FORCE_FINISH` sets one per
+  request index).
 """
 
 from __future__ import annotations
@@ -75,24 +102,38 @@ from typing import Any
 
 import torch
 
+__version__ = "0.33.0"
+_NEWEST = __version__
 _LLM_KWARGS = {
     "model", "tensor_parallel_size", "gpu_memory_utilization", "enforce_eager", "dtype", "seed",
     "worker_extension_cls", "logprobs_mode", "max_model_len", "distributed_executor_backend",
-    "enable_sleep_mode", "enable_prefix_caching",
+    "enable_sleep_mode", "enable_prefix_caching", "max_num_batched_tokens", "limit_mm_per_prompt",
+    "mm_processor_kwargs",
 }
 _LOGPROBS_MODES = {"raw_logprobs", "raw_logits", "processed_logprobs", "processed_logits"}
 CALLS: list[tuple[str, Any]] = []
 SERIALIZED: list[tuple[str, int]] = []  # (collective_rpc method, tensor bytes copied through the serializer)
 GPU = {"total_bytes": 80 << 30, "used_by_others": 0}
 ABORT_AFTER_TOKENS: int | None = None  # test knob: requests still running after this many tokens are aborted
+FORCE_FINISH: dict[int, str] = {}  # test knob: request index (within a generate call) -> its finish_reason
+RPC_TENSOR_BYTES: list[tuple[str, int]] = []  # (collective_rpc method, bytes of the tensors in its arguments)
+TRANSFORMERS_FALLBACK_FPS = 24.0  # transformers.video_utils.VideoMetadata.sampled_fps without an fps
 
 
 def reset() -> None:
     CALLS.clear()
     SERIALIZED.clear()
+    RPC_TENSOR_BYTES.clear()
+    FORCE_FINISH.clear()
     GPU.update(total_bytes=80 << 30, used_by_others=0)
-    global ABORT_AFTER_TOKENS
+    global ABORT_AFTER_TOKENS, __version__
     ABORT_AFTER_TOKENS = None
+    __version__ = _NEWEST
+
+
+def version() -> tuple[int, ...]:
+    """:data:`__version__` as a tuple of ints (``(0, 30, 0)``)."""
+    return tuple(int(part) for part in __version__.split(".")[:3])
 
 
 @dataclasses.dataclass
@@ -310,16 +351,31 @@ class _ShardedVLLMModel:
                 offset += rows // self.tp_size
 
 
+class _CUDAGraphWrapper:
+    """``vllm/compilation/cuda_graph.py``: what ``model_runner.model`` is when CUDA graphs are on; it
+    runs the model but does not expose ``load_weights`` / ``named_parameters``."""
+
+    def __init__(self, runnable: Any) -> None:
+        self.runnable = runnable
+
+    def unwrap(self) -> Any:
+        return self.runnable
+
+
 class _ModelRunner:
-    def __init__(self, model: _VLLMModel) -> None:
-        self.model = model
+    def __init__(self, model: _VLLMModel, cuda_graphs: bool = False) -> None:
+        self.model = _CUDAGraphWrapper(model) if cuda_graphs else model
+
+    def get_model(self) -> Any:
+        """``GPUModelRunner.get_model``: the model, unwrapped from a CUDA-graph wrapper."""
+        return self.model.unwrap() if isinstance(self.model, _CUDAGraphWrapper) else self.model
 
 
 class _Worker:
     """vLLM's GPU worker (``vllm/v1/worker/gpu_worker.py``): device from its local rank."""
 
-    def __init__(self, model: _VLLMModel, local_rank: int, rank: int) -> None:
-        self.model_runner = _ModelRunner(model)
+    def __init__(self, model: _VLLMModel, local_rank: int, rank: int, cuda_graphs: bool = False) -> None:
+        self.model_runner = _ModelRunner(model, cuda_graphs)
         self.local_rank, self.rank = local_rank, rank
         self.device = f"cuda:{local_rank}"
 
@@ -349,7 +405,8 @@ class _LLMEngine:
     """``LLM.llm_engine``: its ``engine_core`` client, and ``model_executor`` only with the engine core
     in this process."""
 
-    def __init__(self, worker: Any, in_process: bool) -> None:
+    def __init__(self, worker: Any, in_process: bool, hf_config: Any) -> None:
+        self.model_config = SimpleNamespace(hf_config=hf_config)
         self.engine_core = InprocClient(worker) if in_process else SyncMPClient()
         if in_process:
             self.model_executor = self.engine_core.engine_core.model_executor
@@ -439,8 +496,12 @@ class LLM:
         model: Any = _VLLMModel(self.hf_model)
         if self.tp_group is not None:
             model = _ShardedVLLMModel(model, self.tp_rank, tp, self.tp_group)
-        self.worker = worker_cls(model, local_rank=local_rank, rank=rank)
-        self.llm_engine = _LLMEngine(self.worker, self.in_process)
+        self.worker = worker_cls(model, local_rank=local_rank, rank=rank,
+                                 cuda_graphs=not kwargs.get("enforce_eager", False))
+        self.llm_engine = _LLMEngine(self.worker, self.in_process, self.hf_model.config)
+        self.logprobs_mode = kwargs.get("logprobs_mode", "raw_logprobs")
+        self._encoder_cache: dict[str, float] = {}  # mm_hash -> fingerprint of the weights that embedded it
+        self._engine_gen = torch.Generator().manual_seed(int(kwargs.get("seed") or 0))
 
     @staticmethod
     def _load(path: str, dtype: str) -> Any:
@@ -546,6 +607,7 @@ class LLM:
     def collective_rpc(self, method: str, timeout: float | None = None, args: tuple = (), kwargs: dict | None = None):
         CALLS.append(("collective_rpc", method))
         kwargs = kwargs or {}
+        RPC_TENSOR_BYTES.append((method, _tensor_bytes(args) + _tensor_bytes(kwargs)))
         if "weights" in self.asleep:
             raise RuntimeError(f"collective_rpc({method!r}) while the weights sleep: their memory is unmapped; "
                                "wake_up(tags=['weights']) first")
@@ -561,7 +623,10 @@ class LLM:
         assert self.sleep_enabled, "Sleep mode is not enabled in the model config"
         if level != 1:
             raise ValueError("the stand-in models sleep level 1 only")
+        if version() < (0, 21) and "expandable_segments:True" in os.environ.get("PYTORCH_CUDA_ALLOC_CONF", ""):
+            raise AssertionError("Expandable segments are not compatible with memory pool.")
         self.asleep = {"weights", "kv_cache"}
+        self._encoder_cache.clear()
 
     def wake_up(self, tags: list[str] | None = None) -> None:
         CALLS.append(("wake_up", tags))
@@ -573,17 +638,47 @@ class LLM:
         self._prefix_cache.clear()
         return True
 
+    def reset_encoder_cache(self) -> None:
+        CALLS.append(("reset_encoder_cache", None))
+        self._encoder_cache.clear()
+
+    def _weights_fingerprint(self) -> float:
+        """What an embedding depends on: the vision tower's weights (all weights for a text model)."""
+        model = self.worker.model_runner.get_model()
+        full = model.full if isinstance(model, _ShardedVLLMModel) else model
+        named = [(n, p) for n, p in full.by_name.items() if n.startswith("visual.")] or list(full.by_name.items())
+        return float(sum(p.detach().double().sum() for _, p in named))
+
+    def _encode(self, request: dict[str, Any]) -> list[float]:
+        """The encoder outputs of a request's media, from the encoder cache when their hash is there."""
+        import hashlib
+
+        out = []
+        for modality, items in sorted((request.get("multi_modal_data") or {}).items()):
+            for item in items if isinstance(items, list) else [items]:
+                data = item[0] if isinstance(item, tuple) else item
+                raw = data.tobytes() if hasattr(data, "tobytes") else pickle.dumps(data)
+                key = hashlib.sha256(modality.encode() + raw).hexdigest()
+                if key not in self._encoder_cache:
+                    self._encoder_cache[key] = self._weights_fingerprint()
+                out.append(self._encoder_cache[key])
+        return out
+
     def _video_fps(self, request: dict[str, Any]) -> list[float | None]:
         videos = (request.get("multi_modal_data") or {}).get("video")
         if videos is None:
             return []
         items = videos if isinstance(videos, list) else [videos]
         shared = (request.get("mm_processor_kwargs") or {}).get("fps")
+        # before 0.31 Qwen2.5-VL's parser drops the metadata; transformers then assumes 24 fps
+        keeps_metadata = self.hf_model.config.model_type != "qwen2_5_vl" or version() >= (0, 31)
         fps = []
         for item in items:
-            if isinstance(item, tuple):
+            if isinstance(item, tuple) and keeps_metadata:
                 _, metadata = item
                 fps.append(shared if shared is not None else metadata.get("fps"))
+            elif self.hf_model.config.model_type == "qwen2_5_vl":
+                fps.append(TRANSFORMERS_FALLBACK_FPS)
             else:
                 fps.append(shared)
         return fps
@@ -634,33 +729,56 @@ class LLM:
         CALLS.append(("video_fps", [self._video_fps(r) for r in prompts]))
         if self.tp_group is not None:
             self._check_same_requests(prompts, params)
-            self.worker.model_runner.model.gather()
-        generators: dict[int, torch.Generator] = {}
+            self.worker.model_runner.get_model().gather()
+        CALLS.append(("encoder_outputs", [self._encode(r) for r in prompts]))
         results = []
         for i, (request, sampling_params) in enumerate(zip(prompts, params)):
-            gen = generators.get(id(sampling_params))
-            if gen is None:
-                gen = generators[id(sampling_params)] = torch.Generator().manual_seed(sampling_params.seed or 0)
             eos = set(sampling_params.stop_token_ids or []) | {self.tokenizer.convert_tokens_to_ids("<|im_end|>")}
             prompt_ids, media = self._qwen3_vl_inputs(request, self.tokenizer(request["prompt"])["input_ids"])
             outs = []
             for k in range(sampling_params.n):
+                if sampling_params.seed is None:
+                    gen = self._engine_gen
+                else:  # parallel sampling: child k of a seeded request is seeded seed + k
+                    gen = torch.Generator().manual_seed(sampling_params.seed + (k if sampling_params.n > 1 else 0))
                 cache, logits = self._prompt_state(prompt_ids, media)
                 token_ids, logprobs, finish = [], [], "length"
                 for step in range(sampling_params.max_tokens):
                     if ABORT_AFTER_TOKENS is not None and step >= ABORT_AFTER_TOKENS:
                         finish = "abort"
                         break
-                    logp = torch.log_softmax(logits / sampling_params.temperature, -1)
-                    tok = int(torch.multinomial(logp.exp(), 1, generator=gen))
+                    masked = top_k_top_p(logits / sampling_params.temperature, sampling_params.top_k,
+                                         sampling_params.top_p)
+                    tok = int(torch.multinomial(torch.softmax(masked, -1), 1, generator=gen))
+                    reported = masked if self.logprobs_mode == "processed_logprobs" else logits
                     token_ids.append(tok)
-                    logprobs.append({tok: Logprob(logprob=float(logp[tok]), rank=1)})
+                    logprobs.append({tok: Logprob(logprob=float(torch.log_softmax(reported, -1)[tok]), rank=1)})
                     if tok in eos:
                         finish = "stop"
                         break
                     out = self.hf_model(input_ids=torch.tensor([[tok]]), past_key_values=cache, use_cache=True)
                     cache, logits = out.past_key_values, out.logits[0, -1].float()
+                finish = FORCE_FINISH.get(i, finish)
                 text_ids = token_ids[:-1] if finish == "stop" else token_ids
                 outs.append(CompletionOutput(k, self.tokenizer.decode(text_ids), token_ids, None, logprobs, finish))
             results.append(RequestOutput(str(i), request["prompt"], prompt_ids, outs))
         return results
+
+
+def top_k_top_p(logits: torch.Tensor, top_k: int, top_p: float) -> torch.Tensor:
+    """vLLM's top-k / top-p masking of temperature-scaled ``logits`` ``[V]``: masked entries -inf.
+
+    Top-k (``0`` or ``-1``: off) keeps the logits at least the k-th largest; top-p sorts ascending and
+    masks every token whose cumulative probability is at most ``1 - top_p``, the largest always kept.
+    """
+    out = logits.clone()
+    if 0 < top_k < out.numel():
+        kth = torch.topk(out, top_k).values[-1]
+        out[out < kth] = float("-inf")
+    if top_p < 1.0:
+        ascending, order = torch.sort(out)
+        cumulative = torch.cumsum(torch.softmax(ascending, -1), -1)
+        drop = cumulative <= 1 - top_p
+        drop[-1] = False
+        out[order[drop]] = float("-inf")
+    return out
