@@ -140,6 +140,19 @@ def test_jobs_refuse_to_start_without_the_run_secret(script: str, tmp_path: Path
     assert "no run secret: set $COSMOS_RUN_SECRET" in proc.stderr, proc.stderr[-2000:]
 
 
+def test_launch_scripts_keep_redis_private_and_secrets_off_command_lines() -> None:
+    """The Slurm Redis has a password (read from stdin) and listens on its node's address, not on every
+    interface without protection; no script passes the Redis URL (with its password) or a secret as an
+    argument."""
+    redis_job = (REPO / "examples" / "slurm" / "redis.sbatch").read_text()
+    assert "0.0.0.0" not in redis_job and "--protected-mode no" not in redis_job
+    assert "requirepass" in redis_job and "redis-server -" in redis_job and "--protected-mode yes" in redis_job
+    for script in ["run_jobs_local.sh", "slurm/trainer.sbatch", "slurm/rollout.sbatch", "slurm/redis.sbatch"]:
+        text = (REPO / "examples" / script).read_text()
+        assert "--redis" not in text.replace("# ", "#"), script
+        assert "--requirepass" not in text and "SECRET=" not in text.replace("COSMOS_RUN_SECRET=${", ""), script
+
+
 @pytest.mark.parametrize("script", ["run_jobs_local.sh", "slurm/submit.sh", "slurm/common.sh", "slurm/redis.sbatch",
                                     "slurm/trainer.sbatch", "slurm/rollout.sbatch"])
 def test_launch_scripts_parse_and_name_the_job_entry_points(script: str) -> None:
