@@ -57,7 +57,7 @@ class WeightSnapshot:
 
 def bucket_digest(data: torch.Tensor) -> str:
     """SHA-256 (hex) of a bucket's bytes (``uint8``, any device; copied to the CPU to hash)."""
-    return hashlib.sha256(data.detach().cpu().contiguous().numpy().tobytes()).hexdigest()
+    return hashlib.sha256(memoryview(data.detach().cpu().contiguous().numpy())).hexdigest()
 
 
 def snapshot_digests(snapshot: WeightSnapshot) -> list[str]:
