@@ -272,3 +272,49 @@ def test_a_replayed_request_is_served_once(redis_url):
         secret.open("other-key", signed)
     with pytest.raises(AuthError, match="window"):
         secret.open("k", secret.sign("k", b"body", now=time.time() - 3600))
+
+
+def test_the_store_and_its_members_authenticate_each_other():
+    """A client with another secret is turned away, a member does not talk to an impostor store,
+    and a connection that says nothing is closed after ``auth_timeout_s``."""
+    from cosmos_primitives.sync.pair_store import PairStoreClient, PairStoreServer
+    from cosmos_primitives.sync.run_auth import AuthError, RunSecret
+
+    ours, theirs = RunSecret(SECRET), RunSecret("attacker-secret-" + "3" * 32)
+    server = PairStoreServer("127.0.0.1", 0, ours, auth_timeout_s=0.5)
+    impostor = PairStoreServer("127.0.0.1", 0, theirs, auth_timeout_s=0.5)
+    try:
+        good = PairStoreClient("127.0.0.1", server.port, ours, timeout_s=2.0)
+        good.set("k", b"v")
+        assert good.get("k") == b"v" and good.add("n", 2) == 2 and good.check(["k", "n"])
+        with pytest.raises((AuthError, ConnectionError)):
+            PairStoreClient("127.0.0.1", server.port, theirs, timeout_s=1.0)
+        assert server.stats["auth_failures"] >= 1
+        with pytest.raises(ConnectionError, match="could not authenticate"):  # it turns our proof away
+            PairStoreClient("127.0.0.1", impostor.port, ours, timeout_s=1.0)
+        # one that accepts anything must still prove it holds the secret
+        fake = socket.create_server(("127.0.0.1", 0))
+
+        def accept_anything() -> None:
+            conn, _ = fake.accept()
+            conn.sendall(b"CPS1" + os.urandom(32))
+            conn.recv(64)
+            conn.sendall(os.urandom(32))
+            time.sleep(0.5)
+            conn.close()
+
+        threading.Thread(target=accept_anything, daemon=True).start()
+        with pytest.raises(AuthError, match="does not hold this run's secret"):
+            PairStoreClient("127.0.0.1", fake.getsockname()[1], ours, timeout_s=1.0)
+        fake.close()
+        silent = socket.create_connection(("127.0.0.1", server.port), timeout=5)
+        silent.settimeout(5)
+        assert silent.recv(100)  # the challenge
+        start = time.monotonic()
+        assert silent.recv(100) == b""  # closed by the server
+        assert time.monotonic() - start < 3
+        silent.close()
+        good.close()
+    finally:
+        server.close()
+        impostor.close()

@@ -261,21 +261,28 @@ class PairStoreServer:
                 self._pending[id(conn)] = conn
             threading.Thread(target=self._serve, args=(conn,), name="pair-store-conn", daemon=True).start()
 
-    def _handshake(self, conn: socket.socket) -> None:
+    def _handshake(self, conn: socket.socket) -> bool:
+        """Whether the peer proved it holds the secret; False for a connection closed before a byte
+        (a member's reachability probe: nothing to log)."""
         conn.settimeout(self.auth_timeout_s)
         challenge = secrets.token_bytes(CHALLENGE_BYTES)
         conn.sendall(MAGIC + challenge)
-        reply = _recv_exact(conn, CHALLENGE_BYTES + MAC_BYTES)
+        first = conn.recv(1)
+        if not first:
+            return False
+        reply = first + _recv_exact(conn, CHALLENGE_BYTES + MAC_BYTES - 1)
         theirs, mac = reply[:CHALLENGE_BYTES], reply[CHALLENGE_BYTES:]
         if not hmac.compare_digest(mac, self._secret.mac(b"pair-store-client", challenge, theirs)):
             raise AuthError("bad handshake MAC (no run secret, or another run's)")
         conn.sendall(self._secret.mac(b"pair-store-server", challenge, theirs))
+        return True
 
     def _serve(self, conn: socket.socket) -> None:
         key = id(conn)
         try:
             try:
-                self._handshake(conn)
+                if not self._handshake(conn):
+                    return
             except (OSError, ConnectionError, AuthError) as exc:
                 with self._lock:
                     self.stats["auth_failures"] += 1
