@@ -11,6 +11,7 @@ new nonce, against whichever trainer serves then (a restarted trainer has a new 
 
 from __future__ import annotations
 
+import logging
 import time
 import uuid
 from collections.abc import Callable
@@ -25,7 +26,7 @@ from cosmos_primitives.sync.broadcast import SyncGroup, WeightReceiver
 from cosmos_primitives.sync.checks import WeightMismatchError
 from cosmos_primitives.sync.name_maps import NameMapError
 from cosmos_primitives.sync.result import SyncResult
-from cosmos_primitives.sync.run_auth import AuthError, RunSecret
+from cosmos_primitives.sync.run_auth import AuthError, RateLimitedLog, RunSecret
 from cosmos_primitives.sync.snapshot import bucket_digest
 from cosmos_primitives.sync.stateless_group import connect_store, drop_group, pair_group, store_problem
 from cosmos_primitives.sync.transfer_protocol import (
@@ -38,6 +39,8 @@ from cosmos_primitives.sync.transfer_protocol import (
     requests_key,
     server_key,
 )
+
+log = logging.getLogger(__name__)
 
 
 class WeightClient:
@@ -74,6 +77,7 @@ class WeightClient:
             raise ValueError("member_id must be a non-empty name for this rollout process")
         self._target, self._engine, self._strict, self._read_back = target, engine, strict, read_back
         self._secret = RunSecret.resolve(secret)
+        self._warn = RateLimitedLog(log)
         self._digests: SnapshotDigests | None = None
         self._digests_key = ""
         self.prefix, self.member_id = prefix, member_id
@@ -125,7 +129,13 @@ class WeightClient:
         """
         deadline = None if timeout_s is None else time.monotonic() + timeout_s
         while True:
-            record = self._record()
+            try:
+                record = self._record()
+            except WeightTransferError as exc:
+                if not isinstance(exc.__cause__, AuthError):
+                    raise
+                record = None  # a forged record is no trainer: keep waiting for a real one
+                self._warn.warning("record", "%s", exc)
             # a killed trainer's record outlives it for a few seconds: it must also answer
             if record is not None and not store_problem(record.host, record.port, self.timeout_s):
                 return record.version
@@ -227,7 +237,11 @@ class WeightClient:
             holder.weight_version = -1
 
     def _check_bucket(self, version: int, bucket: int, data: torch.Tensor) -> None:
-        """Raise unless ``data`` is bucket ``bucket`` of ``version`` as the trainer signed it."""
+        """Raise unless ``data`` is bucket ``bucket`` of ``version`` as the trainer signed it.
+
+        A transfer error, not a mismatch of the engine: the next fetch starts over (a Redis-URL
+        holder who deletes the digests can delay members, not crash them or feed them weights).
+        """
         key = digests_key(self.prefix, self._session or "", version)
         if self._digests is None or self._digests_key != key:
             self._digests_key = key
@@ -235,14 +249,14 @@ class WeightClient:
                 body = self._secret.open(key, self._redis.get(key) or b"", max_age_s=None)
                 self._digests = msgspec.json.decode(body, type=SnapshotDigests)
             except (AuthError, msgspec.DecodeError, redis.exceptions.RedisError) as exc:
-                raise WeightMismatchError(f"member '{self.member_id}': no valid signed digest of version {version} "
+                raise WeightTransferError(f"member '{self.member_id}': no valid signed digest of version {version} "
                                           f"at '{key}' ({exc}); nothing of it is loaded") from exc
             if self._digests.version != version:
-                raise WeightMismatchError(f"member '{self.member_id}': the digests at '{key}' are for version "
+                raise WeightTransferError(f"member '{self.member_id}': the digests at '{key}' are for version "
                                           f"{self._digests.version}")
         expected = self._digests.buckets[bucket] if bucket < len(self._digests.buckets) else "<none>"
         if bucket_digest(data) != expected:
-            raise WeightMismatchError(f"member '{self.member_id}': bucket {bucket} of weight version {version} "
+            raise WeightTransferError(f"member '{self.member_id}': bucket {bucket} of weight version {version} "
                                       "does not match the trainer's signed SHA-256; not loaded (altered in "
                                       "transit, or not sent by the trainer)")
 
