@@ -4,7 +4,8 @@
         --run-name my_run --redis redis://HOST:6379/0
 
 Start as many as you like, on any node, before or after the trainer job (``examples/grpo_trainer_job.py``,
-whose docstring shows the pair); kill one (even with SIGKILL) and start another at any time. Every rank
+whose docstring shows the pair, with the same ``$COSMOS_RUN_SECRET`` or ``$COSMOS_RUN_SECRET_FILE``); kill one
+(even with SIGKILL) and start another at any time. Every rank
 of this job is one rollout engine (``[rollout] backend``) and one member of the run:
 
 1. it registers as a live job of the run (a heartbeat key in Redis, ``[disaggregated] heartbeat_ttl_s``),
@@ -52,6 +53,7 @@ from cosmos_primitives.queue.prompt_claims import PromptClaims
 from cosmos_primitives.queue.record_metrics import PRODUCER_KEY
 from cosmos_primitives.queue.run_control import RunControl
 from cosmos_primitives.sync import WeightClient, WeightTransferError
+from cosmos_primitives.sync.run_auth import RunSecret
 
 
 def wait_for_trainer(queue: RedisRolloutQueue, control: RunControl, timeout_s: float, log) -> bool:
@@ -123,8 +125,9 @@ def main() -> None:
     log = cp.logging.get_logger()
     dis, grpo = cfg.disaggregated, cfg.grpo
     url = cp.queue.resolve_redis_url(config=cfg.redis)
+    secret = RunSecret.from_env()  # the trainer's: records, requests, digests and the stop flag are signed with it
     queue = RedisRolloutQueue(cfg.redis, url=url)
-    control = RunControl(queue)
+    control = RunControl(queue, secret)
     # vLLM lays the job out as engines of tp_size consecutive ranks, built together by the whole job
     tp = cfg.rollout.parallelism.tp_size if cfg.rollout.backend == "vllm" and info.world_size > 1 else 1
     lead = info.rank % tp == 0  # the engine's first rank: it registers, claims, puts, and decides for its group
@@ -161,7 +164,7 @@ def main() -> None:
     # the HF engine's module is written in place; vLLM takes each bucket through update_weights
     client = WeightClient(engine_model if engine_model is not None else engine, url, cfg.redis.stream,
                           member_id=member_id, engine=engine if engine_model is not None else None,
-                          timeout_s=dis.transfer_timeout_s)
+                          timeout_s=dis.transfer_timeout_s, secret=secret)
     t0 = time.perf_counter()
     reason = fetch_in_step(client, group, control, log)
     if reason is not None:

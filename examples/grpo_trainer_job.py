@@ -7,8 +7,10 @@ serves them its weights.
     torchrun --nproc_per_node 1 examples/grpo_rollout_job.py --config examples/configs/grpo_tiny_jobs.toml \\
         --run-name my_run --redis redis://HOST:6379/0
 
-The trainer job and the rollout jobs share nothing but the Redis URL and the run name (their keys live
-under the stream ``cosmos:<run>``); each is its own ``torchrun`` and may start, die and restart on its
+The trainer job and the rollout jobs share nothing but the Redis URL, the run name (their keys live
+under the stream ``cosmos:<run>``) and the run secret (``$COSMOS_RUN_SECRET``, or a file named by
+``$COSMOS_RUN_SECRET_FILE``; never a command-line argument), which signs the weight transfer and the stop
+flag (trust model: ``docs/disaggregated.md``); each is its own ``torchrun`` and may start, die and restart on its
 own. This job trains with FSDP2 over its ranks (``[policy.parallelism]``). Each step it takes the
 records of whichever rollout jobs are producing, drops those more than ``[grpo] allowed_outdated_steps``
 steps old, takes an optimizer step, publishes the new weight version, hands a snapshot of the weights to
@@ -53,11 +55,12 @@ from cosmos_primitives.queue.record_metrics import (
 )
 from cosmos_primitives.queue.run_control import RunControl
 from cosmos_primitives.sync import WeightServer
+from cosmos_primitives.sync.run_auth import RunSecret
 
 
-def start_fresh(cfg, url: str, log) -> None:
+def start_fresh(cfg, url: str, secret: RunSecret, log) -> None:
     """Rank 0 of a run without resume: forget what an earlier run of this name left in Redis."""
-    with RedisRolloutQueue(cfg.redis, url=url) as queue, RunControl(queue) as control:
+    with RedisRolloutQueue(cfg.redis, url=url) as queue, RunControl(queue, secret) as control:
         if not cfg.train.resume and cfg.disaggregated.clear_stream_at_start:
             removed = control.clear_stream()
             if removed:
@@ -73,6 +76,7 @@ def main() -> None:
     if dis.start_local_redis:
         raise ValueError("[disaggregated] start_local_redis = true: independent jobs need a Redis every job can "
                          "reach; start redis-server yourself and pass --redis URL (or $COSMOS_REDIS_URL)")
+    secret = RunSecret.from_env()  # before any work: a job without it could neither serve nor stop the run
     if cfg.validation.enable:
         raise ValueError("[validation] enable = true runs in examples/grpo_vlm.py only (this job holds no engine); "
                          "evaluate exports with examples/evaluate.py")
@@ -93,7 +97,7 @@ def main() -> None:
     run_dir = cp.utils.make_run_dir(cfg.train.output_dir, reuse_latest=bool(cfg.train.resume), timestamp=stamp)
     if info.is_rank0:
         cp.config.dump_config(cfg, run_dir / "config.toml")
-        start_fresh(cfg, url, log)
+        start_fresh(cfg, url, secret, log)
     cp.parallel.barrier()
 
     # Policy (FSDP2 over this job's ranks), KL reference, optimizer, checkpoints, metrics.
@@ -123,14 +127,14 @@ def main() -> None:
     # The queue (records with token ids outside the embedding table are dead-lettered) and the weight server.
     vocab_size = policy.hf_model.get_input_embeddings().weight.shape[0]
     queue = RedisRolloutQueue(cfg.redis, url=url, consumer=f"trainer-{info.rank}", vocab_size=vocab_size)
-    control = RunControl(queue)
+    control = RunControl(queue, secret)
     stale = StalenessFilter.from_config(grpo)
     settings = MediaSettings.from_config(dataset_cfg, processor)  # sized as the rollout side sized them
     wire = None if dis.transfer_dtype == "auto" else getattr(torch, dis.transfer_dtype)
     server = WeightServer(policy.hf_model, url, cfg.redis.stream, layout=cp.rollout.sync_layout(cfg.rollout),
                           bucket_bytes=dis.bucket_mb << 20,
                           transfer_dtype=wire or cp.policy.resolve_dtype(cfg.policy.dtype),
-                          host=dis.transfer_host or None, timeout_s=dis.transfer_timeout_s)
+                          host=dis.transfer_host or None, timeout_s=dis.transfer_timeout_s, secret=secret)
     registry = job_id = None
     if info.is_rank0:  # the trainer job is listed once; rollout jobs read its records_per_step for their throttle
         registry = JobRegistry(url, cfg.redis.stream, ttl_s=dis.heartbeat_ttl_s)

@@ -10,6 +10,7 @@ quickstart's SFT model and must reach the same learning bar as the colocated run
 from __future__ import annotations
 
 import json
+import os
 import re
 import signal
 import subprocess
@@ -37,6 +38,12 @@ from cosmos_primitives.testing.recipe_runs import finish, kill_tree, kill_when, 
 
 REPO = Path(__file__).resolve().parents[1]
 CONFIG = REPO / "examples" / "configs" / "grpo_tiny_jobs.toml"
+
+
+@pytest.fixture(autouse=True)
+def _run_secret(monkeypatch):
+    """The jobs read the run secret from the environment (the launched processes inherit it)."""
+    monkeypatch.setenv("COSMOS_RUN_SECRET", "jobs-test-run-secret-" + "0" * 32)
 
 
 def test_run_names_give_the_runs_stream_and_bad_names_are_refused() -> None:
@@ -121,6 +128,29 @@ def test_trainer_job_refuses_a_private_redis_server(tmp_path: Path) -> None:
                           cwd=REPO, capture_output=True, text=True, timeout=120)
     assert proc.returncode != 0
     assert "independent jobs need a Redis every job can reach" in proc.stderr, proc.stderr[-2000:]
+
+
+@pytest.mark.parametrize("script", ["grpo_trainer_job.py", "grpo_rollout_job.py"])
+def test_jobs_refuse_to_start_without_the_run_secret(script: str, tmp_path: Path) -> None:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("COSMOS_RUN_SECRET")}
+    proc = subprocess.run([sys.executable, f"examples/{script}", "--config", str(CONFIG), "--run", "x", "--redis",
+                           "redis://127.0.0.1:1/0", f"train.output_dir={tmp_path}"],
+                          cwd=REPO, capture_output=True, text=True, timeout=120, env=env)
+    assert proc.returncode != 0
+    assert "no run secret: set $COSMOS_RUN_SECRET" in proc.stderr, proc.stderr[-2000:]
+
+
+def test_launch_scripts_keep_redis_private_and_secrets_off_command_lines() -> None:
+    """The Slurm Redis has a password (read from stdin) and listens on its node's address, not on every
+    interface without protection; no script passes the Redis URL (with its password) or a secret as an
+    argument."""
+    redis_job = (REPO / "examples" / "slurm" / "redis.sbatch").read_text()
+    assert "0.0.0.0" not in redis_job and "--protected-mode no" not in redis_job
+    assert "requirepass" in redis_job and "redis-server -" in redis_job and "--protected-mode yes" in redis_job
+    for script in ["run_jobs_local.sh", "slurm/trainer.sbatch", "slurm/rollout.sbatch", "slurm/redis.sbatch"]:
+        text = (REPO / "examples" / script).read_text()
+        assert "--redis" not in text.replace("# ", "#"), script
+        assert "--requirepass" not in text and "SECRET=" not in text.replace("COSMOS_RUN_SECRET=${", ""), script
 
 
 @pytest.mark.parametrize("script", ["run_jobs_local.sh", "slurm/submit.sh", "slurm/common.sh", "slurm/redis.sbatch",

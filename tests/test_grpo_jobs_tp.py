@@ -24,6 +24,12 @@ STANDINS = Path(__file__).parent / "standins"
 STEPS = 3
 
 
+@pytest.fixture(autouse=True)
+def _run_secret(monkeypatch):
+    """The jobs read the run secret from the environment (the launched processes inherit it)."""
+    monkeypatch.setenv("COSMOS_RUN_SECRET", "jobs-test-run-secret-" + "0" * 32)
+
+
 def test_torchrun_takes_the_run_name_as_run_name_but_not_as_run() -> None:
     """torchrun's parser refuses ``--run`` anywhere on its line (an ambiguous prefix of its ``--run-path``), so
     the job scripts also take ``--run-name``, and the docs and Slurm scripts write that after torchrun."""

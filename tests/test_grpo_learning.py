@@ -36,6 +36,12 @@ MIN_GAIN_POINTS = 15.0
 TARGET_ACCURACY = 0.9
 
 
+@pytest.fixture(autouse=True)
+def _run_secret(monkeypatch):
+    """The jobs read the run secret from the environment (the launched processes inherit it)."""
+    monkeypatch.setenv("COSMOS_RUN_SECRET", "jobs-test-run-secret-" + "0" * 32)
+
+
 def run(cmd: list[str], log_path: Path) -> str:
     """Run a recipe from the repository root; assert exit 0; return its output."""
     env = {**os.environ, "PYTHONUNBUFFERED": "1", "COSMOS_REDIS_URL": ""}

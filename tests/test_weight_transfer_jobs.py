@@ -44,12 +44,19 @@ import torch
 import torch.distributed as dist
 
 from cosmos_primitives.parallel.distributed import free_port
+from cosmos_primitives.sync.run_auth import RunSecret
 from cosmos_primitives.testing import run_distributed
 from test_sync_broadcast import VOCAB, TinyQwen2Like, _state
 
 PREFIX = "cosmos:transfer-test"
 TIMEOUT_S = 5.0  # the pair timeout of both sides
 SLACK_S = 5.0
+
+
+@pytest.fixture(autouse=True)
+def _run_secret(monkeypatch):
+    """Every side of a transfer reads the run secret from the environment (spawned members inherit it)."""
+    monkeypatch.setenv("COSMOS_RUN_SECRET", "test-run-secret-" + "0" * 32)
 
 
 def _redis(url: str) -> redis.Redis:
@@ -304,11 +311,14 @@ def test_weight_server_serves_members_and_bounds_a_stalled_one(redis_url):
         assert (first.version, first.verified, a.weight_version, holder.weight_version) == (0, True, 0, 0)
         assert _state(engine_model.named_parameters()) == _state(model.named_parameters())
 
-        # a malformed request is skipped; a member that asks and never forms its pair delays no
-        # other member's first fetch
+        # a malformed or unsigned request is dropped; a member that asks (signed) and never forms
+        # its pair delays no other member's first fetch
         ghost = redis.Redis.from_url(redis_url)
-        ghost.rpush(f"{PREFIX}:weights:requests:{server.session}", b"not json", b'{"member": "ghost", "nonce": "n0"}')
+        key = f"{PREFIX}:weights:requests:{server.session}"
+        ghost.rpush(key, b"not json", b'{"member": "ghost", "nonce": "n0"}',
+                    RunSecret.from_env().sign(key, b'{"member": "ghost", "nonce": "n0"}'))
         ghost.close()
+        _wait_for(lambda: server.metrics()["sync/rejected_requests"] == 2)
         time.sleep(0.3)  # the ghost's pair thread now waits for it in the store
         other = WeightClient(TinyQwen2Like(seed=3), redis_url, PREFIX, member_id="other", timeout_s=timeout)
         clients.append(other)
@@ -379,8 +389,9 @@ def test_weight_server_serves_members_and_bounds_a_stalled_one(redis_url):
     # a trainer killed without close(): its record outlives it for a few seconds, and a fetch
     # then fails at once instead of retrying a dead address for the whole timeout
     r = redis.Redis.from_url(redis_url)
-    r.set(f"{PREFIX}:weights:server", b'{"session": "dead", "host": "127.0.0.1", "port": %d, "backend": "gloo", '
-          b'"version": 5, "pid": 1, "hostname": "gone"}' % free_port(), px=3000)
+    r.set(f"{PREFIX}:weights:server", RunSecret.from_env().sign(
+        f"{PREFIX}:weights:server", b'{"session": "dead", "host": "127.0.0.1", "port": %d, "backend": "gloo", '
+        b'"version": 5, "pid": 1, "hostname": "gone"}' % free_port()), px=3000)
     r.close()
     start = time.monotonic()
     with pytest.raises(WeightTransferError, match="no weight server listens"):
@@ -470,7 +481,8 @@ def test_a_sigkilled_trainer_s_advertisement_expires(redis_url):
     try:
         ttl_s = float(proc.stdout.readline())
         key = f"{prefix}:weights:server"
-        assert b'"version":4' in r.get(key).replace(b" ", b"")
+        from cosmos_primitives.sync.transfer_protocol import decode_record
+        assert decode_record(r.get(key), RunSecret.from_env(), prefix).version == 4
         proc.send_signal(signal.SIGKILL)
         proc.wait(timeout=10)
         # nothing renews it now: it expires within the ttl it was last written with (5 s), and is gone after

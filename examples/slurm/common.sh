@@ -7,8 +7,23 @@ cd "$REPO"
 # shellcheck disable=SC1091
 [ -f .venv/bin/activate ] && source .venv/bin/activate
 
+# The run's secrets, made once per run by whichever job comes first, readable by this user only:
+# secrets/run_secret (signs the weight transfer and the stop flag) and secrets/redis_password.
+ensure_run_secrets() {
+    (umask 077; mkdir -p "$SHARED/secrets"
+     for name in run_secret redis_password; do
+         if [ ! -s "$SHARED/secrets/$name" ]; then
+             python -c "import secrets; print(secrets.token_hex(32))" > "$SHARED/secrets/$name.$$"
+             mv -n "$SHARED/secrets/$name.$$" "$SHARED/secrets/$name"
+             rm -f "$SHARED/secrets/$name.$$"
+         fi
+     done)
+    export COSMOS_RUN_SECRET_FILE="$SHARED/secrets/run_secret"
+}
+
+# The jobs get the Redis URL (with its password) and the run secret through the environment, not argv.
 wait_for_redis() {
-    until [ -s "$SHARED/redis_url" ]; do sleep 5; done
-    REDIS_URL=$(cat "$SHARED/redis_url")
-    export REDIS_URL
+    until [ -s "$SHARED/secrets/redis_url" ] && [ -s "$SHARED/redis_url" ]; do sleep 5; done
+    COSMOS_REDIS_URL=$(cat "$SHARED/secrets/redis_url")
+    export COSMOS_REDIS_URL COSMOS_RUN_SECRET_FILE="$SHARED/secrets/run_secret"
 }

@@ -14,4 +14,4 @@ for _ in $(seq "$N"); do
     sbatch --dependency "after:$REDIS_JOB" --output "$SHARED/rollout_%j.log" "$HERE/rollout.sbatch"
 done
 echo "submitted run $RUN: redis job $REDIS_JOB, a trainer job and $N rollout jobs; status:"
-echo "  python -m cosmos_primitives.queue.status --redis \$(cat $SHARED/redis_url) --run $RUN"
+echo "  COSMOS_REDIS_URL=\$(cat $SHARED/secrets/redis_url) python -m cosmos_primitives.queue.status --run $RUN"

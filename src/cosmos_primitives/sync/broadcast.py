@@ -371,11 +371,15 @@ class WeightReceiver:
         in_place: (module targets) move the engine's parameters into the bucket layout on the
             first sync and receive buckets straight into them (each parameter's dtype must be its
             wire dtype).
+        check_bucket: ``(version, bucket index, bucket bytes uint8 [used])`` called for every
+            bucket after it arrives and before it is unpacked; raising stops the sync there (the
+            weight client checks buckets against the trainer's signed digests).
     """
 
     def __init__(self, target: Any, group: SyncGroup, *, engine: Any = None, strict: bool = True,
                  device: torch.device | str | None = None, overlap: bool = True,
-                 read_back: Callable[[str], torch.Tensor] | None = None, in_place: bool = False) -> None:
+                 read_back: Callable[[str], torch.Tensor] | None = None, in_place: bool = False,
+                 check_bucket: Callable[[int, int, torch.Tensor], None] | None = None) -> None:
         if not group.is_member or group.is_src:
             raise ValueError(f"rank {group.rank} is not a receiver of this sync group (ranks {group.ranks}, "
                              f"src {group.src})")
@@ -397,7 +401,10 @@ class WeightReceiver:
         self._read_back_fn = read_back
         if in_place and self._module is None:
             raise ValueError("in_place needs an nn.Module target (a RolloutEngine takes tensors by update_weights)")
+        if in_place and check_bucket is not None:
+            raise ValueError("check_bucket needs buckets received apart from the engine's tensors (in_place=False)")
         self._in_place = in_place
+        self._check_bucket = check_bucket
         self._arena: torch.Tensor | None = None
         self._plan: WirePlan | None = None
         self.fingerprint: int | None = None
@@ -562,6 +569,8 @@ class WeightReceiver:
             post(i)
         for i, b in enumerate(active):
             works.pop(i).wait()
+            if self._check_bucket is not None:  # before any byte of the bucket reaches the engine
+                self._check_bucket(version, b, self._buffers[i % self._num_buffers][:used[b]])
             self._unpack(self._buffers[i % self._num_buffers], self._pieces[b], version, sums, write_errors)
             if i + self._num_buffers < len(active):
                 post(i + self._num_buffers)

@@ -11,6 +11,7 @@ transfer, buckets, checksums on a checked transfer), so a
 
 from __future__ import annotations
 
+import hashlib
 import threading
 import time
 
@@ -52,6 +53,16 @@ class WeightSnapshot:
                         sums[p.target] = add_checksums(sums[p.target], checksum(data, p.target_offset))
                 self._sums = sums
             return self._sums
+
+
+def bucket_digest(data: torch.Tensor) -> str:
+    """SHA-256 (hex) of a bucket's bytes (``uint8``, any device; copied to the CPU to hash)."""
+    return hashlib.sha256(memoryview(data.detach().cpu().contiguous().numpy())).hexdigest()
+
+
+def snapshot_digests(snapshot: WeightSnapshot) -> list[str]:
+    """:func:`bucket_digest` of every bucket of ``snapshot`` (what a member checks before loading one)."""
+    return [bucket_digest(b) if b.numel() else "" for b in snapshot.buffers]
 
 
 def take_snapshot(plan: SendPlan, version: int, *, is_src: bool, device: torch.device | None = None,

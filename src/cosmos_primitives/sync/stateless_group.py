@@ -2,9 +2,10 @@
 
 A trainer job and a rollout job are separate ``torchrun`` jobs: neither can join the other's
 default group. As vLLM's stateless process groups and verl's checkpoint engine do, the sender
-hosts a ``TCPStore`` of its own, and each pair (sender = rank 0, one member = rank 1) builds a
-backend process group directly on a ``PrefixStore`` of it, never registered in either world, so
-forming or dropping one touches no other group. The result is a stateless
+hosts a store of its own (:class:`~cosmos_primitives.sync.pair_store.PairStoreServer`: bound to
+the configured address, open only to holders of the run secret), and each pair (sender = rank 0,
+one member = rank 1) builds a backend process group directly on a ``PrefixStore`` of it, never
+registered in either world, so forming or dropping one touches no other group. The result is a stateless
 :class:`~cosmos_primitives.sync.broadcast.SyncGroup`, whose collectives are called on the group
 object itself.
 
@@ -22,6 +23,8 @@ from datetime import timedelta
 import torch.distributed as dist
 
 from cosmos_primitives.sync.broadcast import SyncGroup
+from cosmos_primitives.sync.pair_store import PairStoreClient, PairStoreServer
+from cosmos_primitives.sync.run_auth import RunSecret
 
 HOST_ENV = "COSMOS_TRANSFER_HOST"
 
@@ -58,24 +61,25 @@ def local_address_toward(remote: str) -> str:
         return ""
 
 
-def serve_store(host: str, port: int, timeout_s: float) -> dist.TCPStore:
-    """The sender's store (a server listening on every interface; ``port=0``: a free port, read
-    back from ``.port``)."""
-    return dist.TCPStore(host, port, is_master=True, wait_for_workers=False,
-                         timeout=timedelta(seconds=timeout_s))
+def serve_store(host: str, port: int, secret: RunSecret, *, max_connections: int = 256) -> PairStoreServer:
+    """The sender's store: listening on ``host`` only (``port=0``: a free port, read back from
+    ``.port``), open to holders of the run secret, at most ``max_connections`` of them at once."""
+    return PairStoreServer(host, port, secret, max_connections=max_connections)
 
 
-def connect_store(host: str, port: int, timeout_s: float) -> dist.TCPStore:
-    """A connection to the sender's store.
+def connect_store(host: str, port: int, timeout_s: float, secret: RunSecret) -> PairStoreClient:
+    """An authenticated connection to the sender's store.
 
     Raises:
         ConnectionError: nothing listens there (a trainer gone while its Redis record lives on):
-            refused at once, where torch's client would retry for ``timeout_s``.
+            refused at once, where a client would retry for ``timeout_s``; or the store kept
+            closing the connection before it authenticated.
+        AuthError: the store there does not hold the run secret.
     """
     problem = store_problem(host, port, timeout_s)
     if problem:
         raise ConnectionError(f"no weight server listens at {host}:{port} ({problem})")
-    return dist.TCPStore(host, port, is_master=False, timeout=timedelta(seconds=timeout_s))
+    return PairStoreClient(host, port, secret, timeout_s)
 
 
 def store_problem(host: str, port: int, timeout_s: float) -> str:

@@ -8,12 +8,20 @@ Keys, under the run's prefix (e.g. ``cosmos:myrun``):
   trainer dies;
 - ``<prefix>:weights:requests:<session>``: a list of :class:`TransferRequest` (member id and the
   nonce of its current pair); one entry per ``fetch()``. Requests name a session, so a restarted
-  trainer never serves (or waits for) a request meant for its predecessor.
+  trainer never serves (or waits for) a request meant for its predecessor;
+- ``<prefix>:weights:digests:<session>:<version>``: the SHA-256 of each bucket of that snapshot
+  (:class:`SnapshotDigests`); a member checks every bucket against it before loading the bucket.
+
+Every value is a :class:`~cosmos_primitives.sync.run_auth.SignedMessage` (HMAC-SHA256 with the run
+secret, bound to its key by the purpose, with a timestamp; requests also by nonce, each served at
+most once). Anything else under those keys is ignored.
 """
 
 from __future__ import annotations
 
 import msgspec
+
+from cosmos_primitives.sync.run_auth import DEFAULT_MAX_AGE_S, RunSecret
 
 
 class WeightTransferError(RuntimeError):
@@ -40,6 +48,18 @@ class TransferRequest(msgspec.Struct):
     nonce: str
 
 
+class SnapshotDigests(msgspec.Struct):
+    """SHA-256 (hex) of each bucket of the snapshot at ``version``: ``buckets[b]`` for bucket ``b``
+    (empty for an unused bucket)."""
+
+    version: int
+    buckets: list[str]
+
+
+def digests_key(prefix: str, session: str, version: int) -> str:
+    return f"{prefix}:weights:digests:{session}:{version}"
+
+
 def server_key(prefix: str) -> str:
     return f"{prefix}:weights:server"
 
@@ -48,8 +68,15 @@ def requests_key(prefix: str, session: str) -> str:
     return f"{prefix}:weights:requests:{session}"
 
 
-def decode_record(raw: bytes | str | None) -> ServerRecord | None:
-    """The record stored under :func:`server_key`, or ``None`` when there is none."""
+def decode_record(raw: bytes | str | None, secret: RunSecret, prefix: str,
+                  max_age_s: float = DEFAULT_MAX_AGE_S) -> ServerRecord | None:
+    """The record stored under :func:`server_key`, or ``None`` when there is none.
+
+    Raises:
+        AuthError: it was not signed with the run secret for this prefix, or too long ago.
+        msgspec.DecodeError: signed, but not a record (a bug, not an attack).
+    """
     if raw is None:
         return None
-    return msgspec.json.decode(raw, type=ServerRecord)
+    body = secret.open(server_key(prefix), raw, max_age_s=max_age_s)
+    return msgspec.json.decode(body, type=ServerRecord)

@@ -11,6 +11,7 @@ new nonce, against whichever trainer serves then (a restarted trainer has a new 
 
 from __future__ import annotations
 
+import logging
 import time
 import uuid
 from collections.abc import Callable
@@ -25,15 +26,21 @@ from cosmos_primitives.sync.broadcast import SyncGroup, WeightReceiver
 from cosmos_primitives.sync.checks import WeightMismatchError
 from cosmos_primitives.sync.name_maps import NameMapError
 from cosmos_primitives.sync.result import SyncResult
+from cosmos_primitives.sync.run_auth import AuthError, RateLimitedLog, RunSecret
+from cosmos_primitives.sync.snapshot import bucket_digest
 from cosmos_primitives.sync.stateless_group import connect_store, drop_group, pair_group, store_problem
 from cosmos_primitives.sync.transfer_protocol import (
     ServerRecord,
+    SnapshotDigests,
     TransferRequest,
     WeightTransferError,
     decode_record,
+    digests_key,
     requests_key,
     server_key,
 )
+
+log = logging.getLogger(__name__)
 
 
 class WeightClient:
@@ -51,17 +58,28 @@ class WeightClient:
         poll_s: how often ``wait_for_server`` looks at Redis.
         read_back: ``name -> tensor`` for the check of a ``RolloutEngine`` target's first transfer
             over each pair (as ``WeightReceiver`` takes it).
+        secret: the run secret (default: ``$COSMOS_RUN_SECRET`` / ``$COSMOS_RUN_SECRET_FILE``);
+            the trainer's. Records, requests and digests are signed with it, and every bucket is
+            checked against the trainer's signed SHA-256 before it is loaded.
+
+    Raises:
+        RunSecretError: no run secret given or in the environment.
     """
 
     def __init__(self, target: Any, redis_url: str, prefix: str, *, member_id: str, engine: Any = None,
                  timeout_s: float = 60.0, strict: bool = True, poll_s: float = 0.2,
-                 read_back: Callable[[str], torch.Tensor] | None = None) -> None:
+                 read_back: Callable[[str], torch.Tensor] | None = None,
+                 secret: RunSecret | str | None = None) -> None:
         if not isinstance(target, nn.Module) and not callable(getattr(target, "update_weights", None)):
             raise TypeError(f"target must be an nn.Module or a RolloutEngine with update_weights(); "
                             f"got {type(target).__name__}")
         if not member_id:
             raise ValueError("member_id must be a non-empty name for this rollout process")
         self._target, self._engine, self._strict, self._read_back = target, engine, strict, read_back
+        self._secret = RunSecret.resolve(secret)
+        self._warn = RateLimitedLog(log)
+        self._digests: SnapshotDigests | None = None
+        self._digests_key = ""
         self.prefix, self.member_id = prefix, member_id
         self.timeout_s, self.poll_s = float(timeout_s), float(poll_s)
         self._redis = redis.Redis.from_url(redis_url, socket_timeout=max(10.0, self.timeout_s))
@@ -88,7 +106,11 @@ class WeightClient:
 
     def _record(self) -> ServerRecord | None:
         try:
-            return decode_record(self._redis.get(server_key(self.prefix)))
+            return decode_record(self._redis.get(server_key(self.prefix)), self._secret, self.prefix)
+        except AuthError as exc:
+            raise WeightTransferError(f"member '{self.member_id}': the weight server record "
+                                      f"'{server_key(self.prefix)}' is not signed with this run's secret ({exc}); "
+                                      "ignoring it (another run's trainer with the same name, or a forgery)") from exc
         except (redis.exceptions.RedisError, msgspec.DecodeError) as exc:
             raise WeightTransferError(f"member '{self.member_id}' cannot read the weight server record "
                                       f"'{server_key(self.prefix)}': {exc}") from exc
@@ -107,7 +129,13 @@ class WeightClient:
         """
         deadline = None if timeout_s is None else time.monotonic() + timeout_s
         while True:
-            record = self._record()
+            try:
+                record = self._record()
+            except WeightTransferError as exc:
+                if not isinstance(exc.__cause__, AuthError):
+                    raise
+                record = None  # a forged record is no trainer: keep waiting for a real one
+                self._warn.warning("record", "%s", exc)
             # a killed trainer's record outlives it for a few seconds: it must also answer
             if record is not None and not store_problem(record.host, record.port, self.timeout_s):
                 return record.version
@@ -168,7 +196,7 @@ class WeightClient:
                 self._drop()
                 self._nonce = uuid.uuid4().hex
                 self._session = record.session
-                self._store = connect_store(record.host, record.port, self.timeout_s)
+                self._store = connect_store(record.host, record.port, self.timeout_s, self._secret)
                 self._request(record)
                 nccl = record.backend == "nccl"
                 self._group = pair_group(self._store, f"{self.member_id}/{self._nonce}", 1,
@@ -176,7 +204,8 @@ class WeightClient:
                                          peer_host=record.host)
                 # gloo buckets land in CPU memory and are copied into the engine wherever it lives
                 self._receiver = WeightReceiver(self._target, self._group, engine=self._engine, strict=self._strict,
-                                                device=None if nccl else "cpu", read_back=self._read_back)
+                                                device=None if nccl else "cpu", read_back=self._read_back,
+                                                check_bucket=self._check_bucket)
             else:
                 self._request(record)
             assert self._receiver is not None
@@ -184,6 +213,8 @@ class WeightClient:
             result = self._receiver.sync()
         except (NameMapError, WeightMismatchError):
             self._drop()
+            if receiving:  # buckets checked before this one were loaded
+                self._mark_unknown()
             raise
         except Exception as exc:
             self._drop()
@@ -205,9 +236,34 @@ class WeightClient:
         if holder is not None and hasattr(holder, "weight_version"):
             holder.weight_version = -1
 
+    def _check_bucket(self, version: int, bucket: int, data: torch.Tensor) -> None:
+        """Raise unless ``data`` is bucket ``bucket`` of ``version`` as the trainer signed it.
+
+        A transfer error, not a mismatch of the engine: the next fetch starts over (a Redis-URL
+        holder who deletes the digests can delay members, not crash them or feed them weights).
+        """
+        key = digests_key(self.prefix, self._session or "", version)
+        if self._digests is None or self._digests_key != key:
+            self._digests_key = key
+            try:
+                body = self._secret.open(key, self._redis.get(key) or b"", max_age_s=None)
+                self._digests = msgspec.json.decode(body, type=SnapshotDigests)
+            except (AuthError, msgspec.DecodeError, redis.exceptions.RedisError) as exc:
+                raise WeightTransferError(f"member '{self.member_id}': no valid signed digest of version {version} "
+                                          f"at '{key}' ({exc}); nothing of it is loaded") from exc
+            if self._digests.version != version:
+                raise WeightTransferError(f"member '{self.member_id}': the digests at '{key}' are for version "
+                                          f"{self._digests.version}")
+        expected = self._digests.buckets[bucket] if bucket < len(self._digests.buckets) else "<none>"
+        if bucket_digest(data) != expected:
+            raise WeightTransferError(f"member '{self.member_id}': bucket {bucket} of weight version {version} "
+                                      "does not match the trainer's signed SHA-256; not loaded (altered in "
+                                      "transit, or not sent by the trainer)")
+
     def _request(self, record: ServerRecord) -> None:
         key = requests_key(self.prefix, record.session)
-        request = msgspec.json.encode(TransferRequest(member=self.member_id, nonce=self._nonce))
+        request = self._secret.sign(key, msgspec.json.encode(TransferRequest(member=self.member_id,
+                                                                             nonce=self._nonce)))
         pipe = self._redis.pipeline()
         pipe.rpush(key, request)
         pipe.expire(key, max(60, int(4 * self.timeout_s)))

@@ -8,14 +8,19 @@ buckets of the in-job broadcast. It returns without waiting for any rollout job.
 
 Serving (sending rank, background threads):
 
-- the sender hosts a ``TCPStore`` (``port=0``: a free port) on ``host`` / ``$COSMOS_TRANSFER_HOST`` /
-  this machine's address, and keeps ``<prefix>:weights:server`` in Redis (session id, address,
-  newest version) alive with a heartbeat (expiry ``max(5 s, 5 * heartbeat_s)``);
-- a member's ``fetch()`` pushes a request (member id, nonce) to ``<prefix>:weights:requests:<session>``;
-  a dispatcher thread pops it and hands it to that member's pair thread: a two-member process
-  group (sender rank 0, member rank 1; gloo on CPU, NCCL on CUDA) formed over
-  ``PrefixStore(member/nonce)`` of the store (through a store connection of that thread's own, so
-  a member that never shows up delays no other pair), kept for later fetches with the same nonce;
+- the sender hosts a :class:`~cosmos_primitives.sync.pair_store.PairStoreServer` (``port=0``: a
+  free port) listening on ``host`` / ``$COSMOS_TRANSFER_HOST`` / this machine's address only, open
+  to holders of the run secret, and keeps ``<prefix>:weights:server`` in Redis (session id,
+  address, newest version; signed) alive with a heartbeat (expiry ``max(5 s, 5 * heartbeat_s)``);
+- each publish stores the SHA-256 of every bucket, signed, under
+  ``<prefix>:weights:digests:<session>:<version>``; members check each bucket before loading it;
+- a member's ``fetch()`` pushes a signed request (member id, nonce) to
+  ``<prefix>:weights:requests:<session>``; a dispatcher thread pops it, drops it unless it is
+  signed with the run secret, recent and never seen before, and hands it to that member's pair
+  thread: a two-member process group (sender rank 0, member rank 1; gloo on CPU, NCCL on CUDA)
+  formed over ``PrefixStore(member/nonce)`` of the store (a view of the store's table in this
+  process, so a member that never shows up delays no other pair and holds no socket here), kept
+  for later fetches with the same nonce. At most ``max_members`` pairs exist at once;
 - each request is answered with the newest snapshot, in the broadcast wire protocol (the plan
   and a checksum round on a pair's first transfer), so a member that fell behind skips the
   versions in between.
@@ -43,7 +48,9 @@ import queue
 import socket
 import threading
 import time
+import traceback
 import uuid
+from collections import OrderedDict
 from typing import Any
 
 import msgspec
@@ -53,13 +60,18 @@ import torch.distributed as dist
 from torch import nn
 
 from cosmos_primitives.sync.broadcast import SyncGroup
+from cosmos_primitives.sync.pair_store import LocalPairStore
 from cosmos_primitives.sync.result import SyncResult
+from cosmos_primitives.sync.run_auth import AuthError, RateLimitedLog, ReplayGuard, RunSecret
 from cosmos_primitives.sync.send_plan import DEFAULT_BUCKET_BYTES, SendPlan
-from cosmos_primitives.sync.snapshot import WeightSnapshot, send_snapshot, take_snapshot
-from cosmos_primitives.sync.stateless_group import connect_store, drop_group, pair_group, serve_store, transfer_host
+from cosmos_primitives.sync.snapshot import WeightSnapshot, send_snapshot, snapshot_digests, take_snapshot
+from cosmos_primitives.sync.stateless_group import drop_group, pair_group, serve_store, transfer_host
 from cosmos_primitives.sync.transfer_protocol import (
     ServerRecord,
+    SnapshotDigests,
     TransferRequest,
+    decode_record,
+    digests_key,
     requests_key,
     server_key,
 )
@@ -85,9 +97,9 @@ class _Pair:
         try:
             if server._snapshot_device.type == "cuda":  # a new thread starts on GPU 0
                 torch.cuda.set_device(server._snapshot_device)
-            # a connection of its own: a store object serialises its operations, and forming a
-            # pair waits in the store for the member, which must not hold up other pairs
-            store = connect_store(server.host, server.port, server.timeout_s)
+            # a view of the server's table in this process: no socket or file descriptor per pair,
+            # and a blocking read here holds up no other pair
+            store = LocalPairStore(server._store, server.timeout_s)
             group = pair_group(store, f"{self.member}/{self.nonce}", 0, device_type=server._snapshot_device.type,
                                timeout_s=server.timeout_s, peer_host=server.host)
             first = True
@@ -113,6 +125,8 @@ class _Pair:
             self.done = True
             drop_group(group)
             server._forget(self)
+            if server._store is not None:  # the formation keys of a pair that ended are never read again
+                server._store.table.delete_prefix(f"pair/{self.member}/{self.nonce}/")
 
 
 class WeightServer:
@@ -135,16 +149,27 @@ class WeightServer:
         backend: ``"gloo"`` (snapshots in CPU memory; the default for a CPU model) or ``"nccl"``
             (snapshots on the GPU; the default for a CUDA model). ``"gloo"`` for a CUDA model
             trades GPU memory and speed for members without GPUs or without NCCL reachability.
+        secret: the run secret (default: ``$COSMOS_RUN_SECRET`` / ``$COSMOS_RUN_SECRET_FILE``, see
+            :class:`~cosmos_primitives.sync.run_auth.RunSecret`); every member must hold the same one.
+        max_members: members served at once (each holds a thread and a pair group); a request
+            from one more is dropped (logged at most every 10 s) until an idle pair expires.
+
+    Raises:
+        RunSecretError: no run secret given or in the environment.
     """
 
     def __init__(self, model: nn.Module, redis_url: str, prefix: str, *, process_group: Any = None,
                  layout: str = "hf", family: str | None = None, bucket_bytes: int = DEFAULT_BUCKET_BYTES,
                  transfer_dtype: torch.dtype | None = None, host: str | None = None, port: int = 0,
                  timeout_s: float = 60.0, heartbeat_s: float = 1.0, idle_timeout_s: float = 600.0,
-                 backend: str | None = None) -> None:
+                 backend: str | None = None, secret: RunSecret | str | None = None, max_members: int = 64) -> None:
         if min(timeout_s, heartbeat_s, idle_timeout_s) <= 0:
             raise ValueError(f"timeout_s, heartbeat_s and idle_timeout_s must be > 0, got {timeout_s}, "
                              f"{heartbeat_s}, {idle_timeout_s}")
+        if max_members < 1:
+            raise ValueError(f"max_members must be >= 1, got {max_members}")
+        self._secret = RunSecret.resolve(secret)
+        self.max_members = int(max_members)
         self._plan = SendPlan(model, layout=layout, family=family, bucket_bytes=bucket_bytes,
                               transfer_dtype=transfer_dtype)
         on_cuda = self._plan.device.type == "cuda"
@@ -168,10 +193,15 @@ class WeightServer:
         self._current: WeightSnapshot | None = None
         self._previous: WeightSnapshot | None = None
         self._pairs: dict[str, _Pair] = {}
-        self._retired: set[tuple[str, str]] = set()  # (member, nonce) of pairs that ended
+        # (member, nonce) of pairs that ended, the newest kept (ids are signed, so these are real members')
+        self._retired: OrderedDict[tuple[str, str], None] = OrderedDict()
+        self._replays = ReplayGuard()
+        self._warn = RateLimitedLog(log)
+        self._digests: dict[int, list[str]] = {}
         self._closed = False
         self._stats = {"publish_s": 0.0, "transfers": 0.0, "transfer_failures": 0.0, "transfer_s": 0.0,
-                       "bytes_served": 0.0, "publish_waits_timed_out": 0.0, "idle_drops": 0.0}
+                       "bytes_served": 0.0, "publish_waits_timed_out": 0.0, "idle_drops": 0.0,
+                       "rejected_requests": 0.0, "members_refused": 0.0}
         self.last_failure: str | None = None
         self._dispatcher: threading.Thread | None = None
         self._redis: redis.Redis | None = None
@@ -179,7 +209,7 @@ class WeightServer:
         if self.is_sender:
             self._redis = redis.Redis.from_url(redis_url, socket_timeout=max(10.0, 5 * self.heartbeat_s))
             self.host = transfer_host(host)
-            self._store = serve_store(self.host, port, self.timeout_s)
+            self._store = serve_store(self.host, port, self._secret, max_connections=self.max_members + 16)
             self.port = int(self._store.port)
 
     # publishing --------------------------------------------------------------------------------
@@ -204,6 +234,11 @@ class WeightServer:
         snapshot = take_snapshot(self._plan, version, is_src=self.is_sender, device=self._snapshot_device,
                                  reuse=reuse)
         if snapshot is not None:
+            try:  # the digests go first: a member checks what it receives against them
+                self._write_digests(version, snapshot_digests(snapshot))
+            except redis.exceptions.RedisError as exc:  # members reject this version until the next publish
+                log.warning("weight server for '%s': could not store the digests of version %d (%s)", self.prefix,
+                            version, exc)
             with self._lock:
                 self._previous, self._current = self._current, snapshot
             try:
@@ -256,7 +291,22 @@ class WeightServer:
 
     def _write_record(self) -> None:
         assert self._redis is not None
-        self._redis.set(server_key(self.prefix), self._record(), px=int(1000 * self.record_ttl_s))
+        signed = self._secret.sign(server_key(self.prefix), self._record())
+        self._redis.set(server_key(self.prefix), signed, px=int(1000 * self.record_ttl_s))
+
+    def _write_digests(self, version: int, digests: list[str]) -> None:
+        """Sign and store the bucket digests of ``version`` (before the record offers it); drop
+        those of the version before the previous one (no transfer sends it any more)."""
+        assert self._redis is not None
+        key = digests_key(self.prefix, self.session, version)
+        body = msgspec.json.encode(SnapshotDigests(version=version, buckets=digests))
+        pipe = self._redis.pipeline()
+        pipe.set(key, self._secret.sign(key, body), ex=7 * 24 * 3600)
+        for old in [v for v in self._digests if v < version][:-1]:
+            pipe.delete(digests_key(self.prefix, self.session, old))
+            del self._digests[old]
+        self._digests[version] = digests
+        pipe.execute()
 
     def _dispatch(self) -> None:
         """Pop requests, route them to their member's pair; renew the record between them."""
@@ -272,18 +322,23 @@ class WeightServer:
                 popped = self._redis.blpop([key], timeout=self.heartbeat_s)  # fractional: Redis >= 6
                 if popped is None or self._closed:
                     continue
-                request = msgspec.json.decode(popped[1], type=TransferRequest)
+                body = self._secret.open(key, popped[1], guard=self._replays)
+                request = msgspec.json.decode(body, type=TransferRequest)
             except redis.exceptions.RedisError as exc:
-                log.warning("weight server for '%s': Redis unreachable (%s); retrying", self.prefix, exc)
+                self._warn.warning("redis", "weight server for '%s': Redis unreachable (%s); retrying",
+                                   self.prefix, exc)
                 time.sleep(self.heartbeat_s)
                 continue
-            except msgspec.DecodeError as exc:
-                log.warning("weight server for '%s': ignoring a malformed request (%s)", self.prefix, exc)
+            except (AuthError, msgspec.DecodeError) as exc:
+                self._count("rejected_requests")
+                self._warn.warning("reject", "weight server for '%s': dropped a transfer request that failed "
+                                   "authentication (%s)", self.prefix, exc)
                 continue
             try:
                 self._route(request)
             except Exception:  # e.g. no thread could be started: this request is lost, the next one may not be
-                log.exception("weight server for '%s': could not serve member '%s'", self.prefix, request.member)
+                self._warn.warning("route", "weight server for '%s': could not serve member '%s' (%s)", self.prefix,
+                                   request.member, traceback.format_exc(limit=3))
 
     def _route(self, request: TransferRequest) -> None:
         with self._lock:
@@ -296,16 +351,27 @@ class WeightServer:
             pair = self._pairs.get(request.member)
             if pair is not None and pair.nonce != request.nonce:
                 pair.requests.put(_STOP)  # a stale pair: its member (e.g. restarted) formed a new one
-                self._retired.add((pair.member, pair.nonce))
+                self._retire(pair)
                 pair = None
             if pair is None:
+                if len(self._pairs) >= self.max_members:
+                    self._stats["members_refused"] += 1
+                    self._warn.warning("full", "weight server for '%s': refused member '%s': %d members are being "
+                                       "served (max_members); idle ones are dropped after %.0fs", self.prefix,
+                                       request.member, self.max_members, self.idle_timeout_s)
+                    return
                 pair = self._pairs[request.member] = _Pair(self, request.member, request.nonce)
                 pair.thread.start()
             pair.requests.put(request)
 
+    def _retire(self, pair: _Pair) -> None:
+        self._retired[(pair.member, pair.nonce)] = None
+        while len(self._retired) > 16 * self.max_members:
+            self._retired.popitem(last=False)
+
     def _forget(self, pair: _Pair) -> None:
         with self._lock:
-            self._retired.add((pair.member, pair.nonce))
+            self._retire(pair)
             if self._pairs.get(pair.member) is pair:
                 del self._pairs[pair.member]
 
@@ -323,7 +389,8 @@ class WeightServer:
         with self._lock:
             self._stats["transfer_failures"] += 1
             self.last_failure = f"member '{member}': {type(exc).__name__}: {exc}"
-        log.warning("weight server for '%s': dropped the transfer group of %s", self.prefix, self.last_failure)
+        self._warn.warning("pair", "weight server for '%s': dropped the transfer group of %s", self.prefix,
+                           self.last_failure)
 
     # reporting / shutdown ----------------------------------------------------------------------
 
@@ -352,13 +419,18 @@ class WeightServer:
             self._dispatcher.join(timeout=max(2.0, 2 * self.heartbeat_s))
         if self._redis is not None:
             try:
-                raw = self._redis.get(server_key(self.prefix))
-                if raw is not None and msgspec.json.decode(raw, type=ServerRecord).session == self.session:
+                record = decode_record(self._redis.get(server_key(self.prefix)), self._secret, self.prefix)
+                if record is not None and record.session == self.session:
                     self._redis.delete(server_key(self.prefix))
-                self._redis.delete(requests_key(self.prefix, self.session))
+                self._redis.delete(requests_key(self.prefix, self.session),
+                                   *(digests_key(self.prefix, self.session, v) for v in self._digests))
+            except (AuthError, msgspec.DecodeError):  # not ours: leave it
+                pass
             except redis.exceptions.RedisError as exc:
                 log.warning("weight server for '%s': could not remove its Redis record (%s)", self.prefix, exc)
             self._redis.close()
+        if self._store is not None:
+            self._store.close()
         self._store = None
         with self._lock:
             self._current = self._previous = None
