@@ -19,7 +19,9 @@ records, with their weight versions and lag, and writes one line per trained rec
 ``records.jsonl`` in the run directory. At the end it sets the run's stop flag (the rollout jobs exit)
 and exports the weights like the colocated recipe.
 
-A fresh run (no ``[train] resume``) first deletes what an earlier run of the same name left in Redis.
+A fresh run (no ``[train] resume``) first deletes what an earlier run of the same name left in Redis; it
+refuses while a live trainer job holds the run (its heartbeat has not expired), naming it, unless given
+``--force``.
 ``[train] resume`` keeps the queue and the prompt claims: the rollout jobs go on where they were (a
 checkpoint also holds the claims position, put back when Redis lost it).
 ``python -m cosmos_primitives.queue.status --redis URL --run NAME`` shows the live jobs, the queue, the
@@ -33,6 +35,7 @@ from __future__ import annotations
 
 import json
 import math
+import sys
 import time
 
 import torch
@@ -42,7 +45,7 @@ from cosmos_primitives.checkpoint import CheckpointManager
 from cosmos_primitives.data import BadSampleTracker, MediaSettings, collate_rollouts, prompt_dataset
 from cosmos_primitives.queue import RedisRolloutQueue, StalenessFilter, fetch_records, record_advantages
 from cosmos_primitives.queue.disaggregated_plan import plan_jobs
-from cosmos_primitives.queue.job_registry import JobRegistry
+from cosmos_primitives.queue.job_registry import JobRegistry, refuse_live_trainer
 from cosmos_primitives.queue.prompt_claims import PromptClaims
 from cosmos_primitives.queue.record_metrics import (
     format_shares,
@@ -55,10 +58,16 @@ from cosmos_primitives.queue.run_control import RunControl
 from cosmos_primitives.sync import WeightServer
 
 
-def start_fresh(cfg, url: str, log) -> None:
-    """Rank 0 of a run without resume: forget what an earlier run of this name left in Redis."""
+def start_fresh(cfg, url: str, log, force: bool = False) -> None:
+    """Rank 0 of a run without resume: forget what an earlier run of this name left in Redis, unless a
+    live trainer job holds the run (``RunInUseError``; ``--force`` clears it anyway)."""
     with RedisRolloutQueue(cfg.redis, url=url) as queue, RunControl(queue) as control:
         if not cfg.train.resume and cfg.disaggregated.clear_stream_at_start:
+            if force:
+                log.warning(f"--force: clearing run {cfg.redis.stream!r} whatever trainer job holds it")
+            else:
+                with JobRegistry(url, cfg.redis.stream, config=cfg.redis) as registry:
+                    refuse_live_trainer(registry)
             removed = control.clear_stream()
             if removed:
                 log.info(f"cleared {removed} keys an earlier run left under {cfg.redis.stream!r}")
@@ -66,7 +75,10 @@ def start_fresh(cfg, url: str, log) -> None:
 
 
 def main() -> None:
-    cfg, config_path = cp.config.load_recipe_config(__doc__, plugins=True, jobs=True)  # + --run, --redis
+    # --force: clear the run even while a live trainer job holds it (a fresh start refuses otherwise)
+    force = "--force" in sys.argv[1:]
+    cfg, config_path = cp.config.load_recipe_config(__doc__, plugins=True, jobs=True,  # + --run, --redis
+                                                    argv=[a for a in sys.argv[1:] if a != "--force"])
     info = cp.parallel.init_distributed()
     log = cp.logging.get_logger()
     dis, grpo = cfg.disaggregated, cfg.grpo
@@ -93,7 +105,7 @@ def main() -> None:
     run_dir = cp.utils.make_run_dir(cfg.train.output_dir, reuse_latest=bool(cfg.train.resume), timestamp=stamp)
     if info.is_rank0:
         cp.config.dump_config(cfg, run_dir / "config.toml")
-        start_fresh(cfg, url, log)
+        start_fresh(cfg, url, log, force)
     cp.parallel.barrier()
 
     # Policy (FSDP2 over this job's ranks), KL reference, optimizer, checkpoints, metrics.

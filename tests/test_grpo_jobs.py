@@ -123,6 +123,51 @@ def test_trainer_job_refuses_a_private_redis_server(tmp_path: Path) -> None:
     assert "independent jobs need a Redis every job can reach" in proc.stderr, proc.stderr[-2000:]
 
 
+@pytest.mark.slow
+def test_a_fresh_trainer_job_refuses_a_run_held_by_a_live_trainer_and_force_clears_it(
+        grpo_assets, redis_url: str, tmp_path: Path) -> None:
+    """Issue 30 item 5: a second trainer job with the same run name used to clear the keys of the live run."""
+    import redis
+
+    from cosmos_primitives.queue import JobRegistry
+
+    stream = run_stream("held")
+    client = redis.Redis.from_url(redis_url)
+    client.set(f"{stream}:weight_version", 7)  # the live run's state, which a fresh start would delete
+    registry = JobRegistry(redis_url, stream, ttl_s=60)
+    live = registry.join("trainer", job_id="trainer-live", ranks=1)
+    args = ["--run-name", "held", "--redis", redis_url, *grpo_assets(CONFIG), f"train.output_dir={tmp_path}"]
+
+    def launch(extra: list[str], log: Path) -> subprocess.Popen:
+        return launch_recipe(REPO / "examples" / "grpo_trainer_job.py", CONFIG, [*extra, *args], log, cwd=REPO,
+                             new_session=True)
+
+    def wait_for(proc: subprocess.Popen, done, timeout_s: float = 180.0) -> None:
+        deadline = time.monotonic() + timeout_s
+        while proc.poll() is None and not done() and time.monotonic() < deadline:
+            time.sleep(0.2)
+
+    refused = launch([], tmp_path / "refused.log")
+    try:
+        wait_for(refused, lambda: client.get(f"{stream}:weight_version") is None)
+        assert client.get(f"{stream}:weight_version") == b"7"  # nothing was cleared
+        refused.wait(timeout=60)
+        text = (tmp_path / "refused.log").read_text(errors="replace")
+        assert refused.returncode != 0, text[-3000:]
+        assert f"run '{stream}' is held by the live trainer job {live}" in text and "--force" in text, text[-3000:]
+    finally:
+        kill_tree(refused)
+    forced = launch(["--force"], tmp_path / "forced.log")
+    try:
+        wait_for(forced, lambda: client.get(f"{stream}:weight_version") in (None, b"0"))
+        assert client.get(f"{stream}:weight_version") in (None, b"0"), (tmp_path / "forced.log").read_text()[-3000:]
+        assert "--force: clearing run" in (tmp_path / "forced.log").read_text(errors="replace")
+    finally:
+        kill_tree(forced)
+        registry.close()
+        client.close()
+
+
 @pytest.mark.parametrize("script", ["run_jobs_local.sh", "slurm/submit.sh", "slurm/common.sh", "slurm/redis.sbatch",
                                     "slurm/trainer.sbatch", "slurm/rollout.sbatch"])
 def test_launch_scripts_parse_and_name_the_job_entry_points(script: str) -> None:

@@ -15,6 +15,7 @@ import pytest
 
 from cosmos_primitives.config import run_stream
 from cosmos_primitives.queue import JobRegistry, RedisServer
+from cosmos_primitives.queue.job_registry import RunInUseError, refuse_live_trainer
 
 RUN = run_stream("jobs-test")
 
@@ -180,3 +181,17 @@ def test_heartbeats_outlive_a_redis_restart_without_persistence(caplog: pytest.L
         assert live[job]["role"] == "trainer" and live[job]["step"] == 2
         assert registry.rejoins >= 1
         registry.close()
+
+
+def test_a_live_trainer_refuses_a_fresh_start_naming_the_run_and_the_trainer(redis_url: str) -> None:
+    registry = JobRegistry(redis_url, RUN, ttl_s=0.5)
+    refuse_live_trainer(registry)  # nobody holds the run
+    registry.join("rollout", job_id="r1")  # a rollout job alone does not hold it
+    refuse_live_trainer(registry)
+    registry.join("trainer", job_id="trainer-live", ranks=1)
+    with pytest.raises(RunInUseError, match=rf"run '{RUN}' is held by the live trainer job trainer-live \(host "
+                       r".*--force"):
+        refuse_live_trainer(registry)
+    time.sleep(0.7)  # its heartbeat expired (a SIGKILLed trainer): the run may be started afresh
+    refuse_live_trainer(registry)
+    registry.close()

@@ -219,3 +219,26 @@ class JobRegistry:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+class RunInUseError(RuntimeError):
+    """A fresh start would clear a run that a live trainer job still holds."""
+
+
+def refuse_live_trainer(registry: JobRegistry, *, action: str = "start a fresh run") -> None:
+    """Raise :class:`RunInUseError` when a trainer job of ``registry``'s run is live (its heartbeat key has
+    not expired), naming the run, each live trainer (id, host, pid, seconds since its last beat) and the
+    ways out.
+
+    A second trainer that cleared the keys of a live run would wipe its queue, claims and trained ids,
+    and both would then share one consumer group and overwrite each other's weight versions.
+    """
+    live, prefix = registry.live("trainer"), registry.prefix
+    if not live:
+        return
+    who = "; ".join(f"{job_id} (host {f.get('host', '?')}, pid {f.get('pid', '?')}, last heartbeat "
+                    f"{f['age_s']:.1f}s ago)" for job_id, f in sorted(live.items()))
+    raise RunInUseError(
+        f"cannot {action}: run {prefix!r} is held by the live trainer job {who}. Give this run another --run "
+        "name, stop that trainer first (its key expires [disaggregated] heartbeat_ttl_s after its last "
+        "heartbeat), resume it with train.resume=true, or pass --force to clear it anyway")
