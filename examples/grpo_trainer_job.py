@@ -47,6 +47,8 @@ from cosmos_primitives.queue import RedisRolloutQueue, StalenessFilter, fetch_re
 from cosmos_primitives.queue.disaggregated_plan import plan_jobs
 from cosmos_primitives.queue.job_registry import JobRegistry, refuse_live_trainer
 from cosmos_primitives.queue.prompt_claims import PromptClaims
+from cosmos_primitives.queue.record import record_byte_limit
+from cosmos_primitives.queue.record_groups import dead_letter_on_nonfinite
 from cosmos_primitives.queue.record_metrics import (
     format_shares,
     producer_shares,
@@ -133,8 +135,12 @@ def main() -> None:
                                         total_steps=total_steps, prefix="[GRPO] ")
 
     # The queue (records with token ids outside the embedding table are dead-lettered) and the weight server.
+    # Records are checked as this job will use them: token ids inside the embedding table, sequences
+    # within model_max_length and payloads within record_byte_limit of it (else dead-lettered).
     vocab_size = policy.hf_model.get_input_embeddings().weight.shape[0]
-    queue = RedisRolloutQueue(cfg.redis, url=url, consumer=f"trainer-{info.rank}", vocab_size=vocab_size)
+    queue = RedisRolloutQueue(cfg.redis, url=url, consumer=f"trainer-{info.rank}", vocab_size=vocab_size,
+                              max_tokens=cfg.policy.model_max_length,
+                              max_bytes=record_byte_limit(cfg.policy.model_max_length, grpo.num_samples_per_prompt))
     control = RunControl(queue)
     stale = StalenessFilter.from_config(grpo)
     settings = MediaSettings.from_config(dataset_cfg, processor)  # sized as the rollout side sized them
@@ -174,8 +180,10 @@ def main() -> None:
         t0 = time.perf_counter()
         batch = collate_rollouts(groups, processor).to(info.device)
         times["collate"] = time.perf_counter() - t0
-        update = cp.policy.grpo_update(policy, reference, optimizer, batch, record_advantages(records, info.device),
-                                       cfg, mesh.group("dp"), step=step + 1)
+        with dead_letter_on_nonfinite(queue, records, step + 1):  # a restart must not stop on them again
+            update = cp.policy.grpo_update(policy, reference, optimizer, batch,
+                                           record_advantages(records, info.device), cfg, mesh.group("dp"),
+                                           step=step + 1)
         times.update(update.times)
         scheduler.step()
         step += 1

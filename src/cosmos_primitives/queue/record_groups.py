@@ -9,12 +9,14 @@ also checks that the re-encoded prompt gives the token ids the engine generated 
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+import contextlib
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import torch
 
+from cosmos_primitives.checkpoint.nonfinite import NonFiniteError
 from cosmos_primitives.data.bad_samples import BadSampleError, BadSampleTracker
 from cosmos_primitives.data.conversation import load_conversation
 from cosmos_primitives.data.media import MediaSettings
@@ -148,6 +150,26 @@ def fetch_records(queue: RolloutQueue, stale: StalenessFilter, want: int, *, tra
             groups.append(group)
             records.append(record)
     return records, groups
+
+
+@contextlib.contextmanager
+def dead_letter_on_nonfinite(queue: RolloutQueue, records: Sequence[RolloutRecord], step: int) -> Iterator[None]:
+    """Around one training step on ``records``: when it raises :class:`NonFiniteError` (a NaN / inf loss
+    or gradient norm under ``[train] nonfinite = "stop"``), move ``records`` to the dead letters with
+    that reason (``queue.reject``: acknowledged, never delivered again), then re-raise.
+
+    Records that pass every check of :func:`~cosmos_primitives.queue.record.check_record` can still
+    make a step non-finite (advantages of 1e38 overflow the gradient norm). Without this the stopped
+    trainer leaves them unacknowledged, its restart takes them again and stops at the same step,
+    for ever; with it the restart goes past them. Which record of the batch did it cannot be told
+    apart, so the whole batch is dead-lettered, each with the step and the error.
+    """
+    try:
+        yield
+    except NonFiniteError as error:
+        queue.reject(records, f"trainer step {step} on the batch holding this record was non-finite ({error}); "
+                     "the whole batch was dead-lettered so that a resumed trainer does not stop on it again")
+        raise
 
 
 def collate_records(records: Sequence[RolloutRecord], processor: Any, settings: MediaSettings | None = None,

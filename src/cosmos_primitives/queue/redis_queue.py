@@ -125,10 +125,15 @@ class RedisRolloutQueue:
         consumer: this consumer's name in the group; default ``<host>-<pid>-<6 hex>``.
         vocab_size: the trainer's vocabulary (embedding rows); records holding a token id at or
             above it are dead-lettered at :meth:`get`. None: only negative ids are refused.
+        max_tokens: the trainer's sequence length (``[policy] model_max_length``); records with a
+            prompt + completion longer than it are dead-lettered at :meth:`get`. None: no bound.
+        max_bytes: entries whose payload is larger are dead-lettered at :meth:`get` without being
+            decoded (:func:`~cosmos_primitives.queue.record.record_byte_limit`). None: no bound.
     """
 
     def __init__(self, config: RedisConfig | None = None, *, url: str | None = None,
-                 consumer: str | None = None, vocab_size: int | None = None) -> None:
+                 consumer: str | None = None, vocab_size: int | None = None, max_tokens: int | None = None,
+                 max_bytes: int | None = None) -> None:
         self.config = config or RedisConfig()
         _check_config(self.config)
         self.url = resolve_redis_url(url, self.config)
@@ -136,6 +141,8 @@ class RedisRolloutQueue:
         self.stream = self.config.stream
         self.group = self.config.group
         self.vocab_size = vocab_size
+        self.max_tokens = max_tokens
+        self.max_bytes = max_bytes
         self.done_key = f"{self.stream}:done"
         self.owners_key = f"{self.stream}:owners"
         self.stats_key = f"{self.stream}:stats"
@@ -367,7 +374,8 @@ class RedisRolloutQueue:
                     entry_id, f"the entry has no 'record' field (its fields: {names})"))
                 continue
             try:
-                decoded.append((entry_id, decode_record(payload, entry_id, self.vocab_size)))
+                decoded.append((entry_id, decode_record(payload, entry_id, self.vocab_size,
+                                                             max_tokens=self.max_tokens, max_bytes=self.max_bytes)))
             except MalformedRecordError as err:
                 self._reject(entry_id, fields, err)
         if not decoded:
