@@ -23,7 +23,11 @@ A fresh run (no ``[train] resume``) first deletes what an earlier run of the sam
 refuses while a live trainer job holds the run (its heartbeat has not expired), naming it, unless given
 ``--force``.
 ``[train] resume`` keeps the queue and the prompt claims: the rollout jobs go on where they were (a
-checkpoint also holds the claims position, put back when Redis lost it).
+checkpoint also holds the claims position, put back when Redis lost it). The records trained after
+the checkpoint it resumes from are trained again (``cp.queue.rollback``: their training is taken back
+and their prompt ranges handed out again), and a record this job drops (sampled with weights newer
+than its own, or older than the staleness bound) is returned and its prompt generated again, so that
+every prompt of an epoch is trained once across kills and resumes.
 ``python -m cosmos_primitives.queue.status --redis URL --run NAME`` shows the live jobs, the queue, the
 weight versions and the dead letters. Failure semantics: ``docs/disaggregated.md``. A SIGTERM or
 SIGUSR1 (``[train] signal_to_handle``) saves a checkpoint (with the claims position) when the step in
@@ -56,6 +60,7 @@ from cosmos_primitives.queue.record_metrics import (
     record_metrics,
     share_metrics,
 )
+from cosmos_primitives.queue.rollback import regenerate, roll_back_to
 from cosmos_primitives.queue.run_control import RunControl
 from cosmos_primitives.sync import WeightServer
 
@@ -74,6 +79,18 @@ def start_fresh(cfg, url: str, log, force: bool = False) -> None:
             if removed:
                 log.info(f"cleared {removed} keys an earlier run left under {cfg.redis.stream!r}")
         control.clear_stop()
+
+
+def keep_trained_rows(path, step: int) -> None:
+    """Drop the rows of ``records.jsonl`` written at steps after ``step`` (rolled back on resume)."""
+    if not path.is_file():
+        return
+    rows = path.read_text().splitlines(keepends=True)
+    kept = [row for row in rows if row.strip() and json.loads(row)["step"] <= step]
+    if len(kept) != len(rows):
+        tmp = path.with_suffix(".jsonl.tmp")
+        tmp.write_text("".join(kept))
+        tmp.replace(path)
 
 
 def main() -> None:
@@ -126,10 +143,11 @@ def main() -> None:
     state = ckpt.resume(cfg.train.resume, output_dir=cfg.train.output_dir)
     step = state.step if state else 0
     # The epoch position lives in Redis with the claims; checkpoints keep a copy for a Redis that lost it.
+    # Every rank hands the ranges of records it cannot train out again; rank 0 keeps the position.
     claims = PromptClaims(url, cfg.redis.stream, dataset_size=dataset_size, range_size=plan.prompts_per_rollout,
-                          seed=cfg.train.seed) if info.is_rank0 else None
+                          seed=cfg.train.seed)
     saved_position = state.extra.get("claims_next_range") if state else None
-    if claims is not None and saved_position is not None and claims.restore(int(saved_position)):
+    if info.is_rank0 and saved_position is not None and claims.restore(int(saved_position)):
         log.info(f"Redis had lost the run's prompt position: restored range {saved_position} from the checkpoint")
     tracker = cp.logging.MetricsTracker(run_dir, cfg.logging, run_config=cp.config.config_to_dict(cfg),
                                         total_steps=total_steps, prefix="[GRPO] ")
@@ -149,6 +167,12 @@ def main() -> None:
                           bucket_bytes=dis.bucket_mb << 20,
                           transfer_dtype=wire or cp.policy.resolve_dtype(cfg.policy.dtype),
                           host=dis.transfer_host or None, timeout_s=dis.transfer_timeout_s)
+    if info.is_rank0 and cfg.train.resume:
+        # Records trained after the checkpoint died with the weights that learned from them: they are
+        # trained again (their prompts generated again), and records.jsonl forgets those steps too.
+        roll_back_to(queue, claims, step)
+        keep_trained_rows(run_dir / "records.jsonl", step)
+    cp.parallel.barrier()  # no rank takes records before the rollback
     registry = job_id = None
     if info.is_rank0:  # the trainer job is listed once; rollout jobs read its records_per_step for their throttle
         registry = JobRegistry(url, cfg.redis.stream, ttl_s=dis.heartbeat_ttl_s)
@@ -165,7 +189,7 @@ def main() -> None:
     def claims_extra() -> dict:
         """What a checkpoint keeps of the prompt claims (collective: the same on every rank)."""
         return {"claims_next_range": cp.parallel.broadcast_object(
-            claims.position()["next_range"] if claims is not None else None)}
+            claims.position()["next_range"] if info.is_rank0 else None)}
 
     # a SIGTERM / SIGUSR1 ([train] signal_to_handle) saves the step in progress once it ends, then stops
     # this job alone: the rollout jobs wait for the restarted trainer (train.resume=true)
@@ -175,7 +199,8 @@ def main() -> None:
         t0 = time.perf_counter()
         records, groups = fetch_records(queue, stale, plan.records_per_trainer, trainer_step=step, settings=settings,
                                         bad=bad, timeout_s=dis.get_timeout_s, processor=processor,
-                                        num_completions=grpo.num_samples_per_prompt)
+                                        num_completions=grpo.num_samples_per_prompt,
+                                        on_dropped=lambda dropped: regenerate(queue, claims, dropped))
         times["wait"] = time.perf_counter() - t0
         t0 = time.perf_counter()
         batch = collate_rollouts(groups, processor).to(info.device)
@@ -193,7 +218,7 @@ def main() -> None:
         if info.is_rank0:
             queue.publish_weight_version(step)
         times["publish"] = server.publish(step).seconds
-        queue.ack(records)
+        queue.ack(records, step=step)  # the step lets a resume from an older checkpoint take them back
 
         # every trainer rank's records, for the producer summary and records.jsonl
         trained = [row for rows in cp.parallel.all_gather_object([provenance(r) for r in records]) for row in rows]
@@ -230,10 +255,10 @@ def main() -> None:
     if cfg.train.ckpt.export_safetensors and not preemption.stopped:
         ckpt.export_final()
     failures = ckpt.close()
+    claims.close()
     if registry is not None:
         registry.leave(job_id)
         registry.close()
-        claims.close()
         trained_log.close()
     control.close()
     queue.close()

@@ -10,7 +10,7 @@ also checks that the re-encoded prompt gives the token ids the engine generated 
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -111,10 +111,15 @@ def check_trainable(record: RolloutRecord, group: RolloutGroup, processor: Any =
 
 def fetch_records(queue: RolloutQueue, stale: StalenessFilter, want: int, *, trainer_step: int,
                   settings: MediaSettings, bad: BadSampleTracker, timeout_s: float, processor: Any = None,
-                  num_completions: int | None = None) -> tuple[list[RolloutRecord], list[RolloutGroup]]:
+                  num_completions: int | None = None,
+                  on_dropped: Callable[[list[RolloutRecord]], None] | None = None,
+                  ) -> tuple[list[RolloutRecord], list[RolloutGroup]]:
     """``want`` records to train on at ``trainer_step``, and their groups rebuilt with ``settings``.
 
-    Records over the staleness bound are acknowledged (consumed, counted by ``stale``); records
+    Records over the staleness bound, or sampled with weights newer than ``trainer_step``, are
+    handed to ``on_dropped`` (which must consume them: the independent trainer job returns them and
+    has their prompts generated again) or, without it, acknowledged as dropped (consumed untrained,
+    counted apart by the queue and by ``stale``); records
     whose media cannot be re-read (e.g. deleted since the rollout) are recorded in ``bad`` and
     acknowledged; records that cannot be trained on (``ValueError`` of :func:`group_from_record`
     or :func:`check_trainable` with ``processor`` / ``num_completions``) are dead-lettered with
@@ -134,8 +139,10 @@ def fetch_records(queue: RolloutQueue, stale: StalenessFilter, want: int, *, tra
             raise TimeoutError(f"no rollout record arrived for {timeout_s}s at trainer step {trainer_step} "
                                "([disaggregated] get_timeout_s); are the rollout ranks alive?")
         kept, dropped = stale.split(got, trainer_step=trainer_step)
-        if dropped:
-            queue.ack(dropped)
+        if dropped and on_dropped is not None:
+            on_dropped(dropped)
+        elif dropped:
+            queue.ack(dropped, dropped=True)
         for record in kept:
             try:
                 group = group_from_record(record, settings)
