@@ -10,6 +10,7 @@ quickstart's SFT model and must reach the same learning bar as the colocated run
 from __future__ import annotations
 
 import json
+import os
 import re
 import signal
 import subprocess
@@ -308,3 +309,83 @@ def test_a_preempted_trainer_job_saves_and_its_restart_finishes_the_run(grpo_ass
         for proc in procs:
             if proc.poll() is None:
                 kill_tree(proc)
+
+
+@pytest.mark.slow
+def test_every_prompt_of_the_epoch_is_trained_once_across_trainer_rollout_and_redis_kills(grpo_assets,
+                                                                                            tmp_path: Path) -> None:
+    """Issue 30 item 6, end to end: independent jobs against a redis-server with AOF (``appendfsync
+    always``). Once the trainer has trained a step after its last checkpoint, the trainer and one rollout
+    job are SIGKILLed and so is the redis-server (restarted on the same port and data); a new rollout
+    job starts and the trainer resumes from its checkpoint. Every prompt of epoch 0 (16 prompts, 8 steps
+    of 2) must be trained exactly once in the final records.jsonl, or be dead-lettered with a reason; no
+    record id is trained twice. Before the fix the records trained after the checkpoint stayed marked
+    trained, and the records made by the lost weights were dropped as "future": their prompts never came
+    back."""
+    import redis
+
+    from cosmos_primitives.queue import RedisServer
+
+    server = RedisServer(data_dir=tmp_path / "redis").start()  # the shipped settings: AOF, fsync always
+    small = ["grpo.rollout_batch_size=2", "grpo.num_samples_per_prompt=2", "rollout.max_response_length=6",
+             "train.max_steps=12", "train.optm_warmup_steps=0", "train.ckpt.enable_checkpoint=true",
+             "train.ckpt.save_freq=2", "train.ckpt.export_safetensors=false", "disaggregated.claim_ttl_s=6",
+             "redis.claim_idle_s=4", "grpo.allowed_outdated_steps=1"]
+    common = ["--run-name", "chaos", "--redis", server.url, *grpo_assets(CONFIG), *small]
+    trainer_args = [*common, f"train.output_dir={tmp_path / 'trainer'}"]
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    rollout_script = REPO / "examples" / "grpo_rollout_job.py"
+    trainer_script = REPO / "examples" / "grpo_trainer_job.py"
+    a = launch_recipe(rollout_script, CONFIG, common, logs / "rollout_a.log", cwd=REPO, new_session=True)
+    b = launch_recipe(rollout_script, CONFIG, common, logs / "rollout_b.log", cwd=REPO, new_session=True)
+    trainer = launch_recipe(trainer_script, CONFIG, trainer_args, logs / "trainer.log", cwd=REPO, new_session=True)
+    procs = [a, b, trainer]
+    client = redis.Redis.from_url(server.url, retry_on_error=[redis.exceptions.ConnectionError])
+    try:
+        def trained_rows() -> list[dict]:
+            return [row for path in (tmp_path / "trainer").glob("*/records.jsonl") for row in read_jsonl(path)]
+
+        def past_a_checkpoint() -> bool:  # a step trained after the last save: its training is lost
+            steps = {row["step"] for row in trained_rows()}
+            return bool(steps) and max(steps) >= 3 and max(steps) % 2 == 1
+
+        deadline = time.monotonic() + 300
+        while not past_a_checkpoint():
+            assert trainer.poll() is None and a.poll() is None, (logs / "trainer.log").read_text()[-3000:]
+            assert time.monotonic() < deadline, "the trainer never trained 3 steps"
+            time.sleep(0.05)
+        kill_tree(trainer)
+        killed_at = max(row["step"] for row in trained_rows())
+        kill_tree(a)
+        os.kill(server.pid, signal.SIGKILL)
+        time.sleep(0.3)
+        server.restart()
+        c = launch_recipe(rollout_script, CONFIG, common, logs / "rollout_c.log", cwd=REPO, new_session=True)
+        resumed = launch_recipe(trainer_script, CONFIG, [*trainer_args, "train.resume=true"], logs / "resumed.log",
+                                cwd=REPO, new_session=True)
+        procs += [c, resumed]
+        text = finish(resumed, logs / "resumed.log", timeout_s=600)
+        checkpoint = int(re.search(r"Resumed from \S+ \(step (\d+),", text).group(1))
+        assert checkpoint < killed_at
+        assert re.search(rf"rolled back \d+ records trained after checkpoint step {checkpoint}", text), text[-3000:]
+        finish(b, logs / "rollout_b.log", timeout_s=120)
+        finish(c, logs / "rollout_c.log", timeout_s=120)
+
+        rows = trained_rows()
+        assert sorted({row["step"] for row in rows}) == list(range(1, 13))
+        ids = [row["record_id"] for row in rows]
+        assert len(ids) == len(set(ids)), sorted(i for i in ids if ids.count(i) > 1)  # none trained twice
+        dead = {fields.get(b"record_id", b"").decode(): fields[b"reason"].decode()
+                for _, fields in client.xrange(f"{run_stream('chaos')}:dead")}
+        assert all(dead.values())
+        epoch0 = {f"e0-i{i}" for i in range(16)}
+        lost = epoch0 - set(ids) - set(dead)
+        assert not lost, f"prompts of epoch 0 neither trained nor dead-lettered: {sorted(lost)}"
+        assert not (set(ids) & set(dead))
+    finally:
+        for proc in procs:
+            if proc.poll() is None:
+                kill_tree(proc)
+        client.close()
+        server.close()
