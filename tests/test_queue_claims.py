@@ -210,6 +210,10 @@ def test_clear_stream_forgets_claims_and_jobs_of_the_run(redis_url: str) -> None
     other = PromptClaims(redis_url, run_stream("another"), dataset_size=5, range_size=1, seed=0)
     other.claim("X")
     with RedisRolloutQueue(RedisConfig(stream=RUN), url=redis_url) as queue, RunControl(queue) as control:
+        from test_queue_redis import make_record
+
+        queue.put(make_record(0))
+        queue.ack(queue.get(1, timeout=2), step=1)  # trained ids with their step, which a resume reads
         assert control.clear_stream() >= 5  # meta, next, deadlines, owners, job key, job set
     client = redis.Redis.from_url(redis_url)
     assert client.keys(f"{RUN}*") == []
