@@ -21,7 +21,8 @@ and exports the weights like the colocated recipe.
 
 A fresh run (no ``[train] resume``) first deletes what an earlier run of the same name left in Redis; it
 refuses while a live trainer job holds the run (its heartbeat has not expired), naming it, unless given
-``--force``.
+``--force``; a resume waits up to ``[disaggregated] heartbeat_ttl_s`` for such a trainer (one killed
+moments ago) to drop out, then refuses the same way: two trainers would share one consumer group.
 ``[train] resume`` keeps the queue and the prompt claims: the rollout jobs go on where they were (a
 checkpoint also holds the claims position, put back when Redis lost it). The records trained after
 the checkpoint it resumes from are trained again (``cp.queue.rollback``: their training is taken back
@@ -66,15 +67,18 @@ from cosmos_primitives.sync import WeightServer
 
 
 def start_fresh(cfg, url: str, log, force: bool = False) -> None:
-    """Rank 0 of a run without resume: forget what an earlier run of this name left in Redis, unless a
-    live trainer job holds the run (``RunInUseError``; ``--force`` clears it anyway)."""
+    """Rank 0: refuse a run that a live trainer job holds (``RunInUseError``; a resume first waits up to
+    ``heartbeat_ttl_s`` for a killed trainer's key to expire; ``--force`` goes on anyway); then, without
+    resume, forget what an earlier run of this name left in Redis."""
     with RedisRolloutQueue(cfg.redis, url=url) as queue, RunControl(queue) as control:
-        if not cfg.train.resume and cfg.disaggregated.clear_stream_at_start:
-            if force:
-                log.warning(f"--force: clearing run {cfg.redis.stream!r} whatever trainer job holds it")
-            else:
-                with JobRegistry(url, cfg.redis.stream, config=cfg.redis) as registry:
-                    refuse_live_trainer(registry)
+        fresh = not cfg.train.resume and cfg.disaggregated.clear_stream_at_start
+        if force:
+            log.warning(f"--force: taking run {cfg.redis.stream!r} over whatever trainer job holds it")
+        else:  # a resume waits out the heartbeat of the trainer it replaces (killed moments ago)
+            with JobRegistry(url, cfg.redis.stream, config=cfg.redis) as registry:
+                refuse_live_trainer(registry, action="start a fresh run" if fresh else "resume the run",
+                                    wait_s=0.0 if fresh else cfg.disaggregated.heartbeat_ttl_s + 1.0)
+        if fresh:
             removed = control.clear_stream()
             if removed:
                 log.info(f"cleared {removed} keys an earlier run left under {cfg.redis.stream!r}")

@@ -162,7 +162,7 @@ def test_a_fresh_trainer_job_refuses_a_run_held_by_a_live_trainer_and_force_clea
     try:
         wait_for(forced, lambda: client.get(f"{stream}:weight_version") in (None, b"0"))
         assert client.get(f"{stream}:weight_version") in (None, b"0"), (tmp_path / "forced.log").read_text()[-3000:]
-        assert "--force: clearing run" in (tmp_path / "forced.log").read_text(errors="replace")
+        assert "--force: taking run" in (tmp_path / "forced.log").read_text(errors="replace")
     finally:
         kill_tree(forced)
         registry.close()
@@ -330,7 +330,8 @@ def test_every_prompt_of_the_epoch_is_trained_once_across_trainer_rollout_and_re
     small = ["grpo.rollout_batch_size=2", "grpo.num_samples_per_prompt=2", "rollout.max_response_length=4",
              "train.max_steps=12", "train.optm_warmup_steps=0", "train.ckpt.enable_checkpoint=true",
              "train.ckpt.save_freq=2", "train.ckpt.export_safetensors=false", "disaggregated.claim_ttl_s=6",
-             "redis.claim_idle_s=4", "grpo.allowed_outdated_steps=1"]
+             "redis.claim_idle_s=4", "grpo.allowed_outdated_steps=1",
+             "disaggregated.heartbeat_ttl_s=4"]  # the resumed trainer waits for the killed one's key to expire
     common = ["--run-name", "chaos", "--redis", server.url, *grpo_assets(CONFIG), *small]
     trainer_args = [*common, f"train.output_dir={tmp_path / 'trainer'}"]
     logs = tmp_path / "logs"
