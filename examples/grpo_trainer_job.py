@@ -21,9 +21,16 @@ records, with their weight versions and lag, and writes one line per trained rec
 ``records.jsonl`` in the run directory. At the end it sets the run's stop flag (the rollout jobs exit)
 and exports the weights like the colocated recipe.
 
-A fresh run (no ``[train] resume``) first deletes what an earlier run of the same name left in Redis.
+A fresh run (no ``[train] resume``) first deletes what an earlier run of the same name left in Redis; it
+refuses while a live trainer job holds the run (its heartbeat has not expired), naming it, unless given
+``--force``; a resume waits up to ``[disaggregated] heartbeat_ttl_s`` for such a trainer (one killed
+moments ago) to drop out, then refuses the same way: two trainers would share one consumer group.
 ``[train] resume`` keeps the queue and the prompt claims: the rollout jobs go on where they were (a
-checkpoint also holds the claims position, put back when Redis lost it).
+checkpoint also holds the claims position, put back when Redis lost it). The records trained after
+the checkpoint it resumes from are trained again (``cp.queue.rollback``: their training is taken back
+and their prompt ranges handed out again), and a record this job drops (sampled with weights newer
+than its own, or older than the staleness bound) is returned and its prompt generated again, so that
+every prompt of an epoch is trained once across kills and resumes.
 ``python -m cosmos_primitives.queue.status --redis URL --run NAME`` shows the live jobs, the queue, the
 weight versions and the dead letters. Failure semantics: ``docs/disaggregated.md``. A SIGTERM or
 SIGUSR1 (``[train] signal_to_handle``) saves a checkpoint (with the claims position) when the step in
@@ -35,6 +42,7 @@ from __future__ import annotations
 
 import json
 import math
+import sys
 import time
 
 import torch
@@ -44,8 +52,10 @@ from cosmos_primitives.checkpoint import CheckpointManager
 from cosmos_primitives.data import BadSampleTracker, MediaSettings, collate_rollouts, prompt_dataset
 from cosmos_primitives.queue import RedisRolloutQueue, StalenessFilter, fetch_records, record_advantages
 from cosmos_primitives.queue.disaggregated_plan import plan_jobs
-from cosmos_primitives.queue.job_registry import JobRegistry
+from cosmos_primitives.queue.job_registry import JobRegistry, refuse_live_trainer
 from cosmos_primitives.queue.prompt_claims import PromptClaims
+from cosmos_primitives.queue.record import record_byte_limit
+from cosmos_primitives.queue.record_groups import dead_letter_on_nonfinite
 from cosmos_primitives.queue.record_metrics import (
     format_shares,
     producer_shares,
@@ -53,23 +63,48 @@ from cosmos_primitives.queue.record_metrics import (
     record_metrics,
     share_metrics,
 )
+from cosmos_primitives.queue.rollback import regenerate, roll_back_to
 from cosmos_primitives.queue.run_control import RunControl
 from cosmos_primitives.sync import WeightServer
 from cosmos_primitives.sync.run_auth import RunSecret
 
 
-def start_fresh(cfg, url: str, secret: RunSecret, log) -> None:
-    """Rank 0 of a run without resume: forget what an earlier run of this name left in Redis."""
+def start_fresh(cfg, url: str, secret: RunSecret, log, force: bool = False) -> None:
+    """Rank 0: refuse a run that a live trainer job holds (``RunInUseError``; a resume first waits up to
+    ``heartbeat_ttl_s`` for a killed trainer's key to expire; ``--force`` goes on anyway); then, without
+    resume, forget what an earlier run of this name left in Redis."""
     with RedisRolloutQueue(cfg.redis, url=url) as queue, RunControl(queue, secret) as control:
-        if not cfg.train.resume and cfg.disaggregated.clear_stream_at_start:
+        fresh = not cfg.train.resume and cfg.disaggregated.clear_stream_at_start
+        if force:
+            log.warning(f"--force: taking run {cfg.redis.stream!r} over whatever trainer job holds it")
+        else:  # a resume waits out the heartbeat of the trainer it replaces (killed moments ago)
+            with JobRegistry(url, cfg.redis.stream, config=cfg.redis) as registry:
+                refuse_live_trainer(registry, action="start a fresh run" if fresh else "resume the run",
+                                    wait_s=0.0 if fresh else cfg.disaggregated.heartbeat_ttl_s + 1.0)
+        if fresh:
             removed = control.clear_stream()
             if removed:
                 log.info(f"cleared {removed} keys an earlier run left under {cfg.redis.stream!r}")
         control.clear_stop()
 
 
+def keep_trained_rows(path, step: int) -> None:
+    """Drop the rows of ``records.jsonl`` written at steps after ``step`` (rolled back on resume)."""
+    if not path.is_file():
+        return
+    rows = path.read_text().splitlines(keepends=True)
+    kept = [row for row in rows if row.strip() and json.loads(row)["step"] <= step]
+    if len(kept) != len(rows):
+        tmp = path.with_suffix(".jsonl.tmp")
+        tmp.write_text("".join(kept))
+        tmp.replace(path)
+
+
 def main() -> None:
-    cfg, config_path = cp.config.load_recipe_config(__doc__, plugins=True, jobs=True)  # + --run, --redis
+    # --force: clear the run even while a live trainer job holds it (a fresh start refuses otherwise)
+    force = "--force" in sys.argv[1:]
+    cfg, config_path = cp.config.load_recipe_config(__doc__, plugins=True, jobs=True,  # + --run, --redis
+                                                    argv=[a for a in sys.argv[1:] if a != "--force"])
     info = cp.parallel.init_distributed()
     log = cp.logging.get_logger()
     dis, grpo = cfg.disaggregated, cfg.grpo
@@ -97,7 +132,7 @@ def main() -> None:
     run_dir = cp.utils.make_run_dir(cfg.train.output_dir, reuse_latest=bool(cfg.train.resume), timestamp=stamp)
     if info.is_rank0:
         cp.config.dump_config(cfg, run_dir / "config.toml")
-        start_fresh(cfg, url, secret, log)
+        start_fresh(cfg, url, secret, log, force)
     cp.parallel.barrier()
 
     # Policy (FSDP2 over this job's ranks), KL reference, optimizer, checkpoints, metrics.
@@ -116,17 +151,22 @@ def main() -> None:
     state = ckpt.resume(cfg.train.resume, output_dir=cfg.train.output_dir)
     step = state.step if state else 0
     # The epoch position lives in Redis with the claims; checkpoints keep a copy for a Redis that lost it.
+    # Every rank hands the ranges of records it cannot train out again; rank 0 keeps the position.
     claims = PromptClaims(url, cfg.redis.stream, dataset_size=dataset_size, range_size=plan.prompts_per_rollout,
-                          seed=cfg.train.seed) if info.is_rank0 else None
+                          seed=cfg.train.seed)
     saved_position = state.extra.get("claims_next_range") if state else None
-    if claims is not None and saved_position is not None and claims.restore(int(saved_position)):
+    if info.is_rank0 and saved_position is not None and claims.restore(int(saved_position)):
         log.info(f"Redis had lost the run's prompt position: restored range {saved_position} from the checkpoint")
     tracker = cp.logging.MetricsTracker(run_dir, cfg.logging, run_config=cp.config.config_to_dict(cfg),
                                         total_steps=total_steps, prefix="[GRPO] ")
 
     # The queue (records with token ids outside the embedding table are dead-lettered) and the weight server.
+    # Records are checked as this job will use them: token ids inside the embedding table, sequences
+    # within model_max_length and payloads within record_byte_limit of it (else dead-lettered).
     vocab_size = policy.hf_model.get_input_embeddings().weight.shape[0]
-    queue = RedisRolloutQueue(cfg.redis, url=url, consumer=f"trainer-{info.rank}", vocab_size=vocab_size)
+    queue = RedisRolloutQueue(cfg.redis, url=url, consumer=f"trainer-{info.rank}", vocab_size=vocab_size,
+                              max_tokens=cfg.policy.model_max_length,
+                              max_bytes=record_byte_limit(cfg.policy.model_max_length, grpo.num_samples_per_prompt))
     control = RunControl(queue, secret)
     stale = StalenessFilter.from_config(grpo)
     settings = MediaSettings.from_config(dataset_cfg, processor)  # sized as the rollout side sized them
@@ -135,6 +175,12 @@ def main() -> None:
                           bucket_bytes=dis.bucket_mb << 20,
                           transfer_dtype=wire or cp.policy.resolve_dtype(cfg.policy.dtype),
                           host=dis.transfer_host or None, timeout_s=dis.transfer_timeout_s, secret=secret)
+    if info.is_rank0 and cfg.train.resume:
+        # Records trained after the checkpoint died with the weights that learned from them: they are
+        # trained again (their prompts generated again), and records.jsonl forgets those steps too.
+        roll_back_to(queue, claims, step)
+        keep_trained_rows(run_dir / "records.jsonl", step)
+    cp.parallel.barrier()  # no rank takes records before the rollback
     registry = job_id = None
     if info.is_rank0:  # the trainer job is listed once; rollout jobs read its records_per_step for their throttle
         registry = JobRegistry(url, cfg.redis.stream, ttl_s=dis.heartbeat_ttl_s)
@@ -151,7 +197,7 @@ def main() -> None:
     def claims_extra() -> dict:
         """What a checkpoint keeps of the prompt claims (collective: the same on every rank)."""
         return {"claims_next_range": cp.parallel.broadcast_object(
-            claims.position()["next_range"] if claims is not None else None)}
+            claims.position()["next_range"] if info.is_rank0 else None)}
 
     # a SIGTERM / SIGUSR1 ([train] signal_to_handle) saves the step in progress once it ends, then stops
     # this job alone: the rollout jobs wait for the restarted trainer (train.resume=true)
@@ -161,13 +207,16 @@ def main() -> None:
         t0 = time.perf_counter()
         records, groups = fetch_records(queue, stale, plan.records_per_trainer, trainer_step=step, settings=settings,
                                         bad=bad, timeout_s=dis.get_timeout_s, processor=processor,
-                                        num_completions=grpo.num_samples_per_prompt)
+                                        num_completions=grpo.num_samples_per_prompt,
+                                        on_dropped=lambda dropped: regenerate(queue, claims, dropped))
         times["wait"] = time.perf_counter() - t0
         t0 = time.perf_counter()
         batch = collate_rollouts(groups, processor).to(info.device)
         times["collate"] = time.perf_counter() - t0
-        update = cp.policy.grpo_update(policy, reference, optimizer, batch, record_advantages(records, info.device),
-                                       cfg, mesh.group("dp"), step=step + 1)
+        with dead_letter_on_nonfinite(queue, records, step + 1):  # a restart must not stop on them again
+            update = cp.policy.grpo_update(policy, reference, optimizer, batch,
+                                           record_advantages(records, info.device), cfg, mesh.group("dp"),
+                                           step=step + 1)
         times.update(update.times)
         scheduler.step()
         step += 1
@@ -177,7 +226,7 @@ def main() -> None:
         if info.is_rank0:
             queue.publish_weight_version(step)
         times["publish"] = server.publish(step).seconds
-        queue.ack(records)
+        queue.ack(records, step=step)  # the step lets a resume from an older checkpoint take them back
 
         # every trainer rank's records, for the producer summary and records.jsonl
         trained = [row for rows in cp.parallel.all_gather_object([provenance(r) for r in records]) for row in rows]
@@ -214,10 +263,10 @@ def main() -> None:
     if cfg.train.ckpt.export_safetensors and not preemption.stopped:
         ckpt.export_final()
     failures = ckpt.close()
+    claims.close()
     if registry is not None:
         registry.leave(job_id)
         registry.close()
-        claims.close()
         trained_log.close()
     control.close()
     queue.close()

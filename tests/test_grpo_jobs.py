@@ -153,6 +153,51 @@ def test_launch_scripts_keep_redis_private_and_secrets_off_command_lines() -> No
         assert "--requirepass" not in text and "SECRET=" not in text.replace("COSMOS_RUN_SECRET=${", ""), script
 
 
+@pytest.mark.slow
+def test_a_fresh_trainer_job_refuses_a_run_held_by_a_live_trainer_and_force_clears_it(
+        grpo_assets, redis_url: str, tmp_path: Path) -> None:
+    """Issue 30 item 5: a second trainer job with the same run name used to clear the keys of the live run."""
+    import redis
+
+    from cosmos_primitives.queue import JobRegistry
+
+    stream = run_stream("held")
+    client = redis.Redis.from_url(redis_url)
+    client.set(f"{stream}:weight_version", 7)  # the live run's state, which a fresh start would delete
+    registry = JobRegistry(redis_url, stream, ttl_s=60)
+    live = registry.join("trainer", job_id="trainer-live", ranks=1)
+    args = ["--run-name", "held", "--redis", redis_url, *grpo_assets(CONFIG), f"train.output_dir={tmp_path}"]
+
+    def launch(extra: list[str], log: Path) -> subprocess.Popen:
+        return launch_recipe(REPO / "examples" / "grpo_trainer_job.py", CONFIG, [*extra, *args], log, cwd=REPO,
+                             new_session=True)
+
+    def wait_for(proc: subprocess.Popen, done, timeout_s: float = 180.0) -> None:
+        deadline = time.monotonic() + timeout_s
+        while proc.poll() is None and not done() and time.monotonic() < deadline:
+            time.sleep(0.2)
+
+    refused = launch([], tmp_path / "refused.log")
+    try:
+        wait_for(refused, lambda: client.get(f"{stream}:weight_version") is None)
+        assert client.get(f"{stream}:weight_version") == b"7"  # nothing was cleared
+        refused.wait(timeout=60)
+        text = (tmp_path / "refused.log").read_text(errors="replace")
+        assert refused.returncode != 0, text[-3000:]
+        assert f"run '{stream}' is held by the live trainer job {live}" in text and "--force" in text, text[-3000:]
+    finally:
+        kill_tree(refused)
+    forced = launch(["--force"], tmp_path / "forced.log")
+    try:
+        wait_for(forced, lambda: client.get(f"{stream}:weight_version") in (None, b"0"))
+        assert client.get(f"{stream}:weight_version") in (None, b"0"), (tmp_path / "forced.log").read_text()[-3000:]
+        assert "--force: taking run" in (tmp_path / "forced.log").read_text(errors="replace")
+    finally:
+        kill_tree(forced)
+        registry.close()
+        client.close()
+
+
 @pytest.mark.parametrize("script", ["run_jobs_local.sh", "slurm/submit.sh", "slurm/common.sh", "slurm/redis.sbatch",
                                     "slurm/trainer.sbatch", "slurm/rollout.sbatch"])
 def test_launch_scripts_parse_and_name_the_job_entry_points(script: str) -> None:
@@ -293,3 +338,82 @@ def test_a_preempted_trainer_job_saves_and_its_restart_finishes_the_run(grpo_ass
         for proc in procs:
             if proc.poll() is None:
                 kill_tree(proc)
+
+
+@pytest.mark.slow
+def test_every_prompt_of_the_epoch_is_trained_once_across_trainer_rollout_and_redis_kills(grpo_assets,
+                                                                                            tmp_path: Path) -> None:
+    """Issue 30 item 6, end to end: independent jobs against a redis-server with AOF (``appendfsync
+    always``). Once the trainer has trained a step after its last checkpoint, the trainer and the rollout
+    job are SIGKILLed and so is the redis-server (restarted on the same port and data); a new rollout
+    job starts and the trainer resumes from its checkpoint. Every prompt of epoch 0 (16 prompts, 8 steps
+    of 2) must be trained exactly once in the final records.jsonl, or be dead-lettered with a reason; no
+    record id is trained twice. Before the fix the records trained after the checkpoint stayed marked
+    trained, and the records made by the lost weights were dropped as "future": their prompts never came
+    back."""
+    import redis
+
+    from cosmos_primitives.queue import RedisServer
+
+    server = RedisServer(data_dir=tmp_path / "redis").start()  # the shipped settings: AOF, fsync always
+    small = ["grpo.rollout_batch_size=2", "grpo.num_samples_per_prompt=2", "rollout.max_response_length=4",
+             "train.max_steps=12", "train.optm_warmup_steps=0", "train.ckpt.enable_checkpoint=true",
+             "train.ckpt.save_freq=2", "train.ckpt.export_safetensors=false", "disaggregated.claim_ttl_s=6",
+             "redis.claim_idle_s=4", "grpo.allowed_outdated_steps=1",
+             "disaggregated.heartbeat_ttl_s=4"]  # the resumed trainer waits for the killed one's key to expire
+    common = ["--run-name", "chaos", "--redis", server.url, *grpo_assets(CONFIG), *small]
+    trainer_args = [*common, f"train.output_dir={tmp_path / 'trainer'}"]
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    rollout_script = REPO / "examples" / "grpo_rollout_job.py"
+    trainer_script = REPO / "examples" / "grpo_trainer_job.py"
+    a = launch_recipe(rollout_script, CONFIG, common, logs / "rollout_a.log", cwd=REPO, new_session=True)
+    trainer = launch_recipe(trainer_script, CONFIG, trainer_args, logs / "trainer.log", cwd=REPO, new_session=True)
+    procs = [a, trainer]
+    client = redis.Redis.from_url(server.url, retry_on_error=[redis.exceptions.ConnectionError])
+    try:
+        def trained_rows() -> list[dict]:
+            return [row for path in (tmp_path / "trainer").glob("*/records.jsonl") for row in read_jsonl(path)]
+
+        def past_a_checkpoint() -> bool:  # a step trained after the last save: its training is lost
+            steps = {row["step"] for row in trained_rows()}
+            return bool(steps) and max(steps) >= 3 and max(steps) % 2 == 1
+
+        deadline = time.monotonic() + 300
+        while not past_a_checkpoint():
+            assert trainer.poll() is None and a.poll() is None, (logs / "trainer.log").read_text()[-3000:]
+            assert time.monotonic() < deadline, "the trainer never trained 3 steps"
+            time.sleep(0.05)
+        kill_tree(trainer)
+        killed_at = max(row["step"] for row in trained_rows())
+        kill_tree(a)
+        os.kill(server.pid, signal.SIGKILL)
+        time.sleep(0.3)
+        server.restart()
+        c = launch_recipe(rollout_script, CONFIG, common, logs / "rollout_c.log", cwd=REPO, new_session=True)
+        resumed = launch_recipe(trainer_script, CONFIG, [*trainer_args, "train.resume=true"], logs / "resumed.log",
+                                cwd=REPO, new_session=True)
+        procs += [c, resumed]
+        text = finish(resumed, logs / "resumed.log", timeout_s=600)
+        checkpoint = int(re.search(r"Resumed from \S+ \(step (\d+),", text).group(1))
+        assert checkpoint < killed_at  # steps were lost with the trainer
+        finish(c, logs / "rollout_c.log", timeout_s=120)
+
+        rows = trained_rows()
+        assert sorted({row["step"] for row in rows}) == list(range(1, 13))
+        ids = [row["record_id"] for row in rows]
+        assert len(ids) == len(set(ids)), sorted(i for i in ids if ids.count(i) > 1)  # none trained twice
+        dead = {fields.get(b"record_id", b"").decode(): fields[b"reason"].decode()
+                for _, fields in client.xrange(f"{run_stream('chaos')}:dead")}
+        assert all(dead.values())
+        epoch0 = {f"e0-i{i}" for i in range(16)}
+        lost = epoch0 - set(ids) - set(dead)
+        assert not lost, f"prompts of epoch 0 neither trained nor dead-lettered: {sorted(lost)}"
+        assert not (set(ids) & set(dead))
+        assert re.search(rf"rolled back \d+ records trained after checkpoint step {checkpoint}", text), text[-3000:]
+    finally:
+        for proc in procs:
+            if proc.poll() is None:
+                kill_tree(proc)
+        client.close()
+        server.close()

@@ -215,6 +215,10 @@ def test_clear_stream_forgets_claims_and_jobs_of_the_run(redis_url: str) -> None
     other = PromptClaims(redis_url, run_stream("another"), dataset_size=5, range_size=1, seed=0)
     other.claim("X")
     with RedisRolloutQueue(RedisConfig(stream=RUN), url=redis_url) as queue, RunControl(queue) as control:
+        from test_queue_redis import make_record
+
+        queue.put(make_record(0))
+        queue.ack(queue.get(1, timeout=2), step=1)  # trained ids with their step, which a resume reads
         assert control.clear_stream() >= 5  # meta, next, deadlines, owners, job key, job set
     client = redis.Redis.from_url(redis_url)
     assert client.keys(f"{RUN}*") == []
@@ -305,3 +309,82 @@ def test_restore_puts_back_a_saved_position_only_where_redis_lost_it(redis_url: 
     claims.clear()  # what a Redis restart without persistence leaves
     assert claims.restore(saved)
     assert claims.claim("A").range_id == saved == 4
+
+
+def _produce(claims: PromptClaims, queue: RedisRolloutQueue, claim: Claim, version: int) -> list[str]:
+    """What a rollout job does with a claim: one record per prompt, its id fixed by epoch and prompt."""
+    from test_queue_redis import make_record
+
+    records = []
+    for index in claim.indices:
+        record = make_record(index, version=version)
+        record.record_id = claims.record_id(claim, index)
+        records.append(record)
+    queue.put_many(records)
+    assert claims.complete(claim)
+    return [r.record_id for r in records]
+
+
+def test_range_of_inverts_record_id_over_the_epoch_permutation(redis_url: str) -> None:
+    claims = make_claims(redis_url, dataset_size=10, range_size=3)
+    for _ in range(8):  # into the second epoch
+        claim = claims.claim("job")
+        assert {claims.range_of(claims.record_id(claim, i)) for i in claim.indices} == {claim.range_id}
+    assert claims.range_of("not-a-claim-id") is None and claims.range_of("e0-i10") is None
+    claims.close()
+
+
+def test_a_resume_from_an_older_checkpoint_trains_the_rolled_back_prompts_again(redis_url: str) -> None:
+    """Issue 30 item 6: records trained after the checkpoint stayed in the trained set when the trainer
+    resumed from it (their training was rolled back with the weights): their prompts were never trained
+    again. roll_back_to takes their training back and hands their ranges out again; the trained prompts
+    of a re-issued range are skipped as duplicates, so each prompt is trained once."""
+    from cosmos_primitives.queue.rollback import roll_back_to
+
+    cfg = RedisConfig(url=redis_url, stream=RUN, block_s=0.1, claim_idle_s=30.0)
+    claims = make_claims(redis_url, dataset_size=8, range_size=2)
+    trained: list[str] = []
+    with RedisRolloutQueue(cfg, consumer="trainer-0") as trainer, RedisRolloutQueue(cfg) as rollout:
+        for step in (1, 2, 3):  # one range a step; the checkpoint is at step 1
+            _produce(claims, rollout, claims.claim("job-a"), version=step - 1)
+            batch = trainer.get(2, timeout=2)
+            trainer.ack(batch, step=step)
+            trained += [r.record_id for r in batch]
+        assert sorted(trainer.trained_after(1)) == sorted(trained[2:])
+    # the trainer is killed and resumed from step 1: steps 2 and 3 are lost with their weights
+    with RedisRolloutQueue(cfg, consumer="trainer-0") as resumed, RedisRolloutQueue(cfg) as rollout:
+        assert sorted(roll_back_to(resumed, claims, 1)) == sorted(trained[2:])
+        again = [claims.claim("job-b"), claims.claim("job-b")]
+        assert sorted(c.range_id for c in again) == [1, 2] and all(c.reissued for c in again)
+        for claim in again:
+            _produce(claims, rollout, claim, version=1)
+        new = _produce(claims, rollout, claims.claim("job-b"), version=1)  # then the next new range, 3
+        retrained = [r.record_id for r in resumed.get(6, timeout=2)]
+        assert sorted(retrained) == sorted(trained[2:] + new)
+        assert resumed.get(1, timeout=0.3) == []  # nothing else is delivered
+        assert set(retrained) | set(trained[:2]) == {f"e0-i{i}" for i in range(8)}
+    claims.close()
+
+
+def test_records_from_lost_weights_are_returned_and_their_prompts_generated_again(redis_url: str) -> None:
+    """Issue 30 item 6: records sampled with weights newer than the resumed trainer's were acknowledged as
+    "future" and dropped, their prompts lost. fetch_records hands them to regenerate instead."""
+    from cosmos_primitives.data import BadSampleTracker, MediaSettings
+    from cosmos_primitives.queue import StalenessFilter, fetch_records
+    from cosmos_primitives.queue.rollback import regenerate
+
+    cfg = RedisConfig(url=redis_url, stream=RUN, block_s=0.1, claim_idle_s=30.0)
+    claims = make_claims(redis_url, dataset_size=8, range_size=2)
+    with RedisRolloutQueue(cfg, consumer="trainer-0") as trainer, RedisRolloutQueue(cfg) as rollout:
+        future = _produce(claims, rollout, claims.claim("job-a"), version=5)  # made by weights the trainer lost
+        with pytest.raises(TimeoutError):  # nothing it may train at step 2 arrives
+            fetch_records(trainer, StalenessFilter(2), 2, trainer_step=2, settings=MediaSettings(),
+                          bad=BadSampleTracker(0), timeout_s=0.5,
+                          on_dropped=lambda dropped: regenerate(trainer, claims, dropped))
+        assert trainer.group_counters()["returned"] == 2 and trainer.pending() == 0
+        claim = claims.claim("job-b")
+        assert (claim.range_id, claim.reissued) == (0, True)
+        assert _produce(claims, rollout, claim, version=2) == future  # the same prompts, the same ids
+        again = trainer.get(2, timeout=2)
+        assert sorted(r.record_id for r in again) == sorted(future) and {r.weight_version for r in again} == {2}
+    claims.close()

@@ -15,6 +15,7 @@ import pytest
 
 from cosmos_primitives.config import run_stream
 from cosmos_primitives.queue import JobRegistry, RedisServer
+from cosmos_primitives.queue.job_registry import RunInUseError, refuse_live_trainer
 
 RUN = run_stream("jobs-test")
 
@@ -194,3 +195,32 @@ def test_heartbeats_outlive_a_redis_restart_without_persistence(caplog: pytest.L
         assert live[job]["role"] == "trainer" and live[job]["step"] == 2
         assert registry.rejoins >= 1
         registry.close()
+
+
+def test_a_live_trainer_refuses_a_fresh_start_naming_the_run_and_the_trainer(redis_url: str) -> None:
+    registry = JobRegistry(redis_url, RUN, ttl_s=0.5)
+    refuse_live_trainer(registry)  # nobody holds the run
+    registry.join("rollout", job_id="r1")  # a rollout job alone does not hold it
+    refuse_live_trainer(registry)
+    registry.join("trainer", job_id="trainer-live", ranks=1)
+    with pytest.raises(RunInUseError, match=rf"run '{RUN}' is held by the live trainer job trainer-live \(host "
+                       r".*--force"):
+        refuse_live_trainer(registry)
+    time.sleep(0.7)  # its heartbeat expired (a SIGKILLed trainer): the run may be started afresh
+    refuse_live_trainer(registry)
+    registry.close()
+
+
+def test_a_resume_waits_for_a_killed_trainers_heartbeat_to_expire_then_goes_on(redis_url: str) -> None:
+    """Issue 30 item 5: a trainer resumed right after a SIGKILL sees the killed one live for heartbeat_ttl_s;
+    it waits for the key to expire, and refuses a trainer that keeps beating."""
+    registry = JobRegistry(redis_url, RUN, ttl_s=0.6)
+    registry.join("trainer", job_id="killed")  # never beats again
+    t0 = time.monotonic()
+    refuse_live_trainer(registry, action="resume the run", wait_s=5.0, poll_s=0.05)
+    assert 0.3 < time.monotonic() - t0 < 3.0
+    registry.join("trainer", job_id="alive")
+    registry.start_heartbeat("alive", interval_s=0.1)
+    with pytest.raises(RunInUseError, match=r"cannot resume the run: .* held by the live trainer job alive"):
+        refuse_live_trainer(registry, action="resume the run", wait_s=1.0, poll_s=0.05)
+    registry.close()

@@ -21,6 +21,7 @@ from cosmos_primitives.queue import (
     encode_record,
     expected_staleness,
     media_references,
+    record_byte_limit,
     record_from_group,
 )
 
@@ -115,6 +116,38 @@ def test_token_id_equal_to_vocab_size_is_refused_and_the_last_row_accepted(where
     with pytest.raises(ValueError, match=r"completion_token_ids\[0\] holds the token id 50"):
         check_record(record, vocab_size=vocab)
     check_record(make_record(1), vocab_size=12)  # its largest id is 11
+
+
+@pytest.mark.parametrize("field, value", [("advantages", [1e300, 0.0]), ("rewards", [-1e39, 0.0]),
+                                          ("logprobs", [[-1e300, -0.5, -0.5], [-0.5] * 3])])
+def test_values_finite_in_float64_but_not_in_float32_are_refused(field: str, value) -> None:
+    """Issue 30 item 4: 1e300 passed the float64 finiteness check and became inf in the trainer's float32."""
+    payload = msgspec.msgpack.encode({**msgspec.structs.asdict(make_record(1)), field: value})
+    with pytest.raises(MalformedRecordError, match=rf"{field}\[0\].*float32"):
+        decode_record(payload, "7-0")
+    largest = msgspec.msgpack.encode({**msgspec.structs.asdict(make_record(1)), "advantages": [3.4e38, -3.4e38]})
+    assert decode_record(largest).advantages == [3.4e38, -3.4e38]  # still float32
+
+
+def test_records_larger_than_the_trainer_takes_are_refused_before_or_after_decoding() -> None:
+    """Issue 30 item 4: a 40 MB record was accepted; the bounds come from the trainer's sequence length."""
+    assert record_byte_limit(4096, 8) == 64 * 4096 * 9 + (64 << 10)
+    limit = record_byte_limit(64, 2)
+    huge = make_record(2)
+    huge.conversation = [{"role": "user", "content": [{"type": "video", "video": "s3://bucket/clip.mp4"},
+                                                      {"type": "text", "text": "x" * (40 << 20)}]}]
+    payload = encode_record(huge)
+    assert len(payload) > 40 << 20
+    decode_record(payload)  # no bound given: as before
+    with pytest.raises(MalformedRecordError, match=rf"payload of {len(payload)} bytes exceeds the trainer's bound "
+                       rf"of {limit} bytes"):
+        decode_record(payload, "9-0", max_bytes=limit)
+    long = encode_record(make_record(3, tokens=62))  # prompt 3 + 62 tokens > 64
+    assert len(long) < limit
+    with pytest.raises(MalformedRecordError, match=r"prompt \(3 tokens\) and completion 0 \(62 tokens\) exceed the "
+                       r"trainer's 64-token sequences"):
+        decode_record(long, "9-1", max_tokens=64, max_bytes=limit)
+    assert decode_record(encode_record(make_record(4, tokens=61)), max_tokens=64, max_bytes=limit).num_tokens == 122
 
 
 def test_record_from_rollout_group_carries_references_not_media() -> None:

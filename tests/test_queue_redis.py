@@ -26,6 +26,7 @@ from cosmos_primitives.queue import (
     RolloutQueue,
     RolloutRecord,
     encode_record,
+    record_byte_limit,
     resolve_redis_url,
 )
 
@@ -376,3 +377,41 @@ def test_url_comes_from_config_or_env(monkeypatch) -> None:
 def test_queue_knobs_load_from_toml_overrides() -> None:
     cfg = load_config(overrides=["redis.max_pending=8", "redis.stream=run7:rollouts", "redis.claim_idle_s=120"])
     assert (cfg.redis.max_pending, cfg.redis.stream, cfg.redis.claim_idle_s) == (8, "run7:rollouts", 120.0)
+
+
+def test_the_trainers_bounds_dead_letter_long_and_huge_records_at_get(redis_url: str) -> None:
+    """Issue 30 item 4: records beyond the trainer's sequence length or byte bound never reach it."""
+    cfg = fast_config(redis_url)
+    limit = record_byte_limit(16, 2)
+    huge = make_record(1)
+    huge.completions = ["x" * (limit + 1), "B"]
+    long = make_record(2)
+    long.prompt_token_ids = [1] * 15  # + a 2-token completion > 16
+    with RedisRolloutQueue(cfg) as producer, RedisRolloutQueue(cfg, max_tokens=16, max_bytes=limit) as consumer:
+        producer.put_many([huge, long, make_record(3)])
+        assert ids(consumer.get(3, timeout=1.0)) == ["rec-0003"]
+        reasons = [d["reason"] for d in consumer.dead_letters()]
+        assert any("exceeds the trainer's bound" in r for r in reasons), reasons
+        assert any("exceed the trainer's 16-token sequences" in r for r in reasons), reasons
+
+
+def test_a_non_finite_step_dead_letters_its_batch_so_a_restart_goes_past_it(redis_url: str) -> None:
+    """Issue 30 item 4: a record that made the step non-finite stayed unacknowledged, and the resumed
+    trainer took it again and stopped at the same step, for ever."""
+    from cosmos_primitives.checkpoint import NonFiniteError
+    from cosmos_primitives.queue.record_groups import dead_letter_on_nonfinite
+
+    cfg = fast_config(redis_url, claim_idle_s=0.3)
+    with RedisRolloutQueue(cfg) as producer:
+        producer.put_many([make_record(i) for i in range(3)])
+    trainer = RedisRolloutQueue(cfg, consumer="trainer-0")
+    batch = trainer.get(2, timeout=1.0)
+    with pytest.raises(NonFiniteError), dead_letter_on_nonfinite(trainer, batch, step=5):
+        raise NonFiniteError("step 5: non-finite loss or gradient norm")
+    trainer.close()  # the trainer stops; its restart must not see the batch again
+    time.sleep(0.5)
+    with RedisRolloutQueue(cfg, consumer="trainer-0-restarted") as restarted:
+        assert ids(restarted.get(3, timeout=1.0)) == ["rec-0002"]
+        dead = restarted.dead_letters()
+        assert len(dead) == 2 and all("trainer step 5 on the batch holding this record was non-finite" in d["reason"]
+                                      for d in dead), dead

@@ -120,3 +120,21 @@ def test_status_of_a_stream_name_used_by_another_program_says_so(redis_url: str)
     done = status("--redis", redis_url, "--run", "clash")
     assert done.returncode == 2
     assert f"Redis at {redis_url} refused to show run stream cosmos:clash (ResponseError: WRONGTYPE" in done.stderr
+
+
+def test_status_counts_stale_drops_apart_from_trained_records(redis_url: str) -> None:
+    """Issue 30 item 13: the trained count included the records dropped as stale (68 shown, 52 trained)."""
+    stream = run_stream("status-stale")
+    with RedisRolloutQueue(RedisConfig(stream=stream), url=redis_url, consumer="trainer-0") as queue:
+        queue.put_many([make_record(i) for i in range(6)])
+        records = queue.get(6, timeout=5)
+        queue.ack(records[:3], step=1)
+        queue.ack(records[3:5], dropped=True)  # over the staleness bound: consumed, not trained
+        queue.return_records(records[5:])  # returned untrained, its prompt to be generated again
+        assert queue.group_counters()["dropped_stale"] == 2
+    done = status("--redis", redis_url, "--run", "status-stale", "--json")
+    assert done.returncode == 0, done.stderr
+    queue_report = json.loads(done.stdout)["queue"]
+    assert (queue_report["trained"], queue_report["dropped_stale"], queue_report["returned"]) == (3, 2, 1)
+    text = status("--redis", redis_url, "--run", "status-stale").stdout
+    assert "trained: 3 records (trained twice: 0); dropped as stale, not trained: 2" in text, text

@@ -33,8 +33,9 @@ class RolloutQueue(Protocol):
         """Up to ``n`` records in enqueue order, waiting up to ``timeout`` s (None: until ``n`` arrived)."""
         ...
 
-    def ack(self, records: Sequence[RolloutRecord]) -> int:
-        """Mark delivered records as consumed (trained on or dropped); returns how many were acknowledged."""
+    def ack(self, records: Sequence[RolloutRecord], *, dropped: bool = False) -> int:
+        """Mark delivered records as consumed (trained on, or with ``dropped`` not trained: stale, counted
+        apart); returns how many were acknowledged."""
         ...
 
     def reject(self, records: Sequence[RolloutRecord], reason: str) -> int:

@@ -107,3 +107,23 @@ local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 return {redis.call('GET', KEYS[2]) or '', redis.call('ZCARD', KEYS[3]),
         redis.call('ZCOUNT', KEYS[3], '-inf', now), redis.call('HGETALL', KEYS[1]), redis.call('HGETALL', KEYS[4])}
 """
+
+# KEYS[1] next, KEYS[2] deadlines, KEYS[3] stats. ARGV: range ids.
+# Hands ranges out again (their records were lost to a trainer's rollback or returned untrained):
+# each range handed out before and not in flight now gets deadline 0 and no holder, so the next
+# claim re-issues it before any new range; one in flight is left to its holder, who puts it anyway.
+# Counted as 'requeued'. Returns how many ranges it added.
+REISSUE = """
+local nxt = tonumber(redis.call('GET', KEYS[1]) or '0')
+local n = 0
+for i = 1, #ARGV do
+  if tonumber(ARGV[i]) < nxt and not redis.call('ZSCORE', KEYS[2], ARGV[i]) then
+    redis.call('ZADD', KEYS[2], 0, ARGV[i])
+    n = n + 1
+  end
+end
+if n > 0 then
+  redis.call('HINCRBY', KEYS[3], 'requeued', n)
+end
+return n
+"""

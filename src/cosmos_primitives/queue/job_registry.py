@@ -11,6 +11,7 @@ import json
 import logging
 import os
 import socket
+import time
 import uuid
 from collections.abc import Callable
 from typing import Any
@@ -219,3 +220,36 @@ class JobRegistry:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+class RunInUseError(RuntimeError):
+    """A fresh start would clear a run that a live trainer job still holds."""
+
+
+def refuse_live_trainer(registry: JobRegistry, *, action: str = "start a fresh run", wait_s: float = 0.0,
+                        poll_s: float = 0.5) -> None:
+    """Raise :class:`RunInUseError` when a trainer job of ``registry``'s run is live (its heartbeat key has
+    not expired), naming the run, each live trainer (id, host, pid, seconds since its last beat) and the
+    ways out. With ``wait_s`` it first waits up to that long (seconds) for the live trainers to drop
+    out: a SIGKILLed trainer's key expires ``heartbeat_ttl_s`` after its last beat, so a resume
+    started right after the kill waits for it instead of failing.
+
+    A second trainer that cleared the keys of a live run would wipe its queue, claims and trained ids,
+    and both would then share one consumer group and overwrite each other's weight versions.
+    """
+    deadline = time.monotonic() + wait_s
+    live, prefix = registry.live("trainer"), registry.prefix
+    if live and wait_s > 0:
+        log.warning("run %s is held by the live trainer job(s) %s; waiting up to %.0fs for them to drop out "
+                    "(a killed trainer's heartbeat key expires)", prefix, sorted(live), wait_s)
+    while live and time.monotonic() < deadline:
+        time.sleep(min(poll_s, max(0.0, deadline - time.monotonic())))
+        live = registry.live("trainer")
+    if not live:
+        return
+    who = "; ".join(f"{job_id} (host {f.get('host', '?')}, pid {f.get('pid', '?')}, last heartbeat "
+                    f"{f['age_s']:.1f}s ago)" for job_id, f in sorted(live.items()))
+    raise RunInUseError(
+        f"cannot {action}: run {prefix!r} is held by the live trainer job {who}. Give this run another --run "
+        "name, stop that trainer first (its key expires [disaggregated] heartbeat_ttl_s after its last "
+        "heartbeat), resume it with train.resume=true, or pass --force to clear it anyway")

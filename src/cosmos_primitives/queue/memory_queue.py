@@ -38,7 +38,8 @@ class InMemoryRolloutQueue:
         self.rejected: list[tuple[RolloutRecord, str]] = []  # what reject() set aside, with the reason
         self._version: int | None = None
         self._counts: dict[str, float] = {"put": 0, "put_wait_s": 0.0, "delivered": 0, "acked": 0,
-                                          "duplicates_skipped": 0, "double_acked": 0, "malformed": 0}
+                                          "duplicates_skipped": 0, "double_acked": 0, "malformed": 0,
+                                          "dropped_stale": 0}
 
     def _pending_locked(self) -> int:
         return len(self._ready) + sum(self._delivered.values())
@@ -100,8 +101,9 @@ class InMemoryRolloutQueue:
         self._counts["delivered"] += len(out)
         return out
 
-    def ack(self, records: Sequence[RolloutRecord]) -> int:
-        """Mark delivered records consumed; their ids are never delivered again.
+    def ack(self, records: Sequence[RolloutRecord], *, dropped: bool = False) -> int:
+        """Mark delivered records consumed; their ids are never delivered again (``dropped``: not trained,
+        counted as ``queue/dropped_stale``).
 
         Raises:
             ValueError: a record that this queue did not deliver, or that was already acknowledged
@@ -124,6 +126,7 @@ class InMemoryRolloutQueue:
                 self._done.add(rid)
                 acked += 1
             self._counts["acked"] += acked
+            self._counts["dropped_stale"] += acked if dropped else 0
             self._cond.notify_all()
         return acked
 

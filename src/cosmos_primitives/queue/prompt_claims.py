@@ -15,6 +15,8 @@ from __future__ import annotations
 
 import array
 import functools
+import re
+from collections.abc import Iterable
 from typing import Any
 
 import attrs
@@ -61,6 +63,18 @@ def epoch_permutation(dataset_size: int, seed: int, epoch: int) -> array.array:
     return array.array("q", ResumableDistributedSampler(dataset_size, seed=seed).epoch_indices(epoch))
 
 
+@functools.lru_cache(maxsize=2)
+def _epoch_positions(dataset_size: int, seed: int, epoch: int) -> array.array:
+    """``[dataset_size]``: the position of each dataset index in ``epoch``'s permutation."""
+    positions = array.array("q", bytes(8 * dataset_size))
+    for position, index in enumerate(epoch_permutation(dataset_size, seed, epoch)):
+        positions[index] = position
+    return positions
+
+
+_RECORD_ID = re.compile(r"e(\d+)-i(\d+)")
+
+
 def _text(value: Any) -> str:
     return value.decode() if isinstance(value, bytes) else str(value)
 
@@ -92,6 +106,7 @@ def read_position(client: Any, prefix: str) -> dict[str, Any] | None:
         "late_completes": int(stats.get("late_completes", 0)),
         "reissued": int(stats.get("reissued", 0)),
         "released": int(stats.get("released", 0)),
+        "requeued": int(stats.get("requeued", 0)),
         "dataset_size": dataset_size,
         "range_size": range_size,
         "seed": int(meta["seed"]),
@@ -164,6 +179,7 @@ class PromptClaims:
         self._renew_script = client.register_script(claim_scripts.RENEW)
         self._complete_script = client.register_script(claim_scripts.COMPLETE)
         self._release_script = client.register_script(claim_scripts.RELEASE)
+        self._reissue_script = client.register_script(claim_scripts.REISSUE)
         self._renewers: dict[str, Periodic] = {}
         self._check_reply(self._link.call("check claims settings", lambda: self._check_script(
             keys=[self.keys["meta"]], args=self._meta_args())))
@@ -255,12 +271,13 @@ class PromptClaims:
         """Where the run is: ``epoch`` (of the next new range), ``next_range`` (global id),
         ``range_in_epoch``, ``ranges_per_epoch``, ``in_flight`` (claims held or waiting for re-issue),
         ``expired`` (of those, past their deadline or released), ``completed``, ``late_completes``,
-        ``reissued``, ``released`` (run totals), and the run's ``dataset_size``, ``range_size``, ``seed``."""
+        ``reissued``, ``released``, ``requeued`` (:meth:`reissue`; run totals), and the run's
+        ``dataset_size``, ``range_size``, ``seed``."""
         position = self._link.call("read claims position", lambda: read_position(self._link.client, self.prefix))
         if position is None:  # cleared since this object was made: nothing was claimed yet
             position = {"epoch": 0, "next_range": 0, "range_in_epoch": 0, "ranges_per_epoch": self.ranges_per_epoch,
                         "in_flight": 0, "expired": 0, "completed": 0, "late_completes": 0, "reissued": 0,
-                        "released": 0, "dataset_size": self.dataset_size, "range_size": self.range_size,
+                        "released": 0, "requeued": 0, "dataset_size": self.dataset_size, "range_size": self.range_size,
                         "seed": self.seed}
         return position
 
@@ -295,6 +312,28 @@ class PromptClaims:
             raise ValueError(f"dataset index {index} is not in claim {claim.range_id} (epoch {claim.epoch}, "
                              f"indices {list(claim.indices[:8])}{'...' if len(claim.indices) > 8 else ''})")
         return f"e{claim.epoch}-i{index}"
+
+    def range_of(self, record_id: str) -> int | None:
+        """The range id whose prompt gave ``record_id`` (:meth:`record_id`'s ``e<epoch>-i<index>``), None
+        for an id of another form or an index outside the dataset."""
+        match = _RECORD_ID.fullmatch(record_id)
+        if match is None or int(match.group(2)) >= self.dataset_size:
+            return None
+        epoch, index = int(match.group(1)), int(match.group(2))
+        position = _epoch_positions(self.dataset_size, self.seed, epoch)[index]
+        return epoch * self.ranges_per_epoch + position // self.range_size
+
+    def reissue(self, range_ids: Iterable[int]) -> int:
+        """Hand ranges out again, before any new range: each one handed out before and not held now is
+        re-issued by the next :meth:`claim` (its prompts generated again, with the same record ids).
+        For prompts whose records were lost to the trainer (trained after the checkpoint it resumed
+        from, or returned untrained); a range's prompts that were trained are skipped by the queue
+        as duplicates. Returns how many ranges were added (counted as ``requeued``)."""
+        ids = sorted({int(r) for r in range_ids})
+        if not ids:
+            return 0
+        return int(self._link.call("reissue ranges", lambda: self._reissue_script(
+            keys=[self.keys["next"], self.keys["deadlines"], self.keys["stats"]], args=ids)))
 
     def clear(self) -> int:
         """Forget every claim and the position (a fresh run); returns how many keys existed."""

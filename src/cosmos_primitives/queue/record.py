@@ -29,6 +29,14 @@ FINISH_REASONS = ("stop", "length", "repetition")
 MAX_CONVERSATION_DEPTH = 32
 # a log-probability above this (nats) is not a probability; the slack absorbs float rounding
 _MAX_LOGPROB = 1e-3
+# the trainer casts log-probs, rewards and advantages to float32: a value finite in float64 but beyond
+# float32's range (1e300) becomes inf there and stops the step, so records are checked against this
+FLOAT32_MAX = 3.4028234663852886e38
+# the encoded size a record may take per token of its prompt and of each completion (a 9-byte
+# msgpack int id, a 9-byte float64 log-prob, and up to 46 bytes of decoded text a token), plus a
+# fixed allowance for ids, rewards, media references and meta: see record_byte_limit
+BYTES_PER_TOKEN = 64
+RECORD_BYTES_OVERHEAD = 64 << 10
 
 _JSON_SCALARS = (str, int, float, bool, type(None))
 
@@ -103,10 +111,10 @@ def check_record(record: RolloutRecord, vocab_size: int | None = None) -> None:
     Checks: a non-empty ``record_id``; ``weight_version >= 0``; a non-empty prompt
     (``prompt_token_ids`` and ``conversation``); at least one completion and per-completion lists of
     one length; as many log-probs as token ids in each completion; token ids ``>= 0`` (and
-    ``< vocab_size`` when given); finite log-probs that are not positive; finite rewards,
-    advantages, ``meta`` numbers and ``created_at``; finish reasons in :data:`FINISH_REASONS`; a
-    JSON-like conversation at most :data:`MAX_CONVERSATION_DEPTH` deep with media references (not
-    media) that agree in number with ``media``.
+    ``< vocab_size`` when given); log-probs that are not positive; rewards, advantages and ``meta``
+    numbers finite in float32 (the trainer's dtype: ``1e300`` is refused); a finite ``created_at``;
+    finish reasons in :data:`FINISH_REASONS`; a JSON-like conversation at most
+    :data:`MAX_CONVERSATION_DEPTH` deep with media references (not media) that agree in number with ``media``.
 
     Raises:
         ValueError: naming the first field (and index) that is wrong and why.
@@ -128,20 +136,23 @@ def check_record(record: RolloutRecord, vocab_size: int | None = None) -> None:
     for i, (ids, lps) in enumerate(zip(record.completion_token_ids, record.logprobs)):
         if len(ids) != len(lps):
             raise ValueError(f"completion {i} has {len(ids)} token ids but {len(lps)} log-probs")
-        # sum() and max() run in C (a NaN or inf makes the sum non-finite); the slow scan only names the culprit
-        if lps and not (math.isfinite(sum(lps)) and max(lps) <= _MAX_LOGPROB):
-            bad = next((lp for lp in lps if not -math.inf < lp <= _MAX_LOGPROB), "values whose sum overflows")
-            raise ValueError(f"logprobs[{i}] holds {bad}; log-probabilities must be finite and <= 0")
+        # sum(), min() and max() run in C (a NaN or inf makes the sum non-finite); the slow scan only names the culprit
+        if lps and not (math.isfinite(sum(lps)) and max(lps) <= _MAX_LOGPROB and min(lps) >= -FLOAT32_MAX):
+            bad = next((lp for lp in lps if not -FLOAT32_MAX <= lp <= _MAX_LOGPROB), "values whose sum overflows")
+            raise ValueError(f"logprobs[{i}] holds {bad}; log-probabilities must be <= 0 and finite in float32 "
+                             f"(>= -{FLOAT32_MAX:.4g}), the dtype the trainer computes with")
     for i, reason in enumerate(record.finish_reasons):
         if reason not in FINISH_REASONS:
             raise ValueError(f"finish_reasons[{i}] is {reason!r}; expected one of {list(FINISH_REASONS)}")
     for name in ("rewards", "advantages"):
         for i, value in enumerate(getattr(record, name)):
-            if not math.isfinite(value):
-                raise ValueError(f"{name}[{i}] is {value}; rewards and advantages must be finite")
+            if not abs(value) <= FLOAT32_MAX:  # NaN fails too
+                raise ValueError(f"{name}[{i}] is {value}; rewards and advantages must be finite in float32 "
+                                 f"(|x| <= {FLOAT32_MAX:.4g}), the dtype the trainer casts them to")
     for key, value in record.meta.items():
-        if isinstance(value, float) and not math.isfinite(value):
-            raise ValueError(f"meta[{key!r}] is {value}; numbers in meta must be finite")
+        if isinstance(value, float) and not abs(value) <= FLOAT32_MAX:
+            raise ValueError(f"meta[{key!r}] is {value}; numbers in meta must be finite in float32 (they are logged "
+                             "as metrics)")
     if not math.isfinite(record.created_at):
         raise ValueError(f"created_at is {record.created_at}; it must be a finite Unix time")
     if not record.conversation:
@@ -151,6 +162,31 @@ def check_record(record: RolloutRecord, vocab_size: int | None = None) -> None:
     if record.media and len(record.media) != len(refs):
         raise ValueError(f"media lists {len(record.media)} references but the conversation holds {len(refs)} "
                          "media parts")
+
+
+def record_byte_limit(max_tokens: int, num_completions: int) -> int:
+    """The largest encoded record (bytes) a trainer accepts: :data:`BYTES_PER_TOKEN` for each of the
+    ``max_tokens`` a sequence may hold, for the prompt and each of the ``num_completions`` completions,
+    plus :data:`RECORD_BYTES_OVERHEAD`. With ``[policy] model_max_length = 4096`` and 8 completions:
+    2.4 MB; a record above it cannot fit the trainer's sequences whatever its content."""
+    if max_tokens < 1 or num_completions < 1:
+        raise ValueError(f"record_byte_limit(max_tokens={max_tokens}, num_completions={num_completions}): both "
+                         "must be >= 1")
+    return BYTES_PER_TOKEN * max_tokens * (num_completions + 1) + RECORD_BYTES_OVERHEAD
+
+
+def check_record_size(record: RolloutRecord, max_tokens: int) -> None:
+    """Check that every sequence of ``record`` (its prompt followed by one completion) fits ``max_tokens``
+    tokens (``[policy] model_max_length``), the longest sequence the trainer takes.
+
+    Raises:
+        ValueError: naming the completion, its length and the bound.
+    """
+    longest = max((len(ids) for ids in record.completion_token_ids), default=0)
+    if len(record.prompt_token_ids) + longest > max_tokens:
+        i = next(i for i, ids in enumerate(record.completion_token_ids) if len(ids) == longest)
+        raise ValueError(f"its prompt ({len(record.prompt_token_ids)} tokens) and completion {i} ({longest} tokens) "
+                         f"exceed the trainer's {max_tokens}-token sequences ([policy] model_max_length)")
 
 
 def check_token_range(record: RolloutRecord, vocab_size: int | None = None) -> None:
@@ -208,8 +244,11 @@ def encode_record(record: RolloutRecord) -> bytes:
 
 
 def decode_record(data: bytes | bytearray | memoryview, entry_id: str = "<bytes>",
-                  vocab_size: int | None = None) -> RolloutRecord:
-    """Decode and validate one record (:func:`check_record`, token ids against ``vocab_size`` when given).
+                  vocab_size: int | None = None, *, max_tokens: int | None = None,
+                  max_bytes: int | None = None) -> RolloutRecord:
+    """Decode and validate one record (:func:`check_record`, token ids against ``vocab_size``, sequences
+    against ``max_tokens`` (:func:`check_record_size`) and the payload against ``max_bytes``, each when
+    given: see :func:`record_byte_limit`).
 
     Never raises anything but :class:`MalformedRecordError` for bad content, whatever the bytes:
     this is the boundary where a consumer meets data it did not make.
@@ -219,16 +258,21 @@ def decode_record(data: bytes | bytearray | memoryview, entry_id: str = "<bytes>
             nested too deep, a missing or mistyped field (with its path, e.g. ``$.weight_version``),
             or a failed check (lists of different lengths, a NaN log-prob, ...).
     """
+    if max_bytes is not None and len(data) > max_bytes:  # refused before decoding a byte of it
+        raise MalformedRecordError(entry_id, f"payload of {len(data)} bytes exceeds the trainer's bound of "
+                                   f"{max_bytes} bytes (record_byte_limit of its sequence length)")
     try:
         record = _DECODER.decode(data)  # runs check_record without a vocabulary
         if vocab_size is not None:
             check_token_range(record, vocab_size)
+        if max_tokens is not None:
+            check_record_size(record, max_tokens)
         return record
     except msgspec.ValidationError as exc:  # a DecodeError (and a ValueError): caught first
         raise MalformedRecordError(entry_id, f"not a valid RolloutRecord: {exc}") from exc
     except msgspec.DecodeError as exc:
         raise MalformedRecordError(entry_id, f"payload of {len(data)} bytes is not msgpack ({exc})") from exc
-    except ValueError as exc:  # check_token_range
+    except ValueError as exc:  # check_token_range, check_record_size
         raise MalformedRecordError(entry_id, f"not a valid RolloutRecord: {exc}") from exc
     except RecursionError as exc:
         raise MalformedRecordError(entry_id, f"payload of {len(data)} bytes is nested too deep to decode") from exc

@@ -9,12 +9,14 @@ also checks that the re-encoded prompt gives the token ids the engine generated 
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+import contextlib
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import torch
 
+from cosmos_primitives.checkpoint.nonfinite import NonFiniteError
 from cosmos_primitives.data.bad_samples import BadSampleError, BadSampleTracker
 from cosmos_primitives.data.conversation import load_conversation
 from cosmos_primitives.data.media import MediaSettings
@@ -116,10 +118,15 @@ def check_trainable(record: RolloutRecord, group: RolloutGroup, processor: Any =
 
 def fetch_records(queue: RolloutQueue, stale: StalenessFilter, want: int, *, trainer_step: int,
                   settings: MediaSettings, bad: BadSampleTracker, timeout_s: float, processor: Any = None,
-                  num_completions: int | None = None) -> tuple[list[RolloutRecord], list[RolloutGroup]]:
+                  num_completions: int | None = None,
+                  on_dropped: Callable[[list[RolloutRecord]], None] | None = None,
+                  ) -> tuple[list[RolloutRecord], list[RolloutGroup]]:
     """``want`` records to train on at ``trainer_step``, and their groups rebuilt with ``settings``.
 
-    Records over the staleness bound are acknowledged (consumed, counted by ``stale``); records
+    Records over the staleness bound, or sampled with weights newer than ``trainer_step``, are
+    handed to ``on_dropped`` (which must consume them: the independent trainer job returns them and
+    has their prompts generated again) or, without it, acknowledged as dropped (consumed untrained,
+    counted apart by the queue and by ``stale``); records
     whose media cannot be re-read (e.g. deleted since the rollout) are recorded in ``bad`` and
     acknowledged; records that cannot be trained on (``ValueError`` of :func:`group_from_record`
     or :func:`check_trainable` with ``processor`` / ``num_completions``) are dead-lettered with
@@ -139,8 +146,10 @@ def fetch_records(queue: RolloutQueue, stale: StalenessFilter, want: int, *, tra
             raise TimeoutError(f"no rollout record arrived for {timeout_s}s at trainer step {trainer_step} "
                                "([disaggregated] get_timeout_s); are the rollout ranks alive?")
         kept, dropped = stale.split(got, trainer_step=trainer_step)
-        if dropped:
-            queue.ack(dropped)
+        if dropped and on_dropped is not None:
+            on_dropped(dropped)
+        elif dropped:
+            queue.ack(dropped, dropped=True)
         for record in kept:
             try:
                 group = group_from_record(record, settings)
@@ -155,6 +164,26 @@ def fetch_records(queue: RolloutQueue, stale: StalenessFilter, want: int, *, tra
             groups.append(group)
             records.append(record)
     return records, groups
+
+
+@contextlib.contextmanager
+def dead_letter_on_nonfinite(queue: RolloutQueue, records: Sequence[RolloutRecord], step: int) -> Iterator[None]:
+    """Around one training step on ``records``: when it raises :class:`NonFiniteError` (a NaN / inf loss
+    or gradient norm under ``[train] nonfinite = "stop"``), move ``records`` to the dead letters with
+    that reason (``queue.reject``: acknowledged, never delivered again), then re-raise.
+
+    Records that pass every check of :func:`~cosmos_primitives.queue.record.check_record` can still
+    make a step non-finite (advantages of 1e38 overflow the gradient norm). Without this the stopped
+    trainer leaves them unacknowledged, its restart takes them again and stops at the same step,
+    for ever; with it the restart goes past them. Which record of the batch did it cannot be told
+    apart, so the whole batch is dead-lettered, each with the step and the error.
+    """
+    try:
+        yield
+    except NonFiniteError as error:
+        queue.reject(records, f"trainer step {step} on the batch holding this record was non-finite ({error}); "
+                     "the whole batch was dead-lettered so that a resumed trainer does not stop on it again")
+        raise
 
 
 def collate_records(records: Sequence[RolloutRecord], processor: Any, settings: MediaSettings | None = None,

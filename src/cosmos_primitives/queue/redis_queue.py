@@ -3,7 +3,9 @@
 Keys (``S`` = ``[redis] stream``): ``S`` holds one entry per record (field ``record``: msgpack);
 ``S:done`` the ids of trained records; ``S:owners`` which entry carries each record id being
 trained (then which consumer acknowledged it); ``S:dead`` rejected entries (with their reason);
-``S:stats`` group-wide counters; ``S:weight_version`` the trainer's current weight version;
+``S:stats`` group-wide counters; ``S:trained_step`` the trainer step that trained each id (when the
+trainer gives it, so that a resume can roll trained ids back); ``S:weight_version`` the trainer's current
+weight version;
 ``S:producers`` a hash of each rollout worker's resume state.
 
 Life of a record: ``put`` appends it (a Lua script refuses while ``S`` holds ``max_pending``
@@ -125,10 +127,15 @@ class RedisRolloutQueue:
         consumer: this consumer's name in the group; default ``<host>-<pid>-<6 hex>``.
         vocab_size: the trainer's vocabulary (embedding rows); records holding a token id at or
             above it are dead-lettered at :meth:`get`. None: only negative ids are refused.
+        max_tokens: the trainer's sequence length (``[policy] model_max_length``); records with a
+            prompt + completion longer than it are dead-lettered at :meth:`get`. None: no bound.
+        max_bytes: entries whose payload is larger are dead-lettered at :meth:`get` without being
+            decoded (:func:`~cosmos_primitives.queue.record.record_byte_limit`). None: no bound.
     """
 
     def __init__(self, config: RedisConfig | None = None, *, url: str | None = None,
-                 consumer: str | None = None, vocab_size: int | None = None) -> None:
+                 consumer: str | None = None, vocab_size: int | None = None, max_tokens: int | None = None,
+                 max_bytes: int | None = None) -> None:
         self.config = config or RedisConfig()
         _check_config(self.config)
         self.url = resolve_redis_url(url, self.config)
@@ -136,10 +143,13 @@ class RedisRolloutQueue:
         self.stream = self.config.stream
         self.group = self.config.group
         self.vocab_size = vocab_size
+        self.max_tokens = max_tokens
+        self.max_bytes = max_bytes
         self.done_key = f"{self.stream}:done"
         self.owners_key = f"{self.stream}:owners"
         self.stats_key = f"{self.stream}:stats"
         self.dead_key = f"{self.stream}:dead"
+        self.steps_key = f"{self.stream}:trained_step"
         self.version_key = f"{self.stream}:weight_version"
         self.producers_key = f"{self.stream}:producers"
         self.consumer = consumer or f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
@@ -156,6 +166,8 @@ class RedisRolloutQueue:
         self._ack_script = self._redis.register_script(redis_scripts.ACK_TRAINED)
         self._dead_script = self._redis.register_script(redis_scripts.DEAD_LETTER)
         self._renew_script = self._redis.register_script(redis_scripts.RENEW)
+        self._return_script = self._redis.register_script(redis_scripts.RETURN)
+        self._untrain_script = self._redis.register_script(redis_scripts.UNTRAIN)
         self._lock = threading.Lock()
         self._reconnected = threading.Event()
         self._outstanding: dict[str, list[str]] = {}  # record id -> its entry delivered here, not acked
@@ -169,8 +181,8 @@ class RedisRolloutQueue:
         self._stop = threading.Event()
         self.rejected: deque[MalformedRecordError] = deque(maxlen=100)
         self._counts = dict.fromkeys(
-            ("put", "put_wait_s", "delivered", "acked", "redelivered", "duplicates_skipped", "double_acked",
-             "malformed", "reconnects", "groups_recreated", "lost_claims"), 0)
+            ("put", "put_wait_s", "delivered", "acked", "dropped_stale", "redelivered", "duplicates_skipped",
+             "double_acked", "malformed", "reconnects", "groups_recreated", "lost_claims"), 0)
 
     # -- connection handling -------------------------------------------------------------------
 
@@ -367,7 +379,8 @@ class RedisRolloutQueue:
                     entry_id, f"the entry has no 'record' field (its fields: {names})"))
                 continue
             try:
-                decoded.append((entry_id, decode_record(payload, entry_id, self.vocab_size)))
+                decoded.append((entry_id, decode_record(payload, entry_id, self.vocab_size,
+                                                             max_tokens=self.max_tokens, max_bytes=self.max_bytes)))
             except MalformedRecordError as err:
                 self._reject(entry_id, fields, err)
         if not decoded:
@@ -430,24 +443,33 @@ class RedisRolloutQueue:
                              MalformedRecordError(entry_id, f"record {rid}: {reason}"), record_id=rid)
         return len(held)
 
-    def _ack_entries(self, items: Sequence[tuple[str, list[str]]]) -> list[str]:
+    def _ack_entries(self, items: Sequence[tuple[str, list[str]]], step: int | None = None,
+                     dropped: bool = False) -> list[str]:
         """Mark record ids trained and XACK + XDEL their entries; returns ids that were trained before."""
         already: list[str] = []
-        keys = [self.stream, self.done_key, self.owners_key, self.stats_key]
+        keys = [self.stream, self.done_key, self.owners_key, self.stats_key, self.steps_key]
         for start in range(0, len(items), 8 * _CHUNK):
-            args: list[Any] = [self.group, time.time(), self.config.done_retention_s, self.consumer]
+            args: list[Any] = [self.group, time.time(), self.config.done_retention_s, self.consumer,
+                               "" if step is None else int(step), "dropped" if dropped else "trained"]
             for rid, entry_ids in items[start:start + 8 * _CHUNK]:
                 args += [rid, len(entry_ids), *entry_ids]
             reply = self._call("ack", lambda args=args: self._ack_script(keys=keys, args=args))
             already += [r.decode() if isinstance(r, bytes) else str(r) for r in reply]
         return already
 
-    def ack(self, records: Sequence[RolloutRecord]) -> int:
+    def ack(self, records: Sequence[RolloutRecord], *, step: int | None = None, dropped: bool = False) -> int:
         """Mark delivered records as consumed (trained on, or dropped as stale) in one atomic step each.
 
         Their ids go to ``<stream>:done`` (so no copy of them is delivered again) and their entries
         are acknowledged and deleted, which frees room for producers. Returns how many records were
         acknowledged.
+
+        Args:
+            step: the trainer step that trained them, kept in ``<stream>:trained_step`` so that a
+                trainer resumed from an older checkpoint can take their training back
+                (:meth:`trained_after`, :meth:`untrain`).
+            dropped: they were not trained (stale): counted as ``dropped_stale`` in
+                :meth:`group_counters`, apart from the trained ones.
 
         Raises:
             ValueError: a record this consumer did not deliver or acknowledged already (nothing is
@@ -461,18 +483,63 @@ class RedisRolloutQueue:
                     "by this queue's get() or were acknowledged already"
                 )
             items = [(rid, list(self._outstanding[rid])) for rid in dict.fromkeys(r.record_id for r in records)]
-        already = self._ack_entries(items)
+        already = self._ack_entries(items, step, dropped)
         with self._lock:
             for rid, entry_ids in items:
                 self._outstanding.pop(rid, None)
                 self._lost.difference_update(entry_ids)
         self._counts["acked"] += len(items)
+        self._counts["dropped_stale"] += len(items) if dropped else 0
         if already:
             self._counts["double_acked"] += len(already)
             log.error("records %s had been acknowledged by another consumer already: they were trained twice. "
                       "A consumer stalled for longer than [redis] claim_idle_s = %ss; raise it",
                       already[:5], self.config.claim_idle_s)
         return len(items)
+
+    def return_records(self, records: Sequence[RolloutRecord], counter: str = "returned") -> int:
+        """Hand delivered records back unconsumed: their entries are acknowledged and deleted, but their ids
+        are not marked trained, so a copy put again (the prompt generated again) is delivered and
+        trained. Counted under ``counter`` in :meth:`group_counters`. Returns how many records.
+
+        For records the trainer must not train and whose prompts must not be lost: sampled with weights
+        newer than its own (it resumed from an older checkpoint) or older than the staleness bound; the
+        caller has their prompts generated again (``PromptClaims.reissue``) before returning them.
+
+        Raises:
+            ValueError: a record this consumer did not deliver or acknowledged already.
+        """
+        with self._lock:
+            unknown = [r.record_id for r in records if r.record_id not in self._outstanding]
+            if unknown:
+                raise ValueError(f"cannot return records {unknown[:5]} on consumer {self.consumer!r}: they were "
+                                 "not delivered by this queue's get() or were acknowledged already")
+            items = [(rid, self._outstanding.pop(rid)) for rid in dict.fromkeys(r.record_id for r in records)]
+        for start in range(0, len(items), 8 * _CHUNK):
+            args: list[Any] = [self.group, counter]
+            for rid, entry_ids in items[start:start + 8 * _CHUNK]:
+                args += [rid, len(entry_ids), *entry_ids]
+            self._call("return records", lambda args=args: self._return_script(
+                keys=[self.stream, self.owners_key, self.stats_key], args=args))
+        return len(items)
+
+    def trained_after(self, step: int) -> list[str]:
+        """The ids acknowledged with a trainer step (``ack(step=...)``) greater than ``step``."""
+        raw = self._call("read trained steps", lambda: self._redis.zrangebyscore(self.steps_key, f"({int(step)}",
+                                                                                 "+inf"))
+        return [r.decode() if isinstance(r, bytes) else str(r) for r in raw]
+
+    def untrain(self, record_ids: Sequence[str]) -> int:
+        """Forget that ``record_ids`` were trained (a trainer resumed from a checkpoint older than the step
+        that trained them): a copy put again is delivered and trained. Counted as ``rolled_back``.
+        Returns how many of them were marked trained."""
+        n = 0
+        ids = list(record_ids)
+        for start in range(0, len(ids), 8 * _CHUNK):
+            chunk = ids[start:start + 8 * _CHUNK]
+            n += int(self._call("untrain", lambda chunk=chunk: self._untrain_script(
+                keys=[self.done_key, self.steps_key, self.owners_key, self.stats_key], args=chunk)))
+        return n
 
     # -- renewal of delivered entries ----------------------------------------------------------
 
@@ -572,7 +639,9 @@ class RedisRolloutQueue:
 
     def group_counters(self) -> dict[str, int]:
         """Counters kept in Redis for the whole group (``<stream>:stats``), which outlive any consumer:
-        ``double_acked`` (records acknowledged as trained twice) and ``dead_letters`` (entries in
+        ``double_acked`` (records acknowledged as trained twice), ``dropped_stale`` (acknowledged
+        untrained, :meth:`ack` with ``dropped``), the counters of :meth:`return_records` and
+        ``rolled_back`` (:meth:`untrain`) when non-zero, and ``dead_letters`` (entries in
         ``<stream>:dead``, up to its ``dead_letter_maxlen`` cap)."""
         raw = self._call("read group counters", lambda: self._redis.hgetall(self.stats_key))
         out = {k.decode(): int(v) for k, v in raw.items()}

@@ -51,8 +51,11 @@ return out
 """
 
 # KEYS[1] stream, KEYS[2] sorted set of trained record ids (score: Unix time of the ack), KEYS[3]
-# owner hash (see ACCEPT), KEYS[4] hash of group-wide counters. ARGV[1] group, ARGV[2] now (s),
-# ARGV[3] retention (s), ARGV[4] consumer, then per record: record id, k, k entry ids.
+# owner hash (see ACCEPT), KEYS[4] hash of group-wide counters, KEYS[5] sorted set of record ids ->
+# the trainer step that trained them. ARGV[1] group, ARGV[2] now (s), ARGV[3] retention (s), ARGV[4]
+# consumer, ARGV[5] that step ('' for none), ARGV[6] 'trained' or 'dropped' (consumed unseen: stale;
+# counted as 'dropped_stale' so that the trained count leaves them out), then per record: record id,
+# k, k entry ids.
 # Records the id as trained (and, as its owner, 'acked:<consumer>'), acknowledges and deletes its
 # entries; returns the record ids that another consumer had marked trained already (trained twice),
 # also counted in KEYS[4] as 'double_acked' so that the count outlives the consumer. The same
@@ -62,12 +65,20 @@ return out
 ACK_TRAINED = """
 local already = {}
 local mark = 'acked:' .. ARGV[4]
-local i = 5
+local dropped = 0
+local i = 7
 while i <= #ARGV do
   local rid = ARGV[i]
   local k = tonumber(ARGV[i + 1])
-  if redis.call('ZADD', KEYS[2], 'NX', ARGV[2], rid) == 0 and redis.call('HGET', KEYS[3], rid) ~= mark then
-    already[#already + 1] = rid
+  if redis.call('ZADD', KEYS[2], 'NX', ARGV[2], rid) == 0 then
+    if redis.call('HGET', KEYS[3], rid) ~= mark then
+      already[#already + 1] = rid
+    end
+  elseif ARGV[6] == 'dropped' then
+    dropped = dropped + 1
+  end
+  if ARGV[5] ~= '' then
+    redis.call('ZADD', KEYS[5], tonumber(ARGV[5]), rid)
   end
   redis.call('HSET', KEYS[3], rid, mark)
   for j = i + 2, i + 1 + k do
@@ -79,10 +90,14 @@ end
 if #already > 0 then
   redis.call('HINCRBY', KEYS[4], 'double_acked', #already)
 end
+if dropped > 0 then
+  redis.call('HINCRBY', KEYS[4], 'dropped_stale', dropped)
+end
 local expired = redis.call('ZRANGEBYSCORE', KEYS[2], '-inf', tonumber(ARGV[2]) - tonumber(ARGV[3]), 'LIMIT', 0, 1000)
 if #expired > 0 then
   redis.call('ZREM', KEYS[2], unpack(expired))
   redis.call('HDEL', KEYS[3], unpack(expired))
+  redis.call('ZREM', KEYS[5], unpack(expired))
 end
 return already
 """
@@ -115,4 +130,45 @@ for i = 3, #ARGV do
   end
 end
 return lost
+"""
+
+# KEYS[1] stream, KEYS[2] owner hash (see ACCEPT), KEYS[3] hash of group-wide counters. ARGV[1] group,
+# ARGV[2] the counter to add to, then per record: record id, k, k entry ids.
+# Hands delivered records back unconsumed: acknowledges and deletes their entries and forgets them as
+# owners, without marking them trained (a copy put again is delivered). Returns how many records.
+RETURN = """
+local n = 0
+local i = 3
+while i <= #ARGV do
+  local rid = ARGV[i]
+  local k = tonumber(ARGV[i + 1])
+  local owner = redis.call('HGET', KEYS[2], rid)
+  for j = i + 2, i + 1 + k do
+    redis.pcall('XACK', KEYS[1], ARGV[1], ARGV[j])
+    redis.call('XDEL', KEYS[1], ARGV[j])
+    if owner == ARGV[j] then
+      redis.call('HDEL', KEYS[2], rid)
+    end
+  end
+  n = n + 1
+  i = i + 2 + k
+end
+redis.call('HINCRBY', KEYS[3], ARGV[2], n)
+return n
+"""
+
+# KEYS[1] trained record ids, KEYS[2] their trainer steps (see ACK_TRAINED), KEYS[3] owner hash,
+# KEYS[4] hash of group-wide counters. ARGV: record ids. Forgets that they were trained (a trainer
+# resumed from a checkpoint older than their step rolled their training back with its weights), so
+# that a copy put again is delivered and trained; counted as 'rolled_back'. Returns how many were
+# marked trained.
+UNTRAIN = """
+local n = 0
+for i = 1, #ARGV do
+  n = n + redis.call('ZREM', KEYS[1], ARGV[i])
+  redis.call('ZREM', KEYS[2], ARGV[i])
+  redis.call('HDEL', KEYS[3], ARGV[i])
+end
+redis.call('HINCRBY', KEYS[4], 'rolled_back', n)
+return n
 """

@@ -44,7 +44,8 @@ class RunControl:
         self.stream = queue.stream
         self.stop_key = f"{queue.stream}:stop"
         self.keys = (queue.stream, queue.done_key, queue.owners_key, queue.dead_key, queue.stats_key,
-                     queue.version_key, queue.producers_key, self.stop_key, *claim_keys(queue.stream).values())
+                     queue.version_key, queue.producers_key, self.stop_key, *claim_keys(queue.stream).values(),
+                     queue.steps_key)
         self._link = RedisLink(queue.url, queue.config)
         self.safe_url = self._link.safe_url
         self._redis = self._link.client

@@ -4,7 +4,8 @@
 
 Prints the live jobs (id, role, host, pid, weight version and its lag behind the published one,
 records put, seconds since the last heartbeat), the queue depth (records waiting, of them delivered
-to a trainer and not acknowledged), the trained count, the published weight version, the prompt
+to a trainer and not acknowledged), the trained count (records dropped as stale, returned untrained
+or rolled back by a resume counted apart), the published weight version, the prompt
 claims position and the dead letters (count and the last few reasons). Exit status: 0 shown, 1
 nothing is stored under the run, 2 Redis unreachable or a bad URL (the message names the URL,
 password redacted).
@@ -80,7 +81,11 @@ def collect_status(client: redis.Redis, stream: str, dead: int = 5) -> dict[str,
         "queue": {
             "depth": int(client.xlen(stream)) if client.exists(stream) else 0,
             "groups": _groups(client, stream),
-            "trained": int(client.zcard(f"{stream}:done")),
+            # S:done holds every consumed id: those dropped as stale were acknowledged untrained
+            "trained": max(0, int(client.zcard(f"{stream}:done")) - stats.get("dropped_stale", 0)),
+            "dropped_stale": stats.get("dropped_stale", 0),
+            "returned": stats.get("returned", 0),
+            "rolled_back": stats.get("rolled_back", 0),
             "double_acked": stats.get("double_acked", 0),
         },
         "weight_version": None if version is None else int(version),
@@ -120,7 +125,9 @@ def format_status(status: dict[str, Any], safe_url: str) -> str:
                        + (f", {g['undelivered']} not delivered yet" if g["undelivered"] is not None else "")
                        + f", {g['consumers']} consumers" for g in queue["groups"]) or "no consumer group yet"
     lines.append(f"queue: {queue['depth']} records waiting ({groups})")
-    lines.append(f"trained: {queue['trained']} records (trained twice: {queue['double_acked']})")
+    lines.append(f"trained: {queue['trained']} records (trained twice: {queue['double_acked']}); dropped as stale, "
+                 f"not trained: {queue['dropped_stale']}; returned untrained for generation again: "
+                 f"{queue['returned']}; rolled back by a resume: {queue['rolled_back']}")
     lines.append(f"weight version: {_cell(status['weight_version'])}")
     if status["stop_requested"] is not None:
         lines.append(f"stop requested: {status['stop_requested']}")
@@ -133,7 +140,8 @@ def format_status(status: dict[str, Any], safe_url: str) -> str:
             f"handed out (next range id {claims['next_range']}; {claims['range_size']} prompts each, dataset of "
             f"{claims['dataset_size']}); {claims['in_flight']} in flight ({claims['expired']} expired or released); "
             f"{claims['completed']} completed, {claims['late_completes']} completed late, "
-            f"{claims['reissued']} re-issued, {claims['released']} released")
+            f"{claims['reissued']} re-issued, {claims['released']} released, {claims.get('requeued', 0)} handed "
+            "out again for lost records")
     dead = status["dead_letters"]
     lines.append(f"dead letters: {dead['count']}")
     lines += [f"  {d['id']} ({d.get('consumer', '?')}): {d.get('reason', '?')}" for d in dead["last"]]
