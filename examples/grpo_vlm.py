@@ -134,7 +134,7 @@ def main() -> None:
     if state:
         sync.sync(version=step)
     tracker = cp.logging.MetricsTracker(run_dir, cfg.logging, run_config=cp.config.config_to_dict(cfg),
-                                        total_steps=total_steps, prefix="[GRPO] ")
+                                        total_steps=total_steps, prefix="[GRPO] ", resumed_step=step if state else None)
     dp_group = mesh.group("dp")
     split = f" (in {len(parts)} steps of {grpo.rollouts_per_step} rollouts)" if len(parts) > 1 else ""
     log.info(f"run dir {run_dir}; {total_steps} steps x {grpo.rollout_batch_size} prompts x "
@@ -213,4 +213,5 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    with cp.checkpoint.exit_on_interrupt():  # Ctrl-C: no traceback; prints the command that resumes the run
+        main()
