@@ -176,3 +176,40 @@ def test_sft_config_does_not_log_a_rollout_backend_choice(tmp_path: Path, caplog
     with caplog.at_level("INFO", logger="cosmos"):
         cp.load_config(grpo)
     assert "rollout.backend unset" in caplog.text  # GRPO does: its choice is still said
+
+
+def test_ctrl_c_inside_a_checkpoint_save_leaves_no_tmp_and_exits_130(tmp_path: Path,
+                                                                     capfd: pytest.CaptureFixture[str]) -> None:
+    """DCP wraps a KeyboardInterrupt raised while it writes in its CheckpointException: still a Ctrl-C."""
+    import torch
+    from torch.distributed.checkpoint.api import CheckpointException
+
+    from cosmos_primitives.checkpoint import CheckpointManager, exit_on_interrupt
+    from cosmos_primitives.config.checkpoint import CheckpointConfig
+
+    ckpt = CheckpointManager(CheckpointConfig(save_mode="sync"), tmp_path, model=torch.nn.Linear(2, 2))
+    ckpt.save(2)
+    half = tmp_path / "checkpoints" / "step_4.tmp"
+    with pytest.raises(SystemExit) as stop:
+        with exit_on_interrupt():
+            half.mkdir()  # what a save cut short leaves
+            raise CheckpointException("save failed", {0: (KeyboardInterrupt(), None)})
+    assert stop.value.code == INTERRUPTED_EXIT_CODE
+    assert not half.exists() and ckpt.checkpoints() == [tmp_path / "checkpoints" / "step_2"]
+    err = capfd.readouterr().err
+    assert "stopped at step 0; resume with: " in err
+    assert f"goes on from the newest complete checkpoint, {tmp_path / 'checkpoints' / 'step_2'}" in err
+    with pytest.raises(ValueError, match="not an interrupt"), exit_on_interrupt():
+        raise ValueError("not an interrupt")
+
+
+def test_wfm_curves_leave_out_kl_without_a_kl_term() -> None:
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("wfm_rl_example", REPO / "examples" / "wfm_rl.py")
+    example = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(example)
+    config = cp.load_config(REPO / "examples" / "configs" / "wfm_flowgrpo_tiny.toml")
+    assert config.wfm.kl_beta == 0 and "kl" not in example.curve_keys(config.wfm)
+    with_kl = cp.load_config(REPO / "examples" / "configs" / "wfm_flowgrpo_tiny.toml", ["wfm.kl_beta=0.01"])
+    assert "kl" in example.curve_keys(with_kl.wfm) and "policy_loss" in example.curve_keys(with_kl.wfm)

@@ -103,5 +103,17 @@ def exit_on_interrupt() -> Iterator[None]:
     (``SystemExit(130)``); anything else passes through."""
     try:
         yield
-    except KeyboardInterrupt:
+    except BaseException as exc:
+        if not _is_interrupt(exc):
+            raise
         _stop()
+
+
+def _is_interrupt(exc: BaseException) -> bool:
+    """A ``KeyboardInterrupt``, or DCP's ``CheckpointException`` wrapping one (Ctrl-C during a save)."""
+    if isinstance(exc, KeyboardInterrupt):
+        return True
+    failures = getattr(exc, "failures", None)
+    return isinstance(failures, dict) and any(
+        isinstance(failure[0] if isinstance(failure, tuple) else failure, KeyboardInterrupt)
+        for failure in failures.values())
