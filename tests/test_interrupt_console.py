@@ -190,10 +190,9 @@ def test_ctrl_c_inside_a_checkpoint_save_leaves_no_tmp_and_exits_130(tmp_path: P
     ckpt = CheckpointManager(CheckpointConfig(save_mode="sync"), tmp_path, model=torch.nn.Linear(2, 2))
     ckpt.save(2)
     half = tmp_path / "checkpoints" / "step_4.tmp"
-    with pytest.raises(SystemExit) as stop:
-        with exit_on_interrupt():
-            half.mkdir()  # what a save cut short leaves
-            raise CheckpointException("save failed", {0: (KeyboardInterrupt(), None)})
+    with pytest.raises(SystemExit) as stop, exit_on_interrupt():
+        half.mkdir()  # what a save cut short leaves
+        raise CheckpointException("save failed", {0: (KeyboardInterrupt(), None)})
     assert stop.value.code == INTERRUPTED_EXIT_CODE
     assert not half.exists() and ckpt.checkpoints() == [tmp_path / "checkpoints" / "step_2"]
     err = capfd.readouterr().err
