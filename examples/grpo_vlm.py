@@ -134,7 +134,8 @@ def main() -> None:
     if state:
         sync.sync(version=step)
     tracker = cp.logging.MetricsTracker(run_dir, cfg.logging, run_config=cp.config.config_to_dict(cfg),
-                                        total_steps=total_steps, prefix="[GRPO] ", resumed_step=step if state else None)
+                                        total_steps=total_steps, prefix="[GRPO] ",
+                                        resumed_step=step if cfg.train.resume else None)  # replayed rows go
     dp_group = mesh.group("dp")
     split = f" (in {len(parts)} steps of {grpo.rollouts_per_step} rollouts)" if len(parts) > 1 else ""
     log.info(f"run dir {run_dir}; {total_steps} steps x {grpo.rollout_batch_size} prompts x "

@@ -76,7 +76,8 @@ def main() -> None:
     state = ckpt.resume(cfg.train.resume, output_dir=cfg.train.output_dir)
     step = state.step if state else 0
     tracker = cp.logging.MetricsTracker(run_dir, cfg.logging, run_config=cp.config.config_to_dict(cfg),
-                                        total_steps=total_steps, prefix="[SFT] ", resumed_step=step if state else None)
+                                        total_steps=total_steps, prefix="[SFT] ",
+                                        resumed_step=step if cfg.train.resume else None)  # replayed rows go
     log.info(f"run dir {run_dir}; {total_steps} steps of {cfg.train.train_batch_per_replica} samples per rank; {mesh}")
 
     dp_group = mesh.group("dp")

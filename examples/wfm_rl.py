@@ -296,7 +296,7 @@ def train(cfg: cp.Config) -> Path:
     with contextlib.ExitStack() as stack:
         client = reward_client(cfg.remote_reward, w.start_reward_server, stack)
         tracker = cp.logging.MetricsTracker(run_dir, cfg.logging, run_config=cp.config.config_to_dict(cfg),
-                                            total_steps=total_steps, resumed_step=step if state else None)
+                                            total_steps=total_steps, resumed_step=step if cfg.train.resume else None)
         stack.callback(tracker.finish)
         tracker.log_text(f"{w.algorithm}: {policy.num_trainable():,} trainable weights, latents {latent_shape}, "
                          f"{group} x {per_step} rollouts of {w.num_inference_steps} steps per update and rank"
