@@ -59,22 +59,6 @@ def resume_command(argv: Sequence[str] | None = None) -> str:
     return shlex.join([*kept, "train.resume=true"])
 
 
-def _settle(manager: Any) -> str | None:
-    """Finish ``manager``'s save in flight, delete half-written folders; the newest complete checkpoint."""
-    if not manager._closed:
-        try:
-            manager.wait()
-        except KeyboardInterrupt:  # a second Ctrl-C: stop waiting; resume = true removes the .tmp folder
-            return None
-        except Exception as exc:  # a failed save leaves the previous checkpoint, which is said
-            get_logger("cosmos.checkpoint").warning("the checkpoint save in flight failed: %s", exc)
-        manager._closed = True
-        manager._committer.shutdown(wait=False)
-    manager.clean_incomplete()
-    done = manager.checkpoints()
-    return str(done[-1]) if done else None
-
-
 def _stop() -> None:
     from cosmos_primitives.logging.tracker import live_trackers
 
@@ -83,7 +67,7 @@ def _stop() -> None:
         if tracker.last_step is not None:
             steps.append(tracker.last_step)
         tracker.finish()
-    checkpoints = [_settle(manager) for manager in list(_MANAGERS)]
+    checkpoints = [manager.settle_after_interrupt() for manager in list(_MANAGERS)]
     if os.environ.get("RANK", "0") != "0":
         raise SystemExit(INTERRUPTED_EXIT_CODE)
     log = get_logger()

@@ -549,6 +549,25 @@ class CheckpointManager:
         self.uploader.submit(target, local, dest)
 
     # -------------------------------------------------------------------------------- shutdown
+    def settle_after_interrupt(self) -> Path | None:
+        """After a Ctrl-C: let the background save in flight finish (starting none), delete this run's
+        half-written folders (rank 0), close; return the newest complete checkpoint (None: none yet).
+
+        A second Ctrl-C while waiting stops the wait and returns None; the save's ``.tmp`` folder is
+        then removed by the next ``resume``."""
+        if not self._closed:
+            try:
+                self.wait()
+            except KeyboardInterrupt:
+                return None
+            except Exception as exc:  # the previous checkpoint stays the newest; say why
+                self._log.warning("the checkpoint save in flight failed: %s", exc)
+            self._closed = True
+            self._committer.shutdown(wait=False)
+        self.clean_incomplete()
+        done = self.checkpoints()
+        return done[-1] if done else None
+
     def close(self, upload_timeout_s: float | None = None) -> list[UploadFailure]:
         """Wait for the background save and the uploads; return upload failures (rank 0; ``[]`` elsewhere).
 
