@@ -16,7 +16,8 @@ With ``[validation] enable`` the engine also answers held-out items every ``freq
 ``[validation.dataset]``, or without its ``name`` the ``[train.train_policy.dataset] test_size`` items
 held out of the training prompts (unset: 10 %), which training then never sees. A SIGTERM or SIGUSR1
 (``[train] signal_to_handle``) saves a checkpoint when the step in progress ends and stops the run with
-exit status 75; ``train.resume=true`` goes on from it as if never stopped.
+exit status 75; ``train.resume=true`` goes on from it as if never stopped. Ctrl-C stops at once (exit
+status 130, the checkpoints left whole) and prints the command that resumes the run.
 """
 
 from __future__ import annotations

@@ -14,7 +14,8 @@ the mean token loss of the validation split (``[validation.dataset]``, or the pa
 data ``[train.train_policy.dataset] test_size`` holds out) is logged as ``val/avg_loss`` every
 ``freq`` steps, after the last and, with ``val_before_train``, before the first. A SIGTERM or
 SIGUSR1 (``[train] signal_to_handle``) saves a checkpoint when the step in progress ends and stops the
-run with exit status 75; ``train.resume=true`` goes on from it as if never stopped.
+run with exit status 75; ``train.resume=true`` goes on from it as if never stopped. Ctrl-C stops at
+once (exit status 130, the checkpoints left whole) and prints the command that resumes the run.
 """
 
 from __future__ import annotations

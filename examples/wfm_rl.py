@@ -46,7 +46,8 @@ draws its randomness (SDE noise, SDE window, trained steps, DDRL noise) from gen
 ``(seed, step, rank)``, and the rewards are functions of the videos. A web dataset resumes at the
 saved shard and sample, with the bad samples counted so far. A SIGTERM or SIGUSR1 (``[train]
 signal_to_handle``) saves a checkpoint when the step in progress ends and stops the run with exit
-status 75, from which ``train.resume=true`` goes on the same way.
+status 75, from which ``train.resume=true`` goes on the same way. Ctrl-C stops at once (exit status
+130, the checkpoints left whole) and prints the command that resumes the run.
 """
 
 from __future__ import annotations
