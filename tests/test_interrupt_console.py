@@ -124,14 +124,16 @@ def test_sigint_stops_with_the_resume_command_and_the_resumed_metrics_hold_each_
 
 
 def run_in_pty(argv: list[str], cwd: Path, timeout_s: float = 300.0) -> tuple[int, str]:
-    """Run ``argv`` with a pseudo-terminal (160 columns) as its stdin / stdout / stderr; (exit code, output)."""
+    """Run ``argv`` with a pseudo-terminal (160 columns) as its stdin / stdout / stderr, progress bars on;
+    (exit code, output)."""
     import fcntl
     import termios
 
     pid, fd = pty.fork()
     if pid == 0:  # the child: a terminal is all it sees
         os.chdir(cwd)
-        os.execv(argv[0], argv)
+        # conftest turns bars off for the tests' own processes; a user's terminal has them
+        os.execve(argv[0], argv, {k: v for k, v in os.environ.items() if k != "COSMOS_NO_PROGRESS"})
     fcntl.ioctl(fd, termios.TIOCSWINSZ, struct.pack("HHHH", 40, 160, 0, 0))
     out = bytearray()
     deadline = time.monotonic() + timeout_s
@@ -156,7 +158,7 @@ def test_sft_in_a_terminal_keeps_log_lines_off_the_bar_and_one_line_per_save(sft
                  "train.ckpt.max_keep=1", "train.ckpt.export_safetensors=true"]
     rc, text = run_in_pty([sys.executable, "examples/sft.py", "--config", str(SFT_CONFIG), *overrides], REPO)
     assert rc == 0, text[-3000:]
-    assert re.search(r"\[SFT\].*4/4", text), "no progress bar was drawn"
+    assert re.search(r"\[SFT\]: +100%\|.*\| 4/4 \[", text), "no progress bar was drawn"
     assert not glued_log_lines(text), "\n".join(glued_log_lines(text))
     assert "Writing model shards" not in text  # no nested bars per export
     lines = [s for s in segments(text) if "[cosmos]" in s]
