@@ -16,7 +16,8 @@ With ``[validation] enable`` the engine also answers held-out items every ``freq
 ``[validation.dataset]``, or without its ``name`` the ``[train.train_policy.dataset] test_size`` items
 held out of the training prompts (unset: 10 %), which training then never sees. A SIGTERM or SIGUSR1
 (``[train] signal_to_handle``) saves a checkpoint when the step in progress ends and stops the run with
-exit status 75; ``train.resume=true`` goes on from it as if never stopped.
+exit status 75; ``train.resume=true`` goes on from it as if never stopped. Ctrl-C stops at once (exit
+status 130, the checkpoints left whole) and prints the command that resumes the run.
 """
 
 from __future__ import annotations
@@ -134,7 +135,8 @@ def main() -> None:
     if state:
         sync.sync(version=step)
     tracker = cp.logging.MetricsTracker(run_dir, cfg.logging, run_config=cp.config.config_to_dict(cfg),
-                                        total_steps=total_steps, prefix="[GRPO] ")
+                                        total_steps=total_steps, prefix="[GRPO] ",
+                                        resumed_step=step if cfg.train.resume else None)  # replayed rows go
     dp_group = mesh.group("dp")
     split = f" (in {len(parts)} steps of {grpo.rollouts_per_step} rollouts)" if len(parts) > 1 else ""
     log.info(f"run dir {run_dir}; {total_steps} steps x {grpo.rollout_batch_size} prompts x "
@@ -213,4 +215,5 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    with cp.checkpoint.exit_on_interrupt():  # Ctrl-C: no traceback; prints the command that resumes the run
+        main()

@@ -14,7 +14,8 @@ the mean token loss of the validation split (``[validation.dataset]``, or the pa
 data ``[train.train_policy.dataset] test_size`` holds out) is logged as ``val/avg_loss`` every
 ``freq`` steps, after the last and, with ``val_before_train``, before the first. A SIGTERM or
 SIGUSR1 (``[train] signal_to_handle``) saves a checkpoint when the step in progress ends and stops the
-run with exit status 75; ``train.resume=true`` goes on from it as if never stopped.
+run with exit status 75; ``train.resume=true`` goes on from it as if never stopped. Ctrl-C stops at
+once (exit status 130, the checkpoints left whole) and prints the command that resumes the run.
 """
 
 from __future__ import annotations
@@ -76,7 +77,8 @@ def main() -> None:
     state = ckpt.resume(cfg.train.resume, output_dir=cfg.train.output_dir)
     step = state.step if state else 0
     tracker = cp.logging.MetricsTracker(run_dir, cfg.logging, run_config=cp.config.config_to_dict(cfg),
-                                        total_steps=total_steps, prefix="[SFT] ")
+                                        total_steps=total_steps, prefix="[SFT] ",
+                                        resumed_step=step if cfg.train.resume else None)  # replayed rows go
     log.info(f"run dir {run_dir}; {total_steps} steps of {cfg.train.train_batch_per_replica} samples per rank; {mesh}")
 
     dp_group = mesh.group("dp")
@@ -168,4 +170,5 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    with cp.checkpoint.exit_on_interrupt():  # Ctrl-C: no traceback; prints the command that resumes the run
+        main()

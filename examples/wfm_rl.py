@@ -46,7 +46,8 @@ draws its randomness (SDE noise, SDE window, trained steps, DDRL noise) from gen
 ``(seed, step, rank)``, and the rewards are functions of the videos. A web dataset resumes at the
 saved shard and sample, with the bad samples counted so far. A SIGTERM or SIGUSR1 (``[train]
 signal_to_handle``) saves a checkpoint when the step in progress ends and stops the run with exit
-status 75, from which ``train.resume=true`` goes on the same way.
+status 75, from which ``train.resume=true`` goes on the same way. Ctrl-C stops at once (exit status
+130, the checkpoints left whole) and prints the command that resumes the run.
 """
 
 from __future__ import annotations
@@ -206,6 +207,12 @@ def eval_prompts(dataset: Any, first: int, count: int,
     return cp.data.collate_clips([items[i] for i in picks]), [indices[i] for i in picks]
 
 
+def curve_keys(w: Any) -> list[str]:
+    """The metrics ``curves.png`` draws for ``[wfm]`` ``w``: :data:`CURVES`, less ``kl`` when ``kl_beta = 0``
+    (no KL term: its panel would be a flat line)."""
+    return [key for key in CURVES if key != "kl" or w.kl_beta > 0]
+
+
 def train(cfg: cp.Config) -> Path:
     """Run the whole loop; returns the run directory."""
     info = cp.parallel.init_distributed()
@@ -286,10 +293,11 @@ def train(cfg: cp.Config) -> Path:
     state = ckpt.resume(cfg.train.resume, output_dir=cfg.train.output_dir)
     step = state.step if state else 0
 
+    curves = curve_keys(w)
     with contextlib.ExitStack() as stack:
         client = reward_client(cfg.remote_reward, w.start_reward_server, stack)
         tracker = cp.logging.MetricsTracker(run_dir, cfg.logging, run_config=cp.config.config_to_dict(cfg),
-                                            total_steps=total_steps)
+                                            total_steps=total_steps, resumed_step=step if cfg.train.resume else None)
         stack.callback(tracker.finish)
         tracker.log_text(f"{w.algorithm}: {policy.num_trainable():,} trainable weights, latents {latent_shape}, "
                          f"{group} x {per_step} rollouts of {w.num_inference_steps} steps per update and rank"
@@ -321,7 +329,7 @@ def train(cfg: cp.Config) -> Path:
                                               rewards=rewards.tolist(), fps=w.data.fps, rank=data_rank,
                                               tracker=tracker, videos_per_prompt=w.eval_videos_per_prompt)
             if info.is_rank0:
-                cp.logging.plot_run(run_dir, keys=CURVES)
+                cp.logging.plot_run(run_dir, keys=curves)
 
         evaluating = w.eval_num_inference_steps > 0
         if evaluating and step == 0:
@@ -395,7 +403,7 @@ def train(cfg: cp.Config) -> Path:
                 break
         preemption.restore()  # training is over: a signal from now on ends the process at once
         if info.is_rank0:
-            cp.logging.plot_run(run_dir, keys=CURVES)
+            cp.logging.plot_run(run_dir, keys=curves)
         if cfg.train.ckpt.enable_checkpoint and not preemption.stopped:
             weights = policy.adapter_state_dict()  # collective under FSDP2: every rank takes part
             if info.is_rank0:
@@ -424,4 +432,5 @@ def main(argv: list[str] | None = None) -> Path:
 
 
 if __name__ == "__main__":
-    main()
+    with cp.checkpoint.exit_on_interrupt():  # Ctrl-C: no traceback; prints the command that resumes the run
+        main()

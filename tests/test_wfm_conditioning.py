@@ -200,7 +200,7 @@ def test_a_short_conditioned_run_of_the_recipe(mode, config, extra, tmp_path):
     records = [r for r in read_metrics(run_dir) if "reward_mean" in r]
     assert [r["step"] for r in records] == [1, 2]
     assert all(torch.isfinite(torch.tensor(r["policy_loss"])) for r in records)
-    assert list((run_dir / "samples").glob("step_000002/*.mp4"))
+    assert list((run_dir / "samples").glob("step_2/*.mp4"))
 
 
 def test_config_copy_keeps_conditioning():  # the keys round-trip through the TOML dump a run writes

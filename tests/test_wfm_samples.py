@@ -40,7 +40,7 @@ def test_save_video_samples_names_files_by_reward_and_lists_every_sample(tmp_pat
     rewards = [0.1, 0.25, 0.3, 0.4, 0.5, 0.625]
     written = save_video_samples(tmp_path, 20, videos, prompt_ids=[0, 0, 0, 7, 7, 7], captions=["a"] * 3 + ["b"] * 3,
                                  seeds=list(range(6)), rewards=rewards, fps=16.0, videos_per_prompt=2)
-    folder = tmp_path / "samples" / "step_000020"
+    folder = tmp_path / "samples" / "step_20"  # named as the checkpoint of that step, checkpoints/step_20
     assert [p.name for p in written] == ["p00_s00_reward0.1000.mp4", "p00_s01_reward0.2500.mp4",
                                          "p07_s00_reward0.4000.mp4", "p07_s01_reward0.5000.mp4"]
     assert all(decode(p).shape == (5, 16, 16, 3) for p in written)
@@ -48,6 +48,9 @@ def test_save_video_samples_names_files_by_reward_and_lists_every_sample(tmp_pat
     assert summary["step"] == 20 and summary["reward_mean"] == pytest.approx(np.mean(rewards))
     assert [(s["prompt"], s["sample"], s["seed"], s["file"]) for s in summary["samples"]][2:4] == [
         (0, 2, 2, None), (7, 0, 3, "p07_s00_reward0.4000.mp4")]
+    # a sample without a video says why
+    assert summary["samples"][2]["reason"] == "videos_per_prompt = 2: only the first 2 samples of a prompt are written"
+    assert "reason" not in summary["samples"][3]
     with pytest.raises(ValueError, match="6 videos but 5 prompt ids"):
         save_video_samples(tmp_path, 1, videos, prompt_ids=[0] * 5, captions=["a"] * 6, seeds=[0] * 6,
                            rewards=rewards, fps=16.0)
@@ -81,7 +84,7 @@ def test_tiny_recipe_run_folder_holds_weights_videos_rewards_and_curves(tmp_path
         assert (run_dir / "safetensors" / export / "lora" / "pytorch_lora_weights.safetensors").is_file()
     # videos: before the first step and after each (eval_freq = 1), 2 of the 3 samples of each of 2 prompts
     for step in (0, 1, 2):
-        folder = run_dir / "samples" / f"step_{step:06d}"
+        folder = run_dir / "samples" / f"step_{step}"
         summary = json.loads((folder / "rewards.json").read_text())
         assert len(summary["samples"]) == 6 and summary["step"] == step
         named = [s for s in summary["samples"] if s["file"]]
@@ -90,7 +93,7 @@ def test_tiny_recipe_run_folder_holds_weights_videos_rewards_and_curves(tmp_path
             assert sample["file"].endswith(f"_reward{sample['reward']:.4f}.mp4")
             assert decode(folder / sample["file"]).shape == (5, 16, 16, 3)  # 5 frames of 16 x 16
     # the same eval prompts and seeds every time
-    seeds = [[s["seed"] for s in json.loads((run_dir / "samples" / f"step_{k:06d}" / "rewards.json").read_text())
+    seeds = [[s["seed"] for s in json.loads((run_dir / "samples" / f"step_{k}" / "rewards.json").read_text())
               ["samples"]] for k in (0, 2)]
     assert seeds[0] == seeds[1]
     curves = run_dir / "curves.png"

@@ -1,7 +1,8 @@
 """Resume checkpoints (DCP, sharded, atomic, checksummed, rotated in save order, sync or async),
 Hugging Face safetensors export (diffusers folders for flow transformers), background uploads to S3
 and the Hugging Face Hub, the guard that stops (or skips) a step with a non-finite loss or gradient
-before it can be saved, and preemption: a SIGTERM / SIGUSR1 saves a checkpoint before the run stops.
+before it can be saved, and preemption: a SIGTERM / SIGUSR1 saves a checkpoint before the run stops
+(Ctrl-C stops at once, keeps the checkpoints whole and prints the resume command).
 
 Names load on first use, so ``import cosmos_primitives.checkpoint`` stays cheap; boto3 and
 huggingface_hub (extras ``s3`` and ``hub``) are imported only when an upload is configured.
@@ -24,6 +25,9 @@ _EXPORTS = {
     "check_finite": "cosmos_primitives.checkpoint.nonfinite",
     "Preemption": "cosmos_primitives.checkpoint.preemption",
     "PREEMPTED_EXIT_CODE": "cosmos_primitives.checkpoint.preemption",
+    "INTERRUPTED_EXIT_CODE": "cosmos_primitives.checkpoint.interrupt",
+    "exit_on_interrupt": "cosmos_primitives.checkpoint.interrupt",
+    "resume_command": "cosmos_primitives.checkpoint.interrupt",
     "NonFiniteError": "cosmos_primitives.checkpoint.nonfinite",
     "Uploader": "cosmos_primitives.checkpoint.uploader",
     "UploadFailure": "cosmos_primitives.checkpoint.uploader",
@@ -33,6 +37,7 @@ _EXPORTS = {
 }
 
 __all__ = [
+    "INTERRUPTED_EXIT_CODE",
     "PAUSE_ENV",
     "PREEMPTED_EXIT_CODE",
     "CheckpointManager",
@@ -46,10 +51,12 @@ __all__ = [
     "Uploader",
     "Verification",
     "check_finite",
+    "exit_on_interrupt",
     "export_diffusers",
     "export_safetensors",
     "find_latest_checkpoint",
     "list_checkpoints",
+    "resume_command",
     "verify_checkpoint",
 ]
 

@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import atexit
 import concurrent.futures
+import contextlib
 import os
 import time
 import warnings
@@ -52,8 +53,9 @@ from torch.distributed.checkpoint.state_dict import (
 )
 
 from cosmos_primitives.checkpoint import layout
+from cosmos_primitives.checkpoint.interrupt import register_manager
 from cosmos_primitives.checkpoint.manifest import missing_manifests, verify_checkpoint, write_rank_manifest
-from cosmos_primitives.checkpoint.safetensors_export import export_safetensors
+from cosmos_primitives.checkpoint.safetensors_export import export_safetensors, quiet_exports
 from cosmos_primitives.checkpoint.train_state import TrainState, decode, encode
 from cosmos_primitives.checkpoint.uploader import Uploader, UploadFailure, UploadTarget
 from cosmos_primitives.config.checkpoint import CheckpointConfig
@@ -172,6 +174,7 @@ class CheckpointManager:
         if self._upload_s3 or config.upload_hf:
             self._make_upload_targets(s3_client_factory, hf_api_factory)
         atexit.register(_wait_at_exit, weakref.ref(self))
+        register_manager(self)  # a Ctrl-C under cp.checkpoint.exit_on_interrupt settles its saves
 
     def _barrier(self) -> None:
         if self._dist and self.world_size > 1:
@@ -237,7 +240,7 @@ class CheckpointManager:
             future = dcp.async_save(state, checkpoint_id=str(tmp), process_group=self._async_group,
                                     no_dist=not self._dist)
             self._inflight = self._committer.submit(self._finish_async, future, step, tmp, final, started, parent)
-            self._log.info("Saving checkpoint step %d in the background to %s", step, final)
+            self._log.debug("Saving checkpoint step %d in the background to %s", step, final)
             return final
         dcp.save(state, checkpoint_id=str(tmp), process_group=self._group, no_dist=not self._dist)
         self._write_manifest(tmp)
@@ -320,11 +323,11 @@ class CheckpointManager:
     def _rotate(self) -> None:
         protected = frozenset(self.uploader.pending()) if self.uploader else frozenset()
         for path in layout.rotate(layout.list_checkpoints(self.checkpoints_dir), self.config.max_keep, protected):
-            self._log.info("Removed old checkpoint %s (max_keep = %d)", path, self.config.max_keep)
+            self._log.debug("Removed old checkpoint %s (max_keep = %d)", path, self.config.max_keep)
         exports = [p for p in sorted(self.safetensors_dir.glob("step_*"), key=lambda p: layout.step_of(p) or -1)
                    if p.is_dir() and layout.step_of(p) is not None]
         for path in layout.rotate(exports, self.config.max_keep, protected):
-            self._log.info("Removed old export %s (max_keep = %d)", path, self.config.max_keep)
+            self._log.debug("Removed old export %s (max_keep = %d)", path, self.config.max_keep)
 
     # ---------------------------------------------------------------------------------- loading
     def resume(self, resume: bool | str | Path, *, output_dir: str | Path | None = None) -> TrainState | None:
@@ -505,12 +508,14 @@ class CheckpointManager:
         """
         final = step is None
         out = self.safetensors_dir / ("final" if final else layout.step_dir_name(step))
-        if self.exporter is not None:
-            self.exporter(self.model, out, max_shard_size_gb=self.config.max_shard_size_gb,
-                          dtype=self.config.export_dtype)
-        else:
-            export_safetensors(self.model, out, processor=self.processor, tokenizer=self.tokenizer,
-                               max_shard_size_gb=self.config.max_shard_size_gb, dtype=self.config.export_dtype)
+        # a periodic export is part of its save, which "Saved checkpoint step N" reports: one line per save
+        with contextlib.nullcontext() if final else quiet_exports():
+            if self.exporter is not None:
+                self.exporter(self.model, out, max_shard_size_gb=self.config.max_shard_size_gb,
+                              dtype=self.config.export_dtype)
+            else:
+                export_safetensors(self.model, out, processor=self.processor, tokenizer=self.tokenizer,
+                                   max_shard_size_gb=self.config.max_shard_size_gb, dtype=self.config.export_dtype)
         if self.rank == 0:
             if not final:
                 self._rotate()
@@ -544,6 +549,25 @@ class CheckpointManager:
         self.uploader.submit(target, local, dest)
 
     # -------------------------------------------------------------------------------- shutdown
+    def settle_after_interrupt(self) -> Path | None:
+        """After a Ctrl-C: let the background save in flight finish (starting none), delete this run's
+        half-written folders (rank 0), close; return the newest complete checkpoint (None: none yet).
+
+        A second Ctrl-C while waiting stops the wait and returns None; the save's ``.tmp`` folder is
+        then removed by the next ``resume``."""
+        if not self._closed:
+            try:
+                self.wait()
+            except KeyboardInterrupt:
+                return None
+            except Exception as exc:  # the previous checkpoint stays the newest; say why
+                self._log.warning("the checkpoint save in flight failed: %s", exc)
+            self._closed = True
+            self._committer.shutdown(wait=False)
+        self.clean_incomplete()
+        done = self.checkpoints()
+        return done[-1] if done else None
+
     def close(self, upload_timeout_s: float | None = None) -> list[UploadFailure]:
         """Wait for the background save and the uploads; return upload failures (rank 0; ``[]`` elsewhere).
 

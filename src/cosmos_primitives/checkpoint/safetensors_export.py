@@ -10,9 +10,12 @@ as ``transformers`` itself does. Any other module is written under its state-dic
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import copy
 import json
-from collections.abc import Callable
+import logging
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -28,6 +31,20 @@ from cosmos_primitives.parallel.distributed import broadcast_object, get_rank
 GB = 10**9
 INDEX_FILE = "model.safetensors.index.json"
 _DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
+# the level of the "Exported <kind> to <dir>" line: a context variable, so that the checkpoint
+# thread's own lines keep theirs while the main thread exports quietly
+_EXPORT_LOG_LEVEL: contextvars.ContextVar[int] = contextvars.ContextVar("export_log_level", default=logging.INFO)
+
+
+@contextlib.contextmanager
+def quiet_exports() -> Iterator[None]:
+    """Exports in this block log ``Exported <kind> to <dir>`` at DEBUG (the exports of periodic saves,
+    which the checkpoint's own line already reports)."""
+    token = _EXPORT_LOG_LEVEL.set(logging.DEBUG)
+    try:
+        yield
+    finally:
+        _EXPORT_LOG_LEVEL.reset(token)
 
 
 def gather_full_state_dict(model: nn.Module) -> dict[str, torch.Tensor]:
@@ -98,7 +115,7 @@ def export_folder(model: nn.Module, out_dir: str | Path, write: Callable[[dict[s
     out_dir = Path(out_dir)
     log = get_logger()
     if get_rank() == 0:
-        log.info("Prepare to export %s to %s at rank 0", kind, out_dir)
+        log.debug("Prepare to export %s to %s at rank 0", kind, out_dir)
     full_sd = gather_full_state_dict(model)
     error: str | None = None
     if get_rank() == 0:
@@ -120,7 +137,7 @@ def export_folder(model: nn.Module, out_dir: str | Path, write: Callable[[dict[s
     if error is not None:
         raise RuntimeError(f"exporting {kind} to {out_dir} failed on rank 0: {error}")
     if get_rank() == 0:
-        log.info("Exported %s to %s", kind, out_dir)
+        log.log(_EXPORT_LOG_LEVEL.get(), "Exported %s to %s", kind, out_dir)
     return out_dir
 
 
@@ -140,7 +157,7 @@ def _write_folder(model: nn.Module, full_sd: dict[str, torch.Tensor], tmp: Path,
     _add_files_readers_expect(tmp, processor, tokenizer)
     log = get_logger()
     for i, shard in enumerate(sorted(tmp.glob("*.safetensors"))):
-        log.info("Saved chunk %d to %s (%.2f GB)", i, shard.name, shard.stat().st_size / GB)
+        log.debug("Saved chunk %d to %s (%.2f GB)", i, shard.name, shard.stat().st_size / GB)
 
 
 def _transformers_class(model: nn.Module) -> type | None:
@@ -174,12 +191,26 @@ def _save_with_transformers(model: nn.Module, hf_class: type, full_sd: dict[str,
     for target, source in (getattr(skeleton, "all_tied_weights_keys", None) or {}).items():
         if target in full_sd and source in full_sd and torch.equal(full_sd[target], full_sd[source]):
             full_sd[target] = full_sd[source]
-    skeleton.save_pretrained(str(out), state_dict=full_sd, max_shard_size=max_shard_bytes)
+    with _no_transformers_bars():  # a "Writing model shards" bar per export would bury the training bar
+        skeleton.save_pretrained(str(out), state_dict=full_sd, max_shard_size=max_shard_bytes)
     _index_single_file(out)
     if not (out / "generation_config.json").exists() and skeleton.can_generate():
         from transformers import GenerationConfig
 
         GenerationConfig.from_model_config(model.config).save_pretrained(str(out))
+
+
+@contextlib.contextmanager
+def _no_transformers_bars() -> Iterator[None]:
+    from transformers.utils import logging as hf_logging
+
+    enabled = hf_logging.is_progress_bar_enabled()
+    hf_logging.disable_progress_bar()
+    try:
+        yield
+    finally:
+        if enabled:
+            hf_logging.enable_progress_bar()
 
 
 def _index_single_file(out: Path) -> None:

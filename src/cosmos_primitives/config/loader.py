@@ -465,12 +465,15 @@ def read_cosmos_rl_file(path: str | os.PathLike[str]
 
 
 def _default_backend(tree: dict[str, Any], explicit: set[str], source: str) -> None:
-    """``rollout.backend`` left unset: vLLM when it is installed and a GPU is present, else HF; logged."""
+    """``rollout.backend`` left unset: vLLM when it is installed and a GPU is present, else HF; logged
+    (not for SFT, which rolls nothing out)."""
     if "rollout.backend" in explicit or _has(tree, "rollout.backend"):
         return
     engine, why = default_backend()
     _set(tree, "rollout.backend", engine, source)
-    logging.getLogger("cosmos").info(f"{source}: rollout.backend unset: using {engine!r} ({why})")
+    train_policy = (tree.get("train") or {}).get("train_policy") or {}
+    if train_policy.get("type") != "sft":  # SFT builds no rollout engine: the choice would only mislead
+        logging.getLogger("cosmos").info(f"{source}: rollout.backend unset: using {engine!r} ({why})")
 
 
 def config_from_dict(tree: dict[str, Any], source: str = "<dict>") -> Config:

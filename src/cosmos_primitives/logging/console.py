@@ -1,4 +1,8 @@
-"""The library's Python logger: ``[cosmos] <time> - <level> - <message>`` with the rank in front."""
+"""The library's Python logger: ``[cosmos] <time> - <level> - <message>`` with the rank in front.
+
+While a tqdm progress bar is on screen, records are printed through ``tqdm.write``: the bar is
+cleared, the line printed, the bar redrawn below it, instead of the line being glued to the bar's end.
+"""
 
 from __future__ import annotations
 
@@ -22,6 +26,16 @@ class _CurrentStderrHandler(logging.StreamHandler):
     @stream.setter
     def stream(self, _value) -> None:
         pass
+
+    def emit(self, record: logging.LogRecord) -> None:
+        tqdm = getattr(sys.modules.get("tqdm"), "tqdm", None)  # no bar can be on screen before tqdm is imported
+        if tqdm is None or not getattr(tqdm, "_instances", None):
+            super().emit(record)
+            return
+        try:
+            tqdm.write(self.format(record), file=self.stream)
+        except Exception:  # logging must not raise: report as logging does
+            self.handleError(record)
 
 
 def get_logger(name: str = "cosmos") -> logging.Logger:

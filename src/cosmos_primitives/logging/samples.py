@@ -3,8 +3,11 @@ name and in a JSON beside them, and on W&B when it is on.
 
 Layout, one folder per evaluation::
 
-    <run_dir>/samples/step_000020/p01_s00_reward0.5123.mp4     # prompt 1, its sample 0, rank 0
-    <run_dir>/samples/step_000020/rewards.json                  # every sample: prompt, caption, seed, reward, file
+    <run_dir>/samples/step_20/p01_s00_reward0.5123.mp4     # prompt 1, its sample 0, rank 0
+    <run_dir>/samples/step_20/rewards.json                  # every sample: prompt, caption, seed, reward, file
+
+``step_<N>`` as the checkpoint of the same step (``checkpoints/step_20``). A sample without a video
+(beyond ``videos_per_prompt``) has ``"file": null`` and a ``"reason"``.
 
 Under several ranks each writes its own samples (``r<rank>_`` before the name, ``rewards_rank<r>.json``).
 """
@@ -68,7 +71,7 @@ def save_video_samples(run_dir: str | Path, step: int, videos: Any, *, prompt_id
     if not len(array) == len(prompt_ids) == len(captions) == len(seeds) == len(rewards):
         raise ValueError(f"save_video_samples: {len(array)} videos but {len(prompt_ids)} prompt ids, "
                          f"{len(captions)} captions, {len(seeds)} seeds, {len(rewards)} rewards")
-    folder = Path(run_dir) / SAMPLES_DIR / f"step_{step:06d}"
+    folder = Path(run_dir) / SAMPLES_DIR / f"step_{step}"
     tag = f"r{rank}_" if rank else ""
     written: list[Path] = []
     records = []
@@ -79,8 +82,12 @@ def save_video_samples(run_dir: str | Path, step: int, videos: Any, *, prompt_id
         if nth < videos_per_prompt:
             name = f"{tag}p{prompt:02d}_s{nth:02d}_reward{float(reward):.4f}.mp4"
             written.append(write_mp4(folder / name, array[i].transpose(1, 2, 3, 0), fps))
-        records.append({"prompt": int(prompt), "sample": nth, "caption": caption, "seed": int(seed),
-                        "reward": float(reward), "file": name})
+        record = {"prompt": int(prompt), "sample": nth, "caption": caption, "seed": int(seed),
+                  "reward": float(reward), "file": name}
+        if name is None:
+            record["reason"] = (f"videos_per_prompt = {videos_per_prompt}: only the first {videos_per_prompt} "
+                                "samples of a prompt are written")
+        records.append(record)
     folder.mkdir(parents=True, exist_ok=True)
     summary = {"step": step, "reward_mean": float(np.mean([r["reward"] for r in records])), "samples": records}
     (folder / (f"rewards_rank{rank}.json" if rank else "rewards.json")).write_text(json.dumps(summary, indent=2) + "\n")

@@ -7,6 +7,7 @@ import math
 import os
 import sys
 import time
+import weakref
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, TextIO
@@ -17,6 +18,13 @@ from cosmos_primitives.logging.console import get_logger
 from cosmos_primitives.utils.extras import require
 
 METRICS_FILE = "metrics.jsonl"
+
+_LIVE: weakref.WeakSet[MetricsTracker] = weakref.WeakSet()
+
+
+def live_trackers() -> list[MetricsTracker]:
+    """The trackers of this process not yet finished (what a Ctrl-C closes, ``cp.checkpoint.exit_on_interrupt``)."""
+    return list(_LIVE)
 
 
 def _scalar(value: Any) -> float | int | str:
@@ -62,6 +70,11 @@ class MetricsTracker:
         total_steps: printed as ``step N/total`` when known.
         terminal: the stream a progress bar goes to; None: ``sys.stderr`` when it is a terminal
             (and ``COSMOS_NO_PROGRESS`` is not ``1``).
+        resumed_step: the step a resumed run goes on from (its checkpoint's). Rows of later steps,
+            which the interrupted run logged before it stopped and the resumed run logs again, are
+            dropped from ``metrics.jsonl`` (rewritten atomically), so each step appears once with the
+            values of the run that carried on; the progress bar starts at this step and its rate
+            counts the new steps only.
 
     On a terminal (rank 0, ``total_steps`` known, ``"console"`` logging) the per-step console lines
     give way to a progress bar with the step, the ETA and the last metrics; written to a file or a
@@ -70,11 +83,13 @@ class MetricsTracker:
 
     def __init__(self, run_dir: str | Path, config: LoggingConfig | None = None, *,
                  run_config: Mapping[str, Any] | None = None, rank: int | None = None,
-                 total_steps: int | None = None, prefix: str = "", terminal: TextIO | None = None) -> None:
+                 total_steps: int | None = None, prefix: str = "", terminal: TextIO | None = None,
+                 resumed_step: int | None = None) -> None:
         self.config = config or LoggingConfig()
         self.run_dir = Path(run_dir)
         self.rank = int(os.environ.get("RANK", "0")) if rank is None else rank
         self.total_steps = total_steps
+        self.last_step: int | None = None  # the latest step logged
         if terminal is None and sys.stderr.isatty() and os.environ.get("COSMOS_NO_PROGRESS") != "1":
             terminal = sys.stderr
         self._bar = None
@@ -82,7 +97,7 @@ class MetricsTracker:
             from tqdm.auto import tqdm
 
             self._bar = tqdm(total=total_steps, desc=prefix.strip() or None, file=terminal, dynamic_ncols=True,
-                             unit="step")
+                             unit="step", initial=min(resumed_step or 0, total_steps))
         self.prefix = prefix
         self.log = get_logger()
         self._jsonl = None
@@ -90,9 +105,12 @@ class MetricsTracker:
         if self.rank != 0:
             return
         self.run_dir.mkdir(parents=True, exist_ok=True)
+        if resumed_step is not None:
+            _drop_rows_after(self.run_dir / METRICS_FILE, resumed_step)
         self._jsonl = (self.run_dir / METRICS_FILE).open("a", buffering=1)
         if "wandb" in self.config.logger:
             self._wandb_run = self._start_wandb(run_config)
+        _LIVE.add(self)
 
     def _start_wandb(self, run_config: Mapping[str, Any] | None) -> Any:
         wandb = require("wandb", "logging to Weights & Biases")
@@ -118,11 +136,12 @@ class MetricsTracker:
         if self.rank != 0:
             return
         values = {k: _scalar(v) for k, v in metrics.items()}
+        self.last_step = step if self.last_step is None else max(self.last_step, step)
         record = {"step": step, "time": time.time(), **values}
         if self._jsonl is not None:
             self._jsonl.write(json.dumps(record) + "\n")
         if self._bar is not None:
-            if self._bar.n == 0 and step > 1:  # a resumed run: the ETA counts from here, not from step 0
+            if self._bar.n == 0 and step > 1:  # resumed without resumed_step: the ETA counts from here
                 self._bar.n = self._bar.last_print_n = step - 1
                 self._bar.start_t = self._bar.last_print_t = time.time()
             self._bar.update(max(step - self._bar.n, 0))
@@ -152,6 +171,7 @@ class MetricsTracker:
 
     def finish(self) -> None:
         """Flush and close the progress bar, the JSONL file and the W&B run."""
+        _LIVE.discard(self)
         if self._bar is not None:
             self._bar.close()
             self._bar = None
@@ -167,6 +187,22 @@ class MetricsTracker:
 
     def __exit__(self, *exc: object) -> None:
         self.finish()
+
+
+def _drop_rows_after(path: Path, step: int) -> None:
+    """Rewrite ``path`` (atomically: a temporary file renamed over it) without the rows of steps after ``step``."""
+    if not path.is_file():
+        return
+    kept = []
+    for line in path.read_text().splitlines():
+        try:
+            if json.loads(line).get("step", 0) <= step:
+                kept.append(line)
+        except (json.JSONDecodeError, AttributeError, TypeError):
+            continue  # a torn last line of the interrupted run
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text("".join(f"{line}\n" for line in kept))
+    os.replace(tmp, path)
 
 
 def read_metrics(run_dir: str | Path) -> list[dict[str, Any]]:
