@@ -192,6 +192,14 @@ def test_nonfinite_loss_or_gradient_stops_or_skips(loss, grad_norm) -> None:
         check_finite(1.0, 1.0, step=1, mode="ignore")
 
 
+def test_the_nonfinite_error_does_not_promise_the_checkpoints_are_clean() -> None:
+    # weights made non-finite by a huge learning rate are saved before the next loss is NaN
+    with pytest.raises(NonFiniteError) as info:
+        check_finite(float("nan"), None, step=3, mode="stop")
+    assert "no checkpoint holds" not in str(info.value)
+    assert "weights already are" in str(info.value) and "learning rate" in str(info.value)
+
+
 def _one_rank_sees_a_nan() -> dict[str, list[str]]:
     rank = torch.distributed.get_rank()
     outcomes: dict[str, list[str]] = {"skip": [], "stop": []}
