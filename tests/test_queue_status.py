@@ -10,6 +10,7 @@ import socket
 import subprocess
 import sys
 
+import pytest
 import redis
 
 from cosmos_primitives.config import RedisConfig, run_stream
@@ -120,3 +121,35 @@ def test_status_of_a_stream_name_used_by_another_program_says_so(redis_url: str)
     done = status("--redis", redis_url, "--run", "clash")
     assert done.returncode == 2
     assert f"Redis at {redis_url} refused to show run stream cosmos:clash (ResponseError: WRONGTYPE" in done.stderr
+
+
+def test_garbage_under_a_runs_keys_is_a_clear_error_naming_the_key(redis_url: str, capsys) -> None:
+    from cosmos_primitives.queue.status import main as status_main
+
+    stream = run_stream("garbage-run")
+    client = redis.Redis.from_url(redis_url)
+    claims = PromptClaims(redis_url, stream, dataset_size=10, range_size=2, seed=0)
+    claims.claim("rollout-1")
+    cases = {  # key: (how to spoil it, what is restored afterwards)
+        f"{stream}:claims:next": (lambda k: client.set(k, "garbage"), lambda k: client.set(k, 1)),
+        f"{stream}:weight_version": (lambda k: client.set(k, "v3"), lambda k: client.delete(k)),
+        f"{stream}:stats": (lambda k: client.hset(k, "double_acked", "many"), lambda k: client.delete(k)),
+        f"{stream}:claims:meta": (lambda k: client.hset(k, "dataset_size", "ten"),
+                                  lambda k: client.hset(k, "dataset_size", 10)),
+    }
+    for key, (spoil, restore) in cases.items():
+        spoil(key)
+        assert status_main(["--redis", redis_url, "--run", "garbage-run"]) == 2
+        err = capsys.readouterr().err
+        assert f"error: run stream {stream} at {redis_url}: key {key}" in err and "Traceback" not in err, err
+        restore(key)
+    assert status_main(["--redis", redis_url, "--run", "garbage-run"]) == 0
+
+    client.set(f"{stream}:claims:next", "garbage")
+    with pytest.raises(ValueError, match=rf"{stream}:claims.*not written by PromptClaims.*clear"):
+        claims.claim("rollout-1")
+    client.delete(f"{stream}:claims:next")
+    client.zadd(f"{stream}:claims:deadlines", {"not-a-range": 0})
+    with pytest.raises(ValueError, match=rf"{stream}:claims:deadlines.*'not-a-range'"):
+        claims.claim("rollout-2")
+    claims.close()
