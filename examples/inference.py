@@ -13,6 +13,8 @@ the model's chat template decides). Videos are sampled at ``--fps`` frames per s
 from __future__ import annotations
 
 import argparse
+import math
+from collections.abc import Callable
 from pathlib import Path
 
 from cosmos_primitives.data.conversation import load_conversation
@@ -20,6 +22,18 @@ from cosmos_primitives.data.mcq import FORMAT_INSTRUCTION
 from cosmos_primitives.data.media import MediaSettings
 from cosmos_primitives.data.records import Prompt, SamplingParams
 from cosmos_primitives.eval import load_eval_engine
+
+
+def _number(kind: type, low: float, high: float = math.inf, *, low_open: bool = False) -> Callable[[str], float]:
+    """An argparse ``type``: a finite ``kind`` in ``[low, high]`` (``(low, high]`` with ``low_open``)."""
+    def parse(text: str) -> float:
+        value = kind(text)
+        if not math.isfinite(value) or value < low or (low_open and value == low) or value > high:
+            where = f"{'>' if low_open else '>='} {low:g}" + (f" and <= {high:g}" if high < math.inf else "")
+            raise argparse.ArgumentTypeError(f"{text!r} is out of range: expects a finite {kind.__name__} {where}")
+        return value
+    parse.__name__ = kind.__name__  # argparse names it in "invalid int value"
+    return parse
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -32,11 +46,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--prompt", required=True, help="the question or instruction")
     parser.add_argument("--system", default=None, help='system message ("" sends an empty one)')
     parser.add_argument("--reasoning", action="store_true", help="ask for <think>...</think> <answer>...</answer>")
-    parser.add_argument("--fps", type=float, default=4.0)
-    parser.add_argument("--max-pixels", type=int, default=81920)
-    parser.add_argument("--temperature", type=float, default=0.6, help="0 decodes greedily")
-    parser.add_argument("--top-p", type=float, default=0.95)
-    parser.add_argument("--max-tokens", type=int, default=1024)
+    parser.add_argument("--fps", type=_number(float, 0, low_open=True), default=4.0)
+    parser.add_argument("--max-pixels", type=_number(int, 1), default=81920)
+    parser.add_argument("--temperature", type=_number(float, 0), default=0.6, help="0 decodes greedily")
+    parser.add_argument("--top-p", type=_number(float, 0, 1, low_open=True), default=0.95)
+    parser.add_argument("--max-tokens", type=_number(int, 1), default=1024)
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--backend", choices=["hf", "vllm"], default="hf")
     parser.add_argument("--dtype", choices=["auto", "bfloat16", "float16", "float32"], default="auto")

@@ -74,11 +74,13 @@ def test_rollback_keeps_the_new_history_and_sets_the_abandoned_future_aside(tmp_
 
     assert [p.name for p in list_checkpoints(run / "checkpoints")] == ["step_3"]
     aside = run / "checkpoints" / "abandoned"
-    assert sorted(p.name for p in aside.iterdir()) == ["step_4", "step_6"]  # moved, not deleted
+    # moved, not deleted; then abandoned/ is pruned with the same max_keep (1): the newest stays
+    assert sorted(p.name for p in aside.iterdir()) == ["step_6"]
     # the exports follow the checkpoints: rotation by step would otherwise keep step_6 and drop the new step_3
     exports = run / "safetensors"
     assert sorted(p.name for p in exports.iterdir()) == ["abandoned", "step_3"]
-    assert {p.name: (p / "weights.txt").read_text() for p in (exports / "abandoned").iterdir()} == abandoned_exports
+    assert {p.name: (p / "weights.txt").read_text() for p in (exports / "abandoned").iterdir()} == {
+        "step_6": abandoned_exports["step_6"]}
     assert (exports / "step_3" / "weights.txt").read_text() == _weights_sum(again.model)
     later = Setup(seed=2).manager(run).resume(True)
     assert later.step == 3 and later.path.name == "step_3"
@@ -190,6 +192,14 @@ def test_nonfinite_loss_or_gradient_stops_or_skips(loss, grad_norm) -> None:
         check_finite(1.0, 1.0, step=1, mode="ignore")
 
 
+def test_the_nonfinite_error_does_not_promise_the_checkpoints_are_clean() -> None:
+    # weights made non-finite by a huge learning rate are saved before the next loss is NaN
+    with pytest.raises(NonFiniteError) as info:
+        check_finite(float("nan"), None, step=3, mode="stop")
+    assert "no checkpoint holds" not in str(info.value)
+    assert "weights already are" in str(info.value) and "learning rate" in str(info.value)
+
+
 def _one_rank_sees_a_nan() -> dict[str, list[str]]:
     rank = torch.distributed.get_rank()
     outcomes: dict[str, list[str]] = {"skip": [], "stop": []}
@@ -208,3 +218,61 @@ def test_every_rank_gets_the_same_answer_when_one_rank_sees_a_nan() -> None:
     assert [(r[0], r[2]) for r in stop] == [("True", "True")] * 2
     assert all(r[1].startswith("stop: step 2: non-finite loss") for r in stop)
     assert "loss nan" in stop[1][1] and "loss 0.5" in stop[0][1]  # each rank reports its own values
+
+
+def test_an_unreadable_marker_does_not_make_rotation_drop_every_new_checkpoint(tmp_path: Path) -> None:
+    run = tmp_path / "20260101000000"
+    old = Setup(seed=0).manager(run, max_keep=-1)
+    old.save(1)
+    old.close()
+    _torn_marker(run / "checkpoints" / "step_1")  # sorts as the newest in save order
+
+    ckpt = Setup(seed=1).manager(run, max_keep=1)
+    ckpt.save(2)
+    ckpt.save(3)
+    ckpt.close()
+    # the new history keeps its newest checkpoint; the torn one is left for resume to report and set aside
+    assert (run / "checkpoints" / "step_3" / MARKER).is_file()
+    assert not (run / "checkpoints" / "step_2").exists()
+    assert (run / "checkpoints" / "step_1").is_dir()
+
+
+def test_abandoned_checkpoints_and_exports_are_pruned_with_max_keep(tmp_path: Path) -> None:
+    run = tmp_path / "20260101000000"
+    setup = Setup(seed=0)
+    ckpt = _exporting(setup, run, max_keep=-1, save_freq=1)
+    for step in range(1, 5):
+        setup.step()
+        ckpt.maybe_save(step)
+    ckpt.close()
+    # two rollbacks, each setting newer checkpoints aside: step_2..4, then step_2 of the second history
+    for target in ("step_1", "step_1"):
+        again = Setup(seed=1)
+        rolled = _exporting(again, run, max_keep=2, save_freq=1)
+        assert rolled.resume(str(run / "checkpoints" / target)).step == 1
+        again.step()
+        rolled.maybe_save(2)
+        rolled.close()
+    for aside in (run / "checkpoints" / "abandoned", run / "safetensors" / "abandoned"):
+        kept = sorted(p.name for p in aside.iterdir())
+        assert len(kept) == 2, (aside, kept)  # max_keep = 2 of the four set aside, newest kept
+        assert "step_4" in kept, kept
+
+
+def test_a_full_disk_during_a_sync_save_is_a_clear_exception(tmp_path: Path, monkeypatch) -> None:
+    import errno
+
+    import torch.distributed.checkpoint.filesystem as dcp_fs
+
+    def no_space(*args, **kwargs):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    ckpt = Setup(seed=0).manager(tmp_path / "20260101000000")
+    monkeypatch.setattr(dcp_fs, "_write_item", no_space)
+    with pytest.raises(Exception, match=r"step_1 failed: the disk under .* is full.*No space left"):
+        ckpt.save(1)  # an Exception (``except Exception`` catches it), not DCP's bare BaseException
+    monkeypatch.undo()
+    assert ckpt.checkpoints() == [] and not (ckpt.checkpoints_dir / "step_1.tmp").exists()  # space given back
+    ckpt.save(2)  # the manager still works once there is space again
+    ckpt.close()
+    assert [p.name for p in ckpt.checkpoints()] == ["step_2"]

@@ -125,3 +125,57 @@ def test_recipe_command_line_loads_overrides_and_plugins(tmp_path: Path) -> None
     assert dict(cfg.grpo.reward_function) == {"my_pkg.rewards:score": 1.0}
     with pytest.raises(SystemExit):  # plug-in flags only where the recipe takes them
         cp.config.load_recipe_config("doc", argv=["--config", str(path), "--dataset", "x:y"])
+
+
+@pytest.mark.parametrize("value", ["inf", "-inf", "nan"])
+def test_non_finite_numbers_are_refused_at_load(tmp_path: Path, value: str) -> None:
+    path = write(tmp_path, f"[train]\noptm_lr = {value}\n[train.ckpt]\nupload_backoff_s = {value}\n")
+    with pytest.raises(ConfigError) as info:
+        load_config(path)
+    keys = sorted(p.split("'")[1] for p in info.value.problems)
+    assert keys == ["train.ckpt.upload_backoff_s", "train.optm_lr"], info.value.problems
+    assert all("finite" in p for p in info.value.problems), info.value.problems
+    with pytest.raises(ConfigError, match=r"override 'train.optm_lr=inf'.*finite"):
+        load_config(write(tmp_path, ""), ["train.optm_lr=inf"])
+
+
+def test_a_one_sided_reward_clip_may_still_be_infinite(tmp_path: Path) -> None:
+    cfg = load_config(write(tmp_path, "[[remote_reward.rewards]]\nname = 'a'\nclip = [-inf, 1.0]\n"))
+    assert cfg.remote_reward.rewards[0].clip == (float("-inf"), 1.0)
+    with pytest.raises(ConfigError, match=r"remote_reward\.rewards\.0\.clip.*finite"):
+        load_config(write(tmp_path, "[[remote_reward.rewards]]\nname = 'a'\nclip = [nan, 1.0]\n"))
+
+
+def test_a_zero_shard_size_is_refused_at_load(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match=r"train.ckpt.max_shard_size_gb' expects float > 0"):
+        load_config(write(tmp_path, "[train.ckpt]\nmax_shard_size_gb = 0\n"))
+
+
+@pytest.mark.parametrize("suffix", [".toml", ".yaml"])
+def test_a_deeply_nested_config_is_a_config_error_naming_the_file(tmp_path: Path, suffix: str) -> None:
+    depth = 200_000
+    path = tmp_path / f"deep{suffix}"
+    path.write_text(("a = " if suffix == ".toml" else "a: ") + "[" * depth + "]" * depth + "\n")
+    with pytest.raises(ConfigError, match=rf"{path}: .*nested too deeply"):
+        load_config(path)
+    from cosmos_primitives.migrate import inspect
+
+    if suffix == ".toml":  # migrate reads TOML only
+        assert "nested too deeply" in inspect(str(path)).problems[0]  # reported, no traceback
+
+
+@pytest.mark.parametrize(("flag", "value"), [("--fps", "nan"), ("--fps", "0"), ("--fps", "inf"), ("--max-pixels", "-5"),
+                                             ("--temperature", "nan"), ("--temperature", "-1"), ("--top-p", "0"),
+                                             ("--top-p", "1.5"), ("--max-tokens", "0")])
+def test_inference_example_refuses_out_of_range_flags(flag: str, value: str, capsys) -> None:
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("inference_example", REPO / "examples" / "inference.py")
+    inference = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(inference)
+    args = ["--model", "m", "--prompt", "p"]
+    assert inference.parse_args(args).fps == 4.0
+    with pytest.raises(SystemExit) as info:
+        inference.parse_args([*args, flag, value])
+    assert info.value.code == 2  # argparse's usage error, before any model is loaded
+    assert f"argument {flag}: " in capsys.readouterr().err

@@ -431,3 +431,28 @@ def test_build_sft_loader_from_config_keys(video_folder, family: str, tiny_vl_pr
             per_clip.append([f"{(a + b) / 2 / meta['fps']:.1f}" for a, b in pairs])
         found = re.findall(r"<(\d+\.\d) seconds>", processor.tokenizer.decode(ids))
         assert found in (per_clip[0] + per_clip[1], per_clip[1] + per_clip[0])
+
+
+@pytest.mark.parametrize("datasets_installed", [True, False])
+@pytest.mark.parametrize(("line", "why"), [(b'{"conversations": "[]"', "not a JSON object"),
+                                           (b'{"conversations": "\xff\xfe"}', "not UTF-8")])
+def test_a_broken_jsonl_line_names_the_file_and_line(tmp_path, monkeypatch, datasets_installed, line, why) -> None:
+    from cosmos_primitives.data import hf_conversations
+    from cosmos_primitives.data.hf_conversations import load_hf_dataset
+
+    if not datasets_installed:
+        monkeypatch.setattr(hf_conversations, "_has_module", lambda name: False)
+    path = tmp_path / "train.jsonl"
+    good = json.dumps({"conversations": "[]"}).encode()
+    path.write_bytes(b"\n".join([good, good, line, good]) + b"\n")
+    with pytest.raises(ValueError, match=rf"{re.escape(str(path))}:3: {why}"):
+        load_hf_dataset(str(path))
+
+
+def test_a_non_utf8_benchmark_line_names_the_file_and_line(tmp_path) -> None:
+    from cosmos_primitives.eval.benchmark import BenchmarkFormatError, read_benchmark_rows
+
+    path = tmp_path / "bench.jsonl"
+    path.write_bytes(b'{"question": "a"}\n{"question": "\xe9t\xe9"}\n')
+    with pytest.raises(BenchmarkFormatError, match=rf"{re.escape(str(path))} line 2: not UTF-8"):
+        read_benchmark_rows(path)

@@ -10,6 +10,7 @@ import socket
 import subprocess
 import sys
 
+import pytest
 import redis
 
 from cosmos_primitives.config import RedisConfig, run_stream
@@ -138,3 +139,35 @@ def test_status_counts_stale_drops_apart_from_trained_records(redis_url: str) ->
     assert (queue_report["trained"], queue_report["dropped_stale"], queue_report["returned"]) == (3, 2, 1)
     text = status("--redis", redis_url, "--run", "status-stale").stdout
     assert "trained: 3 records (trained twice: 0); dropped as stale, not trained: 2" in text, text
+
+
+def test_garbage_under_a_runs_keys_is_a_clear_error_naming_the_key(redis_url: str, capsys) -> None:
+    from cosmos_primitives.queue.status import main as status_main
+
+    stream = run_stream("garbage-run")
+    client = redis.Redis.from_url(redis_url)
+    claims = PromptClaims(redis_url, stream, dataset_size=10, range_size=2, seed=0)
+    claims.claim("rollout-1")
+    cases = {  # key: (how to spoil it, what is restored afterwards)
+        f"{stream}:claims:next": (lambda k: client.set(k, "garbage"), lambda k: client.set(k, 1)),
+        f"{stream}:weight_version": (lambda k: client.set(k, "v3"), lambda k: client.delete(k)),
+        f"{stream}:stats": (lambda k: client.hset(k, "double_acked", "many"), lambda k: client.delete(k)),
+        f"{stream}:claims:meta": (lambda k: client.hset(k, "dataset_size", "ten"),
+                                  lambda k: client.hset(k, "dataset_size", 10)),
+    }
+    for key, (spoil, restore) in cases.items():
+        spoil(key)
+        assert status_main(["--redis", redis_url, "--run", "garbage-run"]) == 2
+        err = capsys.readouterr().err
+        assert f"error: run stream {stream} at {redis_url}: key {key}" in err and "Traceback" not in err, err
+        restore(key)
+    assert status_main(["--redis", redis_url, "--run", "garbage-run"]) == 0
+
+    client.set(f"{stream}:claims:next", "garbage")
+    with pytest.raises(ValueError, match=rf"{stream}:claims.*not written by PromptClaims.*clear"):
+        claims.claim("rollout-1")
+    client.delete(f"{stream}:claims:next")
+    client.zadd(f"{stream}:claims:deadlines", {"not-a-range": 0})
+    with pytest.raises(ValueError, match=rf"{stream}:claims:deadlines.*'not-a-range'"):
+        claims.claim("rollout-2")
+    claims.close()

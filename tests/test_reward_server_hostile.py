@@ -246,13 +246,14 @@ def test_a_chunked_body_is_charged_to_the_size_limit_and_the_memory_budget_as_it
         status, reply = _reply(second)
         _hang_up(second)
         assert status == 503 and "memory budget full" in reply["error"], reply
-        _until(lambda: srv.stats["pending"] == 0 and srv.stats["memory_bytes"] == 48_000)
+        # finished batches' replies hold their bytes too (results_bytes), until fetched-and-expired or evicted
+        _until(lambda: srv.stats["pending"] == 0 and srv.stats["memory_bytes"] - srv.stats["results_bytes"] == 48_000)
 
         slow.sendall(_chunked(big[48_000:]) + b"0\r\n\r\n")
         status, reply = _reply(slow)
         _hang_up(slow)
         assert status == 200, reply
-        _until(lambda: srv.stats["pending"] == 0 and srv.stats["memory_bytes"] == 0)
+        _until(lambda: srv.stats["pending"] == 0 and srv.stats["memory_bytes"] == srv.stats["results_bytes"])
 
         too_big = _open_chunked(srv.port)
         too_big.sendall(b"".join(_chunked(over[k:k + 16_384]) for k in range(0, len(over), 16_384)) + b"0\r\n\r\n")
@@ -267,7 +268,7 @@ def test_a_chunked_body_is_charged_to_the_size_limit_and_the_memory_budget_as_it
         _hang_up(long_form)
         assert status == 413 and "the fetch body limit" in reply["error"], reply
         assert srv.stats["memory_peak_bytes"] <= budget
-        _until(lambda: srv.stats["memory_bytes"] == 0)
+        _until(lambda: srv.stats["memory_bytes"] == srv.stats["results_bytes"])
         assert (srv.stats["enqueued"], srv.stats["rejected_full"]) == (2, 1)
 
 
@@ -335,7 +336,7 @@ def test_finished_batches_keep_only_their_replies():
         # 6 batches sent 36 MiB of prompts and video_infos; what stays is their replies (a few KiB)
         assert held < 4 << 20, f"the server still holds {held / 2**20:.1f} MiB after every batch finished"
         assert reply["input_info"]["video_infos"][0] == {"video_fps": 16.0}  # the reply keeps the fps only
-        assert srv.stats["pending"] == 0 and srv.stats["memory_bytes"] == 0
+        assert srv.stats["pending"] == 0 and srv.stats["memory_bytes"] == srv.stats["results_bytes"] < 64 << 10
 
 
 def _rss_bytes(pid: int) -> int:
@@ -403,3 +404,46 @@ def test_fetch_as_a_multipart_form_is_still_served(server):
             break
         time.sleep(0.01)
     assert status == 200 and reply["scores"]["brightness"] == pytest.approx([100 / 255] * 2), reply
+
+
+def _pull(port: int, uuid: str) -> tuple[int, dict]:
+    form = urllib.parse.urlencode({"uuid": uuid, "type": "brightness"}).encode()
+    for _ in range(500):
+        status, reply = raw_request(port, "/api/reward/pull", form,
+                                    {"Content-Type": "application/x-www-form-urlencoded"})
+        if status != 400:
+            return status, reply
+        time.sleep(0.01)
+    return status, reply
+
+
+def test_unfetched_results_are_charged_to_the_memory_budget_and_evicted_oldest_first():
+    """Batches nobody fetches: their replies hold bytes of the budget (counted exactly: encoded reply
+    plus a fixed overhead), never more than the budget; a new batch evicts the oldest results, and a
+    fetch of those says why they are gone."""
+    from cosmos_primitives.rewards.server_jobs import RESULT_OVERHEAD_BYTES
+
+    note = "n" * 20_000  # a long prompt per item: each reply's input_info stays small, so make many
+    meta = {**GOOD_META, "prompts": [note, note]}
+    payload = encode_enqueue_body(meta, VIDEO)
+    budget = 64 * 1024
+    with RewardServer(token=TOKEN, max_body_bytes=budget, max_memory_bytes=budget, max_pending=2) as srv:
+        uuids = []
+        for _ in range(120):
+            status, reply = raw_request(srv.port, "/api/reward/enqueue", payload, {})
+            assert status == 200, reply
+            uuids.append(reply["uuid"])
+            _until(lambda: srv.stats["pending"] == 0)
+            assert srv.stats["memory_bytes"] <= budget
+        stats = srv.stats
+        assert stats["results_bytes"] == stats["memory_bytes"] > 0  # nothing else is held now
+        assert stats["results_evicted"] > 0 and stats["memory_peak_bytes"] <= budget
+        answers = [_pull(srv.port, uuid) for uuid in uuids]
+        held = [reply for status, reply in answers if status == 200]
+        gone = [reply for status, reply in answers if status != 200]
+        assert answers[-1][0] == 200 and answers[0][0] == 404, answers[0]
+        # every batch is either held, with exactly its bytes counted, or evicted (the oldest ones)
+        assert len(gone) == stats["results_evicted"]
+        assert [s for s, _ in answers] == [404] * len(gone) + [200] * len(held)
+        assert stats["results_bytes"] == sum(RESULT_OVERHEAD_BYTES + len(json.dumps(r).encode()) for r in held)
+        assert all("evicted" in r["error"] and "max_memory_bytes" in r["error"] for r in gone), gone[0]

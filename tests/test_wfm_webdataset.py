@@ -139,3 +139,81 @@ def test_brace_ranges_and_globs_name_local_shards(tmp_path):
     assert list_shards([str(tmp_path / "s-*.tar")]) == [str(tmp_path / f"s-{i}.tar") for i in range(3)]
     with pytest.raises(FileNotFoundError, match=r"s-4\.tar names no \.tar shard"):
         list_shards([str(tmp_path / "s-{4..5}.tar")])
+
+
+def _npy(array: np.ndarray, **kwargs) -> bytes:
+    out = io.BytesIO()
+    np.save(out, array, **kwargs)
+    return out.getvalue()
+
+
+def _write_members(path: Path, members: list[tuple[str, bytes]]) -> Path:
+    with tarfile.open(path, "w") as tar:
+        for name, data in members:
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+    return path
+
+
+def _hostile_shards(tmp_path: Path) -> Path:
+    """``a.tar``: clip00 and clip07 good, six samples each with one bad part; ``b.tar``: not a tar;
+    ``c.tar``: a tar cut off in the middle of its second sample; ``d.tar``: clip08 good."""
+    from safetensors.torch import save
+
+    folder = tmp_path / "shards"
+    folder.mkdir()
+    write_mp4(tmp_path / "x.mp4", frames=np.full((3, 16, 16, 3), 40, dtype=np.uint8), fps=4.0)
+    video = (tmp_path / "x.mp4").read_bytes()
+    embedding = save({"text_embedding": torch.ones(2, 8)})
+    bad_parts = {
+        "clip01": {"txt": b"\xff\xfe caption", "safetensors": embedding},  # not UTF-8
+        "clip02": {"json": b"{not json", "safetensors": embedding},
+        "clip03": {"txt": b"ok", "safetensors": b"garbage bytes, not safetensors"},
+        "clip04": {"txt": b"ok", "safetensors": b""},
+        "clip05": {"txt": b"ok", "npy": _npy(np.array([{"x": 1}], dtype=object), allow_pickle=True)},  # pickled
+        "clip06": {"txt": b"ok", "npy": _npy(np.float32(3.0))},  # 0-d
+        "clip09": {"json": b"[1, 2]", "safetensors": embedding},  # JSON, but not an object
+    }
+    members = []
+    for key in ("clip00", *bad_parts, "clip07"):
+        parts = bad_parts.get(key, {"txt": f"clip {key}".encode(), "safetensors": embedding})
+        members += [(f"{key}.mp4", video)] + [(f"{key}.{ext}", data) for ext, data in parts.items()]
+    _write_members(folder / "a.tar", members)
+    (folder / "b.tar").write_bytes(b"this is not a tar archive at all\n" * 40)
+    whole = _write_members(tmp_path / "c_full.tar", [("clip10.mp4", video), ("clip10.txt", b"ten"),
+                                                     ("clip10.safetensors", embedding), ("clip11.mp4", video)])
+    (folder / "c.tar").write_bytes(whole.read_bytes()[: 512 * 3 + len(video) + 2000])
+    _write_members(folder / "d.tar", [("clip08.mp4", video), ("clip08.txt", b"eight"),
+                                      ("clip08.safetensors", embedding)])
+    return folder
+
+
+def test_bad_samples_and_shards_are_skipped_within_the_budget_and_resume_moves_past_them(tmp_path):
+    folder = _hostile_shards(tmp_path)
+    reader = WebDatasetClips([str(folder)], seed=0, bad_sample_budget=20, **SIZE)
+    stream = iter(reader)
+    states, seen = [], []
+    while len(seen) < 4:  # one epoch: clip00, clip07, clip08, clip10
+        seen.append(next(stream)["name"])
+        states.append(json.loads(json.dumps(reader.state_dict())))
+    assert sorted(seen) == ["clip00", "clip07", "clip08", "clip10"]
+    bad = {path.rsplit("/", 1)[-1]: reason for path, _, reason in reader.bad.worst()}
+    assert set(bad) == {f"a.tar#clip0{i}" for i in (1, 2, 3, 4, 5, 6)} | {"a.tar#clip09", "b.tar", "c.tar"}, bad
+    assert "UTF-8" in bad["a.tar#clip01"] and "JSON" in bad["a.tar#clip02"] and "object" in bad["a.tar#clip09"]
+    assert "pickle" in bad["a.tar#clip05"] and "0-d" in bad["a.tar#clip06"]
+    assert "not a tar" in bad["b.tar"] and "not a tar" in bad["c.tar"]
+    assert reader.bad.count == 9
+
+    # resuming from any point goes on past the bad ones, never back to them
+    for i, state in enumerate(states[:-1]):
+        resumed = WebDatasetClips([str(folder)], seed=0, bad_sample_budget=20, **SIZE)
+        resumed.load_state_dict(state)
+        again = iter(resumed)
+        assert [next(again)["name"] for _ in range(len(seen) - i - 1)] == seen[i + 1:]
+        assert resumed.bad.count == reader.bad.count
+
+    strict = iter(WebDatasetClips([str(folder)], seed=0, bad_sample_budget=0, **SIZE))
+    with pytest.raises(BadSampleBudgetExceeded, match="bad-sample budget of 0"):
+        for _ in range(4):
+            next(strict)

@@ -91,6 +91,25 @@ def list_checkpoints(checkpoints_dir: str | Path) -> list[Path]:
     return sorted(found, key=save_order)
 
 
+def is_readable(path: Path) -> bool:
+    """False for a complete checkpoint whose marker cannot be parsed (torn): :func:`save_order` puts it last."""
+    return save_order(path)[0] != math.inf
+
+
+def list_abandoned(parent: str | Path) -> list[Path]:
+    """The folders :func:`set_aside` moved into ``parent/abandoned/``, by step (then by set-aside suffix)."""
+    aside = Path(parent) / ABANDONED_DIR
+    if not aside.is_dir():
+        return []
+
+    def order(p: Path) -> tuple[int, int]:
+        name, _, k = p.name.partition("-")
+        return step_of(name) or 0, int(k) if k.isdigit() else 1
+
+    return sorted((p for p in aside.iterdir() if p.is_dir() and step_of(p.name.partition("-")[0]) is not None),
+                  key=order)
+
+
 def next_seq(checkpoints_dir: str | Path) -> int:
     """The ``seq`` of the next checkpoint committed into ``checkpoints_dir``."""
     finite = [s for s, _ in map(save_order, list_checkpoints(checkpoints_dir)) if s != math.inf]

@@ -24,7 +24,8 @@ generators), captured at the moment ``save`` is called.
 Every rank records the size and SHA-256 of the files it wrote (``MANIFEST_rank<r>.json``) before the
 completion marker exists; resume verifies them and falls back to the newest checkpoint that
 verifies. "Newest" and rotation follow the run's save history, so after a rollback the new saves
-are kept and the abandoned newer checkpoints are moved to ``checkpoints/abandoned/``.
+are kept and the abandoned newer checkpoints are moved to ``checkpoints/abandoned/`` (which keeps the
+``max_keep`` highest steps).
 """
 
 from __future__ import annotations
@@ -32,7 +33,9 @@ from __future__ import annotations
 import atexit
 import concurrent.futures
 import contextlib
+import errno
 import os
+import shutil
 import time
 import warnings
 import weakref
@@ -242,7 +245,11 @@ class CheckpointManager:
             self._inflight = self._committer.submit(self._finish_async, future, step, tmp, final, started, parent)
             self._log.debug("Saving checkpoint step %d in the background to %s", step, final)
             return final
-        dcp.save(state, checkpoint_id=str(tmp), process_group=self._group, no_dist=not self._dist)
+        try:
+            dcp.save(state, checkpoint_id=str(tmp), process_group=self._group, no_dist=not self._dist)
+        except (Exception, CheckpointException) as exc:  # CheckpointException is a BaseException
+            # DCP reports a failure on every rank, so no rank still writes into tmp
+            raise RuntimeError(self._failed_save(final, tmp, exc)) from exc
         self._write_manifest(tmp)
         self._barrier()  # every rank's manifest is on disk before rank 0 marks the folder complete
         error = None
@@ -299,9 +306,15 @@ class CheckpointManager:
             # this thread owns the async group until the next save waits for it
             dist.barrier(group=self._async_group)
         if failure is not None:
-            raise RuntimeError(f"background save of checkpoint {final} failed: {failure}") from failure
+            raise RuntimeError("background " + self._failed_save(final, tmp, failure)) from failure
         if self.rank == 0:
             self._commit(step, tmp, final, started, parent)
+
+    def _failed_save(self, final: Path, tmp: Path, exc: BaseException) -> str:
+        """Rank 0 deletes the partial folder (a full disk gets its space back); returns the error message."""
+        if self.rank == 0:
+            layout.remove_tree(tmp)
+        return _save_failure(final, tmp, exc)
 
     def _commit(self, step: int, tmp: Path, final: Path, started: float, parent: str | None) -> None:
         """Rank 0, after every rank's data, manifest and DCP's metadata are on disk: mark complete, publish, rotate."""
@@ -322,12 +335,22 @@ class CheckpointManager:
 
     def _rotate(self) -> None:
         protected = frozenset(self.uploader.pending()) if self.uploader else frozenset()
-        for path in layout.rotate(layout.list_checkpoints(self.checkpoints_dir), self.config.max_keep, protected):
+        # a torn marker sorts as the newest: counted, it would be the one kept and every new save deleted.
+        # It is left alone (not counted, not deleted); resume reports it and sets it aside.
+        history = [p for p in layout.list_checkpoints(self.checkpoints_dir) if layout.is_readable(p)]
+        for path in layout.rotate(history, self.config.max_keep, protected):
             self._log.debug("Removed old checkpoint %s (max_keep = %d)", path, self.config.max_keep)
         exports = [p for p in sorted(self.safetensors_dir.glob("step_*"), key=lambda p: layout.step_of(p) or -1)
                    if p.is_dir() and layout.step_of(p) is not None]
         for path in layout.rotate(exports, self.config.max_keep, protected):
             self._log.debug("Removed old export %s (max_keep = %d)", path, self.config.max_keep)
+        self._prune_abandoned()
+
+    def _prune_abandoned(self) -> None:
+        """Keep the ``max_keep`` highest steps in each ``abandoned/`` folder (checkpoints and exports)."""
+        for parent in (self.checkpoints_dir, self.safetensors_dir):
+            for path in layout.rotate(layout.list_abandoned(parent), self.config.max_keep):
+                self._log.debug("Removed set-aside folder %s (max_keep = %d)", path, self.config.max_keep)
 
     # ---------------------------------------------------------------------------------- loading
     def resume(self, resume: bool | str | Path, *, output_dir: str | Path | None = None) -> TrainState | None:
@@ -409,6 +432,8 @@ class CheckpointManager:
             moved = layout.set_aside(path)
             self._log.warning("Moved %s to %s: it is newer than the resumed %s and will not be resumed",
                               path, moved, loaded)
+        if doomed:
+            self._prune_abandoned()
 
     def load(self, path: str | Path) -> TrainState:
         """Load the checkpoint folder ``path`` into the model, optimizer, scheduler, sampler and RNGs (collective)."""
@@ -585,6 +610,31 @@ class CheckpointManager:
             failures = self.uploader.close(upload_timeout_s)
             self._rotate()  # folders kept for their uploads may go now
         return failures
+
+
+def _root_errors(exc: BaseException) -> list[BaseException]:
+    """``exc``, the per-rank errors a ``CheckpointException`` gathered, and their causes."""
+    found, todo = [], [exc]
+    while todo:
+        e = todo.pop()
+        if e is None or any(e is f for f in found):
+            continue
+        found.append(e)
+        if isinstance(e, CheckpointException):
+            todo += [pair[0] for pair in e.failures.values()]
+        todo += [e.__cause__, e.__context__]
+    return found
+
+
+def _save_failure(final: Path, tmp: Path, exc: BaseException) -> str:
+    """The message for a failed save of ``final``: says so plainly when a rank's disk is full."""
+    full = [e for e in _root_errors(exc) if isinstance(e, OSError) and e.errno in (errno.ENOSPC, errno.EDQUOT)]
+    if full:
+        free = shutil.disk_usage(tmp.parent).free if tmp.parent.exists() else 0
+        return (f"save of checkpoint {final} failed: the disk under {tmp.parent} is full or over quota "
+                f"({type(full[0]).__name__}: {full[0]}; {free / 2**30:.2f} GiB free after deleting the partial "
+                f"{tmp.name}). Free space, lower checkpoint.max_keep or point output_dir at a larger disk")
+    return f"save of checkpoint {final} failed: {exc}"
 
 
 def _wait_at_exit(ref: weakref.ReferenceType[CheckpointManager]) -> None:

@@ -1,5 +1,6 @@
 """The non-finite guard: a NaN / inf loss or gradient norm stops the run (or skips the step) before
-the optimizer applies it, so that no checkpoint ever holds the damaged weights."""
+the optimizer applies it (a non-finite update never reaches the weights; weights that are already
+non-finite, e.g. after a huge learning rate, are not detected here)."""
 
 from __future__ import annotations
 
@@ -50,9 +51,11 @@ def check_finite(loss: torch.Tensor | float, grad_norm: torch.Tensor | float | N
     what = (f"step {step}: non-finite loss or gradient norm "
             f"(loss {_show(loss)}, grad_norm {_show(grad_norm)} on this rank)")
     if mode == "stop":
-        raise NonFiniteError(f"{what}; stopped before the optimizer step, so no checkpoint holds it. Lower the "
-                             f"learning rate or resume from the last checkpoint; [train] nonfinite = \"skip\" "
-                             f"drops such steps instead")
+        raise NonFiniteError(f"{what}; stopped before this step's update. A non-finite loss may also mean "
+                             f"the weights already are (e.g. after a huge learning rate), and then the checkpoints "
+                             f"saved since hold them too. Lower the learning rate and resume from a checkpoint "
+                             f"saved before the problem; "
+                             f"[train] nonfinite = \"skip\" drops such steps instead")
     get_logger("cosmos.checkpoint").warning("%s: skipping this update ([train] nonfinite = \"skip\")", what)
     return False
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from cosmos_primitives.config.base import Section
+from cosmos_primitives.config.base import Positive, Section
 
 
 class CheckpointConfig(Section):
@@ -21,7 +21,7 @@ class CheckpointConfig(Section):
       ``"sync"`` blocks the loop until the checkpoint is on disk.
     - ``export_safetensors``: write a Hugging Face folder (``from_pretrained`` / vLLM loadable) at
       the end of training, and with ``export_every_save`` also beside every checkpoint, as cosmos-rl does.
-    - ``max_shard_size_gb``: largest safetensors shard, in GB (10**9 bytes).
+    - ``max_shard_size_gb``: largest safetensors shard, in GB (10**9 bytes); ``> 0``.
     - ``export_dtype``: dtype of the exported weights; ``"auto"`` keeps the training dtype.
     - ``upload_s3``: ``false``, ``"final"`` (only the final export) or ``"all"`` (every checkpoint
       and export); ``true`` means ``"all"``, as in cosmos-rl. Keys are
@@ -40,7 +40,7 @@ class CheckpointConfig(Section):
     save_mode: Literal["async", "sync"] = "async"
     export_safetensors: bool = True
     export_every_save: bool = True
-    max_shard_size_gb: float = 4.0
+    max_shard_size_gb: Positive = 4.0
     export_dtype: Literal["auto", "bfloat16", "float16", "float32"] = "auto"
     upload_hf: bool = False
     hf_repo_name: str = ""

@@ -98,6 +98,8 @@ def read_yaml(path: Path) -> dict[str, Any]:
         raise ConfigError(f"{path}: not a YAML text file (byte {exc.start} is not UTF-8)") from None
     except yaml.YAMLError as exc:
         raise ConfigError(f"{path}: invalid YAML: {exc}") from None
+    except RecursionError:
+        raise ConfigError(f"{path}: lists or mappings nested too deeply to read; a config nests a few levels") from None
     if data is None:
         return {}
     if not isinstance(data, dict):

@@ -5,6 +5,7 @@ from __future__ import annotations
 import difflib
 import functools
 import logging
+import math
 import os
 import re
 import types
@@ -229,8 +230,38 @@ def _suggestion(path: str, prefix: str, fields: Iterable[str]) -> str:
     return f"; valid keys here: {', '.join(siblings)}"
 
 
+def _mentions_float(tp: Any) -> bool:
+    """True when a value of type ``tp`` (or of a struct field inside it) may be a float."""
+    if tp is float:
+        return True
+    if _is_struct(tp):
+        return any(_mentions_float(t) for t in typing.get_type_hints(tp, include_extras=True).values())
+    return any(_mentions_float(a) for a in typing.get_args(tp) if not isinstance(a, msgspec.Meta))
+
+
+def _non_finite(value: Any, path: str) -> list[tuple[str, float]]:
+    """``(key, number)`` for each NaN / inf in ``value`` (a number, or lists / tables of them)."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return [(path, value)]
+    if isinstance(value, (list, tuple)):
+        return [found for i, v in enumerate(value) for found in _non_finite(v, f"{path}.{i}")]
+    if isinstance(value, dict):
+        return [found for k, v in value.items() for found in _non_finite(v, f"{path}.{k}")]
+    return []
+
+
+# a one-sided clip is written with inf (NaN never)
+_INFINITY_ALLOWED = re.compile(r"^remote_reward\.rewards\.\d+\.clip\.[01]$")
+
+
 def _field_problems(value: Any, tp: Any, path: str, source: str) -> list[str]:
     """The type / range error of one value (``[]`` when it converts to ``tp``)."""
+    if _mentions_float(tp):
+        bad = [(key, v) for key, v in _non_finite(value, path)
+               if math.isnan(v) or not _INFINITY_ALLOWED.match(canonical_key(key))]
+        if bad:
+            return [f"{source}: key '{key}' must be a finite number (got {v}); NaN and inf are never valid here"
+                    for key, v in bad]
     try:
         msgspec.convert(value, tp)
     except msgspec.ValidationError as exc:

@@ -36,6 +36,8 @@ def read_toml(path: str | Path) -> dict[str, Any]:
         raise ConfigError(f"{path}: is a folder; give the path of a .toml config file") from None
     except PermissionError:
         raise ConfigError(f"{path}: cannot read the config file (permission denied)") from None
+    except RecursionError:
+        raise ConfigError(f"{path}: arrays or tables nested too deeply to read; a config nests a few levels") from None
 
 
 def parse_toml_value(text: str) -> Any:

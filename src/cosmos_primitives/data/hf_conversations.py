@@ -29,12 +29,24 @@ def _has_module(name: str) -> bool:
         return False
 
 
+def read_utf8(path: Path) -> str:
+    """The text of ``path``; bytes that are not UTF-8 raise a ``ValueError`` naming file and line."""
+    data = path.read_bytes()
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        line = data.count(b"\n", 0, exc.start) + 1
+        raise ValueError(f"{path}:{line}: not UTF-8 text (byte {exc.start} of the file is 0x{data[exc.start]:02x}); "
+                         f"save the dataset as UTF-8") from None
+
+
 def read_json_records(path: Path) -> list[dict[str, Any]]:
     """The records of a JSON Lines file (one object a line, blank lines skipped) or a JSON file
-    holding a list of objects; a malformed line or record is reported by file and line."""
+    holding a list of objects; a malformed line or record (or bytes that are not UTF-8) is reported
+    by file and line."""
     import json
 
-    text = path.read_text(encoding="utf-8")
+    text = read_utf8(path)
     if path.suffix.lower() == ".jsonl":
         rows = []
         for number, line in enumerate(text.splitlines(), start=1):
@@ -42,9 +54,10 @@ def read_json_records(path: Path) -> list[dict[str, Any]]:
                 continue
             try:
                 rows.append(json.loads(line))
-            except json.JSONDecodeError as exc:
-                raise ValueError(f"{path}:{number}: not a JSON object ({exc.msg}); each line of a .jsonl "
-                                 "dataset must be one JSON object") from exc
+            except (json.JSONDecodeError, RecursionError) as exc:
+                why = exc.msg if isinstance(exc, json.JSONDecodeError) else "nested too deeply"
+                raise ValueError(f"{path}:{number}: not a JSON object ({why}); each line of a .jsonl dataset must "
+                                 "be one JSON object") from None
     else:
         try:
             rows = json.loads(text)
@@ -83,7 +96,14 @@ def load_hf_dataset(name: str, split: str = "train", subset: str = "", revision:
         builder = _FILE_BUILDERS.get(path.suffix.lower())
         if builder is None:
             raise ValueError(f"cannot read dataset file {path}: use one of {sorted(_FILE_BUILDERS)}")
-        return datasets.load_dataset(builder, data_files={split: str(path)}, split=split)
+        if builder == "json":
+            read_utf8(path)  # the json builder would read other bytes without a word
+        try:
+            return datasets.load_dataset(builder, data_files={split: str(path)}, split=split)
+        except Exception:
+            if builder == "json":
+                read_json_records(path)  # the builder's error names no line: this one does, when it finds it
+            raise
     return datasets.load_dataset(name if not path.is_dir() else str(path), subset or None, split=split,
                                  revision=revision or None)
 

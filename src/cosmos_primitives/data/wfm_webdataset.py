@@ -31,14 +31,14 @@ import os
 import re
 import tarfile
 import tempfile
-from collections.abc import Iterator, Sequence
+from collections.abc import Generator, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from cosmos_primitives.config.wfm import WFMDataConfig
-from cosmos_primitives.data.bad_samples import BadSampleError, BadSampleTracker
+from cosmos_primitives.data.bad_samples import BadSampleError, BadSampleTracker, bad_sample_boundary
 from cosmos_primitives.data.wfm_clips import HashingTextEmbedder, pad_text_embedding, read_clip, resize_clip
 from cosmos_primitives.utils.extras import require
 
@@ -136,6 +136,19 @@ def iter_shard(url: str, client: Any = None) -> Iterator[tuple[str, dict[str, by
         stream.close()
 
 
+def _metadata(data: bytes, where: str) -> dict[str, Any]:
+    """A sample's ``.json`` part: a JSON object in UTF-8."""
+    try:
+        meta = json.loads(data.decode("utf-8"))
+    except UnicodeDecodeError as exc:
+        raise BadSampleError(where, f"the .json metadata is not UTF-8 text (byte {exc.start})") from None
+    except json.JSONDecodeError as exc:
+        raise BadSampleError(where, f"the .json metadata is not valid JSON ({exc})") from None
+    if not isinstance(meta, dict):
+        raise BadSampleError(where, f"the .json metadata must be a JSON object, got {type(meta).__name__}")
+    return meta
+
+
 class WebDatasetClips:
     """An iterable of clip items from tar shards (module docstring). Iterate it for this rank's items
     (forever, epoch after epoch); ``state_dict`` / ``load_state_dict`` resume mid-shard.
@@ -170,23 +183,47 @@ class WebDatasetClips:
             shards = self.rank_shards(self.epoch)
             while self.shard_pos < len(shards):
                 url = shards[self.shard_pos]
-                for index, (key, parts) in enumerate(iter_shard(url, self.client)):
-                    if index < self.sample_pos:
-                        continue  # consumed before the checkpoint this reader resumed from
-                    self.sample_pos = index + 1
-                    try:
-                        item = self._decode(url, key, parts, index)
-                    except BadSampleError as error:
-                        self.bad.record(error, sample=f"{url}#{key}")
-                        continue
-                    yield item
+                failure = yield from self._read_shard(url)
+                # the position moves past the shard before a failure is counted: a checkpoint taken
+                # from here on never comes back to it
                 self.shard_pos, self.sample_pos = self.shard_pos + 1, 0
+                if failure is not None:
+                    self.bad.record(failure)
             self.epoch, self.shard_pos = self.epoch + 1, 0
+
+    def _read_shard(self, url: str) -> Generator[dict[str, Any], None, BadSampleError | None]:
+        """Yield the good items of shard ``url`` from ``sample_pos`` on, recording bad samples; return
+        the error that ended it early (not a tar, or cut off), else None."""
+        samples = iter_shard(url, self.client)
+        index = -1
+        while True:
+            try:
+                key, parts = next(samples)
+            except StopIteration:
+                return None
+            except (tarfile.TarError, EOFError) as exc:
+                read = f" after {index + 1} sample(s)" if index >= 0 else ""
+                return BadSampleError(url, f"not a tar archive, or cut off{read} ({type(exc).__name__}: {exc}); "
+                                           f"the rest of this shard is skipped")
+            index += 1
+            if index < self.sample_pos:
+                continue  # consumed before the checkpoint this reader resumed from
+            self.sample_pos = index + 1
+            try:
+                with bad_sample_boundary(f"{url}#{key}"):
+                    item = self._decode(url, key, parts, index)
+            except BadSampleError as error:
+                self.bad.record(error, sample=f"{url}#{key}")
+                continue
+            yield item
 
     def _decode(self, url: str, key: str, parts: dict[str, bytes], index: int) -> dict[str, Any]:
         where = f"{url}#{key}"
-        meta = json.loads(parts["json"]) if "json" in parts else {}
-        caption = parts["txt"].decode("utf-8").strip() if "txt" in parts else str(meta.get("caption", ""))
+        meta = _metadata(parts["json"], where) if "json" in parts else {}
+        try:
+            caption = parts["txt"].decode("utf-8").strip() if "txt" in parts else str(meta.get("caption", ""))
+        except UnicodeDecodeError as exc:
+            raise BadSampleError(where, f"the .txt caption is not UTF-8 text (byte {exc.start})") from None
         if "mp4" not in parts or not caption:
             raise BadSampleError(where, "needs an .mp4 and a caption (.txt, or 'caption' in the .json)")
         with tempfile.NamedTemporaryFile(suffix=".mp4") as f:  # the decoder wants a seekable file
@@ -200,14 +237,28 @@ class WebDatasetClips:
         if "safetensors" in parts:
             from safetensors.numpy import load as load_safetensors
 
-            tensors = load_safetensors(parts["safetensors"])
+            with bad_sample_boundary(where, "unreadable .safetensors embedding"):
+                tensors = load_safetensors(parts["safetensors"])
+            if not tensors:
+                raise BadSampleError(where, "the .safetensors embedding holds no tensor")
             embedding = tensors.get("text_embedding", next(iter(tensors.values())))
         elif "npy" in parts:
-            embedding = np.load(io.BytesIO(parts["npy"]), allow_pickle=False)
+            try:
+                embedding = np.load(io.BytesIO(parts["npy"]), allow_pickle=False)  # never unpickle shard data
+            except ValueError as exc:
+                raise BadSampleError(where, f"the .npy embedding is not a plain array (pickled objects are never "
+                                            f"loaded): {exc}") from None
+            except (OSError, EOFError) as exc:
+                raise BadSampleError(where, f"unreadable .npy embedding: {exc}") from None
         elif self.embedder is not None:
             embedding = self.embedder(caption)
         else:
             raise BadSampleError(where, "no text embedding (.safetensors / .npy) and no text encoder configured")
+        if not isinstance(embedding, np.ndarray) or embedding.ndim == 0 or embedding.size == 0 or \
+                embedding.dtype.kind not in "fiub":
+            shape = getattr(embedding, "shape", None)
+            raise BadSampleError(where, f"the text embedding must be a non-empty numeric array [n, D] "
+                                        f"(got shape {shape}{', a 0-d scalar' if shape == () else ''})")
         text, mask = pad_text_embedding(np.asarray(embedding, dtype=np.float32).reshape(-1, embedding.shape[-1]),
                                         self.max_tokens)
         return {"name": key, "caption": caption, "video": resize_clip(frames, self.height, self.width),

@@ -187,7 +187,13 @@ def read_benchmark_rows(path: str | Path) -> list[tuple[int, Any]]:
     path = Path(path)
     if not path.is_file():
         raise BenchmarkFormatError(f"benchmark file {path} does not exist")
-    text = path.read_text(encoding="utf-8")
+    data = path.read_bytes()
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        line = data.count(b"\n", 0, exc.start) + 1
+        raise BenchmarkFormatError(f"{path} line {line}: not UTF-8 text (byte {exc.start} of the file); "
+                                   f"save the benchmark as UTF-8") from None
     if path.suffix == ".json" or text.lstrip().startswith("["):
         return _json_list_with_lines(text, str(path))
     rows = []

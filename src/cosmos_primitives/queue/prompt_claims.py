@@ -20,6 +20,7 @@ from collections.abc import Iterable
 from typing import Any
 
 import attrs
+import redis
 
 from cosmos_primitives.config.redis import RedisConfig
 from cosmos_primitives.queue import claim_scripts
@@ -79,6 +80,19 @@ def _text(value: Any) -> str:
     return value.decode() if isinstance(value, bytes) else str(value)
 
 
+def stored_int(value: Any, key: str, field: str | None = None) -> int:
+    """An integer read back from the run's Redis ``key`` (``field`` of a hash); anything else, which
+    this library never writes there, is a ``ValueError`` naming the key."""
+    text = value.decode(errors="replace") if isinstance(value, bytes) else str(value)
+    try:
+        return int(text)
+    except ValueError:
+        where = f"key {key}" + (f" (field {field})" if field else "")
+        raise ValueError(f"{where} holds {text[:60]!r}, not an integer: not written by cosmos_primitives (another "
+                         "program, or damage). Clear the run (PromptClaims.clear / RunControl.clear_stream) or "
+                         "start another run name") from None
+
+
 def _flat_hash(flat: list[Any]) -> dict[str, str]:
     return {_text(flat[i]): _text(flat[i + 1]) for i in range(0, len(flat), 2)}
 
@@ -92,9 +106,15 @@ def read_position(client: Any, prefix: str) -> dict[str, Any] | None:
     meta, stats = _flat_hash(meta), _flat_hash(stats)
     if not meta:
         return None
-    dataset_size, range_size = int(meta["dataset_size"]), int(meta["range_size"])
+    dataset_size, range_size, seed = (stored_int(meta.get(f, ""), keys["meta"], f)
+                                      for f in ("dataset_size", "range_size", "seed"))
+    if dataset_size < 1 or range_size < 1:
+        raise ValueError(f"key {keys['meta']} holds dataset_size {dataset_size} and range_size {range_size}: "
+                         "not written by cosmos_primitives. Clear the run or start another run name")
     per_epoch = -(-dataset_size // range_size)
-    next_range = int(_text(nxt)) if _text(nxt) else 0
+    next_range = stored_int(nxt, keys["next"]) if _text(nxt) else 0
+    counts = {f: stored_int(stats.get(f, 0), keys["stats"], f)
+              for f in ("completed", "late_completes", "reissued", "released", "requeued")}
     return {
         "epoch": next_range // per_epoch,
         "next_range": next_range,
@@ -102,14 +122,10 @@ def read_position(client: Any, prefix: str) -> dict[str, Any] | None:
         "ranges_per_epoch": per_epoch,
         "in_flight": int(in_flight),
         "expired": int(expired),
-        "completed": int(stats.get("completed", 0)),
-        "late_completes": int(stats.get("late_completes", 0)),
-        "reissued": int(stats.get("reissued", 0)),
-        "released": int(stats.get("released", 0)),
-        "requeued": int(stats.get("requeued", 0)),
+        **counts,
         "dataset_size": dataset_size,
         "range_size": range_size,
-        "seed": int(meta["seed"]),
+        "seed": seed,
     }
 
 
@@ -217,12 +233,18 @@ class PromptClaims:
             raise ValueError("job_id is empty; give every rollout job its own id (JobRegistry.join returns one)")
         limit = -1 if self.max_epochs is None else self.max_epochs * self.ranges_per_epoch
         keys = [self.keys[k] for k in CLAIM_KEY_SUFFIXES]
-        reply = self._check_reply(self._link.call("claim prompts", lambda: self._claim_script(
-            keys=keys, args=[*self._meta_args(), job_id, self._ttl_ms, limit])))
+        try:
+            reply = self._check_reply(self._link.call("claim prompts", lambda: self._claim_script(
+                keys=keys, args=[*self._meta_args(), job_id, self._ttl_ms, limit])))
+        except redis.exceptions.ResponseError as exc:  # the script met a value or key type it never writes
+            raise ValueError(f"the prompt claims keys {self.prefix}:claims:* at {self.safe_url} hold values not "
+                             f"written by PromptClaims ({exc}). Clear the run (PromptClaims.clear) or start another "
+                             "run name") from None
         kind = _text(reply[0])
         if kind == "exhausted":
             return None
-        return self._claim(int(_text(reply[1])), job_id, reissued=kind == "reissued")
+        return self._claim(stored_int(reply[1], self.keys["deadlines" if kind == "reissued" else "next"]), job_id,
+                           reissued=kind == "reissued")
 
     def renew(self, job_id: str) -> int:
         """Move the deadline of every claim ``job_id`` holds to ``claim_ttl_s`` from now; returns how many."""

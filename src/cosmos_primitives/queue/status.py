@@ -23,7 +23,7 @@ import redis
 from cosmos_primitives.config.redis import RUN_STREAM_PREFIX, run_stream
 from cosmos_primitives.config.secrets import redact_url
 from cosmos_primitives.queue.job_registry import jobs_key, read_live_jobs
-from cosmos_primitives.queue.prompt_claims import claim_keys, read_position
+from cosmos_primitives.queue.prompt_claims import claim_keys, read_position, stored_int
 from cosmos_primitives.queue.redis_queue import REDIS_URL_ENV, resolve_redis_url
 
 
@@ -66,7 +66,7 @@ def collect_status(client: redis.Redis, stream: str, dead: int = 5) -> dict[str,
     _, jobs = read_live_jobs(client, stream)
     version = client.get(f"{stream}:weight_version")
     stop = client.get(f"{stream}:stop")
-    stats = {_text(k): int(v) for k, v in client.hgetall(f"{stream}:stats").items()}
+    stats = {_text(k): stored_int(v, f"{stream}:stats", _text(k)) for k, v in client.hgetall(f"{stream}:stats").items()}
     dead_key = f"{stream}:dead"
     last_dead = []
     for entry_id, fields in client.xrevrange(dead_key, count=dead) if dead > 0 else []:
@@ -88,7 +88,7 @@ def collect_status(client: redis.Redis, stream: str, dead: int = 5) -> dict[str,
             "rolled_back": stats.get("rolled_back", 0),
             "double_acked": stats.get("double_acked", 0),
         },
-        "weight_version": None if version is None else int(version),
+        "weight_version": None if version is None else stored_int(version, f"{stream}:weight_version"),
         "stop_requested": None if stop is None else _text(stop),
         "claims": claims,
         "dead_letters": {"count": int(client.xlen(dead_key)) if client.exists(dead_key) else 0, "last": last_dead},
@@ -181,6 +181,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: Redis at {safe_url} refused to show run stream {stream} ({type(exc).__name__}: "
               f"{str(exc).rstrip('.')}); check the URL's password / user, or whether {stream} belongs to another "
               "program", file=sys.stderr)
+        return 2
+    except ValueError as exc:  # a value under the run's keys that no part of this library writes
+        print(f"error: run stream {stream} at {safe_url}: {exc}", file=sys.stderr)
         return 2
     finally:
         client.close()

@@ -20,7 +20,9 @@ Behaviour:
 - memory: every request body takes its bytes from one budget (``max_memory_bytes``) while it is
   read, and a batch keeps them until its rewards are computed; at most ``max_pending`` batches
   wait, run or arrive at once; beyond either bound a request is answered 503 (nothing is dropped
-  silently). A finished batch keeps only its replies;
+  silently). A finished batch keeps only its replies, encoded, and they hold their bytes of the same
+  budget until ``result_ttl_s`` passes; a new body that needs their room evicts the oldest unfetched
+  results first (a later fetch of those is a 404 that says so);
 - ``workers`` threads compute rewards; a batch's rewards run one after the other, and each reward's
   reply can be fetched as soon as it is ready (HTTP 400 before that);
 - a fetch of an unknown uuid, or of a reward the batch did not request, is answered 404; a fetch
@@ -91,8 +93,9 @@ class RewardServer:
         max_pending: batches allowed to wait or run at once; more are answered 503.
         workers: threads computing rewards (batches scored in parallel).
         max_body_bytes: largest enqueue body accepted (413 above).
-        max_memory_bytes: the budget of bytes all request bodies being read and all pending batches
-            hold together (503 beyond); default ``max_pending * max_body_bytes``.
+        max_memory_bytes: the budget of bytes all request bodies being read, all pending batches
+            and all finished results not yet expired hold together (the oldest results are evicted
+            for a new body; 503 when that is not enough); default ``max_pending * max_body_bytes``.
         body_timeout_s: seconds a request body may take to arrive (408 after).
         result_ttl_s: seconds a finished batch's replies stay fetchable.
         decode_latent: optional ``fn(latent) -> video uint8 [B, C, T, H, W]`` applied to latent batches.
@@ -178,11 +181,15 @@ class RewardServer:
         """Counters: ``enqueued``, ``rejected_full`` (503), ``rejected_bad`` (400/413/422),
         ``unauthorized`` (401), ``timed_out`` (408), ``disconnected`` (client hung up mid-body),
         ``not_ready`` (400 on fetch), ``served`` (200 on fetch); plus ``pending`` (batches) and
-        ``memory_bytes`` / ``memory_peak_bytes`` (bytes of the budget held now / at most)."""
+        ``memory_bytes`` / ``memory_peak_bytes`` (bytes of the budget held now / at most), of which
+        ``results_bytes`` by finished results (encoded replies, plus ``RESULT_OVERHEAD_BYTES`` a batch),
+        and ``results_evicted`` (finished batches forgotten unfetched to make room)."""
         counts = {k: self._counts[k] for k in _COUNTERS}
         counts["pending"] = self.jobs.pending
         counts["memory_bytes"] = self.memory.used
         counts["memory_peak_bytes"] = self.memory.peak
+        counts["results_bytes"] = self.jobs.results_bytes
+        counts["results_evicted"] = self.jobs.results_evicted
         return counts
 
     @property
@@ -362,6 +369,12 @@ class RewardServer:
         finally:
             self.memory.release(held)
         job = self.jobs.get(uuid)
+        if job is None and self.jobs.evicted(uuid):
+            return self._error(
+                404, f"the results of batch {uuid} were evicted before they were fetched: the server's memory "
+                f"budget (max_memory_bytes={self.memory.capacity}) was needed for newer batches. Fetch results "
+                f"sooner, or give the server a larger max_memory_bytes", "rejected_bad",
+            )
         if job is None:
             return self._error(
                 404, f"unknown uuid {uuid!r}: never enqueued on this server, or its results expired after "
@@ -378,6 +391,8 @@ class RewardServer:
                 status=400,
             )
         self._counts["served"] += 1
+        if isinstance(reply, bytes):
+            return web.Response(body=reply, content_type="application/json")
         return web.json_response(reply)
 
     async def _ping(self, request: Any) -> Any:

@@ -105,7 +105,7 @@ async def read_body(request: Any, sink: Callable[[bytes], None], *, limit: int, 
         if not budget.reserve(nbytes):
             raise ProtocolError(
                 503, f"server memory budget full: {budget.used} of {budget.capacity} bytes held by bodies being "
-                f"read and batches pending; retry later",
+                f"read, batches pending and finished results not fetched yet; retry later",
             )
         held += nbytes
 
