@@ -237,14 +237,15 @@ def test_records_held_through_a_server_outage_longer_than_claim_idle_s_are_not_t
     """Pending entries age while the server is down (their owner cannot renew them); after the
     restart the other consumers leave them to their live owner instead of training them twice."""
     with cp.queue.RedisServer(data_dir=tmp_path / "redis") as server:
-        cfg = fast_config(server.url, claim_idle_s=0.6)
+        # claim_idle_s leaves the owner's renewals (every 0.5 s) a 1.5 s margin on a loaded machine
+        cfg = fast_config(server.url, claim_idle_s=1.5)
         producer = RedisRolloutQueue(cfg, consumer="rollout")
         owner, other = RedisRolloutQueue(cfg, consumer="owner"), RedisRolloutQueue(cfg, consumer="other")
         producer.put_many([make_record(i) for i in range(4)])
         held = owner.get(4, timeout=1)
         assert other.get(1, timeout=0.1) == []  # other is connected, as a running trainer is
         os.kill(server.pid, signal.SIGKILL)
-        time.sleep(1.5)  # 2.5x claim_idle_s down
+        time.sleep(3.5)  # over 2x claim_idle_s down
         server.restart()
         late = RedisRolloutQueue(cfg, consumer="late")  # started after the restart: it saw no reconnect
         stolen = []
