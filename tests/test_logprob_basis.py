@@ -98,3 +98,30 @@ def test_hf_engine_logprobs_equal_trainer_recompute_with_top_k_top_p(kind, tiny_
             trainer = token_logprobs(model, batch, mask=mask, temperature=temperature, top_k=top_k,
                                      top_p=top_p).logprobs[0, -n:]
         torch.testing.assert_close(torch.tensor(completion.logprobs), trainer, atol=1e-4, rtol=1e-4)
+
+
+def test_filtered_head_values_and_gradients_match_full_logits() -> None:
+    from cosmos_primitives.algo.sampling_distribution import filtered_token_logprobs_from_hidden, sampling_logprobs
+
+    g = torch.Generator().manual_seed(4)
+    hidden = torch.randn(2, 7, 8, generator=g, requires_grad=True)
+    weight = torch.randn(30, 8, generator=g, requires_grad=True)
+    ids = torch.randint(0, 30, (2, 7), generator=g)
+    mask = torch.ones(2, 7)
+    out = filtered_token_logprobs_from_hidden(hidden, weight, ids, top_k=6, top_p=0.8, mask=mask, chunk_size=5,
+                                              with_entropy=True)
+    (out.logprobs.sum() + out.entropy.sum()).backward()
+    grads = hidden.grad.clone(), weight.grad.clone()
+    hidden.grad, weight.grad = None, None
+    logits = hidden[:, :-1] @ weight.t()
+    logp = sampling_logprobs(logits.reshape(-1, 30), 1.0, 6, 0.8, always_keep=ids[:, 1:].reshape(-1))
+    picked = logp.gather(-1, ids[:, 1:].reshape(-1, 1)).view(2, 6)
+    p = logp.exp()
+    entropy = -(p * logp.masked_fill(p == 0, 0.0)).sum(-1).view(2, 6)
+    torch.testing.assert_close(out.logprobs[:, 1:], picked)
+    torch.testing.assert_close(out.entropy[:, 1:], entropy)
+    (picked.sum() + entropy.sum()).backward()
+    torch.testing.assert_close(grads[0], hidden.grad)
+    torch.testing.assert_close(grads[1], weight.grad)
+    # the scored token is always kept: a finite log-prob even where top-k would drop it
+    assert torch.isfinite(out.logprobs).all()
