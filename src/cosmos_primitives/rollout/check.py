@@ -111,14 +111,23 @@ def check_logprobs(engine: Any, model: torch.nn.Module, processor: Any, prompts:
         for top_p in (1.0, 0.9):
             params = SamplingParams(n=4, temperature=1.0, top_p=top_p, top_k=-1, max_new_tokens=max_new_tokens,
                                     seed=seed)
-            groups = engine.generate([prompt], params)
-            trainer, rollout, mask = trainer_logprobs(model, processor, groups, params)
+            name = f"logprobs/{kind}/top_p={top_p:g}"
+            try:
+                groups = engine.generate([prompt], params)
+                trainer, rollout, mask = trainer_logprobs(model, processor, groups, params)
+            except Exception as exc:
+                verdicts.append(failed(name, exc))
+                continue
             kl, worst = agreement(trainer, rollout, mask)
             status = "PASS" if kl <= kl_tolerance else "FAIL"
-            verdicts.append(Verdict(f"logprobs/{kind}/top_p={top_p:g}", status,
-                                    f"k3 mean {kl:.3e} (tolerance {kl_tolerance:g}), max |diff| {worst:.3e} "
-                                    f"over {int(mask.sum())} tokens"))
+            verdicts.append(Verdict(name, status, f"k3 mean {kl:.3e} (tolerance {kl_tolerance:g}), max |diff| "
+                                                  f"{worst:.3e} over {int(mask.sum())} tokens"))
     return verdicts
+
+
+def failed(name: str, exc: BaseException) -> Verdict:
+    """The FAIL verdict of a check that raised."""
+    return Verdict(name, "FAIL", f"raised {type(exc).__name__}: {exc}")
 
 
 def engine_named(model: torch.nn.Module, named: Sequence[tuple[str, torch.Tensor]], backend: str) -> list[Any]:
@@ -199,9 +208,15 @@ def run_checks(engine: Any, model: torch.nn.Module, processor: Any, *, backend: 
     prompts = check_prompts(vision)
     verdicts = check_logprobs(engine, model, processor, prompts, max_new_tokens=max_new_tokens,
                               kl_tolerance=kl_tolerance, seed=seed)
-    verdicts.append(check_weight_update(engine, model, processor, prompts.get("image"), backend=backend,
-                                        max_new_tokens=max_new_tokens, kl_tolerance=kl_tolerance, seed=seed))
-    verdicts.append(check_seeds(engine, prompts["text"], max_new_tokens=max_new_tokens, seed=seed))
+    try:
+        verdicts.append(check_weight_update(engine, model, processor, prompts.get("image"), backend=backend,
+                                            max_new_tokens=max_new_tokens, kl_tolerance=kl_tolerance, seed=seed))
+    except Exception as exc:
+        verdicts.append(failed("weight_update/repeated_image", exc))
+    try:
+        verdicts.append(check_seeds(engine, prompts["text"], max_new_tokens=max_new_tokens, seed=seed))
+    except Exception as exc:
+        verdicts.append(failed("seeds/independent", exc))
     return verdicts
 
 
