@@ -107,6 +107,22 @@ def test_behaviour_weights_and_dynamic_sampling_with_a_spread_reward(assets, tmp
         assert abs(r["behaviour_weight_mean"] - 1.0) < 1e-3
 
 
+def test_rollout_mismatch_metrics_logged_each_step_with_top_k_top_p(assets, tmp_path: Path) -> None:
+    # issue 29: the engine samples with top-k / top-p and reports the filtered distribution's log-probs;
+    # the trainer scores the same distribution, so fresh colocated samples show no drift
+    _, run_dir = run([*assets, *SMALL, "rollout.sampling_config.top_p=0.9", "rollout.sampling_config.top_k=50",
+                      "grpo.rollout_correction=tis", "grpo.rollout_is_cap=2.0",
+                      "grpo.reward_function={length = 1.0}"], tmp_path / "out")
+    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows] == list(range(1, STEPS + 1))
+    for r in rows:
+        assert {"rollout_kl_k3", "rollout_ratio_max", "rollout_ratio_min", "rollout_truncated_fraction",
+                "rollout_masked_fraction", "rollout_rejected_fraction"} <= set(r), sorted(r)
+        assert 0.0 <= r["rollout_kl_k3"] < 1e-6, r["rollout_kl_k3"]
+        assert abs(r["rollout_ratio_max"] - 1.0) < 1e-3 and abs(r["rollout_ratio_min"] - 1.0) < 1e-3
+        assert r["rollout_truncated_fraction"] == 0.0 and r["rollout_masked_fraction"] == 0.0
+
+
 def test_validation_before_every_freq_steps_and_after_the_last(assets, tmp_path: Path) -> None:
     train_file = next(a.split("=", 1)[1] for a in assets if a.startswith("train.train_policy.dataset.name="))
     _, run_dir = run([*assets, *SMALL, "validation.enable=true", "validation.freq=2", "validation.max_items=6",

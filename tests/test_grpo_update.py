@@ -110,3 +110,27 @@ def test_trainer_side_temperature_scores_the_tokens(rollouts) -> None:
     sharper, _ = update(model, batch, "rollout", "grpo.temperature=0.25")
     assert same["clip_fraction"] == 0.0
     assert sharper["clip_fraction"] > 0.1  # trainer log-probs at T = 0.25 differ from the engine's at T = 1
+
+
+def test_top_k_top_p_rollouts_are_scored_under_the_same_distribution(tiny_qwen2_model, qwen_tokenizer) -> None:
+    """Issue 29: rollouts sampled with top-k / top-p carry the filtered distribution's log-probs; the
+    update scores the same distribution, so fresh records have ratio 1 and no drift, and the step
+    from the engine's log-probs equals the step from the trainer's recompute (fused head or not)."""
+    engine = HFRolloutEngine(tiny_qwen2_model, qwen_tokenizer)
+    prompts = [Prompt(conversation=[{"role": "user", "content": "count" + " up" * i}], prompt_id=str(i))
+               for i in range(4)]
+    groups = engine.generate(prompts, SamplingParams(n=4, temperature=1.0, top_k=40, top_p=0.7, max_new_tokens=6,
+                                                     seed=0))
+    batch = collate_rollouts(groups, qwen_tokenizer)
+    sampling = ["rollout.sampling_config.top_k=40", "rollout.sampling_config.top_p=0.7"]
+    metrics, weights_rollout = update(tiny_qwen2_model, batch, "rollout", *sampling)
+    assert metrics["clip_fraction"] == 0.0
+    assert metrics["rollout_kl_k3"] < 1e-9 and abs(metrics["rollout_ratio_max"] - 1.0) < 1e-5, metrics
+    _, weights_trainer = update(tiny_qwen2_model, batch, "recompute", *sampling)
+    step_rollout, step_trainer = step_of(weights_rollout, tiny_qwen2_model), step_of(weights_trainer, tiny_qwen2_model)
+    for name, value in step_rollout.items():
+        torch.testing.assert_close(value, step_trainer[name], atol=1e-6, rtol=1e-4, msg=name)
+    assert max(float(v.abs().max()) for v in step_rollout.values()) > 1e-3
+    # scoring the unfiltered distribution instead shows the drift the basis mismatch would cause
+    unfiltered, _ = update(tiny_qwen2_model, batch, "rollout")
+    assert unfiltered["rollout_kl_k3"] > 1e-2, unfiltered

@@ -79,6 +79,21 @@ from cosmos_primitives.algo.registry import (
     register_aggregation,
     register_kl_estimator,
     register_policy_loss,
+    register_rollout_correction,
+    rollout_correction_names,
+)
+from cosmos_primitives.algo.rollout_correction import (
+    RolloutCorrection,
+    masked_importance_weights,
+    rollout_correction,
+    rollout_mismatch_metrics,
+    sequence_rejection,
+    truncated_importance_weights,
+)
+from cosmos_primitives.algo.sampling_distribution import (
+    filtered_token_logprobs_from_hidden,
+    sampling_keep_mask,
+    sampling_logprobs,
 )
 from cosmos_primitives.algo.sft_loss import sft_loss, sft_token_weights, trained_mask
 
@@ -89,6 +104,7 @@ __all__ = [
     "FlowGRPOLoss",
     "GRPOTokenLoss",
     "PolicyLossOutput",
+    "RolloutCorrection",
     "ScoredPositions",
     "TokenLogProbs",
     "UnknownNameError",
@@ -106,6 +122,7 @@ __all__ = [
     "dynamic_sampling",
     "dynamic_sampling_enabled",
     "entropy_bonus",
+    "filtered_token_logprobs_from_hidden",
     "flow_grpo_advantages",
     "flow_grpo_loss",
     "fused_token_loss",
@@ -125,6 +142,7 @@ __all__ = [
     "kl_k3",
     "listed_train_steps",
     "mask_shared_prefixes",
+    "masked_importance_weights",
     "naive_token_logprobs",
     "neg_exp_advantages",
     "noisy_latents",
@@ -138,12 +156,19 @@ __all__ = [
     "register_aggregation",
     "register_kl_estimator",
     "register_policy_loss",
+    "register_rollout_correction",
+    "rollout_correction",
+    "rollout_correction_names",
+    "rollout_mismatch_metrics",
+    "sampling_keep_mask",
+    "sampling_logprobs",
     "scored_positions",
     "select_train_steps",
     "seq_mean_token_mean",
     "seq_mean_token_sum",
     "seq_mean_token_sum_norm",
     "sequence_mean",
+    "sequence_rejection",
     "sft_loss",
     "sft_token_weights",
     "shared_prefix_lengths",
@@ -152,5 +177,6 @@ __all__ = [
     "token_loss_from_hidden",
     "token_mean",
     "trained_mask",
+    "truncated_importance_weights",
     "weighted_logprobs_from_hidden",
 ]

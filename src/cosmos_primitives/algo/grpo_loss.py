@@ -3,7 +3,7 @@
 Order of the terms (each optional one only when configured)::
 
     per_token = policy_loss(logprobs, old_logprobs, advantages, mask)        # ppo_clip / gspo / aipo / ...
-    per_token *= behaviour_weights(old_logprobs, rollout_logprobs, cap)       # when rollout_logprobs given
+    per_token *= correction_weights(old_logprobs, rollout_logprobs, cfg)      # when rollout_logprobs given
     per_token *= off_policy_sequence_mask(...)                                # off_policy_masking_delta
     loss  = aggregate(per_token)                                              # loss_type
           + kl_beta * aggregate(kl_estimator(logprobs, ref_logprobs))
@@ -40,10 +40,12 @@ from cosmos_primitives.algo.registry import (
     AGGREGATIONS,
     KL_ESTIMATORS,
     POLICY_LOSSES,
+    ROLLOUT_CORRECTIONS,
     get_aggregation,
     get_kl_estimator,
     get_policy_loss,
 )
+from cosmos_primitives.algo.rollout_correction import rollout_correction
 from cosmos_primitives.config.grpo import GRPOConfig
 
 _VARIANT_LOSS = {"grpo": "ppo_clip", "dapo": "ppo_clip", "gspo": "gspo"}
@@ -86,6 +88,8 @@ def check_grpo_config(cfg: GRPOConfig) -> None:
         )
     if cfg.kl_beta != 0.0:
         KL_ESTIMATORS.get(cfg.kl_estimator)
+    if cfg.rollout_correction is not None:
+        ROLLOUT_CORRECTIONS.get(cfg.rollout_correction)
     if cfg.epsilon_low < 0 or cfg.epsilon_high < 0:
         raise ValueError(
             f"[grpo] epsilon_low / epsilon_high must be >= 0; got {cfg.epsilon_low} / {cfg.epsilon_high}"
@@ -156,7 +160,7 @@ def grpo_loss(
     per_token = out.per_token_loss
     metrics: dict[str, torch.Tensor] = {}
     if rollout_logprobs is not None:
-        weights = behaviour_weights(old_logprobs, rollout_logprobs, mask, cfg.behav_imp_weight_cap)
+        weights = correction_weights(old_logprobs, rollout_logprobs, mask, cfg)
         per_token = per_token * weights
         metrics["behaviour_weight_mean"] = weights.sum() / n_tokens
         metrics["behaviour_capped_fraction"] = ((weights == 0) & on).sum() / n_tokens
@@ -199,6 +203,16 @@ def grpo_loss(
     return loss, {k: v.detach().float() for k, v in metrics.items()}
 
 
+def correction_weights(old_logprobs: torch.Tensor, rollout_logprobs: torch.Tensor, mask: torch.Tensor,
+                       cfg: GRPOConfig) -> torch.Tensor:
+    """``[B, T]`` detached token weights of the behaviour correction: ``[grpo] rollout_correction`` /
+    ``rollout_rejection`` (:func:`cp.algo.rollout_correction`) when set (``behav_imp_weight_cap`` is
+    ``"mis"``), else the uncapped ``exp(old - rollout)``."""
+    if cfg.rollout_correction is None and cfg.rollout_rejection is None:
+        return behaviour_weights(old_logprobs, rollout_logprobs, mask, None)
+    return rollout_correction(old_logprobs, rollout_logprobs, mask, cfg).weights
+
+
 def _check_loss_inputs(cfg: GRPOConfig, ref_logprobs: torch.Tensor | None, entropy: torch.Tensor | None, *,
                        entropy_known: bool = True) -> None:
     check_grpo_config(cfg)
@@ -237,7 +251,7 @@ class GRPOTokenLoss:
         if c["behaviour"] is not None:
             per_token = per_token * c["behaviour"]
         elif c["rollout"] is not None:
-            per_token = per_token * behaviour_weights(old, c["rollout"], mask, cfg.behav_imp_weight_cap)
+            per_token = per_token * correction_weights(old, c["rollout"], mask, cfg)
         weights = c["weights"]
         loss = weights * per_token
         if self.kl_estimator is not None:
@@ -282,6 +296,8 @@ def grpo_token_loss(
     policy_loss = get_policy_loss(resolve_policy_loss(cfg))
     if policy_loss not in _TOKENWISE_POLICY_LOSSES or cfg.off_policy_masking_delta is not None:
         return None
+    if rollout_logprobs is not None and old_logprobs is None and cfg.rollout_rejection is not None:
+        return None  # the rejection needs whole sequences of this forward's log-probs
     kl_estimator = None
     if ref_logprobs is not None and cfg.kl_beta != 0.0:
         kl_estimator = get_kl_estimator(cfg.kl_estimator)
@@ -301,7 +317,7 @@ def grpo_token_loss(
     adv = token_advantages(advantages, mask.to(advantages.dtype))
     behaviour = None
     if rollout_logprobs is not None and old_logprobs is not None:
-        behaviour = behaviour_weights(old_logprobs, rollout_logprobs, mask, cfg.behav_imp_weight_cap)
+        behaviour = correction_weights(old_logprobs, rollout_logprobs, mask, cfg)
     positive = (mask.bool() & (adv > 0)) if cfg.positive_nll_coef else None
     constants = {
         "mask": mask, "advantages": adv, "old": old_logprobs, "weights": weights, "behaviour": behaviour,

@@ -21,6 +21,8 @@ ADVANTAGES = Registry("advantage", "[grpo] advantage_estimator", decorator="cp.a
 POLICY_LOSSES = Registry("policy loss", "[grpo] policy_loss", decorator="cp.algo.register_policy_loss")
 KL_ESTIMATORS = Registry("kl estimator", "[grpo] kl_estimator", decorator="cp.algo.register_kl_estimator")
 AGGREGATIONS = Registry("aggregation", "[grpo] loss_type", decorator="cp.algo.register_aggregation")
+ROLLOUT_CORRECTIONS = Registry("rollout correction", "[grpo] rollout_correction",
+                               decorator="cp.algo.register_rollout_correction")
 
 
 def register_advantage(name: str, *, override: bool = False) -> Callable[[F], F]:
@@ -41,6 +43,21 @@ def register_kl_estimator(name: str, *, override: bool = False) -> Callable[[F],
 def register_aggregation(name: str, *, override: bool = False) -> Callable[[F], F]:
     """Register ``fn(values [B, T], mask [B, T], *, token_count=None, max_tokens=None) -> scalar``."""
     return AGGREGATIONS.register(name, override=override)
+
+
+def register_rollout_correction(name: str, *, override: bool = False) -> Callable[[F], F]:
+    """Register ``fn(old_logprobs [B, T], rollout_logprobs [B, T], mask [B, T], cfg: GRPOConfig) ->
+    (weights [B, T], truncated [B, T] bool, masked [B, T] bool)``
+    (:mod:`~cosmos_primitives.algo.rollout_correction`)."""
+    return ROLLOUT_CORRECTIONS.register(name, override=override)
+
+
+def get_rollout_correction(name: str) -> Callable[..., Any]:
+    return ROLLOUT_CORRECTIONS.get(name)
+
+
+def rollout_correction_names() -> list[str]:
+    return ROLLOUT_CORRECTIONS.names()
 
 
 def get_advantage(name: str) -> Callable[..., Any]:

@@ -132,7 +132,7 @@ train.train_policy.max_retry_for_on_policy | -1 | ignored | - | launcher-only: c
 train.train_policy.reference_reset_interval | - | refused | - | the KL reference is fixed here; remove the key
 train.train_policy.reset_optimizer_with_reference | true | ignored | - | only acts with reference_reset_interval
 train.train_policy.use_decoupled_loss | false | refused | [false] | set grpo.behav_imp_weight_cap (the decoupled loss)
-train.train_policy.behav_imp_weight_cap | - | mapped | - | grpo.behav_imp_weight_cap
+train.train_policy.behav_imp_weight_cap | - | mapped | - | grpo.behav_imp_weight_cap (= grpo.rollout_correction "mis" with rollout_is_lower 0, rollout_is_cap the cap: weights exp(old - rollout), 0 above the cap)
 train.train_policy.rollout_as_token_ids | false | ignored | - | speed-only: records carry token ids here anyway
 train.train_policy.collect_rollout_logprobs | false | ignored | - | records always carry the engine's log-probs here
 train.train_policy.use_rollout_logprobs_for_loss | false | mapped | - | grpo.old_logprobs ("rollout" when true, else "recompute"; ours defaults to "rollout")

@@ -80,6 +80,18 @@ class GRPOConfig(Section):
     behav_imp_weight_cap: float | None = None
     # DeepSeek-V3.2 off-policy sequence masking threshold delta (None disables it)
     off_policy_masking_delta: float | None = None
+    # rollout correction (cp.algo.rollout_correction): token weights from r = exp(logp_old - logp_rollout);
+    # "tis": min(r, rollout_is_cap); "mis": r inside [rollout_is_lower, rollout_is_cap], else 0; None: off.
+    # behav_imp_weight_cap = C is "mis" with bounds [0, C] (set here when rollout_correction is unset)
+    rollout_correction: str | None = None
+    rollout_is_cap: Positive = 2.0
+    # MIS lower bound; None: 1 / rollout_is_cap
+    rollout_is_lower: NonNegative | None = None
+    # sequence rejection: "geometric" (exp of the mean log r) or "sequence" (exp of the sum) outside
+    # [rollout_rejection_lower (None: 1 / upper), rollout_rejection_upper] drops the whole sequence; None: off
+    rollout_rejection: Literal["geometric", "sequence"] | None = None
+    rollout_rejection_upper: Positive = 2.0
+    rollout_rejection_lower: NonNegative | None = None
 
     # regularisers
     kl_beta: NonNegative = 0.0
@@ -129,6 +141,21 @@ class GRPOConfig(Section):
     def __post_init__(self) -> None:
         if self.on_policy:
             self.allowed_outdated_steps = 0
+        if self.behav_imp_weight_cap is not None:
+            cap = self.behav_imp_weight_cap
+            if self.rollout_correction is None:
+                self.rollout_correction, self.rollout_is_cap, self.rollout_is_lower = "mis", cap, 0.0
+            elif (self.rollout_correction, self.rollout_is_cap, self.rollout_is_lower) != ("mis", cap, 0.0):
+                raise ValueError(
+                    f"grpo.behav_imp_weight_cap = {cap} means rollout_correction = 'mis' with rollout_is_cap = {cap} "
+                    f"and rollout_is_lower = 0, but rollout_correction = {self.rollout_correction!r}, rollout_is_cap "
+                    f"= {self.rollout_is_cap}, rollout_is_lower = {self.rollout_is_lower}; remove one of the two")
+        if self.rollout_is_lower is not None and self.rollout_is_lower > self.rollout_is_cap:
+            raise ValueError(f"grpo.rollout_is_lower = {self.rollout_is_lower} is above grpo.rollout_is_cap = "
+                             f"{self.rollout_is_cap}")
+        if self.rollout_rejection_lower is not None and self.rollout_rejection_lower > self.rollout_rejection_upper:
+            raise ValueError(f"grpo.rollout_rejection_lower = {self.rollout_rejection_lower} is above "
+                             f"grpo.rollout_rejection_upper = {self.rollout_rejection_upper}")
         batch = self.rollout_batch_size * self.num_samples_per_prompt
         if self.rollouts_per_step is not None and batch % self.rollouts_per_step:
             raise ValueError(f"grpo.rollouts_per_step = {self.rollouts_per_step} does not divide the "

@@ -22,6 +22,7 @@ from cosmos_primitives.algo.aggregation import dp_mean_token_count
 from cosmos_primitives.algo.grpo_loss import grpo_loss, grpo_token_loss
 from cosmos_primitives.algo.logprobs import ScoredPositions, TokenLogProbs, scored_positions
 from cosmos_primitives.algo.prefix_filter import mask_shared_prefixes
+from cosmos_primitives.algo.rollout_correction import rollout_mismatch_metrics
 from cosmos_primitives.checkpoint.nonfinite import check_finite
 from cosmos_primitives.config.grpo import GRPOConfig
 from cosmos_primitives.data.rollout_batch import RolloutBatch
@@ -37,6 +38,12 @@ if TYPE_CHECKING:  # pragma: no cover
 LOGGED_METRICS = ("kl", "clip_fraction", "entropy", "loss", "behaviour_weight_mean", "behaviour_capped_fraction",
                   "off_policy_masked_fraction")
 """The ``grpo_loss`` metrics an update reports; ``kl`` only when there is a reference."""
+
+MISMATCH_METRICS = ("rollout_kl_k3", "rollout_ratio_max", "rollout_ratio_min", "rollout_truncated_fraction",
+                    "rollout_masked_fraction", "rollout_rejected_fraction")
+"""The rollout-vs-trainer drift an update reports every step (``cp.algo.rollout_mismatch_metrics`` of the
+engine's log-probs against the trainer's at the start of the update): token-weighted means, except
+``rollout_ratio_max`` / ``_min`` (max / min over the micro-batches)."""
 
 
 class GRPOUpdate(NamedTuple):
@@ -62,10 +69,10 @@ def grpo_reference(cfg: Config, policy: torch.nn.Module, device: torch.device | 
 
 
 def _logprobs(model: torch.nn.Module, batch: RolloutBatch, rows: slice, positions: ScoredPositions, *,
-              temperature: float, chunk_size: int) -> TokenLogProbs:
+              temperature: float, chunk_size: int, top_k: int = -1, top_p: float = 1.0) -> TokenLogProbs:
     """Log-probs of the completion tokens of ``batch`` rows ``rows``: ``[rows, T]`` float32."""
     return token_logprobs(model, batch.rows(rows), mask=batch.completion_mask[rows], chunk_size=chunk_size,
-                          temperature=temperature, positions=positions)
+                          temperature=temperature, top_k=top_k, top_p=top_p, positions=positions)
 
 
 def _context_parallel(policy: torch.nn.Module) -> bool:
@@ -86,8 +93,11 @@ def grpo_micro_batch_loss(
     rollout_logprobs: torch.Tensor | None = None,
     token_count: float | torch.Tensor | None = None,
     temperature: float = 1.0,
+    top_k: int = -1,
+    top_p: float = 1.0,
     chunk_size: int | None = None,
     fused: bool = True,
+    engine_logprobs: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """The forward and ``[grpo]`` loss of one micro-batch: ``(loss to back-propagate, metrics)``.
 
@@ -107,7 +117,11 @@ def grpo_micro_batch_loss(
         old_logprobs: ``[R, T]`` the PPO ratio's old policy; None: this forward's (on-policy).
         ref_logprobs, rollout_logprobs, token_count: ``grpo_loss``'s ``ref_logprobs``,
             ``rollout_logprobs`` and ``dp_token_count``.
-        temperature, chunk_size: for ``token_logprobs``.
+        temperature, top_k, top_p, chunk_size: for ``token_logprobs`` (the rollout's sampling
+            distribution, which the engines' log-probs are of).
+        engine_logprobs: ``[R, T]`` the engine's log-probs: when given, the metrics also hold
+            ``cp.algo.rollout_mismatch_metrics`` of this forward's log-probs against them (pass them
+            before the first optimizer step of an update, when this forward is the update's start).
 
     Returns:
         ``grpo_loss``'s ``(loss, metrics)``; the metrics are detached device tensors.
@@ -120,10 +134,15 @@ def grpo_micro_batch_loss(
                                      ref_logprobs=ref_logprobs, rollout_logprobs=rollout_logprobs,
                                      dp_token_count=token_count)
     out = token_logprobs(policy, inputs, mask=mask, chunk_size=chunk_size, with_entropy=True,
-                         temperature=temperature, token_loss=token_loss, positions=positions)
-    return grpo_loss(out.logprobs, out.logprobs.detach() if old_logprobs is None else old_logprobs, advantages,
-                     mask, cfg=cfg, ref_logprobs=ref_logprobs, rollout_logprobs=rollout_logprobs,
-                     entropy=out.entropy, dp_token_count=token_count, weighted_sum=out.weighted_sum)
+                         temperature=temperature, top_k=top_k, top_p=top_p, token_loss=token_loss,
+                         positions=positions)
+    old = out.logprobs.detach() if old_logprobs is None else old_logprobs
+    loss, metrics = grpo_loss(out.logprobs, old, advantages, mask, cfg=cfg, ref_logprobs=ref_logprobs,
+                              rollout_logprobs=rollout_logprobs, entropy=out.entropy, dp_token_count=token_count,
+                              weighted_sum=out.weighted_sum)
+    if engine_logprobs is not None:
+        metrics.update(rollout_mismatch_metrics(out.logprobs.detach(), engine_logprobs, mask, cfg))
+    return loss, metrics
 
 
 def step_slices(rollouts: int, rollouts_per_step: int | None) -> list[slice]:
@@ -176,9 +195,12 @@ def grpo_update(policy: torch.nn.Module, reference: torch.nn.Module | None, opti
         are empty.
     """
     grpo = cfg.grpo
-    behaviour_logprobs = grpo.behav_imp_weight_cap is not None or grpo.off_policy_masking_delta is not None
+    behaviour_logprobs = (grpo.rollout_correction is not None or grpo.rollout_rejection is not None
+                          or grpo.off_policy_masking_delta is not None)
     # the trainer-side temperature ([grpo] temperature, cosmos-rl's train_policy.temperature); unset: the sampler's
     temperature = grpo.temperature if grpo.temperature is not None else cfg.rollout.sampling_config.temperature
+    # the engines report log-probs of the top-k / top-p filtered distribution: the trainer scores the same one
+    top_k, top_p = cfg.rollout.sampling_config.top_k, cfg.rollout.sampling_config.top_p
     chunk = cfg.policy.logprob_chunk_size
     micro = max(1, cfg.train.train_policy.mini_batch)
     rows = [slice(i, min(i + micro, len(batch))) for i in range(0, len(batch), micro)]
@@ -200,10 +222,12 @@ def grpo_update(policy: torch.nn.Module, reference: torch.nn.Module | None, opti
     old = [batch.rollout_logprobs[r] for r in rows]
     with torch.no_grad():
         if behaviour_logprobs or grpo.old_logprobs == "recompute":
-            old = [_logprobs(policy, batch, r, p, temperature=temperature, chunk_size=chunk).logprobs
+            old = [_logprobs(policy, batch, r, p, temperature=temperature, chunk_size=chunk, top_k=top_k,
+                             top_p=top_p).logprobs
                    for r, p in zip(rows, positions, strict=True)] if grpo.mu_iterations > 1 else None
         with adapters_disabled(policy.hf_model) if reference is policy else contextlib.nullcontext():
-            ref = [_logprobs(reference, batch, r, p, temperature=temperature, chunk_size=chunk).logprobs
+            ref = [_logprobs(reference, batch, r, p, temperature=temperature, chunk_size=chunk, top_k=top_k,
+                             top_p=top_p).logprobs
                    for r, p in zip(rows, positions, strict=True)] if reference is not None else None
     if device.type == "cuda" and (old is not None or ref is not None):
         torch.cuda.synchronize(device)
@@ -211,14 +235,16 @@ def grpo_update(policy: torch.nn.Module, reference: torch.nn.Module | None, opti
 
     t0 = time.perf_counter()
     micro_metrics: list[dict[str, torch.Tensor]] = []
-    for _ in range(grpo.mu_iterations):
+    for iteration in range(grpo.mu_iterations):
         iteration_loss = torch.zeros((), device=advantages.device)
         for i, r in enumerate(rows):
             loss, metrics = grpo_micro_batch_loss(
                 policy, batch.rows(r), batch.completion_mask[r], advantages[r], grpo, positions=positions[i],
                 old_logprobs=old[i] if old else None, ref_logprobs=ref[i] if ref else None,
                 rollout_logprobs=batch.rollout_logprobs[r] if behaviour_logprobs else None,
-                token_count=token_count, temperature=temperature, chunk_size=chunk)
+                token_count=token_count, temperature=temperature, top_k=top_k, top_p=top_p, chunk_size=chunk,
+                # the drift is measured against the weights at the start of the update: the first iteration
+                engine_logprobs=batch.rollout_logprobs[r] if iteration == 0 else None)
             loss.backward()
             iteration_loss += loss.detach()
             micro_metrics.append(metrics)
@@ -231,6 +257,15 @@ def grpo_update(policy: torch.nn.Module, reference: torch.nn.Module | None, opti
     metric_sums: dict[str, float] = {}
     for i, metrics in enumerate(micro_metrics):
         for k in metrics:
-            metric_sums[k] = metric_sums.get(k, 0.0) + next(values) * shares[i % len(rows)] / grpo.mu_iterations
+            value = next(values)
+            if k == "rollout_ratio_max":
+                metric_sums[k] = max(metric_sums.get(k, float("-inf")), value)
+            elif k == "rollout_ratio_min":
+                metric_sums[k] = min(metric_sums.get(k, float("inf")), value)
+            elif k in MISMATCH_METRICS:  # first iteration only
+                metric_sums[k] = metric_sums.get(k, 0.0) + value * shares[i % len(rows)]
+            else:
+                metric_sums[k] = metric_sums.get(k, 0.0) + value * shares[i % len(rows)] / grpo.mu_iterations
     times["update"] = time.perf_counter() - t0
-    return GRPOUpdate({k: metric_sums[k] for k in LOGGED_METRICS if k in metric_sums}, float(grad_norm), times)
+    return GRPOUpdate({k: metric_sums[k] for k in LOGGED_METRICS + MISMATCH_METRICS if k in metric_sums},
+                      float(grad_norm), times)

@@ -18,6 +18,7 @@ from torch.distributed.tensor import DTensor, Replicate
 
 from cosmos_primitives.algo.fused_logprob_loss import TokenLoss, token_loss_from_hidden, weighted_logprobs_from_hidden
 from cosmos_primitives.algo.logprobs import ScoredPositions, TokenLogProbs, scored_positions, token_logprobs_from_hidden
+from cosmos_primitives.algo.sampling_distribution import filtered_token_logprobs_from_hidden, filtering_active
 from cosmos_primitives.parallel.varlen_attention import (
     no_mask_mapping,
     packed_attention_kwargs,
@@ -80,6 +81,8 @@ def hf_token_logprobs(
     chunk_size: int = 1024,
     with_entropy: bool = False,
     temperature: float = 1.0,
+    top_k: int = -1,
+    top_p: float = 1.0,
     loss_weights: torch.Tensor | None = None,
     token_loss: TokenLoss | None = None,
     positions: ScoredPositions | None = None,
@@ -87,12 +90,19 @@ def hf_token_logprobs(
     **model_inputs: Any,
 ) -> TokenLogProbs:
     """Backbone forward, then the chunked log-prob head (see :class:`CausalLMPolicy.forward`)."""
+    filtered = filtering_active(top_k, top_p)
+    if filtered and loss_weights is not None:
+        raise ValueError(f"loss_weights (the fused log-prob loss) cannot be combined with top_k = {top_k} / "
+                         f"top_p = {top_p}; score the unfiltered distribution (top_k = -1, top_p = 1)")
     if loss_weights is not None and with_entropy:
         raise ValueError("loss_weights (the fused log-prob loss) cannot be combined with with_entropy=True")
     if loss_weights is not None and token_loss is not None:
         raise ValueError("pass loss_weights or token_loss, not both (loss_weights is the token loss w * logprobs)")
     model_inputs.pop("use_cache", None)
     if cp_group is not None and dist.get_world_size(cp_group) > 1:
+        if filtered:
+            raise NotImplementedError(f"top_k = {top_k} / top_p = {top_p} (the sampling distribution) is not "
+                                      "available with context parallelism; sample with top_k = -1, top_p = 1")
         if token_loss is not None:
             raise NotImplementedError("token_loss (the fused per-token loss) is not available with context "
                                       "parallelism; compute the log-probs and the loss separately")
@@ -105,6 +115,19 @@ def hf_token_logprobs(
     if temperature != 1.0:
         hidden = hidden / temperature  # logits / T = (hidden / T) @ W^T
     weight = _head_weight(hf_model)
+    if filtered:
+        out = filtered_token_logprobs_from_hidden(hidden, weight, input_ids, top_k=top_k, top_p=top_p, labels=labels,
+                                                  mask=mask, positions=positions, chunk_size=chunk_size,
+                                                  with_entropy=with_entropy)
+        if token_loss is None:
+            return out
+        # the per-token loss on the filtered log-probs, differentiated by autograd rather than in the head
+        found = positions if positions is not None else scored_positions(input_ids, labels=labels, mask=mask)
+        flat_lp = out.logprobs.reshape(-1).index_select(0, found.index.to(out.logprobs.device))
+        flat_ent = None if out.entropy is None else out.entropy.reshape(-1).index_select(
+            0, found.index.to(out.entropy.device))
+        total = token_loss(flat_lp, flat_ent, slice(0, flat_lp.shape[0])).sum()
+        return TokenLogProbs(out.logprobs.detach(), None if out.entropy is None else out.entropy.detach(), total)
     if loss_weights is not None:
         return weighted_logprobs_from_hidden(hidden, weight, input_ids, loss_weights, labels=labels, mask=mask,
                                              positions=positions, chunk_size=chunk_size)
@@ -147,6 +170,8 @@ class CausalLMPolicy(torch.nn.Module):
         with_entropy: bool = False,
         chunk_size: int | None = None,
         temperature: float = 1.0,
+        top_k: int = -1,
+        top_p: float = 1.0,
         loss_weights: torch.Tensor | None = None,
         token_loss: TokenLoss | None = None,
         positions: ScoredPositions | None = None,
@@ -163,6 +188,10 @@ class CausalLMPolicy(torch.nn.Module):
             chunk_size: tokens per LM-head chunk (default: the constructor's).
             temperature: score the distribution of ``logits / temperature`` (as sampled by a
                 rollout engine at that temperature).
+            top_k, top_p: score the sampling distribution after top-k / top-p filtering and
+                renormalisation (:mod:`~cosmos_primitives.algo.sampling_distribution`; what the
+                engines report), ``-1`` / ``1.0``: unfiltered. The head then runs in float32 with
+                per-chunk recomputation instead of the fused chunked head.
             loss_weights: ``[B, T]`` constant weights ``w``: also compute the loss
                 ``sum(w * logprobs)`` and its gradient in this forward pass (fewer LM-head GEMMs;
                 e.g. ``cp.algo.sft_token_weights``); returned as ``weighted_sum``, with
@@ -186,7 +215,8 @@ class CausalLMPolicy(torch.nn.Module):
         return hf_token_logprobs(
             self.hf_model, input_ids, labels=labels, mask=mask, with_entropy=with_entropy,
             chunk_size=self.chunk_size if chunk_size is None else chunk_size, temperature=temperature,
-            loss_weights=loss_weights, token_loss=token_loss, positions=positions, cp_group=self.cp_group,
+            top_k=top_k, top_p=top_p, loss_weights=loss_weights, token_loss=token_loss, positions=positions,
+            cp_group=self.cp_group,
             **model_inputs,
         )
 
@@ -199,6 +229,8 @@ def token_logprobs(
     with_entropy: bool = False,
     mask: torch.Tensor | None = None,
     temperature: float = 1.0,
+    top_k: int = -1,
+    top_p: float = 1.0,
     loss_weights: torch.Tensor | None = None,
     token_loss: TokenLoss | None = None,
     positions: ScoredPositions | None = None,
@@ -222,6 +254,8 @@ def token_logprobs(
         with_entropy: also return the per-token entropy.
         mask: ``[B, T]`` positions to score when the batch has no labels.
         temperature: score ``logits / temperature`` (GRPO: the rollout's sampling temperature).
+        top_k, top_p: score the top-k / top-p filtered, renormalised distribution (GRPO: the
+            rollout's; what the engines report); ``-1`` / ``1.0``: unfiltered.
         loss_weights: ``[B, T]`` constants: also return ``weighted_sum = sum(loss_weights *
             logprobs)`` with its gradient computed in the forward pass (see
             :meth:`CausalLMPolicy.forward`); SFT passes ``cp.algo.sft_token_weights(labels)``.
@@ -251,8 +285,9 @@ def token_logprobs(
     loss_weights, positions = to_device(loss_weights), positions.to(device)
     if isinstance(model, CausalLMPolicy):
         return model(input_ids, labels=labels, mask=mask, with_entropy=with_entropy, chunk_size=chunk_size,
-                     temperature=temperature, loss_weights=loss_weights, token_loss=token_loss,
-                     positions=positions, **inputs)
+                     temperature=temperature, top_k=top_k, top_p=top_p, loss_weights=loss_weights,
+                     token_loss=token_loss, positions=positions, **inputs)
     return hf_token_logprobs(model, input_ids, labels=labels, mask=mask, with_entropy=with_entropy,
-                             chunk_size=chunk_size or 1024, temperature=temperature, loss_weights=loss_weights,
+                             chunk_size=chunk_size or 1024, temperature=temperature, top_k=top_k, top_p=top_p,
+                             loss_weights=loss_weights,
                              token_loss=token_loss, positions=positions, **inputs)

@@ -17,12 +17,17 @@ from __future__ import annotations
 import torch
 from transformers import LogitsProcessor
 
+from cosmos_primitives.algo.sampling_distribution import sampling_logprobs
+
 
 class InverseCDFSampler(LogitsProcessor):
     """A logits processor that samples the next token and masks every other token to ``-inf``.
 
-    Log-probs are those of the temperature-scaled model distribution before top-k / top-p
-    filtering (what the trainer recomputes with the same temperature).
+    Log-probs are those of the distribution sampled from: ``logits / temperature``, then top-k,
+    then top-p, renormalised over the kept tokens
+    (:mod:`~cosmos_primitives.algo.sampling_distribution`; vLLM's ``processed_logprobs``), which the
+    trainer recomputes with ``cp.policy.token_logprobs(..., temperature=, top_k=, top_p=)``. Greedy
+    (``temperature = 0``) reports the log-prob under the unscaled model distribution.
 
     Args:
         temperature: > 0; ``0`` means greedy.
@@ -50,37 +55,29 @@ class InverseCDFSampler(LogitsProcessor):
     def __call__(self, input_ids: torch.LongTensor, scores: torch.FloatTensor) -> torch.FloatTensor:
         """``scores``: ``[B, V]`` next-token logits -> ``[B, V]``: 0 at the chosen token, ``-inf`` elsewhere."""
         logits = scores.float()
-        if self.temperature > 0:
-            logits = logits / self.temperature
-        logprobs = torch.log_softmax(logits, dim=-1)  # [B, V]
         if self.temperature == 0:
+            logprobs = torch.log_softmax(logits, dim=-1)  # [B, V]
             token = logprobs.argmax(dim=-1, keepdim=True)
         else:
+            logprobs = sampling_logprobs(logits, self.temperature, self.top_k, self.top_p)  # [B, V], -inf dropped
             token = self._sample(logprobs)
         self._tokens.append(token.squeeze(-1))
         self._logprobs.append(logprobs.gather(-1, token).squeeze(-1))
         return torch.full_like(scores, float("-inf")).scatter_(-1, token, 0.0)
 
     def _sample(self, logprobs: torch.Tensor) -> torch.Tensor:
-        """``[B, V]`` log-probs -> ``[B, 1]`` token ids, one uniform per row."""
+        """``[B, V]`` log-probs of the filtered distribution -> ``[B, 1]`` token ids, one uniform per row."""
         if self.generator is not None and not _same_device(self.generator.device, logprobs.device):
             raise ValueError(
                 f"InverseCDFSampler: the generator is on {self.generator.device} but the logits are on "
                 f"{logprobs.device}; make the generator on the logits' device, e.g. "
                 f"torch.Generator(device={str(logprobs.device)!r}).manual_seed(seed)"
             )
-        probs = logprobs.exp()
-        if self.top_k > 0 and self.top_k < probs.shape[-1]:
-            kth = probs.topk(self.top_k, dim=-1).values[:, -1:]
-            probs = probs.masked_fill(probs < kth, 0.0)
-        if self.top_p < 1.0:
-            sorted_probs, order = probs.sort(dim=-1, descending=True)
-            # keep a token when the mass before it is below top_p (the top token is always kept)
-            drop = sorted_probs.cumsum(-1) - sorted_probs >= self.top_p
-            probs = probs.scatter(-1, order, sorted_probs.masked_fill(drop, 0.0))
-        cdf = probs.cumsum(dim=-1)
-        u = torch.rand(probs.shape[0], 1, generator=self.generator, device=cdf.device, dtype=cdf.dtype)
-        return torch.searchsorted(cdf, u * cdf[:, -1:]).clamp_max(probs.shape[-1] - 1)
+        cdf = logprobs.exp().cumsum(dim=-1)
+        u = torch.rand(cdf.shape[0], 1, generator=self.generator, device=cdf.device, dtype=cdf.dtype)
+        token = torch.searchsorted(cdf, u * cdf[:, -1:]).clamp_max(cdf.shape[-1] - 1)
+        # u * total can land exactly on a plateau's edge; a dropped token (probability 0) is never chosen
+        return torch.where(logprobs.gather(-1, token) > float("-inf"), token, logprobs.argmax(-1, keepdim=True))
 
     def token_logprobs(self) -> tuple[torch.Tensor, torch.Tensor]:
         """(tokens ``[B, steps]`` long, log-probs ``[B, steps]`` float32) recorded so far, on the CPU.
