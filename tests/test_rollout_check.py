@@ -111,3 +111,25 @@ def test_prompts_cover_text_image_video() -> None:
     assert isinstance(prompts["video"], Prompt) and prompts["video"].video_fps == [2.0]
     assert list(check.check_prompts(vision=False)) == ["text"]
     assert SamplingParams(n=1).top_p == 1.0
+
+
+@pytest.mark.slow
+def test_command_passes_on_the_vllm_standin_and_catches_raw_logprobs(standin_vllm, tmp_path, capsys,
+                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    """The vLLM adapter against the stand-in (tiny Qwen3-VL: the stand-in expands its media as vLLM does):
+    every check passes; the same engine asked for vLLM's ``raw_logprobs`` (before temperature, top-k and
+    top-p) fails the log-prob checks and the command exits non-zero."""
+    from cosmos_primitives import testing as cpt
+
+    folder = str(cpt.save_tiny_qwen3_vl(tmp_path / "model"))
+    argv = [folder, "--backend", "vllm", "--device", "cpu", "--dtype", "float32", "--max-new-tokens", "4"]
+    assert check.main(argv) == 0
+    lines = [line for line in capsys.readouterr().out.splitlines() if line[:4] in ("PASS", "FAIL", "SKIP")]
+    assert len(lines) == 8 and all(line.startswith("PASS") for line in lines), lines
+
+    real_init = standin_vllm.LLM.__init__
+    monkeypatch.setattr(standin_vllm.LLM, "__init__",
+                        lambda self, *a, **kw: real_init(self, *a, **{**kw, "logprobs_mode": "raw_logprobs"}))
+    assert check.main(argv) == 1
+    failed = [line for line in capsys.readouterr().out.splitlines() if line.startswith("FAIL")]
+    assert any(line.startswith("FAIL logprobs/text/top_p=0.9") for line in failed), failed

@@ -66,8 +66,9 @@ class Prompt:
 class Completion:
     """One sampled completion.
 
-    ``token_ids``: generated ids (no prompt), ``[L]``; ``logprobs``: float32 ``[L]``, the sampling
-    distribution's log-probability of each generated token (after temperature), as vLLM reports it;
+    ``token_ids``: generated ids (no prompt), ``[L]``; ``logprobs``: float32 ``[L]``, each generated
+    token's log-probability under the distribution it was sampled from (after temperature, top-k and
+    top-p, renormalised: vLLM's ``processed_logprobs``; the HF engine reports the same);
     ``finish_reason``: ``"stop"`` (EOS / stop token) or ``"length"``; a vLLM engine also reports
     ``"repetition"`` (stopped by vLLM's repetition detection); it drops ``"abort"`` / ``"error"``
     completions (not samples of the policy).
