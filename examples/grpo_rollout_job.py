@@ -126,7 +126,7 @@ def main() -> None:
     dis, grpo = cfg.disaggregated, cfg.grpo
     url = cp.queue.resolve_redis_url(config=cfg.redis)
     secret = RunSecret.from_env()  # the trainer's: records, requests, digests and the stop flag are signed with it
-    queue = RedisRolloutQueue(cfg.redis, url=url)
+    queue = RedisRolloutQueue(cfg.redis, url=url, secret=secret)
     control = RunControl(queue, secret)
     # vLLM lays the job out as engines of tp_size consecutive ranks, built together by the whole job
     tp = cfg.rollout.parallelism.tp_size if cfg.rollout.backend == "vllm" and info.world_size > 1 else 1

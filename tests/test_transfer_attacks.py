@@ -318,3 +318,40 @@ def test_the_store_and_its_members_authenticate_each_other():
     finally:
         server.close()
         impostor.close()
+
+
+def test_a_redis_url_holder_cannot_inject_records(redis_url):
+    """Issue 30 item 1: with the run secret, the trainer's queue takes only records a job of the run
+    signed. A record XADDed by hand, one put by a queue with another secret and one signed for another
+    run's stream (then copied into this one) are dead-lettered, each naming why; the run's own record
+    is trained."""
+    from cosmos_primitives.sync.run_auth import RunSecret
+    from test_queue_redis import make_record
+
+    stream = f"{PREFIX}:records-{uuid.uuid4().hex[:6]}"
+    other_stream = f"{stream}-other"
+    secret = RunSecret(SECRET)
+    client = redis.Redis.from_url(redis_url)
+    with RedisRolloutQueue(RedisConfig(stream=stream), url=redis_url, secret=secret, consumer="trainer-0") as trainer, \
+            RedisRolloutQueue(RedisConfig(stream=stream), url=redis_url, secret=secret) as rollout, \
+            RedisRolloutQueue(RedisConfig(stream=stream), url=redis_url,
+                              secret=RunSecret("another-runs-secret-" + "2" * 32)) as forger, \
+            RedisRolloutQueue(RedisConfig(stream=other_stream), url=redis_url, secret=secret) as other_run:
+        trainer.get(1, timeout=0.05)  # creates the consumer group
+        from cosmos_primitives.queue.record import encode_record
+
+        client.xadd(stream, {"record": encode_record(make_record(1))})  # plain, as the attacker writes it
+        forger.put(make_record(2))
+        other_run.put(make_record(3))
+        [(_, fields)] = client.xrange(other_stream)
+        client.xadd(stream, {"record": fields[b"record"]})  # a valid record of another run, moved here
+        rollout.put(make_record(4))
+        got = trainer.get(4, timeout=2)
+        assert [r.record_id for r in got] == ["rec-0004"]
+        dead = trainer.dead_letters()
+        reasons = sorted(d["reason"] for d in dead)
+        assert len(reasons) == 3, dead
+        assert sum("not signed with the run secret" in r for r in reasons) == 1, reasons
+        assert sum("signature does not match" in r for r in reasons) == 2, reasons
+    client.delete(stream, other_stream, *client.keys(f"{stream}:*"), *client.keys(f"{other_stream}:*"))
+    client.close()

@@ -31,6 +31,7 @@ republish the weight version, and carry on with the records put after the restar
 
 from __future__ import annotations
 
+import hmac
 import json
 import logging
 import os
@@ -53,9 +54,13 @@ from cosmos_primitives.queue import redis_scripts
 from cosmos_primitives.queue.base import wait_for_weight_version
 from cosmos_primitives.queue.errors import MalformedRecordError, QueueConnectionError, QueueFullError
 from cosmos_primitives.queue.record import RolloutRecord, decode_record, encode_record
+from cosmos_primitives.sync.run_auth import RunSecret
 
 REDIS_URL_ENV = "COSMOS_REDIS_URL"
 RECORD_FIELD = b"record"
+# a signed payload: this prefix, HMAC-SHA256(secret, purpose | stream | record bytes), the record bytes
+SIGNED_RECORD_PREFIX = b"cp-signed-record-v1:"
+_MAC_BYTES = 32
 # records per script call, keeping one Redis command's arguments to a few MB
 _CHUNK = 64
 
@@ -131,12 +136,18 @@ class RedisRolloutQueue:
             prompt + completion longer than it are dead-lettered at :meth:`get`. None: no bound.
         max_bytes: entries whose payload is larger are dead-lettered at :meth:`get` without being
             decoded (:func:`~cosmos_primitives.queue.record.record_byte_limit`). None: no bound.
+        secret: the run secret (:class:`~cosmos_primitives.sync.run_auth.RunSecret`). Given, every
+            record :meth:`put` writes carries ``HMAC-SHA256(secret, "rollout-record" | stream | record)``
+            and :meth:`get` dead-letters an entry without a valid one (written by someone holding the
+            Redis URL but not the secret, or moved from another run's stream) before decoding it.
+            None: records are written unsigned and a signature is not checked.
     """
 
     def __init__(self, config: RedisConfig | None = None, *, url: str | None = None,
                  consumer: str | None = None, vocab_size: int | None = None, max_tokens: int | None = None,
-                 max_bytes: int | None = None) -> None:
+                 max_bytes: int | None = None, secret: RunSecret | None = None) -> None:
         self.config = config or RedisConfig()
+        self._secret = secret
         _check_config(self.config)
         self.url = resolve_redis_url(url, self.config)
         self.safe_url = redact_url(self.url)
@@ -281,7 +292,7 @@ class RedisRolloutQueue:
                 were enqueued.
             QueueConnectionError: Redis unreachable past ``reconnect_timeout_s``.
         """
-        payloads = [encode_record(r) for r in records]
+        payloads = [self._signed(encode_record(r)) for r in records]
         if timeout is None and self.config.put_timeout_s > 0:
             timeout = self.config.put_timeout_s
         deadline = None if timeout is None else time.monotonic() + timeout
@@ -368,6 +379,30 @@ class RedisRolloutQueue:
             return float("inf")
         return float(info.get("uptime_in_seconds", float("inf")))
 
+    def _signed(self, payload: bytes) -> bytes:
+        if self._secret is None:
+            return payload
+        return SIGNED_RECORD_PREFIX + self._record_mac(payload) + payload
+
+    def _record_mac(self, payload: bytes) -> bytes:
+        return self._secret.mac(b"rollout-record", self.stream.encode(), payload)
+
+    def _verified(self, payload: bytes, entry_id: str) -> bytes:
+        """The record bytes of an entry's payload; with a secret, only when its MAC is this run's."""
+        signed = payload.startswith(SIGNED_RECORD_PREFIX)
+        body = payload[len(SIGNED_RECORD_PREFIX) + _MAC_BYTES:] if signed else payload
+        if self._secret is None:
+            return body
+        if not signed:
+            raise MalformedRecordError(entry_id, "the record is not signed with the run secret: a job of this "
+                                       "run signs every record it puts (someone holding only the Redis URL wrote "
+                                       "it, or a rollout job started without $COSMOS_RUN_SECRET)")
+        mac = payload[len(SIGNED_RECORD_PREFIX):len(SIGNED_RECORD_PREFIX) + _MAC_BYTES]
+        if not hmac.compare_digest(mac, self._record_mac(body)):
+            raise MalformedRecordError(entry_id, "the record's signature does not match (another run secret, "
+                                       "another run's stream, or altered bytes)")
+        return body
+
     def _accept(self, entries: list[tuple[bytes, dict[bytes, bytes]]], redelivered: bool) -> list[RolloutRecord]:
         decoded: list[tuple[str, RolloutRecord]] = []
         for raw_id, fields in entries:
@@ -379,6 +414,7 @@ class RedisRolloutQueue:
                     entry_id, f"the entry has no 'record' field (its fields: {names})"))
                 continue
             try:
+                payload = self._verified(payload, entry_id)
                 decoded.append((entry_id, decode_record(payload, entry_id, self.vocab_size,
                                                              max_tokens=self.max_tokens, max_bytes=self.max_bytes)))
             except MalformedRecordError as err:
