@@ -1,36 +1,52 @@
 """Your own GRPO loop for a text model, from library calls: one process, a model built in memory, no
 folder on disk, no mesh or process group.
 
-    python examples/grpo_text_loop.py            # a tiny random Qwen3 on CPU, a few seconds per step
+    python examples/grpo_text_loop.py            # a tiny random Qwen3 on CPU, 20 steps
 
-Swap ``cp.testing.tiny_qwen3()`` / ``qwen_tokenizer()`` for
-``AutoModelForCausalLM.from_pretrained(...)`` / ``AutoTokenizer.from_pretrained(...)``, and the
-sums for your prompts: a plain string is used as it is, a list of chat messages goes through the
-tokenizer's chat template. The recipes (``examples/grpo_vlm.py``) add sharding, checkpoints,
-validation and logging around the same calls.
+The task: answer "a + b =" (a, b in 0..2) with the sum's digit. A random model never writes a digit,
+so a short supervised warm-up (``cp.policy.sft_warmup``) first shows it the answer's form, with a
+random digit as every answer; GRPO then has to find the right digits from the reward alone (1 for
+the right one, less for a digit further off, 0 for anything else). What to expect, the mean reward
+of the first five steps -> of the last five (measured, ``--seed`` 0 / 1 / 2): 0.31 -> 0.55,
+0.11 -> 0.48, 0.44 -> 0.58; about 90 s of CPU time. Before the warm-up and this task, the loop on
+two-digit sums stayed flat (-0.31 -> -0.33 over 20 steps). tests/test_grpo_text_loop.py holds
+seed 0 to a rise of at least 0.1.
+
+Swap ``cp.testing.tiny_qwen3()`` / ``qwen_tokenizer()`` for ``AutoModelForCausalLM.from_pretrained(...)``
+/ ``AutoTokenizer.from_pretrained(...)`` and the sums for your prompts (a plain string is used as it
+is, a list of chat messages goes through the tokenizer's chat template); a real model needs no
+warm-up. The recipes (``examples/grpo_vlm.py``) add sharding, checkpoints, validation and logging.
 """
 
 from __future__ import annotations
 
 import argparse
+import random
 
 import torch
 
 import cosmos_primitives as cp
 from cosmos_primitives.data import Prompt, SamplingParams, collate_rollouts
 
+SUMS = [(f"{a} + {b} =", str(a + b)) for a in range(3) for b in range(3)]
+
 
 def reward_sum(completion: str, reference: str) -> float:
-    """1 for the right sum; a wrong answer loses a little per character, so that even a random
-    model's completions differ in reward (GRPO learns from differences within a group)."""
-    return 1.0 if completion.strip() == reference else -0.01 * len(completion)
+    """1 for the right digit, 0.5 - 0.1 per unit off for another digit, 0 for anything else: even
+    wrong answers differ in reward, and GRPO learns from differences within a group."""
+    answer = completion.strip()
+    if answer == reference:
+        return 1.0
+    return 0.5 - 0.1 * abs(int(answer) - int(reference)) if len(answer) == 1 and answer.isdigit() else 0.0
 
 
-def main(steps: int = 5, prompts_per_step: int = 4, seed: int = 0) -> list[dict[str, float]]:
+def main(steps: int = 20, prompts_per_step: int = 8, seed: int = 0) -> list[dict[str, float]]:
     cp.utils.seed_everything(seed)
     model, tokenizer = cp.testing.tiny_qwen3(seed=seed), cp.testing.qwen_tokenizer()
-    cfg = cp.load_config(None, ["grpo.num_samples_per_prompt=4", "rollout.max_response_length=6",
-                                "train.optm_lr=1e-3", "train.train_policy.mini_batch=16"])
+    digits = random.Random(seed)  # the warm-up shows the form " <digit>", not the sums
+    cp.policy.sft_warmup(model, tokenizer, [(p, f" {digits.randint(0, 4)}") for p, _ in SUMS * 4], steps=30, lr=1e-2)
+    cfg = cp.load_config(None, ["grpo.num_samples_per_prompt=8", "rollout.max_response_length=3",
+                                "train.optm_lr=5e-3", f"train.train_policy.mini_batch={prompts_per_step * 8}"])
     policy = cp.policy.build_policy(cfg.policy, hf_model=model)  # trainable, CausalLMPolicy over `model`
     engine = cp.rollout.HFRolloutEngine(model, tokenizer)  # the same module: it always sees the new weights
     optimizer = cp.policy.build_optimizer(policy, cfg.train)
@@ -38,8 +54,8 @@ def main(steps: int = 5, prompts_per_step: int = 4, seed: int = 0) -> list[dict[
     rng = torch.Generator().manual_seed(seed)
     history = []
     for step in range(1, steps + 1):
-        sums = torch.randint(0, 50, (prompts_per_step, 2), generator=rng).tolist()
-        prompts = [Prompt(conversation=f"{a} + {b} =", reference=str(a + b)) for a, b in sums]
+        picked = torch.randint(0, len(SUMS), (prompts_per_step,), generator=rng).tolist()
+        prompts = [Prompt(conversation=SUMS[i][0], reference=SUMS[i][1]) for i in picked]
         groups = engine.generate(prompts, SamplingParams.from_config(cfg.rollout, cfg.grpo.num_samples_per_prompt,
                                                                      seed=step))
         scored = cp.rewards.score_groups(groups, rewards, cfg.grpo, cfg.rollout.max_response_length)
@@ -53,5 +69,7 @@ def main(steps: int = 5, prompts_per_step: int = 4, seed: int = 0) -> list[dict[
 
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--steps", type=int, default=5)
-    main(parser.parse_args().steps)
+    parser.add_argument("--steps", type=int, default=20)
+    parser.add_argument("--seed", type=int, default=0)
+    args = parser.parse_args()
+    main(args.steps, seed=args.seed)

@@ -273,7 +273,8 @@ def main() -> None:
     queue.close()
     tracker.finish()
     if info.is_rank0:
-        cp.logging.plot_run(run_dir, keys=["reward/mean", *(f"reward/{n}" for n in grpo.reward_function),
+        named = cp.rewards.reward_metric_names(grpo.reward_function).values()
+        cp.logging.plot_run(run_dir, keys=["reward/mean", *(f"reward/{n}" for n in named),
                                            "staleness/max", "rollout/producers"])
     cp.parallel.destroy_distributed()
     if failures:

@@ -206,7 +206,8 @@ def main() -> None:
     failures = ckpt.close()
     tracker.finish()
     if info.is_rank0:
-        curves = ["reward/mean", *(f"reward/{name}" for name in grpo.reward_function), "entropy", "clip_fraction"]
+        named = cp.rewards.reward_metric_names(grpo.reward_function).values()
+        curves = ["reward/mean", *(f"reward/{name}" for name in named), "entropy", "clip_fraction"]
         cp.logging.plot_run(run_dir, keys=curves + (["kl"] if grpo.kl_beta else []))
     cp.parallel.destroy_distributed()
     if failures:

@@ -12,7 +12,9 @@ samples per data-parallel rank, packed into rows of at most ``packing_budget`` t
 is the token mean over every micro-batch of every data-parallel rank. With ``[validation] enable``,
 the mean token loss of the validation split (``[validation.dataset]``, or the part of the training
 data ``[train.train_policy.dataset] test_size`` holds out) is logged as ``val/avg_loss`` every
-``freq`` steps, after the last and, with ``val_before_train``, before the first. A SIGTERM or
+``freq`` steps, after the last and, with ``val_before_train``, before the first. Metrics go to
+``<output_dir>/<timestamp>/metrics.jsonl`` and, when the run ends, their plot to ``curves.png``
+beside it (loss, val/avg_loss, grad_norm, lr; README, "What a run leaves behind"). A SIGTERM or
 SIGUSR1 (``[train] signal_to_handle``) saves a checkpoint when the step in progress ends and stops the
 run with exit status 75; ``train.resume=true`` goes on from it as if never stopped. Ctrl-C stops at
 once (exit status 130, the checkpoints left whole) and prints the command that resumes the run.
@@ -163,6 +165,8 @@ def main() -> None:
             ckpt.export_final()
     failures = ckpt.close()
     tracker.finish()
+    if info.is_rank0:
+        cp.logging.plot_run(run_dir, keys=["loss", "val/avg_loss", "grad_norm", "lr"])  # <run dir>/curves.png
     cp.parallel.destroy_distributed()
     if failures:
         raise SystemExit(f"{len(failures)} upload(s) failed: {failures}")

@@ -110,6 +110,67 @@ def test_reward_flag_replaces_the_reward_table() -> None:
     assert cfg.grpo.reward_function == {"a.b:c": 1.0, "d:e": 1.0}
 
 
+MY_REWARDS = """
+def short(completion: str) -> float:
+    return float(len(completion) <= 3)
+
+
+def says_yes(completion: str, reference: str) -> tuple[float, dict[str, float]]:
+    return float(completion == "yes"), {"chars": float(len(completion))}
+"""
+
+
+@pytest.fixture
+def my_rewards(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> str:
+    """A user's reward module, importable because its folder is on sys.path (as PYTHONPATH puts it)."""
+    (tmp_path / "my_rewards.py").write_text(MY_REWARDS)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    return "my_rewards"
+
+
+def test_reward_flag_takes_a_weight_per_reward(my_rewards: str, tmp_path: Path) -> None:
+    """``--reward my_mod:fn=0.5`` (repeatable) on the recipes' command line, with no copy of the script."""
+    config = tmp_path / "run.toml"
+    config.write_text("")
+    cfg, _ = cp.config.load_recipe_config(None, plugins=True, argv=[
+        "--config", str(config), "--reward", "my_rewards:short=0.5", "--reward", "my_rewards:says_yes",
+        "--reward", "format=0.25"])
+    assert cfg.grpo.reward_function == {"my_rewards:short": 0.5, "my_rewards:says_yes": 1.0, "format": 0.25}
+    batch = RewardSet.from_config(cfg.grpo)(["yes", "no thanks"], ["yes", "yes"])
+    assert batch.totals == [0.5 * 1 + 1.0 * 1 + 0.25 * 0, 0.0]
+    # logged under the function's name, not the import path
+    assert {"reward/short", "reward/says_yes", "reward/says_yes/chars", "reward/format"} <= set(batch.metrics)
+    assert not any(":" in key for key in batch.metrics)
+    for bad in ("my_rewards:short=half", "=0.5", "my_rewards:short=inf"):
+        with pytest.raises(ConfigError, match=r"--reward .*MODULE:FUNCTION=WEIGHT"):
+            with_plugins(load_config(None), rewards=[bad])
+    with pytest.raises(ConfigError, match="given twice"):
+        with_plugins(load_config(None), rewards=["a:b=1", "a:b=2"])
+
+
+def test_reward_by_import_path_in_the_config(my_rewards: str) -> None:
+    """``"my_mod:fn" = weight`` in ``[grpo] reward_function`` imports the function; two rewards whose
+    function names collide keep their paths as metric names."""
+    cfg = load_config(None, ['grpo.reward_function={"my_rewards:says_yes" = 2.0, single_choice = 1.0}'])
+    batch = RewardSet.from_config(cfg.grpo)(["yes", "<answer>B</answer>"], ["B", "B"])
+    assert batch.totals == [2.0, 1.0]
+    assert batch.metrics["reward/says_yes"] == 0.5 and batch.metrics["reward/single_choice"] == 0.5
+    assert cp.rewards.reward_metric_names(["a.b:score", "c:score", "d:Judge.score", "format"]) == {
+        "a.b:score": "a.b:score", "c:score": "c:score", "d:Judge.score": "d:Judge.score", "format": "format"}
+    assert cp.rewards.reward_metric_names(["a.b:score", "d:Judge.rate"]) == {"a.b:score": "score",
+                                                                            "d:Judge.rate": "rate"}
+
+
+def test_unknown_reward_names_both_no_copy_routes() -> None:
+    with pytest.raises(cp.rewards.UnknownRewardError) as error:
+        RewardSet({"my_scorer": 1.0})
+    message = str(error.value)
+    assert "unknown reward 'my_scorer'" in message
+    assert "--reward my_mod:fn" in message                      # the recipes' flag
+    assert '"my_mod:fn" = WEIGHT in [grpo] reward_function' in message    # the config's import path
+    assert "PYTHONPATH" in message
+
+
 @pytest.mark.slow
 def test_reason1_rl_config_runs_on_the_tiny_model_through_the_plugin_path(tmp_path: Path) -> None:
     """Cosmos-Reason1's rl.toml as it is, with its dataset script and reward handed over by import

@@ -239,3 +239,16 @@ def test_sigterm_saves_the_step_in_progress_and_the_run_resumes_bitwise(
     resume_log = tmp_path / "resume.log"
     text = finish(launch([*overrides, "train.resume=true"], resume_log, env=ONE_THREAD), resume_log)
     assert assert_resumed_exactly(run_dir, text, uninterrupted) == stopped
+
+
+def test_single_process_sft_leaves_its_curves(assets: list[str], tmp_path: Path) -> None:
+    """Like the GRPO and world-model recipes, SFT plots its metrics into ``<run dir>/curves.png``."""
+    overrides = [*assets, f"train.output_dir={tmp_path / 'runs'}", "train.max_steps=2",
+                 "train.ckpt.enable_checkpoint=false", "train.ckpt.export_safetensors=false"]
+    log = tmp_path / "run.log"
+    finish(launch(overrides, log), log)
+    run_dir = only_run_dir(tmp_path / "runs")
+    curves = run_dir / "curves.png"
+    assert curves.is_file(), f"no curves.png in {run_dir}: {sorted(p.name for p in run_dir.iterdir())}"
+    assert curves.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert [r["step"] for r in cp.logging.read_metrics(run_dir)] == [1, 2]

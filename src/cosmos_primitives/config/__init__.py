@@ -18,6 +18,7 @@ from cosmos_primitives.config.paths import (
     DEMO_PREFIX,
     check_input_paths,
     check_runnable,
+    parse_reward_flag,
     resolve_demo_paths,
     with_plugins,
 )
@@ -71,6 +72,7 @@ __all__ = [
     "dump_config",
     "load_config",
     "load_recipe_config",
+    "parse_reward_flag",
     "redact_secrets",
     "redact_url",
     "register_alias",

@@ -9,6 +9,7 @@ naming the key, the config file and the path when a local one does not exist.
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 import msgspec
@@ -144,14 +145,40 @@ def check_input_paths(config: Config, source: str) -> Config:
     return config
 
 
+def parse_reward_flag(spec: str) -> tuple[str, float]:
+    """``(reward, weight)`` of one ``--reward`` value: ``my_pkg.rewards:score`` (weight 1) or
+    ``my_pkg.rewards:score=0.5``; the reward may also be a registered name (``format=0.25``).
+
+    Raises:
+        ConfigError: naming the flag value, when the weight is not a finite number or the name is empty.
+    """
+    name, sep, weight = spec.rpartition("=") if "=" in spec else (spec, "", "")
+    name = name.strip()
+    try:
+        value = float(weight) if sep else 1.0
+    except ValueError:
+        value = math.nan
+    if not name or not math.isfinite(value):
+        problem = f"--reward {spec!r}: expected MODULE:FUNCTION or MODULE:FUNCTION=WEIGHT (e.g. my_mod:fn=0.5)"
+        raise ConfigError(problem, [problem])
+    return name, value
+
+
 def with_plugins(config: Config, dataset: str | None = None, rewards: list[str] | tuple[str, ...] = ()) -> Config:
     """``config`` with the recipes' ``--dataset`` / ``--reward`` plug-ins: ``dataset`` (an import path)
-    becomes ``[train.train_policy.dataset] plugin``; ``rewards`` (import paths) replace
-    ``[grpo] reward_function``, weight 1 each (the functions handed over are the rewards, as with
-    cosmos-rl's launcher)."""
+    becomes ``[train.train_policy.dataset] plugin``; ``rewards`` (import paths or registered names,
+    each with an optional ``=WEIGHT``, default 1; :func:`parse_reward_flag`) replace
+    ``[grpo] reward_function`` (the functions handed over are the rewards, as with cosmos-rl's
+    launcher)."""
     if dataset:
         config = _replace(config, ["train", "train_policy", "dataset", "plugin"], dataset)
     if rewards:
-        config = msgspec.structs.replace(config, grpo=msgspec.structs.replace(
-            config.grpo, reward_function={path: 1.0 for path in rewards}))
+        weights: dict[str, float] = {}
+        for spec in rewards:
+            name, weight = parse_reward_flag(spec)
+            if name in weights:
+                problem = f"--reward {name!r} is given twice; give each reward once"
+                raise ConfigError(problem, [problem])
+            weights[name] = weight
+        config = msgspec.structs.replace(config, grpo=msgspec.structs.replace(config.grpo, reward_function=weights))
     return config

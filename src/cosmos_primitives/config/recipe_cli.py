@@ -36,8 +36,11 @@ def load_recipe_config(description: str | None, *, plugins: bool = False, datase
                             "classes run unchanged; [train.train_policy.dataset] plugin)")
     if plugins:
         parser.add_argument("--reward", action="append", default=[],
-                            help="a reward function by import path, e.g. my_pkg.rewards:score (repeat for more; "
-                            "they replace [grpo] reward_function, weight 1 each; cosmos-rl's signature is accepted)")
+                            metavar="MODULE:FUNCTION[=WEIGHT]",
+                            help="a reward function by import path, e.g. my_pkg.rewards:score or "
+                            "my_pkg.rewards:score=0.5 "
+                            "(the module must be importable: installed or on PYTHONPATH; repeat for more; they "
+                            "replace [grpo] reward_function, weight 1 unless given; cosmos-rl's signature is accepted)")
     if jobs:
         # --run-name under torchrun, whose own parser refuses --run as an ambiguous prefix of its --run-path
         parser.add_argument("--run", "--run-name", dest="run", required=True,

@@ -41,6 +41,7 @@ from cosmos_primitives.policy.lm_policy import MODEL_INPUT_KEYS, CausalLMPolicy,
 from cosmos_primitives.policy.lora import adapters_disabled, apply_lora
 from cosmos_primitives.policy.optim import WarmupDecayLR, build_lr_scheduler, build_optimizer
 from cosmos_primitives.policy.sft_validation import ValidationLoss, sft_validation_loss, without_labels
+from cosmos_primitives.policy.sft_warmup import sft_warmup
 from cosmos_primitives.policy.trainable import TrainableSummary, apply_trainable_patterns, trainable_summary
 
 __all__ = [
@@ -71,6 +72,7 @@ __all__ = [
     "merge_lora_state_dict",
     "resolve_dtype",
     "sft_validation_loss",
+    "sft_warmup",
     "shard_transformer",
     "step_slices",
     "text_width",

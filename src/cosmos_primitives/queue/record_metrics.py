@@ -13,6 +13,7 @@ import attrs
 import torch
 
 from cosmos_primitives.queue.record import RolloutRecord
+from cosmos_primitives.rewards.registry import reward_metric_names
 
 PRODUCER_KEY = "producer"
 UNKNOWN_PRODUCER = "unknown"
@@ -70,14 +71,15 @@ def share_metrics(shares: Sequence[ProducerShare]) -> dict[str, float]:
 def record_metrics(records: Sequence[RolloutRecord], reward_names: Sequence[str]) -> dict[str, float]:
     """Reward and weight-version metrics of one step's ``records`` (at least one).
 
-    ``reward/mean`` / ``reward/std`` over every completion, ``reward/<name>`` the mean over records of
-    the group means the rollout side put in ``meta`` (:func:`~cosmos_primitives.queue.records_from_scores`),
+    ``reward/mean`` / ``reward/std`` over every completion, ``reward/<name>`` (``<name>`` from
+    ``cp.rewards.reward_metric_names``) the mean over records of the group means the rollout side put
+    in ``meta`` (:func:`~cosmos_primitives.queue.records_from_scores`),
     ``rollout/weight_version`` the mean version the records were sampled with.
     """
     rewards = torch.tensor([x for r in records for x in r.rewards], dtype=torch.float64)
     return {
         "reward/mean": float(rewards.mean()), "reward/std": float(rewards.std(unbiased=False)),
-        **{f"reward/{name}": sum(float(r.meta.get(f"reward/{name}", 0.0)) for r in records) / len(records)
-           for name in reward_names},
+        **{f"reward/{short}": sum(float(r.meta.get(f"reward/{name}", 0.0)) for r in records) / len(records)
+           for name, short in reward_metric_names(reward_names).items()},
         "rollout/weight_version": sum(r.weight_version for r in records) / len(records),
     }

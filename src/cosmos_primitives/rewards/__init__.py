@@ -18,7 +18,13 @@ from cosmos_primitives.rewards.math_rewards import (
     normalize_final_answer,
 )
 from cosmos_primitives.rewards.plugins import from_cosmos_rl, load_reward
-from cosmos_primitives.rewards.registry import UnknownRewardError, get_reward, register_reward, reward_names
+from cosmos_primitives.rewards.registry import (
+    UnknownRewardError,
+    get_reward,
+    register_reward,
+    reward_metric_names,
+    reward_names,
+)
 from cosmos_primitives.rewards.rule_based import (
     ANSWER_PATTERN,
     FORMAT_PATTERN,
@@ -53,6 +59,7 @@ __all__ = [
     "load_reward",
     "normalize_final_answer",
     "register_reward",
+    "reward_metric_names",
     "reward_names",
     "single_choice_reward",
 ]

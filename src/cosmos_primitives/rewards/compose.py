@@ -15,7 +15,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from cosmos_primitives.rewards.registry import get_reward
+from cosmos_primitives.rewards.registry import get_reward, reward_metric_names
 from cosmos_primitives.utils.async_bridge import run_sync
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -39,7 +39,8 @@ class SampleReward:
     Attributes:
         total: ``sum(weight * value)`` over the set's rewards.
         values: each reward's unweighted value.
-        metrics: metrics the rewards returned, keyed ``"<reward>/<metric>"``.
+        metrics: metrics the rewards returned, keyed ``"<reward>/<metric>"`` (the reward's
+            :func:`~cosmos_primitives.rewards.reward_metric_names` name).
         failed: rewards that raised and were replaced by the fallback score.
     """
 
@@ -54,7 +55,8 @@ class RewardBatch:
     """The rewards of a batch: per sample, and batch means in ``metrics``.
 
     ``metrics`` holds ``reward/total`` (mean), ``reward/total_std`` (population std),
-    ``reward/<name>`` (mean of each reward), ``reward/<name>/<metric>`` (means over the samples that
+    ``reward/<name>`` (mean of each reward; ``<name>`` is its ``reward_metric_names`` name, the
+    function's name for an import path), ``reward/<name>/<metric>`` (means over the samples that
     reported it) and ``reward/<name>/failures`` (count, for each reward that fell back at least once).
     """
 
@@ -145,6 +147,7 @@ class RewardSet:
         self.weights = {name: float(w) for name, w in weights.items()}
         self.functions = {name: functions[name] if name in functions else get_reward(name) for name in self.weights}
         self._plans = {name: _call_plan(name, fn) for name, fn in self.functions.items()}
+        self.metric_names = reward_metric_names(self.weights)  # config name -> name in the metric keys
         self.fallback_score = fallback_score
 
     @classmethod
@@ -233,7 +236,7 @@ class RewardSet:
                     score, metrics = float(self.fallback_score), {}
                 sample.values[name] = score
                 sample.total += weight * score
-                sample.metrics.update({f"{name}/{k}": v for k, v in metrics.items()})
+                sample.metrics.update({f"{self.metric_names[name]}/{k}": v for k, v in metrics.items()})
         return RewardBatch(samples=samples, metrics=self._batch_metrics(samples, failures))
 
     def _batch_metrics(self, samples: list[SampleReward], failures: dict[str, int]) -> dict[str, float]:
@@ -246,11 +249,11 @@ class RewardSet:
             "reward/total_std": math.sqrt(sum((s.total - mean_total) ** 2 for s in samples) / n),
         }
         for name in self.weights:
-            metrics[f"reward/{name}"] = sum(s.values[name] for s in samples) / n
+            metrics[f"reward/{self.metric_names[name]}"] = sum(s.values[name] for s in samples) / n
         reported: dict[str, list[float]] = {}
         for s in samples:
             for key, value in s.metrics.items():
                 reported.setdefault(key, []).append(value)
         metrics.update({f"reward/{key}": sum(v) / len(v) for key, v in reported.items()})
-        metrics.update({f"reward/{name}/failures": float(count) for name, count in failures.items()})
+        metrics.update({f"reward/{self.metric_names[name]}/failures": float(count) for name, count in failures.items()})
         return metrics

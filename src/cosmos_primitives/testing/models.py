@@ -193,13 +193,18 @@ def tiny_qwen2(seed: int = 0, hidden_size: int = 64, num_layers: int = 2) -> Any
     return _with_generation_ids(Qwen2ForCausalLM(Qwen2Config(**_text_config_fields(hidden_size, num_layers))))
 
 
-def tiny_qwen3(seed: int = 0, hidden_size: int = 64, num_layers: int = 2) -> Any:
+def tiny_qwen3(seed: int = 0, hidden_size: int = 64, num_layers: int = 2,
+               initializer_range: float | None = None) -> Any:
     """A randomly initialised tiny text-only ``Qwen3ForCausalLM`` over the Qwen vocabulary (the
-    Qwen3 family: no q / k / v biases, per-head RMS norms ``q_norm`` / ``k_norm``)."""
+    Qwen3 family: no q / k / v biases, per-head RMS norms ``q_norm`` / ``k_norm``).
+    ``initializer_range``: std of the random weights (None: the config's default, 0.02), as for
+    ``tiny_qwen2_5_vl``."""
     from transformers import Qwen3Config, Qwen3ForCausalLM
 
     torch.manual_seed(seed)
     config = Qwen3Config(head_dim=hidden_size // 4, **_text_config_fields(hidden_size, num_layers))
+    if initializer_range is not None:
+        config.initializer_range = initializer_range
     return _with_generation_ids(Qwen3ForCausalLM(config))
 
 
