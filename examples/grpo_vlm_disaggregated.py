@@ -281,4 +281,5 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    with cp.checkpoint.exit_on_interrupt():  # Ctrl-C: no traceback; prints the command that resumes the run
+        main()
