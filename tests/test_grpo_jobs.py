@@ -375,9 +375,14 @@ def test_every_prompt_of_the_epoch_is_trained_once_across_trainer_rollout_and_re
         def trained_rows() -> list[dict]:
             return [row for path in (tmp_path / "trainer").glob("*/records.jsonl") for row in read_jsonl(path)]
 
-        def past_a_checkpoint() -> bool:  # a step trained after the last save: its training is lost
+        def saved_steps() -> list[int]:  # complete checkpoints only (an async save lands a little later)
+            return [int(p.parent.name.removeprefix("step_"))
+                    for p in (tmp_path / "trainer").glob("*/checkpoints/step_*/COMPLETE")]
+
+        def past_a_checkpoint() -> bool:  # a step trained after the last complete save: its training is lost
             steps = {row["step"] for row in trained_rows()}
-            return bool(steps) and max(steps) >= 3 and max(steps) % 2 == 1
+            saved = saved_steps()
+            return bool(steps) and bool(saved) and max(steps) > max(saved) >= 2
 
         deadline = time.monotonic() + 300
         while not past_a_checkpoint():
