@@ -171,3 +171,17 @@ def test_garbage_under_a_runs_keys_is_a_clear_error_naming_the_key(redis_url: st
     with pytest.raises(ValueError, match=rf"{stream}:claims:deadlines.*'not-a-range'"):
         claims.claim("rollout-2")
     claims.close()
+
+
+def test_a_signed_stop_flag_shows_its_reason(redis_url: str) -> None:
+    """The trainer job signs the stop flag with the run secret: status prints its reason, not the JSON
+    envelope around it."""
+    from cosmos_primitives.queue.run_control import RunControl
+    from cosmos_primitives.sync.run_auth import RunSecret
+
+    stream = run_stream("status-signed-stop")
+    with RedisRolloutQueue(RedisConfig(stream=stream), url=redis_url) as queue, \
+            RunControl(queue, RunSecret("status-test-run-secret-" + "3" * 32)) as control:
+        control.request_stop("trainer finished at step 7")
+    done = status("--redis", redis_url, "--run", "status-signed-stop", "--json")
+    assert json.loads(done.stdout)["stop_requested"] == "trainer finished at step 7 (signed)", done.stdout

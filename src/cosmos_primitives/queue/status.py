@@ -27,6 +27,19 @@ from cosmos_primitives.queue.prompt_claims import claim_keys, read_position, sto
 from cosmos_primitives.queue.redis_queue import REDIS_URL_ENV, resolve_redis_url
 
 
+def _stop_reason(raw: Any) -> str:
+    """The stop flag's reason; a flag the trainer signed with the run secret shows its reason marked
+    "(signed)" (this command holds no secret, so it does not verify the signature)."""
+    text = _text(raw)
+    try:
+        message = json.loads(text)
+    except ValueError:
+        return text
+    if isinstance(message, dict) and {"body", "mac"} <= message.keys():
+        return f"{message['body']} (signed)"
+    return text
+
+
 def _text(value: Any) -> str:
     return value.decode(errors="replace") if isinstance(value, bytes) else str(value)
 
@@ -89,7 +102,7 @@ def collect_status(client: redis.Redis, stream: str, dead: int = 5) -> dict[str,
             "double_acked": stats.get("double_acked", 0),
         },
         "weight_version": None if version is None else stored_int(version, f"{stream}:weight_version"),
-        "stop_requested": None if stop is None else _text(stop),
+        "stop_requested": None if stop is None else _stop_reason(stop),
         "claims": claims,
         "dead_letters": {"count": int(client.xlen(dead_key)) if client.exists(dead_key) else 0, "last": last_dead},
     }
