@@ -14,6 +14,10 @@ The rules:
 - The modules of one package import each other freely.
 - The package root ``cosmos_primitives/__init__.py`` is the front door: it loads sub-packages on
   first use and belongs to no layer.
+- A command-line tool may live in a package for its command's name while it sits above that
+  package (:data:`TOOL_MODULES`): ``python -m cosmos_primitives.rollout.check`` compares the rollout
+  engines with the trainer's scoring in ``policy``, so it is a unit of its own in the ``eval``
+  layer, and nothing below may import it.
 """
 
 from __future__ import annotations
@@ -32,9 +36,11 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("config", "utils", "migrate"),  # migrate: the CLI of config.cosmos_rl
     ("algo", "data", "rewards", "parallel", "checkpoint", "logging", "plot", "plan"),  # plot: the CLI of logging.plot
     ("policy", "rollout", "sync", "queue"),
-    ("eval",),
+    ("eval", "rollout.check"),  # rollout.check: the engines-vs-trainer self-check (TOOL_MODULES)
     ("testing",),
 )
+TOOL_MODULES = {"rollout/check.py": "rollout.check"}
+"""Modules that are units of their own (path under the package -> unit), placed in LAYERS."""
 LAYER_OF = {unit: i for i, units in enumerate(LAYERS) for unit in units}
 
 MODULE_PATH = re.compile(r"cosmos_primitives(\.\w+)+")
@@ -42,7 +48,10 @@ MODULE_PATH = re.compile(r"cosmos_primitives(\.\w+)+")
 
 def unit_of(path: Path) -> str | None:
     """The package (or root module) a source file belongs to; None for the package root."""
-    parts = path.relative_to(PACKAGE_DIR).with_suffix("").parts
+    relative = path.relative_to(PACKAGE_DIR)
+    if relative.as_posix() in TOOL_MODULES:
+        return TOOL_MODULES[relative.as_posix()]
+    parts = relative.with_suffix("").parts
     return None if parts == ("__init__",) else parts[0]
 
 
@@ -79,6 +88,10 @@ def target_unit(imported: str) -> str | None:
     parts = imported.split(".")
     if parts[0] != "cosmos_primitives" or len(parts) < 2:
         return None
+    rest = ".".join(parts[1:])
+    for unit in TOOL_MODULES.values():
+        if rest == unit or rest.startswith(unit + "."):
+            return unit
     if parts[1] in LAYER_OF:
         return parts[1]
     shortcut = getattr(cosmos_primitives, "_SHORTCUTS", {}).get(parts[1])
