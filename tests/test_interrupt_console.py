@@ -4,6 +4,7 @@ each step once, and log lines print above the progress bar instead of being glue
 
 from __future__ import annotations
 
+import contextlib
 import io
 import json
 import os
@@ -13,6 +14,7 @@ import signal
 import struct
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -91,6 +93,19 @@ def leftovers(run_dir: Path) -> list[Path]:
     return sorted(run_dir.glob("*/*.tmp"))
 
 
+@contextlib.contextmanager
+def sigint_as_in_a_terminal() -> Iterator[None]:
+    """Start children with SIGINT's default action, as a terminal gives a command. A suite started as a
+    background job of a non-interactive shell (``make test &``, some CI runners) inherits SIGINT ignored
+    (POSIX), Python keeps it ignored and passes that on, and the recipe would never see the Ctrl-C."""
+    previous = signal.getsignal(signal.SIGINT)
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
 @pytest.mark.slow
 def test_sigint_stops_with_the_resume_command_and_the_resumed_metrics_hold_each_step_once(
         sft_assets: list[str], tmp_path: Path) -> None:
@@ -99,7 +114,8 @@ def test_sigint_stops_with_the_resume_command_and_the_resumed_metrics_hold_each_
     overrides = [*sft_assets, f"train.output_dir={tmp_path / 'runs'}", "train.max_steps=20", "train.ckpt.save_freq=2",
                  "train.ckpt.export_safetensors=true"]
     log = tmp_path / "run.log"
-    proc = launch_recipe("examples/sft.py", SFT_CONFIG, overrides, log, cwd=REPO)
+    with sigint_as_in_a_terminal():
+        proc = launch_recipe("examples/sft.py", SFT_CONFIG, overrides, log, cwd=REPO)
     rows = lambda: sum(len(p.read_text().splitlines()) for p in (tmp_path / "runs").glob("*/metrics.jsonl"))  # noqa: E731
     kill_when(proc, lambda: rows() >= 3, log, "step 3 was logged", sig=signal.SIGINT)
     text = log.read_text(errors="replace")
