@@ -457,6 +457,14 @@ class RedisRolloutQueue:
         self._call("dead-letter", lambda: self._dead_script(
             keys=[self.stream, self.dead_key, self.owners_key], args=args))
 
+    def _check_outstanding(self, records: Sequence[RolloutRecord], action: str) -> None:
+        """ValueError unless every record was delivered by this consumer and not acknowledged yet
+        (caller holds ``self._lock``)."""
+        unknown = [r.record_id for r in records if r.record_id not in self._outstanding]
+        if unknown:
+            raise ValueError(f"cannot {action} records {unknown[:5]} on consumer {self.consumer!r}: they were not "
+                             "delivered by this queue's get() or were acknowledged already")
+
     def reject(self, records: Sequence[RolloutRecord], reason: str) -> int:
         """Move delivered records that cannot be trained on to ``<stream>:dead`` with ``reason``; counted
         as ``queue/malformed`` and kept in :attr:`rejected`. Returns how many were moved.
@@ -468,10 +476,7 @@ class RedisRolloutQueue:
             ValueError: a record this consumer did not deliver or acknowledged already.
         """
         with self._lock:
-            unknown = [r.record_id for r in records if r.record_id not in self._outstanding]
-            if unknown:
-                raise ValueError(f"cannot reject records {unknown[:5]} on consumer {self.consumer!r}: they were "
-                                 "not delivered by this queue's get() or were acknowledged already")
+            self._check_outstanding(records, "reject")
             held = {r.record_id: (r, self._outstanding.pop(r.record_id)) for r in records}
         for rid, (record, entry_ids) in held.items():
             for entry_id in entry_ids:
@@ -512,12 +517,7 @@ class RedisRolloutQueue:
                 acknowledged then).
         """
         with self._lock:
-            unknown = [r.record_id for r in records if r.record_id not in self._outstanding]
-            if unknown:
-                raise ValueError(
-                    f"cannot acknowledge records {unknown[:5]} on consumer {self.consumer!r}: they were not delivered "
-                    "by this queue's get() or were acknowledged already"
-                )
+            self._check_outstanding(records, "acknowledge")
             items = [(rid, list(self._outstanding[rid])) for rid in dict.fromkeys(r.record_id for r in records)]
         already = self._ack_entries(items, step, dropped)
         with self._lock:
@@ -546,10 +546,7 @@ class RedisRolloutQueue:
             ValueError: a record this consumer did not deliver or acknowledged already.
         """
         with self._lock:
-            unknown = [r.record_id for r in records if r.record_id not in self._outstanding]
-            if unknown:
-                raise ValueError(f"cannot return records {unknown[:5]} on consumer {self.consumer!r}: they were "
-                                 "not delivered by this queue's get() or were acknowledged already")
+            self._check_outstanding(records, "return")
             items = [(rid, self._outstanding.pop(rid)) for rid in dict.fromkeys(r.record_id for r in records)]
         for start in range(0, len(items), 8 * _CHUNK):
             args: list[Any] = [self.group, counter]
