@@ -95,15 +95,36 @@ def leftovers(run_dir: Path) -> list[Path]:
 
 @contextlib.contextmanager
 def sigint_as_in_a_terminal() -> Iterator[None]:
-    """Start children with SIGINT's default action, as a terminal gives a command. A suite started as a
-    background job of a non-interactive shell (``make test &``, some CI runners) inherits SIGINT ignored
-    (POSIX), Python keeps it ignored and passes that on, and the recipe would never see the Ctrl-C."""
+    """Start children with SIGINT deliverable and at its default action, as a terminal gives a command.
+
+    Two things a test runner can pass on that a child keeps across ``exec`` (POSIX): SIGINT ignored (a
+    suite started as a background job of a non-interactive shell, ``make test &``) and SIGINT blocked
+    in the signal mask (some CI runners). Either way the recipe would never see the Ctrl-C. ``Popen``
+    forks from this thread, so this thread's mask is the child's.
+    """
     previous = signal.getsignal(signal.SIGINT)
     signal.signal(signal.SIGINT, signal.default_int_handler)
+    was_blocked = signal.SIGINT in signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
     try:
         yield
     finally:
+        if was_blocked:
+            signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
         signal.signal(signal.SIGINT, previous)
+
+
+def sigint_state(pid: int) -> str:
+    """The signal-mask lines of ``/proc/<pid>/status`` (blocked, ignored, caught), for a failure message."""
+    lines = Path(f"/proc/{pid}/status").read_text().splitlines()
+    return " ".join(line.replace("\t", " ") for line in lines if line.startswith(("SigBlk", "SigIgn", "SigCgt")))
+
+
+def catches_sigint(state: str) -> bool:
+    """Whether a ``sigint_state`` shows SIGINT (signal 2) caught and neither blocked nor ignored."""
+    masks = dict(part.split(":") for part in state.replace(": ", ":").split())
+    bit = 1 << (signal.SIGINT - 1)
+    return bool(int(masks["SigCgt"], 16) & bit) and not int(masks["SigBlk"], 16) & bit \
+        and not int(masks["SigIgn"], 16) & bit
 
 
 @pytest.mark.slow
@@ -117,8 +138,17 @@ def test_sigint_stops_with_the_resume_command_and_the_resumed_metrics_hold_each_
     with sigint_as_in_a_terminal():
         proc = launch_recipe("examples/sft.py", SFT_CONFIG, overrides, log, cwd=REPO)
     rows = lambda: sum(len(p.read_text().splitlines()) for p in (tmp_path / "runs").glob("*/metrics.jsonl"))  # noqa: E731
-    kill_when(proc, lambda: rows() >= 3, log, "step 3 was logged", sig=signal.SIGINT)
+    seen: list[str] = []  # the recipe's signal state when the signal is sent
+
+    def step_3_logged() -> bool:
+        if rows() < 3:
+            return False
+        seen.append(sigint_state(proc.pid))
+        return True
+
+    kill_when(proc, step_3_logged, log, "step 3 was logged", sig=signal.SIGINT)
     text = log.read_text(errors="replace")
+    assert catches_sigint(seen[-1]), f"the recipe could not receive SIGINT: {seen[-1]}"
     assert proc.returncode == INTERRUPTED_EXIT_CODE, text[-3000:]
     assert "Traceback" not in text and "KeyboardInterrupt" not in text, text[-3000:]
     match = re.search(r"stopped at step (\d+); resume with: (.*)$", text, re.M)
