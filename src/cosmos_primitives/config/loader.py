@@ -330,6 +330,9 @@ def _field_type(path: str) -> Any:
         if item is not None:  # ``part`` names an entry of a table of tables
             tp = item
             continue
+        if part.isdigit() and typing.get_origin(tp) is list:  # an item of a list
+            tp = typing.get_args(tp)[0]
+            continue
         struct = _struct_of(tp)
         if struct is None:
             return None

@@ -1,4 +1,4 @@
-"""One metrics tracker: console lines, ``metrics.jsonl`` in the run directory, and W&B."""
+"""One metrics tracker: console lines, ``metrics.jsonl`` in the run directory, W&B, TensorBoard and MLflow."""
 
 from __future__ import annotations
 
@@ -15,6 +15,8 @@ from typing import Any, TextIO
 from cosmos_primitives.config.logging import LoggingConfig
 from cosmos_primitives.config.secrets import redact_secrets
 from cosmos_primitives.logging.console import get_logger
+from cosmos_primitives.logging.mlflow_sink import MlflowSink, mlflow_tracking_uri
+from cosmos_primitives.logging.tensorboard_sink import TensorBoardSink, tensorboard_dir
 from cosmos_primitives.utils.extras import require
 
 METRICS_FILE = "metrics.jsonl"
@@ -55,7 +57,7 @@ def wandb_run_name(config: LoggingConfig, run_dir: str | Path) -> str:
 
 
 class MetricsTracker:
-    """Log scalar metrics per step to the console, ``<run_dir>/metrics.jsonl`` and W&B.
+    """Log scalar metrics per step to the console, ``<run_dir>/metrics.jsonl``, W&B, TensorBoard and MLflow.
 
     Only rank 0 writes (other ranks' calls are no-ops). W&B runs offline (under
     ``<run_dir>/wandb``) when ``WANDB_API_KEY`` is not set; its project, group and name come from
@@ -63,8 +65,10 @@ class MetricsTracker:
 
     Args:
         run_dir: the run directory (``<output_dir>/<timestamp>``).
-        config: ``[logging]``; ``logger`` selects ``"console"`` and / or ``"wandb"``.
-        run_config: the whole config as a dict, recorded in W&B with secrets redacted
+        config: ``[logging]``; ``logger`` selects any of ``"console"``, ``"wandb"``, ``"tensorboard"``
+            (:class:`~cosmos_primitives.logging.tensorboard_sink.TensorBoardSink`) and ``"mlflow"``
+            (:class:`~cosmos_primitives.logging.mlflow_sink.MlflowSink`).
+        run_config: the whole config as a dict, recorded in W&B, TensorBoard and MLflow with secrets redacted
             (:func:`~cosmos_primitives.config.secrets.redact_secrets`).
         rank: this process's global rank.
         total_steps: printed as ``step N/total`` when known.
@@ -102,6 +106,7 @@ class MetricsTracker:
         self.log = get_logger()
         self._jsonl = None
         self._wandb_run = None
+        self._sinks: list[TensorBoardSink | MlflowSink] = []
         if self.rank != 0:
             return
         self.run_dir.mkdir(parents=True, exist_ok=True)
@@ -110,6 +115,14 @@ class MetricsTracker:
         self._jsonl = (self.run_dir / METRICS_FILE).open("a", buffering=1)
         if "wandb" in self.config.logger:
             self._wandb_run = self._start_wandb(run_config)
+        if "tensorboard" in self.config.logger:
+            self._sinks.append(TensorBoardSink(tensorboard_dir(self.run_dir, self.config.tensorboard_dir),
+                                               run_config=run_config, resumed_step=resumed_step))
+        if "mlflow" in self.config.logger:
+            uri = mlflow_tracking_uri(self.run_dir, self.config.mlflow_tracking_uri)
+            self._sinks.append(MlflowSink(self.run_dir, run_config=run_config, tracking_uri=uri,
+                                          experiment=self.config.project_name,
+                                          run_name=wandb_run_name(self.config, self.run_dir)))
         _LIVE.add(self)
 
     def _start_wandb(self, run_config: Mapping[str, Any] | None) -> Any:
@@ -152,6 +165,8 @@ class MetricsTracker:
             self.log.info(f"{self.prefix}Step: {where}, {body}")
         if self._wandb_run is not None:
             self._wandb_run.log(values, step=step)
+        for sink in self._sinks:
+            sink.log(values, step)
 
     def log_videos(self, key: str, paths: Sequence[str | Path], captions: Sequence[str], step: int) -> None:
         """Send mp4 files to W&B under ``key`` at ``step`` (offline runs keep them under
@@ -170,7 +185,7 @@ class MetricsTracker:
                 self.log.info(message)
 
     def finish(self) -> None:
-        """Flush and close the progress bar, the JSONL file and the W&B run."""
+        """Flush and close the progress bar, the JSONL file, the W&B run and the TensorBoard / MLflow sinks."""
         _LIVE.discard(self)
         if self._bar is not None:
             self._bar.close()
@@ -181,6 +196,9 @@ class MetricsTracker:
         if self._wandb_run is not None:
             self._wandb_run.finish()
             self._wandb_run = None
+        for sink in self._sinks:
+            sink.finish()
+        self._sinks = []
 
     def __enter__(self) -> MetricsTracker:
         return self

@@ -18,6 +18,8 @@ EXTRA_OF_MODULE = {
     "huggingface_hub": "hub",
     "datasets": "hub",
     "wandb": "wandb",
+    "tensorboard": "tensorboard",
+    "mlflow": "mlflow",
     "matplotlib": "plot",
     "math_verify": "math",
     "torchvision": "video",
