@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+import attrs
 import torch
 
 from cosmos_primitives.data.records import Prompt
@@ -40,6 +41,9 @@ def encode_prompts(processor: Any, prompts: Sequence[Prompt]) -> dict[str, torch
     so the processor keeps their size), each video with its ``video_metadata`` (source fps and frame
     indices: Qwen3-VL's timestamps) or else as consecutive frames at its ``video_fps``.
     """
+    given = [p.token_ids is not None for p in prompts]
+    if any(given):
+        return _token_id_batch(processor, prompts) if all(given) else _mixed_batch(processor, prompts)
     texts = [render_prompt(processor, p) for p in prompts]
     images = [img for p in prompts for img in p.images]
     videos = [vid for p in prompts for vid in p.videos]
@@ -60,6 +64,35 @@ def encode_prompts(processor: Any, prompts: Sequence[Prompt]) -> dict[str, torch
     # padding_side is a call argument (a tokenizer and a processor both take it), so the caller's
     # tokenizer keeps its own padding_side
     return dict(processor(**kwargs))
+
+
+def _token_id_batch(processor: Any, prompts: Sequence[Prompt]) -> dict[str, torch.Tensor]:
+    """Left-padded ``input_ids`` / ``attention_mask`` ``[P, L]`` of prompts given as token ids."""
+    for p in prompts:
+        if p.images or p.videos:
+            raise ValueError(f"prompt {p.prompt_id!r} gives token_ids and media: a prompt given as token ids is text "
+                             "only (give the conversation instead for images or videos)")
+    pad = getattr(processor, "tokenizer", processor).pad_token_id
+    width = max(len(p.token_ids) for p in prompts)
+    input_ids = torch.full((len(prompts), width), pad, dtype=torch.long)
+    attention_mask = torch.zeros((len(prompts), width), dtype=torch.long)
+    for row, p in enumerate(prompts):
+        if p.token_ids:
+            input_ids[row, width - len(p.token_ids):] = torch.tensor(p.token_ids, dtype=torch.long)
+            attention_mask[row, width - len(p.token_ids):] = 1
+    return {"input_ids": input_ids, "attention_mask": attention_mask}
+
+
+def _mixed_batch(processor: Any, prompts: Sequence[Prompt]) -> dict[str, torch.Tensor]:
+    """Prompts given as token ids beside text prompts: the text ones are encoded first (text only)."""
+    tokenizer = getattr(processor, "tokenizer", processor)
+    for p in prompts:
+        if p.images or p.videos:
+            raise ValueError(f"prompt {p.prompt_id!r}: a batch mixing prompts given as token ids with others holds "
+                             "text only; generate media prompts in a batch of their own")
+    ids = [p.token_ids if p.token_ids is not None
+           else tokenizer(render_prompt(processor, p))["input_ids"] for p in prompts]
+    return _token_id_batch(processor, [attrs.evolve(p, token_ids=list(i)) for p, i in zip(prompts, ids)])
 
 
 def repeat_batch(batch: dict[str, torch.Tensor], prompts: Sequence[Prompt], n: int) -> dict[str, torch.Tensor]:

@@ -50,6 +50,9 @@ class Prompt:
     (with ``video_fps`` for each, and, when read from files, ``video_metadata``: the source fps and
     frame indices, :attr:`~cosmos_primitives.data.SampledVideo.metadata`). ``prompt_id`` identifies
     it within a run; ``row`` is the dataset row it came from (passed to reward functions).
+    ``token_ids``, when set, is the model's input as token ids, used as they are instead of encoding
+    ``conversation`` (a multi-turn episode's next turn goes on from exactly the tokens so far:
+    :func:`cosmos_primitives.rollout.multi_turn.run_episodes`); text-only.
     """
 
     conversation: list[dict[str, Any]] | str
@@ -60,6 +63,7 @@ class Prompt:
     video_metadata: list[dict[str, Any]] = attrs.field(factory=list)
     reference: str = ""
     row: dict[str, Any] = attrs.field(factory=dict)
+    token_ids: list[int] | None = None
 
 
 @attrs.define
@@ -72,12 +76,19 @@ class Completion:
     ``finish_reason``: ``"stop"`` (EOS / stop token) or ``"length"``; a vLLM engine also reports
     ``"repetition"`` (stopped by vLLM's repetition detection); it drops ``"abort"`` / ``"error"``
     completions (not samples of the policy).
+
+    A multi-turn episode (:func:`cosmos_primitives.rollout.multi_turn.run_episodes`) is one
+    completion holding every turn's tokens: ``loss_mask`` ``[L]`` is 1 on the model's tokens (trained)
+    and 0 on the environment's (their ``logprobs`` are 0), and ``turn_rewards`` holds the reward the
+    environment gave after each model turn. None / empty: a single model turn, every token trained.
     """
 
     text: str
     token_ids: list[int]
     logprobs: list[float]
     finish_reason: str
+    loss_mask: list[int] | None = None
+    turn_rewards: list[float] = attrs.field(factory=list)
 
 
 @attrs.define

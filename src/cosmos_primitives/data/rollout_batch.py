@@ -95,7 +95,8 @@ def collate_rollouts(groups: Sequence[RolloutGroup], processor: Any, pad_token_i
     """Build the training batch of ``groups`` (every group must hold the same number of completions).
 
     Each row is the group's ``prompt_token_ids`` (the prompt the engine generated from) followed by
-    a completion, so the trainer scores exactly what was sampled. The prompts are re-encoded with
+    a completion, so the trainer scores exactly what was sampled; a multi-turn episode's environment
+    tokens (``Completion.loss_mask`` 0) are context, left out of ``completion_mask``. The prompts are re-encoded with
     ``processor`` only to recover their media tensors; the re-encoding must hold the same tokens
     except for where vision blocks open and close (:func:`same_prompt_tokens`: vLLM writes a
     Qwen3-VL video without the template's outer ``<|vision_start|>`` / ``<|vision_end|>``,
@@ -121,21 +122,27 @@ def collate_rollouts(groups: Sequence[RolloutGroup], processor: Any, pad_token_i
     rows: list[list[int]] = []
     prompt_lengths: list[int] = []
     logprob_rows: list[list[float]] = []
+    trained: list[list[int] | None] = []  # a multi-turn episode's loss mask (its environment tokens are 0)
     for g in groups:
         for c in g.completions:
+            if c.loss_mask is not None and len(c.loss_mask) != len(c.token_ids):
+                raise ValueError(f"prompt {g.prompt.prompt_id!r}: a completion's loss_mask has {len(c.loss_mask)} "
+                                 f"entries for {len(c.token_ids)} tokens")
             rows.append(list(g.prompt_token_ids) + list(c.token_ids))
             prompt_lengths.append(len(g.prompt_token_ids))
             logprob_rows.append(list(c.logprobs))
+            trained.append(c.loss_mask)
     width = max(len(r) for r in rows)
     count = len(rows)
     input_ids = torch.full((count, width), pad, dtype=torch.long)
     attention_mask = torch.zeros((count, width), dtype=torch.long)
     completion_mask = torch.zeros((count, width), dtype=torch.float32)
     rollout_logprobs = torch.zeros((count, width), dtype=torch.float32)
-    for i, (ids, start, lps) in enumerate(zip(rows, prompt_lengths, logprob_rows)):
+    for i, (ids, start, lps, loss_mask) in enumerate(zip(rows, prompt_lengths, logprob_rows, trained)):
         input_ids[i, : len(ids)] = torch.tensor(ids)
         attention_mask[i, : len(ids)] = 1
-        completion_mask[i, start : len(ids)] = 1.0
+        completion_mask[i, start : len(ids)] = 1.0 if loss_mask is None else torch.tensor(loss_mask,
+                                                                                          dtype=torch.float32)
         rollout_logprobs[i, start : start + len(lps)] = torch.tensor(lps, dtype=torch.float32)
     inputs: dict[str, torch.Tensor] = {"input_ids": input_ids, "attention_mask": attention_mask, **media}
     if "mm_token_type_ids" in encoded:

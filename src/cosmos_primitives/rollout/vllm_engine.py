@@ -337,6 +337,11 @@ class VLLMRolloutEngine:
         Qwen3-VL (vLLM's ``Qwen3VLProcessingInfo._get_video_second_idx``) takes each frame's timestamp
         text as ``frames_indices[i] / fps`` and, without ``do_sample_frames`` in the metadata or the
         processor kwargs, does not sample again: frames sampled at ``fps`` get times ``i / fps``."""
+        if prompt.token_ids is not None:  # vLLM's TokensPrompt: a multi-turn episode's tokens so far
+            if prompt.images or prompt.videos:
+                raise ValueError(f"prompt {prompt.prompt_id!r} gives token_ids and media: a prompt given as token "
+                                 "ids is text only")
+            return {"prompt_token_ids": list(prompt.token_ids)}
         request: dict[str, Any] = {"prompt": text}
         media: dict[str, Any] = {}
         if prompt.images:
@@ -395,7 +400,8 @@ class VLLMRolloutEngine:
     def generate(self, prompts: Sequence[Prompt], params: SamplingParams) -> list[RolloutGroup]:
         everything, sampling, start = self._group_requests(prompts, params)
         self._check_video_timing(everything)
-        requests = [self._request(render_prompt(self.processor, p), p) for p in everything]
+        requests = [self._request(render_prompt(self.processor, p) if p.token_ids is None else "", p)
+                    for p in everything]
         self._wake("weights")
         self._wake("kv_cache")
         outputs = self.llm.generate(requests, sampling, use_tqdm=False)

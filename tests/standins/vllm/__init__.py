@@ -734,7 +734,9 @@ class LLM:
         results = []
         for i, (request, sampling_params) in enumerate(zip(prompts, params)):
             eos = set(sampling_params.stop_token_ids or []) | {self.tokenizer.convert_tokens_to_ids("<|im_end|>")}
-            prompt_ids, media = self._qwen3_vl_inputs(request, self.tokenizer(request["prompt"])["input_ids"])
+            given = request.get("prompt_token_ids")  # a TokensPrompt: the ids as they are
+            prompt_ids, media = self._qwen3_vl_inputs(
+                request, list(given) if given is not None else self.tokenizer(request["prompt"])["input_ids"])
             outs = []
             for k in range(sampling_params.n):
                 if sampling_params.seed is None:
@@ -761,7 +763,7 @@ class LLM:
                 finish = FORCE_FINISH.get(i, finish)
                 text_ids = token_ids[:-1] if finish == "stop" else token_ids
                 outs.append(CompletionOutput(k, self.tokenizer.decode(text_ids), token_ids, None, logprobs, finish))
-            results.append(RequestOutput(str(i), request["prompt"], prompt_ids, outs))
+            results.append(RequestOutput(str(i), request.get("prompt"), prompt_ids, outs))
         return results
 
 
