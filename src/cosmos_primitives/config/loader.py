@@ -23,20 +23,12 @@ from cosmos_primitives.config.engine_default import default_backend
 from cosmos_primitives.config.errors import ConfigError
 from cosmos_primitives.config.eval_yaml import SECTIONS as EVAL_SECTIONS
 from cosmos_primitives.config.eval_yaml import eval_tree, is_eval_yaml, read_yaml
+from cosmos_primitives.config.grpo import reward_function_as_dict
 from cosmos_primitives.config.root import Config
 from cosmos_primitives.config.secrets import redact_secrets
 from cosmos_primitives.config.toml_io import dumps_toml, parse_toml_value, read_toml
 
 _MSGSPEC_ERROR = re.compile(r"^(?P<what>.*?)(?: - at `\$(?P<path>[^`]*)`)?$", re.S)
-
-
-def _reward_function_as_dict(value: Any) -> Any:
-    """``reward_function`` may be a list of names (each weight 1.0), a single name, or a table."""
-    if isinstance(value, str):
-        return {value: 1.0}
-    if isinstance(value, list) and all(isinstance(v, str) for v in value):
-        return {v: 1.0 for v in value}
-    return value
 
 
 def _lora_unless_disabled(value: Any) -> Any:
@@ -63,8 +55,8 @@ VALUE_NORMALISERS = {
     "train.optm_decay_type": _no_decay_as_constant,
     "train.train_policy.dataset.split": _splits_as_one,
     "validation.dataset.split": _splits_as_one,
-    "grpo.reward_function": _reward_function_as_dict,
-    "validation.reward_function": _reward_function_as_dict,
+    "grpo.reward_function": reward_function_as_dict,
+    "validation.reward_function": reward_function_as_dict,
     "policy.lora": _lora_unless_disabled,
 }
 
