@@ -121,7 +121,7 @@ def _apply_deprecated(tree: dict[str, Any], source: str) -> None:
     if not present:
         return
     for alias in present:
-        _warn_deprecated(alias, source, stacklevel=3)  # the caller of load_config / config_from_dict
+        _warn_deprecated(alias, source, stacklevel=4)  # the caller of load_config / config_from_dict
     spelled_old = {DEPRECATED[alias][0] for alias in present}
     filled = {k: v for k, v in DEPRECATED_DEFAULTS.items() if k not in spelled_old and not _has(tree, k)}
     for key, value in filled.items():
@@ -129,7 +129,7 @@ def _apply_deprecated(tree: dict[str, Any], source: str) -> None:
     if filled:
         warnings.warn(f"{source} uses deprecated spellings ({', '.join(present)}), so the keys it sets in neither "
                       f"spelling keep their old defaults: {', '.join(f'{k} = {v!r}' for k, v in filled.items())}",
-                      FutureWarning, stacklevel=3)
+                      FutureWarning, stacklevel=4)
 
 
 def _has(tree: dict[str, Any], path: str) -> bool:
@@ -434,7 +434,7 @@ def _finish_cosmos_rl(tree: dict[str, Any], reading: cosmos_rl.CosmosRLReading |
     """cosmos-rl meanings and defaults, refused keys into ``[unsupported]``, and the one warning."""
     if isinstance(reading, cosmos_rl_wfm.WorldModelReading):
         reading.finish(tree, explicit)
-        warnings.warn(reading.warning(source), UserWarning, stacklevel=4)
+        warnings.warn(reading.warning(source), UserWarning, stacklevel=5)
         return
     if reading is None:
         return
@@ -443,7 +443,7 @@ def _finish_cosmos_rl(tree: dict[str, Any], reading: cosmos_rl.CosmosRLReading |
         unsupported = tree.setdefault("unsupported", {})
         if isinstance(unsupported, dict):
             unsupported.update(reading.refused)
-    warnings.warn(reading.warning(source), UserWarning, stacklevel=4)
+    warnings.warn(reading.warning(source), UserWarning, stacklevel=5)
 
 
 def _read_file(path: Path, source: str) -> dict[str, Any]:
@@ -507,23 +507,61 @@ def config_from_dict(tree: dict[str, Any], source: str = "<dict>") -> Config:
         ConfigError: listing every problem at once (unknown keys, wrong types, values out of range,
             conflicting spellings), one line each naming the key and ``source``.
     """
+    return _read(tree, source, ())
+
+
+def _read(tree: dict[str, Any], source: str, overrides: Sequence[str], probe_backend: bool = False) -> Config:
+    """The one pass from a parsed file to a :class:`Config`: style marker and deprecated spellings,
+    the cosmos-rl pre-pass (keys taken out, aliases onto our keys), the overrides, cosmos-rl's
+    meanings and defaults for keys neither sets, value normalisers, then one validation."""
     tree = _deepcopy(tree)
     marker = _pop_style(tree, source)
     _apply_deprecated(tree, source)
     reading, _ = _read_cosmos_rl(tree, marker)
     problems = _apply_aliases(tree, source)
-    _finish_cosmos_rl(tree, reading, set(), source)
+    explicit = _apply_overrides(tree, overrides, problems)
+    _finish_cosmos_rl(tree, reading, explicit, source)
+    if probe_backend:
+        _default_backend(tree, explicit, source)
     _apply_normalisers(tree)
-    return _validated(tree, problems, source)
+    return _validated(tree, problems, source, source if not overrides else f"{source} with overrides {list(overrides)}")
 
 
-def _validated(tree: dict[str, Any], problems: list[str], source: str) -> Config:
-    """The :class:`Config` of a tree already read (aliases, cosmos-rl meanings, normalisers applied)."""
+def _apply_overrides(tree: dict[str, Any], overrides: Sequence[str], problems: list[str]) -> set[str]:
+    """Set each ``key=value`` override (aliases allowed) on its canonical key; an override whose value
+    is invalid is not set and its problem, naming the override, goes to ``problems``. Returns the
+    canonical keys set (taken as they are: no cosmos-rl default or meaning replaces them)."""
+    explicit: set[str] = set()
+    for text in overrides:
+        key, value = parse_override(text)
+        alias = _alias_prefix(key)
+        if alias in DEPRECATED:
+            _warn_deprecated(alias, f"override {text!r}", stacklevel=4)  # the caller of load_config
+        if alias == key and ALIASES[alias][1] is not None:
+            value = ALIASES[alias][1](value)
+        canonical = canonical_key(key)
+        single: dict[str, Any] = {}
+        _set(single, canonical, value, f"override {text!r}")
+        normaliser = VALUE_NORMALISERS.get(canonical)
+        if normaliser is not None:
+            _set(single, canonical, normaliser(value), "")
+        found = _problems(single, Config, "", f"override {text!r}")
+        if found:
+            problems += found
+        else:
+            _set(tree, canonical, value, f"override {text!r}")
+            explicit.add(canonical)
+    return explicit
+
+
+def _validated(tree: dict[str, Any], problems: list[str], source: str, label: str | None = None) -> Config:
+    """The :class:`Config` of a tree already read (aliases, cosmos-rl meanings, normalisers applied):
+    every problem at once, else the section checks (``__post_init__``) named by ``label``."""
     _raise_problems(problems + _problems(tree, Config, "", source), source)
     try:
         return msgspec.convert(tree, Config)
     except msgspec.ValidationError as exc:
-        raise _explain_validation_error(exc, tree, source) from None
+        raise _explain_validation_error(exc, tree, label or source) from None
 
 
 def _deepcopy(tree: Any) -> Any:
@@ -563,33 +601,7 @@ def load_config(path: str | os.PathLike[str] | None = None, overrides: Sequence[
     """
     source = str(path) if path is not None else "<defaults>"
     tree = _read_file(Path(path), source) if path is not None else {}
-    tree = _deepcopy(tree)
-    marker = _pop_style(tree, source)
-    _apply_deprecated(tree, source)
-    reading, _ = _read_cosmos_rl(tree, marker)
-    problems = _apply_aliases(tree, source)
-    explicit: set[str] = set()
-    for text in overrides:
-        key, value = parse_override(text)
-        alias = _alias_prefix(key)
-        if alias in DEPRECATED:
-            _warn_deprecated(alias, f"override {text!r}", stacklevel=2)
-        if alias == key and ALIASES[alias][1] is not None:
-            value = ALIASES[alias][1](value)
-        single: dict[str, Any] = {}
-        _set(single, canonical_key(key), value, f"override {text!r}")
-        _apply_normalisers(single)
-        found = _problems(single, Config, "", f"override {text!r}")
-        if found:
-            problems += found
-        else:
-            _set(tree, canonical_key(key), value, f"override {text!r}")
-            explicit.add(canonical_key(key))
-    _finish_cosmos_rl(tree, reading, explicit, source)
-    _default_backend(tree, explicit, source)
-    _apply_normalisers(tree)
-    _raise_problems(problems + _problems(tree, Config, "", source), source)
-    return _validated(tree, [], source if not overrides else f"{source} with overrides {list(overrides)}")
+    return _read(tree, source, overrides, probe_backend=True)
 
 
 def config_to_dict(config: Config) -> dict[str, Any]:
