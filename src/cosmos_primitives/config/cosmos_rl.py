@@ -26,7 +26,7 @@ from cosmos_primitives.config.compat.rules import (  # noqa: F401  (re-exported:
 )
 from cosmos_primitives.config.cosmos_rl_custom import read_custom_dataset
 
-_ENGINES = ("hf", "vllm")
+_ENGINES = ("auto", "hf", "vllm")
 
 Style = Literal["cosmos-rl", "cosmos_primitives"]
 STYLE_KEY = "config_style"

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import difflib
 import functools
-import logging
 import math
 import os
 import re
@@ -19,7 +18,6 @@ import msgspec
 
 from cosmos_primitives.config import cosmos_rl, cosmos_rl_wfm
 from cosmos_primitives.config.aliases import ALIASES, DEPRECATED, DEPRECATED_DEFAULTS
-from cosmos_primitives.config.engine_default import default_backend
 from cosmos_primitives.config.errors import ConfigError
 from cosmos_primitives.config.eval_yaml import SECTIONS as EVAL_SECTIONS
 from cosmos_primitives.config.eval_yaml import eval_tree, is_eval_yaml, read_yaml
@@ -487,18 +485,6 @@ def read_cosmos_rl_file(path: str | os.PathLike[str]
     return mapped, reading, why
 
 
-def _default_backend(tree: dict[str, Any], explicit: set[str], source: str) -> None:
-    """``rollout.backend`` left unset: vLLM when it is installed and a GPU is present, else HF; logged
-    (not for SFT, which rolls nothing out)."""
-    if "rollout.backend" in explicit or _has(tree, "rollout.backend"):
-        return
-    engine, why = default_backend()
-    _set(tree, "rollout.backend", engine, source)
-    train_policy = (tree.get("train") or {}).get("train_policy") or {}
-    if train_policy.get("type") != "sft":  # SFT builds no rollout engine: the choice would only mislead
-        logging.getLogger("cosmos").info(f"{source}: rollout.backend unset: using {engine!r} ({why})")
-
-
 def config_from_dict(tree: dict[str, Any], source: str = "<dict>") -> Config:
     """Validate a nested dict (aliases allowed) into a :class:`Config`, read as a file is
     (:func:`load_config`): cosmos-rl's meanings and defaults when it is a cosmos-rl tree.
@@ -510,7 +496,7 @@ def config_from_dict(tree: dict[str, Any], source: str = "<dict>") -> Config:
     return _read(tree, source, ())
 
 
-def _read(tree: dict[str, Any], source: str, overrides: Sequence[str], probe_backend: bool = False) -> Config:
+def _read(tree: dict[str, Any], source: str, overrides: Sequence[str]) -> Config:
     """The one pass from a parsed file to a :class:`Config`: style marker and deprecated spellings,
     the cosmos-rl pre-pass (keys taken out, aliases onto our keys), the overrides, cosmos-rl's
     meanings and defaults for keys neither sets, value normalisers, then one validation."""
@@ -521,8 +507,6 @@ def _read(tree: dict[str, Any], source: str, overrides: Sequence[str], probe_bac
     problems = _apply_aliases(tree, source)
     explicit = _apply_overrides(tree, overrides, problems)
     _finish_cosmos_rl(tree, reading, explicit, source)
-    if probe_backend:
-        _default_backend(tree, explicit, source)
     _apply_normalisers(tree)
     return _validated(tree, problems, source, source if not overrides else f"{source} with overrides {list(overrides)}")
 
@@ -589,7 +573,8 @@ def load_config(path: str | os.PathLike[str] | None = None, overrides: Sequence[
     onto our keys whole unless marked ``config_style = "cosmos_primitives"``; any other file as
     :func:`cosmos_rl.file_style` decides (its ``config_style`` marker, else its keys as a whole). A
     cosmos-rl file gets cosmos-rl's meanings and its defaults for the keys it leaves unset, and one
-    warning saying so. Overrides are taken as they are, in this library's meaning.
+    warning saying so. Overrides are taken as they are, in this library's meaning. Nothing depends on
+    the machine: ``rollout.backend = "auto"`` (its default) is resolved where the engine is built.
 
     Args:
         path: TOML file, or None for all defaults.
@@ -601,7 +586,7 @@ def load_config(path: str | os.PathLike[str] | None = None, overrides: Sequence[
     """
     source = str(path) if path is not None else "<defaults>"
     tree = _read_file(Path(path), source) if path is not None else {}
-    return _read(tree, source, overrides, probe_backend=True)
+    return _read(tree, source, overrides)
 
 
 def config_to_dict(config: Config) -> dict[str, Any]:

@@ -283,7 +283,7 @@ RULE_LIST: tuple[Rule, ...] = (
     mapped('rollout.sampling_config.repetition_penalty', 1.0),
     ignored('rollout.sampling_config.use_flashinfer', False, 'speed-only: sampling kernel'),
     ignored('rollout.vllm_use_flashinfer', False, 'speed-only: sampling kernel'),
-    mapped('rollout.backend', 'vllm', '("vllm" or "hf"; other engines are refused; unset in any file: vLLM when it is installed and a GPU is present, else hf, logged)'),
+    mapped('rollout.backend', 'vllm', '("vllm" or "hf"; other engines are refused; unset in any file: "auto", resolved where the engine is built: vLLM when it is installed and a GPU is present, else hf, logged)'),
     refused('rollout.multi_turn_config.enable', False, 'multi-turn rollouts are not supported; remove [rollout.multi_turn_config]', noop=(False,)),
     ignored('rollout.multi_turn_config.enable_tools', False, 'only acts with multi-turn rollouts'),
     ignored('rollout.multi_turn_config.enable_thinking', False, 'only acts with multi-turn rollouts'),
