@@ -14,7 +14,7 @@ import pytest
 
 import cosmos_primitives as cp
 from cosmos_primitives.config import ConfigError, check_runnable, load_config
-from cosmos_primitives.config.cosmos_rl import RULES, render_table, rule_for
+from cosmos_primitives.config.compat.cosmos_rl import RULES, render_table, rule_for
 from cosmos_primitives.config.loader import canonical_key
 from cosmos_primitives.migrate import main as migrate_main
 
@@ -89,7 +89,7 @@ def test_every_key_of_the_cosmos_rl_class_has_one_rule() -> None:
     keys = _class_keys()
     assert len(keys) > 200  # the walk really went through the class
     missing = [k for k in keys if rule_for(k) is None]
-    assert not missing, f"add these cosmos-rl keys to config/cosmos_rl.py: {missing}"
+    assert not missing, f"add these cosmos-rl keys to config/compat/cosmos_rl.py: {missing}"
     assert {rule.how for rule in RULES.values()} == {"mapped", "ignored", "refused"}
     for rule in RULES.values():
         if rule.how == "mapped" and not rule.note.startswith("="):

@@ -16,8 +16,8 @@ from typing import Any
 
 import msgspec
 
-from cosmos_primitives.config import cosmos_rl, cosmos_rl_wfm
 from cosmos_primitives.config.aliases import ALIASES, DEPRECATED, DEPRECATED_DEFAULTS
+from cosmos_primitives.config.compat import cosmos_rl, cosmos_rl_wfm
 from cosmos_primitives.config.errors import ConfigError
 from cosmos_primitives.config.eval_yaml import SECTIONS as EVAL_SECTIONS
 from cosmos_primitives.config.eval_yaml import eval_tree, is_eval_yaml, read_yaml
@@ -569,7 +569,7 @@ def load_config(path: str | os.PathLike[str] | None = None, overrides: Sequence[
     """Load a TOML config file and apply dotted overrides.
 
     How the file is read is decided once, from the file alone: a cosmos-rl world-model file
-    (``configs/cosmos-predict2-5/``, :mod:`~cosmos_primitives.config.cosmos_rl_wfm`) is translated
+    (``configs/cosmos-predict2-5/``, :mod:`~cosmos_primitives.config.compat.cosmos_rl_wfm`) is translated
     onto our keys whole unless marked ``config_style = "cosmos_primitives"``; any other file as
     :func:`cosmos_rl.file_style` decides (its ``config_style`` marker, else its keys as a whole). A
     cosmos-rl file gets cosmos-rl's meanings and its defaults for the keys it leaves unset, and one

@@ -2,7 +2,7 @@
 """Reading a cosmos-rl LLM / VLM file: which style a file is (:func:`file_style`), its ignored and
 refused keys taken out (:func:`read_cosmos_rl`) and cosmos-rl's meanings and defaults given
 (:func:`apply_cosmos_rl_meanings`), all driven by the typed rule list of ``config/compat/rules.py``.
-cosmos-rl's world-model files are read by ``config/cosmos_rl_wfm.py`` instead, before these rules
+cosmos-rl's world-model files are read by ``config/compat/cosmos_rl_wfm.py`` instead, before these rules
 are consulted.
 """
 
@@ -15,6 +15,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from cosmos_primitives.config.compat.cosmos_rl_custom import read_custom_dataset
 from cosmos_primitives.config.compat.rules import (  # noqa: F401  (re-exported: migrate, tests)
     COSMOS_RL_DEFAULTS,
     COSMOS_RL_LORA_DEFAULTS,
@@ -24,7 +25,6 @@ from cosmos_primitives.config.compat.rules import (  # noqa: F401  (re-exported:
     render_table,
     rule_for,
 )
-from cosmos_primitives.config.cosmos_rl_custom import read_custom_dataset
 
 _ENGINES = ("auto", "hf", "vllm")
 
@@ -247,7 +247,7 @@ def apply_cosmos_rl_meanings(tree: dict[str, Any], reading: CosmosRLReading, exp
     its defaults for keys the file leaves unset, ``disaggregated.transfer_dtype`` = ``train.master_dtype``
     when unset, ``rollout.batch_size`` in prompts, and ``train_batch_per_replica`` as its trainers read
     it (:func:`_batch_sizes`), and a Cosmos-Reason example's ``[custom.dataset]`` / ``[custom.vision]``
-    as its script reads them (:func:`~cosmos_primitives.config.cosmos_rl_custom.read_custom_dataset`).
+    as its script reads them (:func:`~cosmos_primitives.config.compat.cosmos_rl_custom.read_custom_dataset`).
     ``explicit``: canonical keys given on the command line, taken as they are."""
     translated, refused = read_custom_dataset(tree, explicit)
     reading.translated += translated

@@ -17,11 +17,11 @@ cosmos-rl has two kinds of world-model file, both recognised by :func:`world_mod
 Each key is ``mapped`` (the note starts with our key and says how), ``ignored`` (changes nothing
 that trains, or a difference docs/from_cosmos_rl.md states with its reason) or ``refused`` (the
 file loads, the value goes to ``Config.unsupported`` and ``examples/wfm_rl.py`` stops at start-up
-with the note saying what to do), as in ``config/cosmos_rl.py``. A value among a key's ``noop``
+with the note saying what to do), as in ``config/compat/cosmos_rl.py``. A value among a key's ``noop``
 values asks for nothing. cosmos-rl's defaults (the table's second column, checked against its own
 classes by ``tests/test_cosmos_rl_wfm.py``) fill the keys a file leaves out, so a file means the
 same whichever keys it happens to spell. A diffusers file's keys that are not world-model specific
-(``train.optm_lr``, ``train.ckpt.*``, ...) follow ``config/cosmos_rl.py``'s table.
+(``train.optm_lr``, ``train.ckpt.*``, ...) follow ``config/compat/cosmos_rl.py``'s table.
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ import sys
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from cosmos_primitives.config import cosmos_rl
+from cosmos_primitives.config.compat import cosmos_rl
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -211,7 +211,7 @@ checkpoint | - | ignored | - | resume details of cosmos-rl's checkpointer (what 
 """
 
 
-# The keys of a diffusers file that are world-model specific; the rest follow config/cosmos_rl.py's table.
+# The keys of a diffusers file that are world-model specific; the rest follow config/compat/cosmos_rl.py's table.
 _DIFFUSERS = r"""
 mode | "disaggregated" | ignored | - | launcher-only: one process group rolls out and trains here
 policy.is_diffusers | false | ignored | [true] | the file is read as a world-model file
