@@ -65,3 +65,15 @@ class _nothing:
 
     def __exit__(self, *exc: object) -> None:
         return None
+
+
+def test_a_cosmos_rl_file_may_say_auto_and_other_engines_are_refused_with_the_choices(tmp_path: Path) -> None:
+    path = tmp_path / "c.toml"
+    path.write_text(FILES["cosmos-rl"] + '[rollout]\nbackend = "auto"\n')
+    with pytest.warns(UserWarning):
+        cfg = cp.load_config(path)
+    assert cfg.rollout.backend == "auto" and cfg.unsupported == {}
+    path.write_text(FILES["cosmos-rl"] + '[rollout]\nbackend = "trtllm"\n')
+    with pytest.warns(UserWarning):
+        cfg = cp.load_config(path)
+    assert "'vllm' and 'hf'" in cfg.unsupported["rollout.backend"] and "'auto'" in cfg.unsupported["rollout.backend"]

@@ -218,7 +218,8 @@ def read_cosmos_rl(tree: dict[str, Any], is_ours: Callable[[str], bool],
     if backend is not None and backend not in _ENGINES:
         _drop(tree, "rollout.backend")
         reading.refused["rollout.backend"] = (f"= {backend!r}: the engines here are 'vllm' and 'hf'; "
-                                              "set rollout.backend to one of them")
+                                              "set rollout.backend to one of them, or to 'auto' (vLLM where it is "
+                                              "installed and a GPU is present, else hf, chosen when the engine is built)")
     tables = cosmos_rl_tables()
     for path, value in leaves(tree):
         rule = rule_for(path)
