@@ -62,3 +62,24 @@ def test_one_load_runs_the_pipeline_once(entry: str, tmp_path: Path, monkeypatch
     assert calls == {"_read_cosmos_rl": 1, "_apply_aliases": 1, "_finish_cosmos_rl": 1, "_apply_normalisers": 1,
                      "_problems": 1}, calls
     assert converted.count(loader.Config) == 1  # the tree becomes a Config once
+
+
+def test_the_cosmos_rl_pre_pass_warns_nothing_and_the_loader_says_its_reading_once(tmp_path: Path) -> None:
+    from cosmos_primitives.config.compat import pre_pass
+
+    path = tmp_path / "rl.toml"
+    path.write_text(COSMOS_RL_FILE)
+    tree = loader.read_toml(path)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # dict in, dict out: no warning, no log, no validation
+        reading, why = loader._read_cosmos_rl(tree, pre_pass.pop_style(tree, str(path)))
+        assert loader._apply_aliases(tree, str(path)) == []
+        pre_pass.finish(tree, reading, set())
+    assert reading is not None and "redis" in why  # read as cosmos-rl's: its top-level redis is the controller port
+    assert tree["train"]["optm_eps"] == 1e-6 and tree["grpo"]["num_samples_per_prompt"] == 4
+    assert tree["rollout"]["batch_size"] == 4  # cosmos-rl's 1 prompt per call x 4 samples
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        loader.load_config(path)
+    assert [str(w.message) for w in caught if "read as a cosmos-rl config" in str(w.message)] == [
+        reading.warning(str(path))]

@@ -17,7 +17,7 @@ from typing import Any
 import msgspec
 
 from cosmos_primitives.config.aliases import ALIASES, DEPRECATED, DEPRECATED_DEFAULTS
-from cosmos_primitives.config.compat import cosmos_rl, cosmos_rl_wfm
+from cosmos_primitives.config.compat import cosmos_rl, cosmos_rl_wfm, pre_pass
 from cosmos_primitives.config.errors import ConfigError
 from cosmos_primitives.config.eval_yaml import SECTIONS as EVAL_SECTIONS
 from cosmos_primitives.config.eval_yaml import eval_tree, is_eval_yaml, read_yaml
@@ -383,23 +383,6 @@ def _is_own_key(path: str) -> bool:
     return False
 
 
-def _is_ours(path: str) -> bool:
-    """Whether ``path`` is a key of this library's config, an alias of one, or lies in a free-form table."""
-    return _alias_prefix(path) is not None or _is_own_key(path)
-
-
-def _pop_style(tree: dict[str, Any], source: str) -> cosmos_rl.Style | None:
-    """Take the top-level ``config_style`` marker out of ``tree`` (None when the file has none)."""
-    if cosmos_rl.STYLE_KEY not in tree:
-        return None
-    marker = tree.pop(cosmos_rl.STYLE_KEY)
-    if marker not in typing.get_args(cosmos_rl.Style):
-        raise ConfigError(f"{source}: key '{cosmos_rl.STYLE_KEY}' = {marker!r}: write \"cosmos-rl\" (read with "
-                          "cosmos-rl's meanings and defaults) or \"cosmos_primitives\" (this library's), or leave it "
-                          "out to have it decided from the file's keys (docs/from_cosmos_rl.md)")
-    return marker
-
-
 def _unknown_key_hint(path: str) -> str:
     prefix = path.rpartition(".")[0]
     fields = [f.encode_name for f in msgspec.structs.fields(_struct_of(_field_type(prefix)) or Config)] \
@@ -408,40 +391,21 @@ def _unknown_key_hint(path: str) -> str:
     return hint if hint.startswith("; did you mean") else ""
 
 
-def _read_cosmos_rl(tree: dict[str, Any], marker: cosmos_rl.Style | None = None
-                    ) -> tuple[cosmos_rl.CosmosRLReading | cosmos_rl_wfm.WorldModelReading | None, str]:
-    """Decide once how ``tree`` is read. A cosmos-rl world-model file (:func:`cosmos_rl_wfm.world_model_kind`)
-    is translated onto our keys whole, unless its marker says it is this library's; any other file is
-    read as :func:`cosmos_rl.file_style` decides, and for a cosmos-rl style file its ignored / refused
-    keys are taken out (the reading says which). Returns ``(reading or None, why)``."""
-    if marker != "cosmos_primitives":
-        world_model = cosmos_rl_wfm.read_world_model_file(tree)
-        if world_model is not None:
-            return world_model, world_model.style_reason
-    style, why, written_for_it = cosmos_rl.file_style(tree, _is_own_key, lambda path: _alias_prefix(path) is not None,
-                                                      marker)
-    if style != "cosmos-rl":
-        return None, why
-    reading = cosmos_rl.read_cosmos_rl(tree, _is_ours, _unknown_key_hint if written_for_it else None)
-    reading.style_reason = why
-    return reading, why
+_OUR_KEYS = pre_pass.OurKeys(_is_own_key, lambda path: _alias_prefix(path) is not None, _unknown_key_hint)
 
 
-def _finish_cosmos_rl(tree: dict[str, Any], reading: cosmos_rl.CosmosRLReading | cosmos_rl_wfm.WorldModelReading | None,
-                      explicit: set[str], source: str) -> None:
-    """cosmos-rl meanings and defaults, refused keys into ``[unsupported]``, and the one warning."""
-    if isinstance(reading, cosmos_rl_wfm.WorldModelReading):
-        reading.finish(tree, explicit)
+def _read_cosmos_rl(tree: dict[str, Any], marker: cosmos_rl.Style | None = None) -> tuple[pre_pass.Reading | None, str]:
+    """The pre-pass's first stage (:func:`~cosmos_primitives.config.compat.pre_pass.read`) with this
+    library's keys: ``(reading or None, why)``."""
+    return pre_pass.read(tree, marker, _OUR_KEYS)
+
+
+def _finish_cosmos_rl(tree: dict[str, Any], reading: pre_pass.Reading | None, explicit: set[str], source: str) -> None:
+    """The pre-pass's second stage (cosmos-rl meanings and defaults, refused keys into ``[unsupported]``)
+    and the reading's one warning."""
+    pre_pass.finish(tree, reading, explicit)
+    if reading is not None:
         warnings.warn(reading.warning(source), UserWarning, stacklevel=5)
-        return
-    if reading is None:
-        return
-    cosmos_rl.apply_cosmos_rl_meanings(tree, reading, explicit)
-    if reading.refused:
-        unsupported = tree.setdefault("unsupported", {})
-        if isinstance(unsupported, dict):
-            unsupported.update(reading.refused)
-    warnings.warn(reading.warning(source), UserWarning, stacklevel=5)
 
 
 def _read_file(path: Path, source: str) -> dict[str, Any]:
@@ -461,7 +425,7 @@ def _read_file(path: Path, source: str) -> dict[str, Any]:
 
 def read_cosmos_rl_file(path: str | os.PathLike[str]
                         ) -> tuple[list[tuple[str, str, Any]],
-                                   cosmos_rl.CosmosRLReading | cosmos_rl_wfm.WorldModelReading | None, str]:
+                                   pre_pass.Reading | None, str]:
     """How a file is read, without building the config (``python -m cosmos_primitives.migrate``).
 
     Returns:
@@ -473,7 +437,7 @@ def read_cosmos_rl_file(path: str | os.PathLike[str]
         ``WorldModelReading.style_reason``).
     """
     tree = read_toml(path)
-    marker = _pop_style(tree, str(path))
+    marker = pre_pass.pop_style(tree, str(path))
     reading, why = _read_cosmos_rl(tree, marker)
     if isinstance(reading, cosmos_rl_wfm.WorldModelReading):
         reading.finish(tree, set())
@@ -501,7 +465,7 @@ def _read(tree: dict[str, Any], source: str, overrides: Sequence[str]) -> Config
     the cosmos-rl pre-pass (keys taken out, aliases onto our keys), the overrides, cosmos-rl's
     meanings and defaults for keys neither sets, value normalisers, then one validation."""
     tree = _deepcopy(tree)
-    marker = _pop_style(tree, source)
+    marker = pre_pass.pop_style(tree, source)
     _apply_deprecated(tree, source)
     reading, _ = _read_cosmos_rl(tree, marker)
     problems = _apply_aliases(tree, source)
