@@ -129,7 +129,8 @@ def main() -> None:
     queue = RedisRolloutQueue(cfg.redis, url=url, secret=secret)
     control = RunControl(queue, secret)
     # vLLM lays the job out as engines of tp_size consecutive ranks, built together by the whole job
-    tp = cfg.rollout.parallelism.tp_size if cfg.rollout.backend == "vllm" and info.world_size > 1 else 1
+    vllm = cp.utils.resolve_backend(cfg.rollout.backend, log=False) == "vllm"  # "auto": decided on this machine
+    tp = cfg.rollout.parallelism.tp_size if vllm and info.world_size > 1 else 1
     lead = info.rank % tp == 0  # the engine's first rank: it registers, claims, puts, and decides for its group
     # The trainer writes the demo assets (tiny configs) before it publishes: wait first, then check paths.
     waited = wait_for_trainer(queue, control, dis.wait_for_trainer_s, log)

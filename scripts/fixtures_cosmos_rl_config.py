@@ -1,5 +1,5 @@
 """Write ``tests/data/cosmos_rl_effective_config.json``: the effective value of every key this
-library maps (``config/cosmos_rl.py``, rule ``mapped``) of every vendored cosmos-rl LLM / VLM config
+library maps (``config/compat/cosmos_rl.py``, rule ``mapped``) of every vendored cosmos-rl LLM / VLM config
 (``tests/data/cosmos_rl_configs``) under cosmos-rl's own ``Config`` class, the reference
 ``tests/test_cosmos_rl_effective_config.py`` compares this library's reading with.
 
@@ -50,7 +50,7 @@ build_lr_schedulers = _optm_module().build_lr_schedulers
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "src"))
-from cosmos_primitives.config.cosmos_rl import RULES  # noqa: E402  (this checkout's table)
+from cosmos_primitives.config.compat.cosmos_rl import RULES  # noqa: E402  (this checkout's table)
 
 CONFIGS = REPO / "tests" / "data" / "cosmos_rl_configs"
 OUT = REPO / "tests" / "data" / "cosmos_rl_effective_config.json"

@@ -14,8 +14,7 @@ import pytest
 
 import cosmos_primitives as cp
 from cosmos_primitives.config import ConfigError, check_runnable, load_config
-from cosmos_primitives.config.cosmos_rl import RULES, render_table, rule_for
-from cosmos_primitives.config.engine_default import default_backend
+from cosmos_primitives.config.compat.cosmos_rl import RULES, render_table, rule_for
 from cosmos_primitives.config.loader import canonical_key
 from cosmos_primitives.migrate import main as migrate_main
 
@@ -90,7 +89,7 @@ def test_every_key_of_the_cosmos_rl_class_has_one_rule() -> None:
     keys = _class_keys()
     assert len(keys) > 200  # the walk really went through the class
     missing = [k for k in keys if rule_for(k) is None]
-    assert not missing, f"add these cosmos-rl keys to config/cosmos_rl.py: {missing}"
+    assert not missing, f"add these cosmos-rl keys to config/compat/cosmos_rl.py: {missing}"
     assert {rule.how for rule in RULES.values()} == {"mapped", "ignored", "refused"}
     for rule in RULES.values():
         if rule.how == "mapped" and not rule.note.startswith("="):
@@ -123,7 +122,7 @@ def test_reason1_rl_reads_as_cosmos_rl_means_it() -> None:
     assert cfg.grpo.rollout_batch_size == 8  # 64 rollouts per rank and step = 8 prompts x 8
     assert cfg.grpo.old_logprobs == "recompute"  # cosmos-rl's default (use_rollout_logprobs_for_loss = false)
     assert cfg.train.train_policy.sequence_packing is False  # cosmos-rl's default
-    assert cfg.rollout.backend == default_backend()[0]  # unset in the file
+    assert cfg.rollout.backend == "auto"  # unset in the file: decided where the engine is built
     assert cfg.grpo.min_filter_prefix_tokens == 1
     assert cfg.train.train_policy.prompt_column_name == "qa_pairs"  # the dataset script's column
     assert cfg.unsupported == {}
@@ -269,20 +268,21 @@ def test_unset_backend_is_vllm_only_with_vllm_and_a_gpu(tmp_path: Path, monkeypa
                                                         caplog: pytest.LogCaptureFixture) -> None:
     import importlib.util
 
-    from cosmos_primitives.config import engine_default
+    from cosmos_primitives.utils import engine_choice as backend_choice
+    from cosmos_primitives.utils.engine_choice import resolve_backend
 
     path = tmp_path / "c.toml"
     path.write_text("[train]\nepoch = 1\n")
     real_find_spec = importlib.util.find_spec
-    monkeypatch.setattr(engine_default.importlib.util, "find_spec",
+    monkeypatch.setattr(backend_choice.importlib.util, "find_spec",
                         lambda name, *a: object() if name == "vllm" else real_find_spec(name, *a))
-    monkeypatch.setattr(engine_default, "_gpu_present", lambda: True)
+    monkeypatch.setattr(backend_choice, "_gpu_present", lambda: True)
     with caplog.at_level("INFO", logger="cosmos"):
-        assert load_config(path).rollout.backend == "vllm"
-    assert "rollout.backend unset: using 'vllm' (vLLM is installed and a GPU is present)" in caplog.text
-    monkeypatch.setattr(engine_default, "_gpu_present", lambda: False)
-    assert load_config(path).rollout.backend == "hf"
-    assert load_config(path, ["rollout.backend=vllm"]).rollout.backend == "vllm"  # said: taken as it is
+        assert resolve_backend(load_config(path).rollout.backend) == "vllm"
+    assert "rollout.backend = 'auto': using 'vllm' (vLLM is installed and a GPU is present)" in caplog.text
+    monkeypatch.setattr(backend_choice, "_gpu_present", lambda: False)
+    assert resolve_backend(load_config(path).rollout.backend) == "hf"
+    assert resolve_backend(load_config(path, ["rollout.backend=vllm"]).rollout.backend) == "vllm"  # said: as it is
     path.write_text("[rollout]\nbackend = 'hf'\n")
-    monkeypatch.setattr(engine_default, "_gpu_present", lambda: True)
-    assert load_config(path).rollout.backend == "hf"
+    monkeypatch.setattr(backend_choice, "_gpu_present", lambda: True)
+    assert resolve_backend(load_config(path).rollout.backend) == "hf"

@@ -17,7 +17,7 @@ import msgspec
 import pytest
 
 import cosmos_primitives as cp
-from cosmos_primitives.config.cosmos_rl import RULES
+from cosmos_primitives.config.compat.cosmos_rl import RULES
 from cosmos_primitives.config.loader import canonical_key
 
 DATA = Path(__file__).parent / "data"
@@ -65,7 +65,7 @@ DELIBERATE: dict[str, tuple[Callable[[Any, Any], bool], str]] = {
     "train.train_policy.dataset.name": (
         lambda theirs, ours: theirs == "" and ours.lstrip("./") != "",
         "a Cosmos-Reason example's [custom.dataset] path, read as the example script that consumes it reads it "
-        "(config/cosmos_rl_custom.py; cosmos-rl's class leaves the name empty)"),
+        "(config/compat/cosmos_rl_custom.py; cosmos-rl's class leaves the name empty)"),
     "train.ckpt.hf_repo_name": (
         lambda theirs, ours: theirs == "Comos-Reason1" and ours == "",
         "unset: no repository (an upload then stops, naming the key) instead of cosmos-rl's placeholder "

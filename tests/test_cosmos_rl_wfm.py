@@ -18,7 +18,7 @@ import pytest
 import torch
 
 import cosmos_primitives as cp
-from cosmos_primitives.config.cosmos_rl_wfm import (
+from cosmos_primitives.config.compat.cosmos_rl_wfm import (
     COSMOS_RULES,
     DIFFUSERS_RULES,
     WorldModelReading,
@@ -105,7 +105,7 @@ def _class_keys() -> list[str]:
 
 
 def test_every_key_of_cosmos_rls_world_model_class_has_one_rule() -> None:
-    from cosmos_primitives.config.cosmos_rl_wfm import rule_for
+    from cosmos_primitives.config.compat.cosmos_rl_wfm import rule_for
 
     keys = _class_keys()
     assert len(keys) > 100  # the walk went through the class (a rule on a table covers its keys)

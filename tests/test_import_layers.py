@@ -33,7 +33,7 @@ import cosmos_primitives
 PACKAGE_DIR = Path(cosmos_primitives.__file__).resolve().parent
 
 LAYERS: tuple[tuple[str, ...], ...] = (
-    ("config", "utils", "migrate"),  # migrate: the CLI of config.cosmos_rl
+    ("config", "utils", "migrate"),  # migrate: the CLI of config.compat.cosmos_rl
     ("algo", "data", "rewards", "parallel", "checkpoint", "logging", "plot", "plan"),  # plot: the CLI of logging.plot
     ("policy", "rollout", "sync", "queue"),
     ("eval", "rollout.check"),  # rollout.check: the engines-vs-trainer self-check (TOOL_MODULES)

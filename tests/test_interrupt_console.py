@@ -216,16 +216,17 @@ def test_sft_in_a_terminal_keeps_log_lines_off_the_bar_and_one_line_per_save(sft
     assert json.loads((only_run_dir(tmp_path / "runs") / "metrics.jsonl").read_text().splitlines()[-1])["step"] == 4
 
 
-def test_sft_config_does_not_log_a_rollout_backend_choice(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+def test_the_builder_not_the_loader_says_the_backend_choice(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     sft, grpo = tmp_path / "sft.toml", tmp_path / "grpo.toml"
     sft.write_text('config_style = "cosmos_primitives"\n[train.train_policy]\ntype = "sft"\n')
     grpo.write_text('config_style = "cosmos_primitives"\n[train.train_policy]\ntype = "grpo"\n')
     with caplog.at_level("INFO", logger="cosmos"):
         cp.load_config(sft)
-    assert "rollout.backend unset" not in caplog.text  # SFT builds no rollout engine
-    with caplog.at_level("INFO", logger="cosmos"):
         cp.load_config(grpo)
-    assert "rollout.backend unset" in caplog.text  # GRPO does: its choice is still said
+    assert "rollout.backend" not in caplog.text  # the loader decides nothing about the machine
+    with caplog.at_level("INFO", logger="cosmos"):
+        cp.utils.resolve_backend(cp.load_config(grpo).rollout.backend)  # where a GRPO recipe builds its engine
+    assert "rollout.backend = 'auto': using" in caplog.text  # the choice is said there, with its reason
 
 
 def test_ctrl_c_inside_a_checkpoint_save_leaves_no_tmp_and_exits_130(tmp_path: Path,

@@ -1,6 +1,6 @@
 """The Cosmos-Reason example configs that keep their data in ``[custom.dataset]`` (cosmos-reason2
 ``examples/cosmos_rl/configs/``, vendored unchanged): each loads, ``[custom.dataset]`` is read as the
-example script that consumes it reads it (``config/cosmos_rl_custom.py``), and ``migrate``'s verdict
+example script that consumes it reads it (``config/compat/cosmos_rl_custom.py``), and ``migrate``'s verdict
 (``cp.config.check_runnable``) is what ``examples/sft.py`` does on the file: it starts and trains when
 migrate says so, and stops at start-up with migrate's reason when it does not."""
 

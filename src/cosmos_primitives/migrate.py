@@ -6,7 +6,7 @@ cosmos-rl defaults given to keys the file leaves unset (where ours differ), the 
 (batch sizes), whether the file loads and whether the recipes start on it
 (``cp.config.check_runnable``: refused settings, missing local paths, prompt columns without a
 dataset plug-in), and what one optimizer step trains. cosmos-rl's world-model files
-(``configs/cosmos-predict2-5/``) are reported by ``config/cosmos_rl_wfm_report.py``: what maps,
+(``configs/cosmos-predict2-5/``) are reported by ``config/compat/cosmos_rl_wfm_report.py``: what maps,
 what is ignored or refused, and what one step trains (``cosmos_rl_wfm.effective_values``).
 ``--json`` prints the same as one JSON object whose ``effective`` member holds the training's
 sizes, for both kinds of file (at least ``samples_per_step_per_rank``, ``samples_per_step``, ``lr``,
@@ -26,9 +26,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from cosmos_primitives.config import Config, ConfigError, check_runnable, load_config
-from cosmos_primitives.config.cosmos_rl import render_table, rule_for
-from cosmos_primitives.config.cosmos_rl_wfm import WorldModelReading
-from cosmos_primitives.config.cosmos_rl_wfm_report import world_model_json, world_model_report
+from cosmos_primitives.config.compat.cosmos_rl import render_table, rule_for
+from cosmos_primitives.config.compat.cosmos_rl_wfm import WorldModelReading
+from cosmos_primitives.config.compat.cosmos_rl_wfm_report import world_model_json, world_model_report
 from cosmos_primitives.config.loader import read_cosmos_rl_file
 
 
@@ -90,7 +90,7 @@ class Inspection:
     runs: bool = False
     problems: list[str] = field(default_factory=list)
     effective: dict[str, Any] | None = None
-    # a cosmos-rl world-model file: loads, runs and effective are config/cosmos_rl_wfm_report.py's
+    # a cosmos-rl world-model file: loads, runs and effective are config/compat/cosmos_rl_wfm_report.py's
     world_model: WorldModelReading | None = None
 
     def as_json(self) -> dict[str, Any]:

@@ -13,6 +13,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from cosmos_primitives.config.compat.rules import _bool_as, cosmos_rl_aliases
 from cosmos_primitives.config.policy import DIFFUSERS_LORA_TARGETS
 
 _PARALLEL_SHORT = {
@@ -23,73 +24,29 @@ _PARALLEL_SHORT = {
     "pp": "pp_size",
 }
 
-# The older reference system spells the GRPO knobs under [train.train_policy]. (``mini_batch`` stays
-# there: it is [train.train_policy] mini_batch for SFT and GRPO alike.)
+# This library's own older spellings of the GRPO knobs under [train.train_policy] (cosmos-rl's own keys
+# there are aliases generated from its rule list). ``mini_batch`` stays there: it is [train.train_policy]
+# mini_batch for SFT and GRPO alike.
 _GRPO_UNDER_TRAIN_POLICY = (
-    "epsilon_low",
-    "epsilon_high",
-    "kl_beta",
-    "loss_type",
-    "variant",
-    "allowed_outdated_steps",
-    "on_policy",
-    "reward_function",
-    "rollout_batch_size",
     "policy_loss",
     "advantage_estimator",
     "advantage_std",
     "advantage_epsilon",
     "dual_clip_c",
-    "aipo_rho",
-    "behav_imp_weight_cap",
-    "off_policy_masking_delta",
     "kl_estimator",
-    "entropy_coeff",
-    "positive_nll_coef",
-    "unbiased_loss_max_tokens",
     "dynamic_sampling",
     "overlong_reward",
-    "mu_iterations",
     "old_logprobs",
     "reward_fallback_score",
-    "temperature",
-    "min_filter_prefix_tokens",
+    "rollout_batch_size",
 )
 
-
-def _bool_as(if_true: str, if_false: str) -> Callable[[Any], Any]:
-    """A transform reading a switch as one of two values of a choice key (non-bools are left for the
-    type check to reject with the key's name)."""
-    def transform(value: Any) -> Any:
-        return (if_true if value else if_false) if isinstance(value, bool) else value
-
-    return transform
-
-
-# GRPO knobs that older configs spell differently: old name -> field of [grpo], value transform
+# GRPO knobs that older configs spell differently under [grpo]: old name -> field of [grpo], value transform
 _GRPO_RENAMED = {
     # cosmos-rl's ``unbiased_advantage = true`` (do not divide by the std) is the Dr.GRPO estimator
     "unbiased_advantage": ("advantage_estimator", _bool_as("drgrpo", "grpo")),
     "lower_bound_ratio": ("dual_clip_c", None),
     "kl_penalty": ("kl_beta", None),
-}
-
-def _as_list(value: object) -> object:
-    """cosmos-rl's ``freeze_pattern`` / ``trainable_pattern`` take one regex or a list."""
-    return [value] if isinstance(value, str) else value
-
-
-# cosmos-rl's spellings of keys that exist here under another name (cosmos_rl/policy/config/__init__.py)
-COSMOS_RL_ALIASES = {
-    "train.epsilon": ("train.optm_eps", None),
-    "train.max_num_steps": ("train.max_steps", None),
-    "train.sequence_packing": ("train.train_policy.sequence_packing", None),
-    "train.transfer_dtype": ("disaggregated.transfer_dtype", None),
-    "train.train_policy.system_prompt": ("train.train_policy.dataset.system_prompt", None),
-    # the engine's log-probs (true) or the trainer's (false) as the PPO "old" policy
-    "train.train_policy.use_rollout_logprobs_for_loss": ("grpo.old_logprobs", _bool_as("rollout", "recompute")),
-    "policy.freeze_pattern": ("policy.freeze_patterns", _as_list),
-    "policy.trainable_pattern": ("policy.trainable_patterns", _as_list),
 }
 
 # the world-model guide's spellings of the parallel sizes (cosmos-rl's WFM recipe for Cosmos-Predict2.5:
@@ -101,20 +58,16 @@ WFM_GUIDE_ALIASES = {
     "model_parallel.context_parallel_size": ("policy.parallelism.cp_size", None),
 }
 
+COSMOS_RL_ALIASES = cosmos_rl_aliases()
+"""cosmos-rl's spellings of keys that exist here under another name, generated from the rule list
+(``config/compat/rules.py``)."""
+
 ALIASES: dict[str, tuple[str, Callable[[Any], Any] | None]] = {
     **COSMOS_RL_ALIASES,
     **WFM_GUIDE_ALIASES,
-    "rollout.n_generation": ("grpo.num_samples_per_prompt", None),
-    **{
-        f"{section}.{old}": (f"grpo.{field}", transform)
-        for section in ("grpo", "train.train_policy")
-        for old, (field, transform) in _GRPO_RENAMED.items()
-    },
-    "train.param_dtype": ("policy.dtype", None),
-    **{
-        f"train.train_policy.{key}": (f"grpo.{key}", None)
-        for key in _GRPO_UNDER_TRAIN_POLICY
-    },
+    **{f"grpo.{old}": (f"grpo.{field}", transform) for old, (field, transform) in _GRPO_RENAMED.items()},
+    "train.train_policy.kl_penalty": ("grpo.kl_beta", None),
+    **{f"train.train_policy.{key}": (f"grpo.{key}", None) for key in _GRPO_UNDER_TRAIN_POLICY},
     **{
         f"{section}.parallelism.{short}": (f"{section}.parallelism.{full}", None)
         for section in ("policy", "rollout")

@@ -4,7 +4,7 @@
 Each key of that layout is mapped onto an ``[eval]`` key, ignored (speed-only: ``num_processes``;
 the tokenizer comes with the model folder here: ``tokenizer_model_name``), or refused when it asks
 for something ``cp.eval`` does not do (non-zero presence / frequency penalties), the same three ways
-as cosmos-rl's training keys (``config/cosmos_rl.py``). The tool's own defaults for keys a YAML
+as cosmos-rl's training keys (``config/compat/cosmos_rl.py``). The tool's own defaults for keys a YAML
 leaves out are the ``[eval]`` defaults. One key is read differently on purpose:
 ``evaluation.skip_saved`` is honoured here, while the tool reads only its ``--skip_saved`` flag
 (the guide's YAML says ``false``, which is what the tool does without the flag).

@@ -12,11 +12,20 @@ so there is no second copy of it here.
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
 import msgspec
 
 from cosmos_primitives.config.base import AtLeastOne, NonNegative, NonNegativeInt, Positive, Section
+
+
+def reward_function_as_dict(value: Any) -> Any:
+    """``reward_function`` may be a list of names (each weight 1.0), a single name, or a table."""
+    if isinstance(value, str):
+        return {value: 1.0}
+    if isinstance(value, list) and all(isinstance(v, str) for v in value):
+        return {v: 1.0 for v in value}
+    return value
 
 
 class OverlongRewardConfig(Section):

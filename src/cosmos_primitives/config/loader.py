@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import difflib
 import functools
-import logging
 import math
 import os
 import re
@@ -17,26 +16,17 @@ from typing import Any
 
 import msgspec
 
-from cosmos_primitives.config import cosmos_rl, cosmos_rl_wfm
 from cosmos_primitives.config.aliases import ALIASES, DEPRECATED, DEPRECATED_DEFAULTS
-from cosmos_primitives.config.engine_default import default_backend
+from cosmos_primitives.config.compat import cosmos_rl, cosmos_rl_wfm, pre_pass
 from cosmos_primitives.config.errors import ConfigError
 from cosmos_primitives.config.eval_yaml import SECTIONS as EVAL_SECTIONS
 from cosmos_primitives.config.eval_yaml import eval_tree, is_eval_yaml, read_yaml
+from cosmos_primitives.config.grpo import reward_function_as_dict
 from cosmos_primitives.config.root import Config
 from cosmos_primitives.config.secrets import redact_secrets
 from cosmos_primitives.config.toml_io import dumps_toml, parse_toml_value, read_toml
 
 _MSGSPEC_ERROR = re.compile(r"^(?P<what>.*?)(?: - at `\$(?P<path>[^`]*)`)?$", re.S)
-
-
-def _reward_function_as_dict(value: Any) -> Any:
-    """``reward_function`` may be a list of names (each weight 1.0), a single name, or a table."""
-    if isinstance(value, str):
-        return {value: 1.0}
-    if isinstance(value, list) and all(isinstance(v, str) for v in value):
-        return {v: 1.0 for v in value}
-    return value
 
 
 def _lora_unless_disabled(value: Any) -> Any:
@@ -63,8 +53,8 @@ VALUE_NORMALISERS = {
     "train.optm_decay_type": _no_decay_as_constant,
     "train.train_policy.dataset.split": _splits_as_one,
     "validation.dataset.split": _splits_as_one,
-    "grpo.reward_function": _reward_function_as_dict,
-    "validation.reward_function": _reward_function_as_dict,
+    "grpo.reward_function": reward_function_as_dict,
+    "validation.reward_function": reward_function_as_dict,
     "policy.lora": _lora_unless_disabled,
 }
 
@@ -129,7 +119,7 @@ def _apply_deprecated(tree: dict[str, Any], source: str) -> None:
     if not present:
         return
     for alias in present:
-        _warn_deprecated(alias, source, stacklevel=3)  # the caller of load_config / config_from_dict
+        _warn_deprecated(alias, source, stacklevel=4)  # the caller of load_config / config_from_dict
     spelled_old = {DEPRECATED[alias][0] for alias in present}
     filled = {k: v for k, v in DEPRECATED_DEFAULTS.items() if k not in spelled_old and not _has(tree, k)}
     for key, value in filled.items():
@@ -137,7 +127,7 @@ def _apply_deprecated(tree: dict[str, Any], source: str) -> None:
     if filled:
         warnings.warn(f"{source} uses deprecated spellings ({', '.join(present)}), so the keys it sets in neither "
                       f"spelling keep their old defaults: {', '.join(f'{k} = {v!r}' for k, v in filled.items())}",
-                      FutureWarning, stacklevel=3)
+                      FutureWarning, stacklevel=4)
 
 
 def _has(tree: dict[str, Any], path: str) -> bool:
@@ -396,23 +386,6 @@ def _is_own_key(path: str) -> bool:
     return False
 
 
-def _is_ours(path: str) -> bool:
-    """Whether ``path`` is a key of this library's config, an alias of one, or lies in a free-form table."""
-    return _alias_prefix(path) is not None or _is_own_key(path)
-
-
-def _pop_style(tree: dict[str, Any], source: str) -> cosmos_rl.Style | None:
-    """Take the top-level ``config_style`` marker out of ``tree`` (None when the file has none)."""
-    if cosmos_rl.STYLE_KEY not in tree:
-        return None
-    marker = tree.pop(cosmos_rl.STYLE_KEY)
-    if marker not in typing.get_args(cosmos_rl.Style):
-        raise ConfigError(f"{source}: key '{cosmos_rl.STYLE_KEY}' = {marker!r}: write \"cosmos-rl\" (read with "
-                          "cosmos-rl's meanings and defaults) or \"cosmos_primitives\" (this library's), or leave it "
-                          "out to have it decided from the file's keys (docs/from_cosmos_rl.md)")
-    return marker
-
-
 def _unknown_key_hint(path: str) -> str:
     prefix = path.rpartition(".")[0]
     fields = [f.encode_name for f in msgspec.structs.fields(_struct_of(_field_type(prefix)) or Config)] \
@@ -421,40 +394,21 @@ def _unknown_key_hint(path: str) -> str:
     return hint if hint.startswith("; did you mean") else ""
 
 
-def _read_cosmos_rl(tree: dict[str, Any], marker: cosmos_rl.Style | None = None
-                    ) -> tuple[cosmos_rl.CosmosRLReading | cosmos_rl_wfm.WorldModelReading | None, str]:
-    """Decide once how ``tree`` is read. A cosmos-rl world-model file (:func:`cosmos_rl_wfm.world_model_kind`)
-    is translated onto our keys whole, unless its marker says it is this library's; any other file is
-    read as :func:`cosmos_rl.file_style` decides, and for a cosmos-rl style file its ignored / refused
-    keys are taken out (the reading says which). Returns ``(reading or None, why)``."""
-    if marker != "cosmos_primitives":
-        world_model = cosmos_rl_wfm.read_world_model_file(tree)
-        if world_model is not None:
-            return world_model, world_model.style_reason
-    style, why, written_for_it = cosmos_rl.file_style(tree, _is_own_key, lambda path: _alias_prefix(path) is not None,
-                                                      marker)
-    if style != "cosmos-rl":
-        return None, why
-    reading = cosmos_rl.read_cosmos_rl(tree, _is_ours, _unknown_key_hint if written_for_it else None)
-    reading.style_reason = why
-    return reading, why
+_OUR_KEYS = pre_pass.OurKeys(_is_own_key, lambda path: _alias_prefix(path) is not None, _unknown_key_hint)
 
 
-def _finish_cosmos_rl(tree: dict[str, Any], reading: cosmos_rl.CosmosRLReading | cosmos_rl_wfm.WorldModelReading | None,
-                      explicit: set[str], source: str) -> None:
-    """cosmos-rl meanings and defaults, refused keys into ``[unsupported]``, and the one warning."""
-    if isinstance(reading, cosmos_rl_wfm.WorldModelReading):
-        reading.finish(tree, explicit)
-        warnings.warn(reading.warning(source), UserWarning, stacklevel=4)
-        return
-    if reading is None:
-        return
-    cosmos_rl.apply_cosmos_rl_meanings(tree, reading, explicit)
-    if reading.refused:
-        unsupported = tree.setdefault("unsupported", {})
-        if isinstance(unsupported, dict):
-            unsupported.update(reading.refused)
-    warnings.warn(reading.warning(source), UserWarning, stacklevel=4)
+def _read_cosmos_rl(tree: dict[str, Any], marker: cosmos_rl.Style | None = None) -> tuple[pre_pass.Reading | None, str]:
+    """The pre-pass's first stage (:func:`~cosmos_primitives.config.compat.pre_pass.read`) with this
+    library's keys: ``(reading or None, why)``."""
+    return pre_pass.read(tree, marker, _OUR_KEYS)
+
+
+def _finish_cosmos_rl(tree: dict[str, Any], reading: pre_pass.Reading | None, explicit: set[str], source: str) -> None:
+    """The pre-pass's second stage (cosmos-rl meanings and defaults, refused keys into ``[unsupported]``)
+    and the reading's one warning."""
+    pre_pass.finish(tree, reading, explicit)
+    if reading is not None:
+        warnings.warn(reading.warning(source), UserWarning, stacklevel=5)
 
 
 def _read_file(path: Path, source: str) -> dict[str, Any]:
@@ -474,7 +428,7 @@ def _read_file(path: Path, source: str) -> dict[str, Any]:
 
 def read_cosmos_rl_file(path: str | os.PathLike[str]
                         ) -> tuple[list[tuple[str, str, Any]],
-                                   cosmos_rl.CosmosRLReading | cosmos_rl_wfm.WorldModelReading | None, str]:
+                                   pre_pass.Reading | None, str]:
     """How a file is read, without building the config (``python -m cosmos_primitives.migrate``).
 
     Returns:
@@ -486,7 +440,7 @@ def read_cosmos_rl_file(path: str | os.PathLike[str]
         ``WorldModelReading.style_reason``).
     """
     tree = read_toml(path)
-    marker = _pop_style(tree, str(path))
+    marker = pre_pass.pop_style(tree, str(path))
     reading, why = _read_cosmos_rl(tree, marker)
     if isinstance(reading, cosmos_rl_wfm.WorldModelReading):
         reading.finish(tree, set())
@@ -498,18 +452,6 @@ def read_cosmos_rl_file(path: str | os.PathLike[str]
     return mapped, reading, why
 
 
-def _default_backend(tree: dict[str, Any], explicit: set[str], source: str) -> None:
-    """``rollout.backend`` left unset: vLLM when it is installed and a GPU is present, else HF; logged
-    (not for SFT, which rolls nothing out)."""
-    if "rollout.backend" in explicit or _has(tree, "rollout.backend"):
-        return
-    engine, why = default_backend()
-    _set(tree, "rollout.backend", engine, source)
-    train_policy = (tree.get("train") or {}).get("train_policy") or {}
-    if train_policy.get("type") != "sft":  # SFT builds no rollout engine: the choice would only mislead
-        logging.getLogger("cosmos").info(f"{source}: rollout.backend unset: using {engine!r} ({why})")
-
-
 def config_from_dict(tree: dict[str, Any], source: str = "<dict>") -> Config:
     """Validate a nested dict (aliases allowed) into a :class:`Config`, read as a file is
     (:func:`load_config`): cosmos-rl's meanings and defaults when it is a cosmos-rl tree.
@@ -518,23 +460,59 @@ def config_from_dict(tree: dict[str, Any], source: str = "<dict>") -> Config:
         ConfigError: listing every problem at once (unknown keys, wrong types, values out of range,
             conflicting spellings), one line each naming the key and ``source``.
     """
+    return _read(tree, source, ())
+
+
+def _read(tree: dict[str, Any], source: str, overrides: Sequence[str]) -> Config:
+    """The one pass from a parsed file to a :class:`Config`: style marker and deprecated spellings,
+    the cosmos-rl pre-pass (keys taken out, aliases onto our keys), the overrides, cosmos-rl's
+    meanings and defaults for keys neither sets, value normalisers, then one validation."""
     tree = _deepcopy(tree)
-    marker = _pop_style(tree, source)
+    marker = pre_pass.pop_style(tree, source)
     _apply_deprecated(tree, source)
     reading, _ = _read_cosmos_rl(tree, marker)
     problems = _apply_aliases(tree, source)
-    _finish_cosmos_rl(tree, reading, set(), source)
+    explicit = _apply_overrides(tree, overrides, problems)
+    _finish_cosmos_rl(tree, reading, explicit, source)
     _apply_normalisers(tree)
-    return _validated(tree, problems, source)
+    return _validated(tree, problems, source, source if not overrides else f"{source} with overrides {list(overrides)}")
 
 
-def _validated(tree: dict[str, Any], problems: list[str], source: str) -> Config:
-    """The :class:`Config` of a tree already read (aliases, cosmos-rl meanings, normalisers applied)."""
+def _apply_overrides(tree: dict[str, Any], overrides: Sequence[str], problems: list[str]) -> set[str]:
+    """Set each ``key=value`` override (aliases allowed) on its canonical key; an override whose value
+    is invalid is not set and its problem, naming the override, goes to ``problems``. Returns the
+    canonical keys set (taken as they are: no cosmos-rl default or meaning replaces them)."""
+    explicit: set[str] = set()
+    for text in overrides:
+        key, value = parse_override(text)
+        alias = _alias_prefix(key)
+        if alias in DEPRECATED:
+            _warn_deprecated(alias, f"override {text!r}", stacklevel=4)  # the caller of load_config
+        if alias == key and ALIASES[alias][1] is not None:
+            value = ALIASES[alias][1](value)
+        canonical = canonical_key(key)
+        single: dict[str, Any] = {}
+        _set(single, canonical, value, f"override {text!r}")
+        normaliser = VALUE_NORMALISERS.get(canonical)
+        if normaliser is not None:
+            _set(single, canonical, normaliser(value), "")
+        found = _problems(single, Config, "", f"override {text!r}")
+        if found:
+            problems += found
+        else:
+            _set(tree, canonical, value, f"override {text!r}")
+            explicit.add(canonical)
+    return explicit
+
+
+def _validated(tree: dict[str, Any], problems: list[str], source: str, label: str | None = None) -> Config:
+    """The :class:`Config` of a tree already read (aliases, cosmos-rl meanings, normalisers applied):
+    every problem at once, else the section checks (``__post_init__``) named by ``label``."""
     _raise_problems(problems + _problems(tree, Config, "", source), source)
     try:
         return msgspec.convert(tree, Config)
     except msgspec.ValidationError as exc:
-        raise _explain_validation_error(exc, tree, source) from None
+        raise _explain_validation_error(exc, tree, label or source) from None
 
 
 def _deepcopy(tree: Any) -> Any:
@@ -558,11 +536,12 @@ def load_config(path: str | os.PathLike[str] | None = None, overrides: Sequence[
     """Load a TOML config file and apply dotted overrides.
 
     How the file is read is decided once, from the file alone: a cosmos-rl world-model file
-    (``configs/cosmos-predict2-5/``, :mod:`~cosmos_primitives.config.cosmos_rl_wfm`) is translated
+    (``configs/cosmos-predict2-5/``, :mod:`~cosmos_primitives.config.compat.cosmos_rl_wfm`) is translated
     onto our keys whole unless marked ``config_style = "cosmos_primitives"``; any other file as
     :func:`cosmos_rl.file_style` decides (its ``config_style`` marker, else its keys as a whole). A
     cosmos-rl file gets cosmos-rl's meanings and its defaults for the keys it leaves unset, and one
-    warning saying so. Overrides are taken as they are, in this library's meaning.
+    warning saying so. Overrides are taken as they are, in this library's meaning. Nothing depends on
+    the machine: ``rollout.backend = "auto"`` (its default) is resolved where the engine is built.
 
     Args:
         path: TOML file, or None for all defaults.
@@ -574,33 +553,7 @@ def load_config(path: str | os.PathLike[str] | None = None, overrides: Sequence[
     """
     source = str(path) if path is not None else "<defaults>"
     tree = _read_file(Path(path), source) if path is not None else {}
-    tree = _deepcopy(tree)
-    marker = _pop_style(tree, source)
-    _apply_deprecated(tree, source)
-    reading, _ = _read_cosmos_rl(tree, marker)
-    problems = _apply_aliases(tree, source)
-    explicit: set[str] = set()
-    for text in overrides:
-        key, value = parse_override(text)
-        alias = _alias_prefix(key)
-        if alias in DEPRECATED:
-            _warn_deprecated(alias, f"override {text!r}", stacklevel=2)
-        if alias == key and ALIASES[alias][1] is not None:
-            value = ALIASES[alias][1](value)
-        single: dict[str, Any] = {}
-        _set(single, canonical_key(key), value, f"override {text!r}")
-        _apply_normalisers(single)
-        found = _problems(single, Config, "", f"override {text!r}")
-        if found:
-            problems += found
-        else:
-            _set(tree, canonical_key(key), value, f"override {text!r}")
-            explicit.add(canonical_key(key))
-    _finish_cosmos_rl(tree, reading, explicit, source)
-    _default_backend(tree, explicit, source)
-    _apply_normalisers(tree)
-    _raise_problems(problems + _problems(tree, Config, "", source), source)
-    return _validated(tree, [], source if not overrides else f"{source} with overrides {list(overrides)}")
+    return _read(tree, source, overrides)
 
 
 def config_to_dict(config: Config) -> dict[str, Any]:

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import msgspec
 
-from cosmos_primitives.config.cosmos_rl_custom import unreadable_custom_dataset
+from cosmos_primitives.config.compat.cosmos_rl_custom import unreadable_custom_dataset
 from cosmos_primitives.config.errors import ConfigError
 from cosmos_primitives.config.root import Config
 from cosmos_primitives.config.seed import resolve_seed
@@ -82,7 +82,7 @@ def check_runnable(config: Config, source: str) -> Config:
     refused (``config.unsupported``, e.g. cosmos-rl keys asking for FP8 or expert parallelism),
     a ``[validation.dataset] test_size`` (no recipe reads it), a held-out validation split of 0 items,
     a response column without a prompt column, and a ``[custom.dataset]`` the built-in readers cannot
-    read (a Cosmos-Reason example script's, ``config/cosmos_rl_custom.py``) with neither a dataset
+    read (a Cosmos-Reason example script's, ``config/compat/cosmos_rl_custom.py``) with neither a dataset
     name nor a plug-in. Returns the config with ``demo:`` dropped and an
     unset ``[train] seed`` drawn (:func:`~cosmos_primitives.config.seed.resolve_seed`).
 

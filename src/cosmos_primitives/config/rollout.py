@@ -22,8 +22,9 @@ class SamplingConfig(Section):
 class RolloutConfig(Section):
     """``[rollout]``. The number of samples per prompt lives in ``[grpo]`` (alias ``n_generation``)."""
 
-    # unset in a loaded file: "vllm" when vLLM is installed and a GPU is present, else "hf" (config/engine_default.py)
-    backend: Literal["hf", "vllm"] = "hf"
+    # "auto": vLLM when it is installed and a GPU is present, else HF, decided where the engine is built
+    # (cp.utils.resolve_backend), so that a file reads the same on every machine
+    backend: Literal["auto", "hf", "vllm"] = "auto"
     parallelism: ParallelismConfig = msgspec.field(default_factory=ParallelismConfig)
     max_response_length: AtLeastOne = 1024
     batch_size: AtLeastOne = 8

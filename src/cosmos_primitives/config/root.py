@@ -22,7 +22,7 @@ from cosmos_primitives.config.wfm import WFMConfig
 
 class Config(Section):
     """The whole config. ``[custom]`` is a free-form table for users' own recipes; ``[unsupported]``
-    lists settings the loader refused (see ``config/cosmos_rl.py``)."""
+    lists settings the loader refused (see ``config/compat/cosmos_rl.py``)."""
 
     policy: PolicyConfig = msgspec.field(default_factory=PolicyConfig)
     train: TrainConfig = msgspec.field(default_factory=TrainConfig)

@@ -43,6 +43,7 @@ from cosmos_primitives.config.root import Config
 from cosmos_primitives.parallel.fsdp import resolve_reshard_after_forward
 from cosmos_primitives.parallel.mesh import resolve_sizes
 from cosmos_primitives.plan.shape import ModelShape
+from cosmos_primitives.utils.engine_choice import resolve_backend
 
 GIB = 1 << 30
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
@@ -177,7 +178,7 @@ def estimate_memory(cfg: Config, shape: ModelShape, *, world_size: int,
         reference = math.ceil(shape.total_params * c / split)
     engine = 0
     if mode == "colocated":
-        if cfg.rollout.backend == "vllm":
+        if resolve_backend(cfg.rollout.backend, log=False) == "vllm":  # "auto": as the engine would be built here
             if device_memory:
                 engine = int(cfg.rollout.gpu_memory_utilization * device_memory)
             else:

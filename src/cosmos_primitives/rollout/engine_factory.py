@@ -8,6 +8,7 @@ from typing import Any
 import torch
 
 from cosmos_primitives.config.rollout import RolloutConfig
+from cosmos_primitives.utils.engine_choice import resolve_backend
 
 
 def build_rollout_engine(cfg: RolloutConfig, model_path: str, processor: Any, *, dtype: str = "bfloat16",
@@ -16,7 +17,8 @@ def build_rollout_engine(cfg: RolloutConfig, model_path: str, processor: Any, *,
                          engine_ranks: Sequence[int] | None = None) -> tuple[Any, torch.nn.Module | None]:
     """The engine ``[rollout]`` asks for, loaded from ``model_path`` (a HF folder or hub name).
 
-    ``backend = "hf"``: :class:`~cosmos_primitives.rollout.hf_engine.HFRolloutEngine` over a HF
+    ``backend = "auto"`` is resolved here (:func:`~cosmos_primitives.utils.engine_choice.resolve_backend`,
+    logged). ``"hf"``: :class:`~cosmos_primitives.rollout.hf_engine.HFRolloutEngine` over a HF
     model in ``dtype`` on ``device`` (``batch_size`` sequences per ``generate`` call; ``hf_static_cache``:
     its static KV cache, compiled with CUDA graphs on CUDA). ``"vllm"``:
     :class:`~cosmos_primitives.rollout.vllm_engine.VLLMRolloutEngine` (``gpu_memory_utilization``,
@@ -43,7 +45,7 @@ def build_rollout_engine(cfg: RolloutConfig, model_path: str, processor: Any, *,
             :func:`~cosmos_primitives.rollout.vllm_engine.launcher_settings`).
     """
     tp = cfg.parallelism.tp_size
-    if cfg.backend == "hf":
+    if resolve_backend(cfg.backend) == "hf":
         if tp > 1:
             raise ValueError(
                 f"[rollout.parallelism] tp_size = {tp} with [rollout] backend = \"hf\": the HF engine runs one "
@@ -83,4 +85,4 @@ def build_rollout_engine(cfg: RolloutConfig, model_path: str, processor: Any, *,
 def sync_layout(cfg: RolloutConfig) -> str:
     """Parameter names the engine of ``cfg`` takes: ``"hf"`` (same module tree) or ``"hf_checkpoint"``
     (vLLM's ``load_weights``, which fuses and shards itself)."""
-    return "hf" if cfg.backend == "hf" else "hf_checkpoint"
+    return "hf" if resolve_backend(cfg.backend, log=False) == "hf" else "hf_checkpoint"

@@ -15,6 +15,7 @@ _EXPORTS = {
     "is_import_path": "cosmos_primitives.utils.imports",
     "make_run_dir": "cosmos_primitives.utils.run_dir",
     "latest_run_dir": "cosmos_primitives.utils.run_dir",
+    "resolve_backend": "cosmos_primitives.utils.engine_choice",
     "seed_everything": "cosmos_primitives.utils.seeding",
     "derived_seed": "cosmos_primitives.utils.seeding",
     "derived_generator": "cosmos_primitives.utils.seeding",

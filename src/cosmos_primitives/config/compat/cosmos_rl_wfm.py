@@ -17,11 +17,11 @@ cosmos-rl has two kinds of world-model file, both recognised by :func:`world_mod
 Each key is ``mapped`` (the note starts with our key and says how), ``ignored`` (changes nothing
 that trains, or a difference docs/from_cosmos_rl.md states with its reason) or ``refused`` (the
 file loads, the value goes to ``Config.unsupported`` and ``examples/wfm_rl.py`` stops at start-up
-with the note saying what to do), as in ``config/cosmos_rl.py``. A value among a key's ``noop``
+with the note saying what to do), as in ``config/compat/cosmos_rl.py``. A value among a key's ``noop``
 values asks for nothing. cosmos-rl's defaults (the table's second column, checked against its own
 classes by ``tests/test_cosmos_rl_wfm.py``) fill the keys a file leaves out, so a file means the
 same whichever keys it happens to spell. A diffusers file's keys that are not world-model specific
-(``train.optm_lr``, ``train.ckpt.*``, ...) follow ``config/cosmos_rl.py``'s table.
+(``train.optm_lr``, ``train.ckpt.*``, ...) follow ``config/compat/cosmos_rl.py``'s table.
 """
 
 from __future__ import annotations
@@ -32,7 +32,8 @@ import sys
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from cosmos_primitives.config import cosmos_rl
+from cosmos_primitives.config.compat import cosmos_rl
+from cosmos_primitives.config.compat.rules import RULE_LIST
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -211,7 +212,7 @@ checkpoint | - | ignored | - | resume details of cosmos-rl's checkpointer (what 
 """
 
 
-# The keys of a diffusers file that are world-model specific; the rest follow config/cosmos_rl.py's table.
+# The keys of a diffusers file that are world-model specific; the rest follow config/compat/cosmos_rl.py's table.
 _DIFFUSERS = r"""
 mode | "disaggregated" | ignored | - | launcher-only: one process group rolls out and trains here
 policy.is_diffusers | false | ignored | [true] | the file is read as a world-model file
@@ -737,17 +738,21 @@ def _read_diffusers(f: _File, reading: WorldModelReading) -> dict[str, Any]:
     return ours
 
 
-_SHARED_DEFAULTS = {  # our key -> cosmos-rl's default, for the shared keys the world-model recipe reads
-    "train.optm_lr": 1e-6, "train.optm_eps": 1e-6, "train.optm_warmup_steps": 20, "train.optm_weight_decay": 0.01,
-    "train.optm_betas": [0.9, 0.999], "train.optm_grad_norm_clip": 1.0, "train.optm_min_lr_factor": 0.0,
-    "train.ckpt.save_freq": 20, "train.ckpt.max_keep": 5, "train.ckpt.enable_checkpoint": False,
-    "train.ckpt.export_safetensors": True, "train.epoch": 1, "train.output_dir": "./outputs",
-    "logging.logger": [], "logging.project_name": "cosmos_rl", "policy.model_gradient_checkpointing": True,
-    "policy.dtype": "bfloat16", "policy.parallelism.dp_shard_size": 1, "policy.parallelism.dp_replicate_size": 1,
-    "policy.model_name_or_path": "Qwen/Qwen2.5-VL-7B-Instruct",
-}
-_SHARED_RENAMES = {"train.epsilon": "train.optm_eps", "train.param_dtype": "policy.dtype",
-                   "train.max_num_steps": "train.max_steps"}
+# the keys a diffusers file shares with cosmos-rl's LLM / VLM config that the world-model recipe reads
+# (our keys): a file leaving one out gets cosmos-rl's default from the rule list (config/compat/rules.py)
+_SHARED_READ = (
+    "train.optm_lr", "train.optm_eps", "train.optm_warmup_steps", "train.optm_weight_decay", "train.optm_betas",
+    "train.optm_grad_norm_clip", "train.optm_min_lr_factor", "train.ckpt.save_freq", "train.ckpt.max_keep",
+    "train.ckpt.enable_checkpoint", "train.ckpt.export_safetensors", "train.epoch", "train.output_dir",
+    "logging.logger", "logging.project_name", "policy.model_gradient_checkpointing", "policy.dtype",
+    "policy.parallelism.dp_shard_size", "policy.parallelism.dp_replicate_size", "policy.model_name_or_path",
+)
+_SHARED_DEFAULTS = {rule.target: rule.cosmos_rl_value() for rule in RULE_LIST
+                    if rule.how == "mapped" and rule.target in _SHARED_READ}
+if set(_SHARED_DEFAULTS) != set(_SHARED_READ):  # pragma: no cover - a key the rule list does not map
+    raise ValueError(f"config/compat/cosmos_rl_wfm.py: no mapped rule for {set(_SHARED_READ) - set(_SHARED_DEFAULTS)}")
+_SHARED_RENAMES = {key: cosmos_rl.RULES[key].target for key in ("train.epsilon", "train.param_dtype",
+                                                                 "train.max_num_steps")}
 
 
 def _our_defaults() -> dict[str, Any]:

@@ -1,14 +1,14 @@
 """The migration report of a cosmos-rl world-model file (``python -m cosmos_primitives.migrate FILE
 [--json]``): what maps onto which key, what is ignored and why, what is refused and what to do, the
 meanings translated, whether the file loads and whether ``examples/wfm_rl.py`` starts on it, and
-what the run trains with (:func:`cosmos_primitives.config.cosmos_rl_wfm.effective_values`)."""
+what the run trains with (:func:`cosmos_primitives.config.compat.cosmos_rl_wfm.effective_values`)."""
 
 from __future__ import annotations
 
 import warnings
 from typing import Any
 
-from cosmos_primitives.config.cosmos_rl_wfm import WorldModelReading, effective_values, rule_for, targets
+from cosmos_primitives.config.compat.cosmos_rl_wfm import WorldModelReading, effective_values, rule_for, targets
 from cosmos_primitives.config.errors import ConfigError
 from cosmos_primitives.config.loader import load_config
 from cosmos_primitives.config.paths import check_runnable
@@ -59,7 +59,7 @@ def world_model_report(path: str, reading: WorldModelReading) -> tuple[str, bool
 def world_model_json(path: str, reading: WorldModelReading) -> tuple[dict[str, Any], bool]:
     """``(the report as one JSON object, whether the recipe starts on the file)``: the members of an
     LLM / VLM file's (``cosmos_primitives.migrate.Inspection``) and ``kind`` / ``recipe``; ``effective``
-    holds :func:`~cosmos_primitives.config.cosmos_rl_wfm.effective_values` (None when the file does not load)."""
+    holds :func:`~cosmos_primitives.config.compat.cosmos_rl_wfm.effective_values` (None when the file does not load)."""
     config, load_problems, start_problems = _outcome(path)
     runs = config is not None and not start_problems
     out = {

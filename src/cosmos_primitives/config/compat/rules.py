@@ -1,0 +1,418 @@
+# ruff: noqa: E501  (one cosmos-rl key per line)
+"""The one typed list of how every key of cosmos-rl's config class is read here.
+
+The source of truth for cosmos-rl's keys, meanings and defaults is its config class
+(``cosmos_rl/policy/config/__init__.py`` in nvidia-cosmos/cosmos-rl, 0.4.7). Each :class:`Rule` is one of:
+
+- ``mapped``: read as ``target`` (our key; the same name unless said otherwise), same meaning, with
+  ``transform`` applied to the value when the spelling differs; ``fill``: cosmos-rl's default
+  differs from ours, so a file read as cosmos-rl style gets cosmos-rl's default for it when unset;
+- ``ignored``: accepted, changes nothing here (speed-only or launcher-only); the loader lists such
+  keys in one warning with the reason;
+- ``refused``: the file loads (so it can be inspected and migrated), but a value that asks for
+  something this library cannot do is recorded in ``Config.unsupported`` and the recipes stop at
+  start-up (``cp.config.check_runnable``) with the reason saying what to do instead.
+
+A value among a key's ``noop`` values asks for nothing (``fsdp_offload = false``) and is dropped
+silently. Sections for other kinds of model (``[distillation]``, ``[vla]``, ``[policy.diffusers]``)
+are refused as a whole.
+
+Everything else is generated from :data:`RULE_LIST`: the aliases the loader moves onto our keys
+(:func:`cosmos_rl_aliases`), the defaults a cosmos-rl file gets (:data:`COSMOS_RL_DEFAULTS`,
+:data:`COSMOS_RL_LORA_DEFAULTS`) and the table in ``docs/from_cosmos_rl.md`` (:func:`render_table`,
+rewritten by ``python -m cosmos_primitives.config.compat.docs_table --write``).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from cosmos_primitives.config.grpo import reward_function_as_dict
+
+How = Literal["mapped", "ignored", "refused"]
+
+
+@dataclass(frozen=True)
+class Rule:
+    """How one cosmos-rl key is read.
+
+    ``default``: cosmos-rl's (None where it has none); ``reason``: for ``mapped`` how it is read
+    (may be empty), for ``ignored`` why, for ``refused`` what to do; ``target``: our key (``mapped``
+    only); ``transform``: cosmos-rl's value -> ours (None: the same); ``fill``: a cosmos-rl file that
+    leaves the key unset gets ``transform(default)`` on ``target``; ``noop``: values asking for nothing.
+    """
+
+    key: str
+    default: Any
+    how: How
+    reason: str
+    target: str | None = None
+    transform: Callable[[Any], Any] | None = None
+    fill: bool = False
+    noop: tuple[Any, ...] = ()
+
+    def __post_init__(self) -> None:
+        if (self.how == "mapped") != (self.target is not None) or (self.fill and self.how != "mapped"):
+            raise ValueError(f"rule {self.key!r}: a target and fill belong to mapped rules only")
+
+    @property
+    def note(self) -> str:
+        """The docs table's last column: for ``mapped`` our key (``=``: the same) then the reason."""
+        if self.how != "mapped":
+            return self.reason
+        head = "=" if self.target == self.key else str(self.target)
+        return f"{head} {self.reason}" if self.reason else head
+
+    def cosmos_rl_value(self) -> Any:
+        """cosmos-rl's default as this library spells it (``transform(default)``)."""
+        return self.transform(self.default) if self.transform is not None and self.default is not None \
+            else self.default
+
+
+KeyRule = Rule  # the name the loader and the migration report used before the rule list was typed
+
+
+def mapped(key: str, default: Any, reason: str = "", *, to: str | None = None,
+           transform: Callable[[Any], Any] | None = None, fill: bool = False) -> Rule:
+    """A key read as ``to`` (default: the same key)."""
+    return Rule(key, default, "mapped", reason, to or key, transform, fill)
+
+
+def ignored(key: str, default: Any, why: str, noop: tuple[Any, ...] = ()) -> Rule:
+    """A key accepted that changes nothing here."""
+    return Rule(key, default, "ignored", why, noop=noop)
+
+
+def refused(key: str, default: Any, what_to_do: str, noop: tuple[Any, ...] = ()) -> Rule:
+    """A key whose values (other than ``noop``) this library cannot do."""
+    return Rule(key, default, "refused", what_to_do, noop=noop)
+
+
+def _bool_as(if_true: str, if_false: str) -> Callable[[Any], Any]:
+    """A transform reading a switch as one of two values of a choice key (non-bools are left for the
+    type check to reject with the key's name)."""
+    def transform(value: Any) -> Any:
+        return (if_true if value else if_false) if isinstance(value, bool) else value
+
+    return transform
+
+
+def _as_list(value: object) -> object:
+    """cosmos-rl's ``freeze_pattern`` / ``trainable_pattern`` take one regex or a list."""
+    return [value] if isinstance(value, str) else value
+
+
+def _parallelism(s: str) -> tuple[Rule, ...]:
+    """``[policy.parallelism]`` and ``[rollout.parallelism]`` share cosmos-rl's ParallelismConfig."""
+    return (
+        ignored(f"{s}.parallelism.n_init_replicas", 1, 'launcher-only: torchrun starts the ranks; replicas are data-parallel ranks here'),
+        mapped(f"{s}.parallelism.tp_size", 2, '(ours defaults to 1)', fill=True),
+        mapped(f"{s}.parallelism.cp_size", 1, '(policy: Ulysses context parallel over the decoder, heads divisible by cp_size; rollout engines do not split sequences)'),
+        refused(f"{s}.parallelism.ep_size", 1, 'expert parallelism is not supported; remove the key', noop=(1,)),
+        mapped(f"{s}.parallelism.dp_shard_size", 1, '(ours defaults to -1: all remaining ranks)', fill=True),
+        mapped(f"{s}.parallelism.pp_size", 1, '(above 1 is refused when the mesh is built: pipeline parallelism is not implemented)'),
+        ignored(f"{s}.parallelism.pp_dynamic_shape", False, 'only acts with pp_size > 1'),
+        ignored(f"{s}.parallelism.pp_micro_batch_size", 1, 'only acts with pp_size > 1'),
+        mapped(f"{s}.parallelism.dp_replicate_size", 1),
+        ignored(f"{s}.parallelism.pp_schedule", 'Interleaved1F1B', 'only acts with pp_size > 1'),
+        ignored(f"{s}.parallelism.pp_layers_per_stage", 2, 'only acts with pp_size > 1'),
+        ignored(f"{s}.parallelism.cp_rotate_method", None, 'only acts with cp_size > 1'),
+    )
+
+
+RULE_LIST: tuple[Rule, ...] = (
+    ignored('redis', '', "launcher-only: the cosmos-rl controller's Redis port; the disaggregated recipe takes [redis] url or starts its own"),
+    ignored('eth_ips', '', 'launcher-only: controller addresses; torchrun places the ranks'),
+    ignored('mode', 'disaggregated', 'launcher-only: pick the recipe instead (examples/grpo_vlm.py shares GPUs, examples/grpo_vlm_disaggregated.py splits them)'),
+    ignored('controller_execution_id', None, "launcher-only: the controller's attempt fence"),
+    mapped('custom', None, '(free-form table for your own code)'),
+    mapped('train.train_policy.type', None),
+    refused('train.train_policy.trainer_type', 'sft', 'a custom trainer class does not load here: give the recipe a dataset / reward plug-in, or write a loop from library calls', noop=('sft', 'grpo')),
+    mapped('train.train_policy.dataset.name', ''),
+    mapped('train.train_policy.dataset.subset', ''),
+    mapped('train.train_policy.dataset.revision', ''),
+    mapped('train.train_policy.dataset.split', '', '(a list of splits is read as "a+b", the concatenation)'),
+    mapped('train.train_policy.dataset.test_size', None, '(with validation.enable and no validation.dataset.name, SFT and colocated GRPO (examples/grpo_vlm.py) validate on the items (int) or fraction (float, rounded up) held out of training, unset 0.1 as in cosmos-rl; drawn at random seeded by train.seed, where cosmos-rl takes the first / last rows; 0 holds nothing out, so validation then needs validation.dataset.name, as in cosmos-rl)'),
+    refused('train.train_policy.dataset.local_dir', '', 'set train.train_policy.dataset.name to the local folder or file', noop=('',)),
+    mapped('train.train_policy.mini_batch', 2, '(sequences per forward / backward; ours defaults to 1)', fill=True),
+    mapped('train.train_policy.dataloader_shuffle', True, "(false: the dataset's own order, each rank taking every dp-th item)"),
+    mapped('train.train_policy.dataloader_seed', 0, "(the data order's seed: a permutation per epoch seeded seed + epoch, as torch's DistributedSampler; ours unset: train.seed)", fill=True),
+    ignored('train.train_policy.dataloader_batch_size', 1, 'speed-only: loader batching'),
+    ignored('train.train_policy.enable_dataset_cache', False, 'speed-only: dataset caching'),
+    ignored('train.train_policy.dataloader_num_workers', 0, 'speed-only: loader worker processes'),
+    ignored('train.train_policy.dataloader_prefetch_factor', None, 'speed-only: loader prefetch'),
+    ignored('train.train_policy.dataloader_drop_last', True, 'speed-only: the SFT loader always forms full steps'),
+    ignored('train.train_policy.data_dispatch_as_rank_in_mesh', False, 'launcher-only: data dispatch between replicas'),
+    mapped('train.train_policy.conversation_column_name', 'conversations'),
+    mapped('train.train_policy.system_prompt', '', to='train.train_policy.dataset.system_prompt', fill=True),
+    ignored('train.train_policy.balance_dp_token', True, 'speed-only: token balancing between data-parallel ranks'),
+    ignored('train.train_policy.enable_dp_load_balancing', False, 'speed-only: load balancing'),
+    ignored('train.train_policy.load_balanced_pool_size', 32, 'speed-only: load balancing'),
+    ignored('train.train_policy.load_balanced_max_tokens_for_batch', None, 'speed-only: load balancing'),
+    ignored('train.train_policy.load_balanced_batching_strategy', 'prefer_closest', 'speed-only: load balancing'),
+    ignored('train.train_policy.load_balanced_batches_per_optimizer_step', 1, 'speed-only: load balancing'),
+    ignored('train.train_policy.dataloader_broadcast', False, 'speed-only: loader broadcast'),
+    mapped('train.train_policy.variant', 'grpo', to='grpo.variant'),
+    mapped('train.train_policy.prompt_column_name', '', "(the prompt column: a string (plain text used as it is, as cosmos-rl's text models take it) or a conversation per row, cp.data.ColumnPromptDataset; a dataset plug-in reads it itself)"),
+    mapped('train.train_policy.response_column_name', '', '(the reference answer the rewards get; read as prompt_column_name)'),
+    mapped('train.train_policy.reward_function', ['single_choice'], '(a name or list: weight 1 each; ours defaults to single_choice + format)', to='grpo.reward_function', transform=reward_function_as_dict, fill=True),
+    refused('train.train_policy.use_remote_reward', False, 'use [remote_reward] (the reward service client)', noop=(False,)),
+    refused('train.train_policy.remote_reward', None, 'use [remote_reward] (the reward service client)'),
+    refused('train.train_policy.filter_reward_metric', [], 'filter rewards in your reward function', noop=([],)),
+    refused('train.train_policy.bypass_reward', False, 'drop the reward functions from grpo.reward_function instead', noop=(False,)),
+    refused('train.train_policy.group_reward_calculation', False, 'register a group reward (cp.rewards) instead', noop=(False,)),
+    mapped('train.train_policy.temperature', 1.0, "(the trainer scores logits / temperature; ours unset: the rollout's sampling temperature; a cosmos-rl file gets 1.0)", to='grpo.temperature', fill=True),
+    mapped('train.train_policy.epsilon_low', 0.2, to='grpo.epsilon_low'),
+    mapped('train.train_policy.epsilon_high', 0.2, to='grpo.epsilon_high'),
+    refused('train.train_policy.advantage_low', -5.0, 'advantages are not clipped here; remove the key', noop=(-5.0,)),
+    refused('train.train_policy.advantage_high', 5.0, 'advantages are not clipped here; remove the key', noop=(5.0,)),
+    mapped('train.train_policy.positive_nll_coef', None, to='grpo.positive_nll_coef'),
+    mapped('train.train_policy.lower_bound_ratio', 3.0, to='grpo.dual_clip_c'),
+    mapped('train.train_policy.loss_type', 'token-mean', to='grpo.loss_type'),
+    mapped('train.train_policy.unbiased_loss_max_tokens', None, to='grpo.unbiased_loss_max_tokens'),
+    mapped('train.train_policy.unbiased_advantage', False, '("drgrpo" when true)', to='grpo.advantage_estimator', transform=_bool_as("drgrpo", "grpo")),
+    refused('train.train_policy.algo', 'grpo', 'choose the policy loss with grpo.policy_loss / grpo.variant', noop=('grpo',)),
+    mapped('train.train_policy.overlong_reward.enable_overlong_penalty', False, to='grpo.overlong_reward.enable_overlong_penalty'),
+    mapped('train.train_policy.overlong_reward.buffer_length', 4096, to='grpo.overlong_reward.buffer_length'),
+    mapped('train.train_policy.overlong_reward.penalty_factor', 1.0, to='grpo.overlong_reward.penalty_factor'),
+    mapped('train.train_policy.kl_beta', 0.0, to='grpo.kl_beta'),
+    refused('train.train_policy.unbiased_kl_estimate', False, 'set grpo.kl_estimator', noop=(False,)),
+    mapped('train.train_policy.off_policy_masking_delta', None, to='grpo.off_policy_masking_delta'),
+    mapped('train.train_policy.aipo_rho', None, to='grpo.aipo_rho'),
+    mapped('train.train_policy.mu_iterations', 1, to='grpo.mu_iterations'),
+    refused('train.train_policy.batch_size_per_optimize', None, 'one optimizer step per GRPO step here: set train.train_batch_per_replica'),
+    ignored('train.train_policy.max_token_len_per_mini_batch', None, 'speed-only: token-budgeted mini-batches'),
+    mapped('train.train_policy.entropy_coeff', 0.0, to='grpo.entropy_coeff'),
+    mapped('train.train_policy.allowed_outdated_steps', 4, '(0 with on_policy; raised to train.sync_weight_interval - 1 when below it, as cosmos-rl)', to='grpo.allowed_outdated_steps'),
+    mapped('train.train_policy.on_policy', False, '(true forces allowed_outdated_steps = 0, as cosmos-rl)', to='grpo.on_policy'),
+    ignored('train.train_policy.uncentralized_training', False, 'launcher-only: controller layout'),
+    ignored('train.train_policy.outdated_rollout_fetch_batch_size', 0, 'speed-only: queue fetch size'),
+    ignored('train.train_policy.max_inflight_steps', None, 'launcher-only: controller scheduling'),
+    mapped('train.train_policy.min_filter_prefix_tokens', None, '(cp.algo.prefix_filter)', to='grpo.min_filter_prefix_tokens'),
+    ignored('train.train_policy.max_retry_for_on_policy', -1, 'launcher-only: controller retries'),
+    refused('train.train_policy.reference_reset_interval', None, 'the KL reference is fixed here; remove the key'),
+    ignored('train.train_policy.reset_optimizer_with_reference', True, 'only acts with reference_reset_interval'),
+    refused('train.train_policy.use_decoupled_loss', False, 'set grpo.behav_imp_weight_cap (the decoupled loss)', noop=(False,)),
+    mapped('train.train_policy.behav_imp_weight_cap', None, '(= grpo.rollout_correction "mis" with rollout_is_lower 0, rollout_is_cap the cap: weights exp(old - rollout), 0 above the cap)', to='grpo.behav_imp_weight_cap'),
+    ignored('train.train_policy.rollout_as_token_ids', False, 'speed-only: records carry token ids here anyway'),
+    ignored('train.train_policy.collect_rollout_logprobs', False, "records always carry the engine's log-probs here"),
+    mapped('train.train_policy.use_rollout_logprobs_for_loss', False, '("rollout" when true, else "recompute"; ours defaults to "rollout")', to='grpo.old_logprobs', transform=_bool_as("rollout", "recompute"), fill=True),
+    ignored('train.train_policy.dpo_reference_policy', False, 'only acts with trainer_type = "dpo" (refused)'),
+    mapped('train.optm_name', 'AdamW'),
+    mapped('train.optm_lr', 1e-06, '(ours defaults to 1e-5)', fill=True),
+    mapped('train.optm_impl', 'fused', '(AdamW kernels: "fused" where torch has them for the parameters\' device, else "foreach"; one value, not a list per model part)'),
+    mapped('train.optm_weight_decay', 0.01),
+    mapped('train.optm_betas', [0.9, 0.999]),
+    mapped('train.optm_warmup_steps', 20, "(a float <= 1 is a fraction of the total steps; clamped to the total steps; lr = peak x step / (W - 1) from 0, cosmos-rl's schedule, ours too; ours defaults to 0)", fill=True),
+    refused('train.optm_warmup_start_factor', 0.0, 'warmup starts at 0 here; remove the key', noop=(0.0,)),
+    refused('train.optm_decay_ratio', None, 'decay runs over all steps after warmup here; remove the key'),
+    mapped('train.optm_decay_type', None, '("cosine", "linear", "sqrt"; unset or "none": "constant", ours\' default)'),
+    mapped('train.optm_min_lr_factor', 0.0),
+    mapped('train.optm_grad_norm_clip', 1.0),
+    refused('train.ema_enable', False, 'EMA weights are not kept here; remove the key', noop=(False,)),
+    ignored('train.ema_decay', 0.9999, 'only acts with ema_enable'),
+    ignored('train.ema_update_step_interval', 0, 'only acts with ema_enable'),
+    mapped('train.master_dtype', 'float32', '("bfloat16": bf16 master weights, float32 AdamW math with stochastic rounding)'),
+    mapped('train.param_dtype', 'bfloat16', to='policy.dtype'),
+    mapped('train.transfer_dtype', None, '(unset in a cosmos-rl file: train.master_dtype, as cosmos-rl)', to='disaggregated.transfer_dtype'),
+    refused('train.logprob_dtype', 'float32', 'log-probs are computed in float32 here; remove the key', noop=('float32',)),
+    ignored('train.fsdp_reduce_dtype', 'float32', 'speed-only: gradient reduce dtype'),
+    mapped('train.fsdp_offload', False, '(FSDP2 CPUOffloadPolicy: parameters, gradients and optimizer state in host memory)'),
+    mapped('train.fsdp_reshard_after_forward', 'default', '("default": as cosmos-rl\'s (every block but the last reshards) with a shard group of 2+ ranks or fsdp_offload; with one shard rank nothing reshards (cheaper, same results); the root unit stays gathered through the backward)'),
+    mapped('train.train_batch_per_replica', 8, "(per data-parallel rank and optimizer step, SFT's meaning in cosmos-rl too (n_init_replicas > 1: shared by the replica's ranks, as its multi-replica worker); GRPO: a replica's rollouts per step shared by its dp ranks, b = it / dp per rank, each generation lcm(b, n_generation) / n_generation prompts (grpo.rollout_batch_size) trained in steps of b rollouts (grpo.rollouts_per_step))"),
+    refused('train.fp8.enable_fp8', False, 'FP8 training is not supported; remove [train.fp8]', noop=(False,)),
+    ignored('train.fp8.fp8_recipe', 'dynamic_scaling', 'only acts with enable_fp8'),
+    ignored('train.fp8.quant_recipe', 'rowwise', 'only acts with enable_fp8'),
+    refused('train.fp4.enable_fp4', False, 'FP4 training is not supported; remove [train.fp4]', noop=(False,)),
+    ignored('train.fp4.fp4_recipe', 'dynamic_scaling', 'only acts with enable_fp4'),
+    ignored('train.fp4.quant_recipe', 'rowwise', 'only acts with enable_fp4'),
+    mapped('train.ckpt.enable_checkpoint', False),
+    mapped('train.ckpt.save_freq', 20, '(ours defaults to 100)', fill=True),
+    refused('train.ckpt.save_freq_in_epoch', 0, 'save by steps (train.ckpt.save_freq)', noop=(0,)),
+    mapped('train.ckpt.save_mode', 'async'),
+    mapped('train.ckpt.max_keep', 5, '(ours defaults to 2)', fill=True),
+    mapped('train.ckpt.export_safetensors', True),
+    mapped('train.ckpt.upload_hf', False),
+    mapped('train.ckpt.hf_repo_name', 'Comos-Reason1', '(ours defaults to "")'),
+    mapped('train.ckpt.upload_s3', False),
+    mapped('train.ckpt.s3_bucket', None),
+    mapped('train.ckpt.s3_prefix', 'outputs'),
+    mapped('train.resume', False),
+    mapped('train.epoch', 1),
+    mapped('train.output_dir', './outputs'),
+    ignored('train.timestamp', '', 'launcher-only: the run folder is named at start'),
+    mapped('train.epsilon', 1e-06, '(ours defaults to 1e-8)', to='train.optm_eps', fill=True),
+    ignored('train.async_tp_enabled', False, 'speed-only: async tensor parallelism'),
+    mapped('train.compile', True, '(torch.compile of every decoder layer, fullgraph; applied on CUDA only; ours defaults to false)', fill=True),
+    mapped('train.sync_weight_interval', 1),
+    ignored('train.prefetch_payloads', False, 'speed-only: payload lookahead'),
+    ignored('train.p2p_sync_pack_tensors', False, 'speed-only: weight-sync packing'),
+    ignored('train.p2r_sync_groups_per_round', 0, 'speed-only: weight-sync grouping'),
+    ignored('train.coalesce_weight_sync', False, 'speed-only: weight-sync batching'),
+    ignored('train.deterministic', False, 'speed-only: deterministic kernels'),
+    ignored('train.activation_offload', False, 'speed-only: activation offload'),
+    ignored('train.fa_version', None, 'speed-only: flash-attention version'),
+    mapped('train.seed', None, '(unset: a seed drawn at start-up, the same on every rank, logged; ours defaults to 42)', fill=True),
+    ignored('train.local_dataset', True, 'launcher-only: dataset download placement'),
+    ignored('train.force_use_hf', False, 'speed-only: model implementation (always transformers here)'),
+    ignored('train.non_text', False, 'launcher-only: non-text trainers'),
+    mapped('train.max_num_steps', None, to='train.max_steps'),
+    mapped('train.sequence_packing', False, '(ours defaults to true)', to='train.train_policy.sequence_packing', fill=True),
+    mapped('train.save_ckpt_at_exit', True, '(a signal of signal_to_handle saves a checkpoint at the next step boundary, then the run stops with exit status 75; cp.checkpoint.Preemption)'),
+    mapped('train.signal_to_handle', ['SIGUSR1'], '(ours defaults to ["SIGUSR1", "SIGTERM"] for every file: without cosmos-rl\'s launcher, SIGTERM is what a scheduler sends the training process itself)'),
+    ignored('train.enable_validation', False, "an older cosmos-rl spelling, gone from its config class since 2025-09: cosmos-rl ignores it (no validation ran), so it is ignored here too; set validation.enable to validate (config.train.enable_validation reads validation.enable, as Cosmos-Reason1's dataset scripts expect)"),
+    ignored('train.validation_step', 20, 'an older cosmos-rl spelling, gone from its config class: cosmos-rl ignores it; set validation.freq'),
+    ignored('train.validation_batch_per_replica', None, 'an older cosmos-rl spelling of validation batching (speed-only), gone from its config class'),
+    mapped('rollout.enforce_eager', True),
+    mapped('rollout.include_stop_str_in_output', False),
+    mapped('rollout.gpu_memory_utilization', 0.8, '(ours defaults to 0.7)', fill=True),
+    ignored('rollout.enable_chunked_prefill', False, 'speed-only: vLLM scheduling'),
+    mapped('rollout.max_response_length', 2048, '(ours defaults to 1024)', fill=True),
+    mapped('rollout.n_generation', 16, '(ours defaults to 8)', to='grpo.num_samples_per_prompt', fill=True),
+    ignored('rollout.n_generation_to_batch', False, 'speed-only: generation batching'),
+    ignored('rollout.n_generation_mini_batch', None, 'speed-only: generation batching'),
+    mapped('rollout.batch_size', 1, "(prompts per generate call there, sequences here: a cosmos-rl file's value is multiplied by n_generation)", fill=True),
+    refused('rollout.quantization', 'none', 'quantized rollout is not supported; remove the key', noop=('none',)),
+    mapped('rollout.seed', None),
+    mapped('rollout.sampling_config.temperature', 1.0),
+    mapped('rollout.sampling_config.top_p', 1.0),
+    mapped('rollout.sampling_config.top_k', -1),
+    mapped('rollout.sampling_config.repetition_penalty', 1.0),
+    ignored('rollout.sampling_config.use_flashinfer', False, 'speed-only: sampling kernel'),
+    ignored('rollout.vllm_use_flashinfer', False, 'speed-only: sampling kernel'),
+    mapped('rollout.backend', 'vllm', '("vllm" or "hf"; other engines are refused; unset in any file: "auto", resolved where the engine is built: vLLM when it is installed and a GPU is present, else hf, logged)'),
+    refused('rollout.multi_turn_config.enable', False, 'multi-turn rollouts are not supported; remove [rollout.multi_turn_config]', noop=(False,)),
+    ignored('rollout.multi_turn_config.enable_tools', False, 'only acts with multi-turn rollouts'),
+    ignored('rollout.multi_turn_config.enable_thinking', False, 'only acts with multi-turn rollouts'),
+    ignored('rollout.multi_turn_config.custom_chat_template_path', None, 'only acts with multi-turn rollouts'),
+    ignored('rollout.multi_turn_config.max_assistant_turns', 5, 'only acts with multi-turn rollouts'),
+    ignored('rollout.multi_turn_config.add_generation_prompt', True, 'only acts with multi-turn rollouts'),
+    ignored('rollout.multi_turn_config.continue_final_message', False, 'only acts with multi-turn rollouts'),
+    ignored('rollout.mode', 'sync', 'launcher-only: rollout worker mode'),
+    ignored('rollout.async_config.max_concurrent_requests', 10, 'launcher-only: rollout worker mode'),
+    ignored('rollout.async_r2r_sync', 'disabled', 'launcher-only: rollout-to-rollout weight sync'),
+    ignored('rollout.prefetch_rollout', False, 'speed-only: prefetching'),
+    ignored('rollout.prefetch_queue_maxsize', 2, 'speed-only: prefetching'),
+    ignored('rollout.broadcast_all_params', False, 'speed-only: weight sync'),
+    ignored('rollout.completion_admission', False, "launcher-only: the controller's completion reporting"),
+    ignored('rollout.r2r_sync_pack_tensors', False, 'speed-only: rollout-to-rollout weight sync'),
+    ignored('rollout.r2r_sync_bucket_size_bytes', 536870912, 'speed-only: rollout-to-rollout weight sync'),
+    refused('policy.diffusers', None, 'diffusion models: use examples/wfm_rl.py and its [wfm] section'),
+    refused('policy.is_diffusers', False, 'diffusion models: use examples/wfm_rl.py and its [wfm] section', noop=(False,)),
+    mapped('policy.model_name_or_path', 'Qwen/Qwen2.5-VL-7B-Instruct', '(ours has no default)', fill=True),
+    refused('policy.model_safetensor_path', None, 'point policy.model_name_or_path at the folder holding the weights'),
+    mapped('policy.model_revision', None),
+    mapped('policy.model_max_length', 4096),
+    mapped('policy.model_gradient_checkpointing', True, '(ours defaults to false)', fill=True),
+    mapped('policy.lora.r', 8, '(ours defaults to 32)', fill=True),
+    refused('policy.lora.lora_names', ['default'], 'one adapter is trained here; remove the key', noop=(['default'],)),
+    refused('policy.lora.lora_path', None, 'load the adapter into the model folder first'),
+    mapped('policy.lora.lora_alpha', 8.0, '(ours defaults to 64)', fill=True),
+    mapped('policy.lora.lora_dropout', 0.0),
+    mapped('policy.lora.target_modules', None, '(ours defaults to the attention projections)'),
+    refused('policy.lora.primary_adapter', None, 'one adapter is trained here; remove the key'),
+    refused('policy.lora.use_rslora', False, 'rank-stabilised LoRA is not supported; scale lora_alpha instead', noop=(False,)),
+    refused('policy.lora.modules_to_save', None, 'unfreeze those modules with policy.trainable_patterns instead'),
+    refused('policy.lora.alpha_pattern', None, 'per-module alpha is not supported; remove the key'),
+    refused('policy.lora.r_pattern', None, 'per-module rank is not supported; remove the key'),
+    mapped('policy.lora.init_lora_weights', True),
+    refused('policy.trainable_map', None, 'use policy.trainable_patterns / policy.freeze_patterns (regexes)'),
+    mapped('policy.freeze_pattern', None, to='policy.freeze_patterns', transform=_as_list),
+    mapped('policy.trainable_pattern', None, to='policy.trainable_patterns', transform=_as_list),
+    ignored('policy.enable_liger_kernel', False, 'speed-only: fused kernels'),
+    ignored('policy.enable_liger_cross_entropy', False, 'speed-only: fused kernels'),
+    ignored('policy.enable_liger_fused_cross_entropy', False, 'speed-only: fused kernels'),
+    refused('policy.aux_loss_coeff', 0.0, 'mixture-of-experts auxiliary loss is not supported; remove the key', noop=(0.0,)),
+    mapped('logging.logger', [], '(ours defaults to ["console"]; JSONL metrics are written either way)', fill=True),
+    ignored('logging.log_interval', 100, 'speed-only: console lines are written every logging.log_freq steps here'),
+    ignored('logging.multi_modal_log_interval', None, 'speed-only: media logging'),
+    mapped('logging.project_name', 'cosmos_rl', fill=True),
+    mapped('logging.group_name', None, '(the W&B group)'),
+    mapped('logging.experiment_name', None, '(the W&B run is named <experiment_name>/<timestamp>, as cosmos-rl; unset: the run folder)'),
+    mapped('logging.wandb_run_name', None, "(the W&B run's exact name)"),
+    ignored('logging.wandb_run_id', None, "launcher-only: the W&B run id (the run folder's name here)"),
+    ignored('logging.wandb_resume', 'allow', 'launcher-only: W&B resumes a run of the same id ("allow" here)'),
+    ignored('logging.level', None, 'launcher-only: the log level (COSMOS_LOG_LEVEL)'),
+    ignored('logging.report_mfu', False, 'speed-only: MFU reporting'),
+    ignored('profiler', None, 'speed-only: profiling (use torch.profiler around a step)'),
+    mapped('validation.enable', False, '(SFT: token-mean loss of the validation split, logged as val/avg_loss; GRPO, colocated recipe: rewards of one completion per item of validation.dataset, or without its name of the train.train_policy.dataset.test_size items held out of training)'),
+    mapped('validation.val_before_train', False, '(SFT; the GRPO recipe validates before its first step always)'),
+    mapped('validation.freq', 20),
+    ignored('validation.batch_size', None, 'speed-only: validation batching'),
+    mapped('validation.dataset.name', ''),
+    mapped('validation.dataset.subset', ''),
+    mapped('validation.dataset.revision', ''),
+    mapped('validation.dataset.split', ''),
+    refused('validation.dataset.test_size', None, "not read (nor by cosmos-rl's trainers): hold out part of the training data with train.train_policy.dataset.test_size, or point validation.dataset at a smaller split; the recipes stop at start-up when it is set"),
+    refused('validation.dataset.local_dir', '', 'set validation.dataset.name to the local folder or file', noop=('',)),
+    mapped('validation.temperature', 0.0),
+    refused('validation.top_p', None, 'validation samples with temperature only; remove the key', noop=(1.0,)),
+    refused('validation.top_k', 1, 'validation samples with temperature only; remove the key', noop=(1, -1)),
+    refused('validation.repetition_penalty', 1.0, 'validation samples with temperature only; remove the key', noop=(1.0,)),
+    refused('validation.n_generation', 1, 'one completion per item here; remove the key', noop=(1,)),
+    mapped('validation.max_response_length', None, '(unset: rollout.max_response_length)'),
+    mapped('validation.reward_function', [], '(empty: the training rewards, grpo.reward_function, as cosmos-rl)'),
+    refused('validation.use_remote_reward', None, 'use [remote_reward]', noop=(False,)),
+    refused('validation.remote_reward', None, 'use [remote_reward]'),
+    refused('distillation', None, 'distillation is not supported here'),
+    refused('vla', None, 'vision-language-action training is not supported here'),
+    *_parallelism("policy"),
+    *_parallelism("rollout"),
+)
+"""Every rule, in the order of the docs table (a whole section for ``profiler``, ``distillation``,
+``vla``, ``policy.diffusers``, ``train.train_policy.remote_reward``, ``validation.remote_reward``)."""
+
+RULES: dict[str, Rule] = {rule.key: rule for rule in RULE_LIST}
+"""cosmos-rl dotted key -> :class:`Rule`."""
+if len(RULES) != len(RULE_LIST):  # pragma: no cover - a duplicated key would shadow a rule silently
+    raise ValueError("config/compat/rules.py: a cosmos-rl key has two rules")
+
+
+def rule_for(path: str) -> Rule | None:
+    """The rule of ``path`` or of the section it lies in."""
+    parts = path.split(".")
+    for i in range(len(parts), 0, -1):
+        rule = RULES.get(".".join(parts[:i]))
+        if rule is not None:
+            return rule
+    return None
+
+
+def cosmos_rl_aliases() -> dict[str, tuple[str, Callable[[Any], Any] | None]]:
+    """cosmos-rl's spellings of keys that exist here under another name: alias -> (our key, transform)."""
+    return {rule.key: (rule.target, rule.transform) for rule in RULE_LIST
+            if rule.how == "mapped" and rule.target != rule.key}  # type: ignore[misc]
+
+
+# keys inside a table a file may leave out whole: their defaults are given only when the table is there
+_OPTIONAL_TABLE = "policy.lora."
+
+COSMOS_RL_DEFAULTS: dict[str, Any] = {rule.target: rule.cosmos_rl_value() for rule in RULE_LIST  # type: ignore[misc]
+                                      if rule.fill and not rule.target.startswith(_OPTIONAL_TABLE)}  # type: ignore[union-attr]
+"""cosmos-rl's defaults that differ from ours (our keys), given to a cosmos-rl style file for the keys
+it leaves unset; generated from the rules marked ``fill``."""
+
+COSMOS_RL_LORA_DEFAULTS: dict[str, Any] = {
+    rule.target[len(_OPTIONAL_TABLE):]: rule.cosmos_rl_value() for rule in RULE_LIST  # type: ignore[index]
+    if rule.fill and rule.target.startswith(_OPTIONAL_TABLE)}  # type: ignore[union-attr]
+"""The same, for the keys of a ``[policy.lora]`` table a file has."""
+
+
+def _shown(value: Any) -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    return json.dumps(value) if isinstance(value, str) else str(value).replace("'", '"')
+
+
+def render_table() -> str:
+    """The markdown table of :data:`RULE_LIST` that ``docs/from_cosmos_rl.md`` carries (a test checks they agree)."""
+    lines = ["| cosmos-rl key | cosmos-rl default | here | what it becomes / why / what to do |", "|---|---|---|---|"]
+    for rule in RULE_LIST:
+        note = rule.note.replace("|", "\\|")
+        lines.append(f"| `{rule.key}` | `{_shown(rule.default)}` | {rule.how} | {note} |")
+    return "\n".join(lines) + "\n"
