@@ -100,3 +100,22 @@ def test_episodes_through_the_vllm_adapter_go_on_from_token_ids(standin_vllm, ti
     trainer = AutoModelForCausalLM.from_pretrained(tiny_qwen2_dir, dtype=torch.float32).eval()
     torch.testing.assert_close(teacher_logprobs(trainer, batch)[mask], batch.rollout_logprobs[mask],
                                atol=1e-4, rtol=1e-4)
+
+
+def test_episodes_cross_the_queue_with_their_masks_and_turn_rewards(model, qwen_tokenizer) -> None:
+    from cosmos_primitives.queue.record import decode_record, encode_record, record_from_group
+    from cosmos_primitives.queue.record_groups import check_trainable, group_from_record
+
+    groups = run_episodes(HFRolloutEngine(model, qwen_tokenizer), qwen_tokenizer, PROMPTS[:1], PARAMS, tool,
+                          max_turns=5)
+    record = decode_record(encode_record(record_from_group(groups[0], [6.0, 6.0], [0.0, 0.0])))
+    assert record.loss_masks == [c.loss_mask for c in groups[0].completions]
+    assert record.turn_rewards == [[1.0, 2.0, 3.0]] * 2
+    rebuilt = group_from_record(record)
+    check_trainable(record, rebuilt, qwen_tokenizer, num_completions=2)
+    assert collate_rollouts([rebuilt], qwen_tokenizer).completion_mask.tolist() == \
+        collate_rollouts(groups, qwen_tokenizer).completion_mask.tolist()
+    bad = record_from_group(groups[0], [6.0, 6.0], [0.0, 0.0])
+    with pytest.raises(ValueError, match="loss_masks\\[0\\] holds \\[2\\]"):
+        type(bad)(**{**{f: getattr(bad, f) for f in bad.__struct_fields__},
+                     "loss_masks": [[2] * len(bad.completion_token_ids[0]), bad.loss_masks[1]]})

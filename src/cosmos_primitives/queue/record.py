@@ -66,6 +66,9 @@ class RolloutRecord(msgspec.Struct, kw_only=True):
       ``logprobs``: ``n`` lists ``[L_i]`` float, the sampling distribution's log-probability (nats)
       of each generated token; ``finish_reasons``: ``n`` of ``"stop"`` / ``"length"`` / ``"repetition"``.
     - ``rewards``, ``advantages``: ``[n]`` float.
+    - ``loss_masks``: a multi-turn episode's ``n`` lists ``[L_i]`` of 1 (the model's tokens, trained) and
+      0 (the environment's, context); empty: every token trained. ``turn_rewards``: ``n`` lists of the
+      environment's reward after each model turn; empty for single-turn records.
     - ``media``: references (paths / URIs) of the prompt's images and videos, in placeholder order.
     - ``conversation``: the prompt conversation, JSON-like (media parts hold references), or the
       prompt's plain text (a ``str``, used without a chat template).
@@ -87,6 +90,8 @@ class RolloutRecord(msgspec.Struct, kw_only=True):
     finish_reasons: list[str]
     rewards: list[float]
     advantages: list[float]
+    loss_masks: list[list[int]] = msgspec.field(default_factory=list)
+    turn_rewards: list[list[float]] = msgspec.field(default_factory=list)
     media: list[str] = msgspec.field(default_factory=list)
     conversation: list[dict[str, Any]] | str = msgspec.field(default_factory=list)
     meta: dict[str, str | int | float | bool] = msgspec.field(default_factory=dict)
@@ -103,6 +108,24 @@ class RolloutRecord(msgspec.Struct, kw_only=True):
     def num_tokens(self) -> int:
         """Generated tokens over all completions (prompt not counted)."""
         return sum(len(ids) for ids in self.completion_token_ids)
+
+
+def _check_episodes(record: RolloutRecord, n: int) -> None:
+    """The multi-turn fields: one 0 / 1 loss mask per completion, as long as its tokens, training at
+    least one token, and finite turn rewards."""
+    for name in ("loss_masks", "turn_rewards"):
+        got = len(getattr(record, name))
+        if got not in (0, n):
+            raise ValueError(f"{name} has {got} entries but there are {n} completions (or give none)")
+    for i, (mask, ids) in enumerate(zip(record.loss_masks, record.completion_token_ids)):
+        if len(mask) != len(ids):
+            raise ValueError(f"loss_masks[{i}] has {len(mask)} entries for {len(ids)} token ids")
+        if not set(mask) <= {0, 1}:
+            raise ValueError(f"loss_masks[{i}] holds {sorted(set(mask) - {0, 1})}; a loss mask is 0 or 1 per token")
+    for i, values in enumerate(record.turn_rewards):
+        bad = [v for v in values if not abs(v) <= FLOAT32_MAX]
+        if bad:
+            raise ValueError(f"turn_rewards[{i}] holds {bad[0]}; rewards must be finite in float32")
 
 
 def check_record(record: RolloutRecord, vocab_size: int | None = None) -> None:
@@ -141,6 +164,7 @@ def check_record(record: RolloutRecord, vocab_size: int | None = None) -> None:
             bad = next((lp for lp in lps if not -FLOAT32_MAX <= lp <= _MAX_LOGPROB), "values whose sum overflows")
             raise ValueError(f"logprobs[{i}] holds {bad}; log-probabilities must be <= 0 and finite in float32 "
                              f"(>= -{FLOAT32_MAX:.4g}), the dtype the trainer computes with")
+    _check_episodes(record, n)
     for i, reason in enumerate(record.finish_reasons):
         if reason not in FINISH_REASONS:
             raise ValueError(f"finish_reasons[{i}] is {reason!r}; expected one of {list(FINISH_REASONS)}")
@@ -368,6 +392,10 @@ def record_from_group(
         finish_reasons=[c.finish_reason for c in group.completions],
         rewards=_floats(rewards, "rewards", n),
         advantages=_floats(advantages, "advantages", n),
+        loss_masks=[list(c.loss_mask) if c.loss_mask is not None else [1] * len(c.token_ids)
+                    for c in group.completions] if any(c.loss_mask is not None for c in group.completions) else [],
+        turn_rewards=[[float(r) for r in c.turn_rewards] for c in group.completions]
+        if any(c.turn_rewards for c in group.completions) else [],
         media=refs,
         conversation=conversation,
         meta=extras,

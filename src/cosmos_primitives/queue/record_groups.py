@@ -79,10 +79,14 @@ def group_from_record(record: RolloutRecord, settings: MediaSettings | None = No
         prompt = Prompt(conversation=loaded.conversation, prompt_id=record.prompt_id, images=loaded.images,
                         videos=loaded.videos, video_fps=loaded.video_fps,
                         video_metadata=loaded.video_metadata, reference=reference)
+    n = len(record.completions)
+    masks = record.loss_masks or [None] * n
+    turns = record.turn_rewards or [[] for _ in range(n)]
     completions = [
-        Completion(text=text, token_ids=list(ids), logprobs=list(lps), finish_reason=reason)
-        for text, ids, lps, reason in zip(record.completions, record.completion_token_ids, record.logprobs,
-                                          record.finish_reasons)
+        Completion(text=text, token_ids=list(ids), logprobs=list(lps), finish_reason=reason,
+                   loss_mask=None if mask is None else list(mask), turn_rewards=list(turn))
+        for text, ids, lps, reason, mask, turn in zip(record.completions, record.completion_token_ids,
+                                                      record.logprobs, record.finish_reasons, masks, turns)
     ]
     return RolloutGroup(prompt=prompt, prompt_token_ids=list(record.prompt_token_ids), completions=completions,
                         weight_version=record.weight_version)
