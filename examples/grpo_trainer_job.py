@@ -128,8 +128,9 @@ def main() -> None:
     cp.utils.seed_everything(cfg.train.seed)
     url = cp.queue.resolve_redis_url(config=cfg.redis)
 
-    stamp = cp.parallel.broadcast_object(time.strftime("%Y%m%d%H%M%S"))
-    run_dir = cp.utils.make_run_dir(cfg.train.output_dir, reuse_latest=bool(cfg.train.resume), timestamp=stamp)
+    # the run folder and the checkpoint to resume from, decided together (a resume continues its own run)
+    run = cp.checkpoint.start_run(cfg.train.output_dir, cfg.train.resume)
+    run_dir = run.run_dir
     if info.is_rank0:
         cp.config.dump_config(cfg, run_dir / "config.toml")
         start_fresh(cfg, url, secret, log, force)
@@ -148,7 +149,7 @@ def main() -> None:
     bad = BadSampleTracker(dataset_cfg.bad_sample_budget)  # media re-read from records; counts saved per rank
     ckpt = CheckpointManager(cfg.train.ckpt, run_dir, model=policy, optimizer=optimizer, scheduler=scheduler,
                              per_rank={"bad_samples": bad}, processor=processor)
-    state = ckpt.resume(cfg.train.resume, output_dir=cfg.train.output_dir)
+    state = ckpt.resume(run.resume_from)
     step = state.step if state else 0
     # The epoch position lives in Redis with the claims; checkpoints keep a copy for a Redis that lost it.
     # Every rank hands the ranges of records it cannot train out again; rank 0 keeps the position.

@@ -95,8 +95,9 @@ def main() -> None:
     grpo, rollout = cfg.grpo, cfg.rollout
 
     # Run directory (shared by all ranks), resolved config.
-    stamp = cp.parallel.broadcast_object(time.strftime("%Y%m%d%H%M%S"))
-    run_dir = cp.utils.make_run_dir(cfg.train.output_dir, reuse_latest=bool(cfg.train.resume), timestamp=stamp)
+    # the run folder and the checkpoint to resume from, decided together (a resume continues its own run)
+    run = cp.checkpoint.start_run(cfg.train.output_dir, cfg.train.resume)
+    run_dir = run.run_dir
     if info.is_rank0:
         cp.config.dump_config(cfg, run_dir / "config.toml")
 
@@ -130,7 +131,7 @@ def main() -> None:
     scheduler = cp.policy.build_lr_scheduler(optimizer, cfg.train, total_steps)
     ckpt = CheckpointManager(cfg.train.ckpt, run_dir, model=policy, optimizer=optimizer, scheduler=scheduler,
                              sampler=sampler, per_rank={"bad_samples": bad}, processor=processor)
-    state = ckpt.resume(cfg.train.resume, output_dir=cfg.train.output_dir)
+    state = ckpt.resume(run.resume_from)
     step = state.step if state else 0
     if state:
         sync.sync(version=step)

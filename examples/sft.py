@@ -57,8 +57,9 @@ def main() -> None:
     cp.utils.seed_everything(cfg.train.seed)
 
     # Run directory (shared by all ranks), resolved config, metrics.
-    stamp = cp.parallel.broadcast_object(time.strftime("%Y%m%d%H%M%S"))
-    run_dir = cp.utils.make_run_dir(cfg.train.output_dir, reuse_latest=bool(cfg.train.resume), timestamp=stamp)
+    # the run folder and the checkpoint to resume from, decided together (a resume continues its own run)
+    run = cp.checkpoint.start_run(cfg.train.output_dir, cfg.train.resume)
+    run_dir = run.run_dir
     if info.is_rank0:
         cp.config.dump_config(cfg, run_dir / "config.toml")
 
@@ -76,7 +77,7 @@ def main() -> None:
     scheduler = cp.policy.build_lr_scheduler(optimizer, cfg.train, total_steps)
     ckpt = CheckpointManager(cfg.train.ckpt, run_dir, model=policy, optimizer=optimizer, scheduler=scheduler,
                              sampler=loader, processor=processor)
-    state = ckpt.resume(cfg.train.resume, output_dir=cfg.train.output_dir)
+    state = ckpt.resume(run.resume_from)
     step = state.step if state else 0
     tracker = cp.logging.MetricsTracker(run_dir, cfg.logging, run_config=cp.config.config_to_dict(cfg),
                                         total_steps=total_steps, prefix="[SFT] ",

@@ -57,7 +57,6 @@ import contextlib
 import functools
 import math
 import os
-import time
 from pathlib import Path
 from typing import Any
 
@@ -218,8 +217,9 @@ def train(cfg: cp.Config) -> Path:
     info = cp.parallel.init_distributed()
     device = torch.device(info.device)
     w, s, seed = cfg.wfm, cfg.wfm.sampler, cfg.train.seed
-    stamp = cp.parallel.broadcast_object(time.strftime("%Y%m%d%H%M%S"))  # one folder for all ranks
-    run_dir = cp.utils.make_run_dir(cfg.train.output_dir, reuse_latest=bool(cfg.train.resume), timestamp=stamp)
+    # the run folder and the checkpoint to resume from, decided together (a resume continues its own run)
+    run = cp.checkpoint.start_run(cfg.train.output_dir, cfg.train.resume)
+    run_dir = run.run_dir
     if info.is_rank0:
         cp.config.dump_config(cfg, run_dir / "config.toml")
 
@@ -290,7 +290,7 @@ def train(cfg: cp.Config) -> Path:
     exporter = functools.partial(cp.checkpoint.export_diffusers, components={"vae": vae, "scheduler": noise_scheduler})
     ckpt = CheckpointManager(cfg.train.ckpt, run_dir, model=policy.transformer, optimizer=optimizer,
                              scheduler=lr_scheduler, sampler=source, frozen_params=False, exporter=exporter)
-    state = ckpt.resume(cfg.train.resume, output_dir=cfg.train.output_dir)
+    state = ckpt.resume(run.resume_from)
     step = state.step if state else 0
 
     curves = curve_keys(w)

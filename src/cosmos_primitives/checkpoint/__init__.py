@@ -24,6 +24,7 @@ _EXPORTS = {
     "Verification": "cosmos_primitives.checkpoint.manifest",
     "check_finite": "cosmos_primitives.checkpoint.nonfinite",
     "Preemption": "cosmos_primitives.checkpoint.preemption",
+    "start_run": "cosmos_primitives.checkpoint.run_start",
     "PREEMPTED_EXIT_CODE": "cosmos_primitives.checkpoint.preemption",
     "INTERRUPTED_EXIT_CODE": "cosmos_primitives.checkpoint.interrupt",
     "exit_on_interrupt": "cosmos_primitives.checkpoint.interrupt",
@@ -57,6 +58,7 @@ __all__ = [
     "find_latest_checkpoint",
     "list_checkpoints",
     "resume_command",
+    "start_run",
     "verify_checkpoint",
 ]
 
