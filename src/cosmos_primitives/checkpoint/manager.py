@@ -532,7 +532,7 @@ class CheckpointManager:
         the final one; the Hub: the final one).
         """
         final = step is None
-        out = self.safetensors_dir / ("final" if final else layout.step_dir_name(step))
+        out = self.safetensors_dir / (layout.FINAL_DIR if final else layout.step_dir_name(step))
         # a periodic export is part of its save, which "Saved checkpoint step N" reports: one line per save
         with contextlib.nullcontext() if final else quiet_exports():
             if self.exporter is not None:
