@@ -105,7 +105,6 @@ def main() -> None:
     force = "--force" in sys.argv[1:]
     cfg, config_path = cp.config.load_recipe_config(__doc__, plugins=True, jobs=True,  # + --run, --redis
                                                     argv=[a for a in sys.argv[1:] if a != "--force"])
-    info = cp.parallel.init_distributed()
     log = cp.logging.get_logger()
     dis, grpo = cfg.disaggregated, cfg.grpo
     if dis.start_local_redis:
@@ -115,23 +114,14 @@ def main() -> None:
     if cfg.validation.enable:
         raise ValueError("[validation] enable = true runs in examples/grpo_vlm.py only (this job holds no engine); "
                          "evaluate exports with examples/evaluate.py")
+    # process group, demo assets, config checks, memory plan, seed; the run folder and the checkpoint to
+    # resume from, decided together (a resume continues in its own run's folder); <run_dir>/config.toml
+    run = cp.run.start(cfg, config_path, memory_plan="disaggregated", prefix="[GRPO] ")
+    cfg, info, run_dir = run.cfg, run.info, run.run_dir
     mesh = cp.parallel.ParallelMesh(cfg.policy.parallelism, device_type=info.device.type)
-    if info.is_rank0:
-        from cosmos_primitives.testing.demo_assets import ensure_demo_assets
-
-        ensure_demo_assets(cfg)  # only acts on "demo:<path>" paths (the tiny configs)
-    cp.parallel.barrier()
-    cfg = cp.config.check_runnable(cfg, config_path)  # drops "demo:"; a missing path or refused key stops here
-    cp.data.check_plugins_read(cfg, config_path)  # a [validation.dataset] plugin (validation is off) stops here
     plan = plan_jobs(cfg, mesh.world_size)
-    cp.plan.log_memory_plan(cfg, mesh.world_size, info.device, mode="disaggregated")  # rank 0 logs
-    cp.utils.seed_everything(cfg.train.seed)
     url = cp.queue.resolve_redis_url(config=cfg.redis)
-
-    stamp = cp.parallel.broadcast_object(time.strftime("%Y%m%d%H%M%S"))
-    run_dir = cp.utils.make_run_dir(cfg.train.output_dir, reuse_latest=bool(cfg.train.resume), timestamp=stamp)
     if info.is_rank0:
-        cp.config.dump_config(cfg, run_dir / "config.toml")
         start_fresh(cfg, url, secret, log, force)
     cp.parallel.barrier()
 
@@ -148,7 +138,7 @@ def main() -> None:
     bad = BadSampleTracker(dataset_cfg.bad_sample_budget)  # media re-read from records; counts saved per rank
     ckpt = CheckpointManager(cfg.train.ckpt, run_dir, model=policy, optimizer=optimizer, scheduler=scheduler,
                              per_rank={"bad_samples": bad}, processor=processor)
-    state = ckpt.resume(cfg.train.resume, output_dir=cfg.train.output_dir)
+    state = ckpt.resume(run.resume_from)
     step = state.step if state else 0
     # The epoch position lives in Redis with the claims; checkpoints keep a copy for a Redis that lost it.
     # Every rank hands the ranges of records it cannot train out again; rank 0 keeps the position.
@@ -254,16 +244,9 @@ def main() -> None:
         if preemption.stop_here(ckpt, step, weight_version=step, extra=claims_extra):
             break
 
-    preemption.restore()  # training is over: a signal from now on ends the process at once
-    if not preemption.stopped:
-        log.info(f"[GRPO] Training finished at step {step}/{total_steps}, saving final checkpoint in huggingface "
-                 "safetensors...")
-        if info.is_rank0:
-            control.request_stop(f"trainer finished at step {step}")
+    if not preemption.stopped and info.is_rank0:
+        control.request_stop(f"trainer finished at step {step}")
     server.close()
-    if cfg.train.ckpt.export_safetensors and not preemption.stopped:
-        ckpt.export_final()
-    failures = ckpt.close()
     claims.close()
     if registry is not None:
         registry.leave(job_id)
@@ -271,15 +254,10 @@ def main() -> None:
         trained_log.close()
     control.close()
     queue.close()
-    tracker.finish()
-    if info.is_rank0:
-        named = cp.rewards.reward_metric_names(grpo.reward_function).values()
-        cp.logging.plot_run(run_dir, keys=["reward/mean", *(f"reward/{n}" for n in named),
-                                           "staleness/max", "rollout/producers"])
-    cp.parallel.destroy_distributed()
-    if failures:
-        raise SystemExit(f"{len(failures)} upload(s) failed: {failures}")
-    preemption.exit_if_stopped()  # exit status 75: preempted, restart it with train.resume=true
+    named = cp.rewards.reward_metric_names(grpo.reward_function).values()
+    # safetensors/final (unless preempted), checkpoints and uploads settled, <run dir>/curves.png, exit status
+    run.finish(ckpt, tracker, preemption, step=step, total_steps=total_steps,
+               plot=["reward/mean", *(f"reward/{n}" for n in named), "staleness/max", "rollout/producers"])
 
 
 if __name__ == "__main__":

@@ -80,25 +80,13 @@ def validate(engine, dataset: MCQPromptDataset, cfg: cp.config.Config, mesh: cp.
 
 def main() -> None:
     cfg, config_path = cp.config.load_recipe_config(__doc__, plugins=True)  # --config, --dataset, --reward
-    info = cp.parallel.init_distributed()
+    # process group, demo assets, config checks, memory plan, seed; the run folder and the checkpoint to
+    # resume from, decided together (a resume continues in its own run's folder); <run_dir>/config.toml
+    run = cp.run.start(cfg, config_path, memory_plan="colocated", prefix="[GRPO] ")
+    cfg, info, run_dir = run.cfg, run.info, run.run_dir
     log = cp.logging.get_logger()
     mesh = cp.parallel.ParallelMesh(cfg.policy.parallelism, device_type=info.device.type)
-    if info.is_rank0:
-        from cosmos_primitives.testing.demo_assets import ensure_demo_assets
-
-        ensure_demo_assets(cfg)  # only acts on "demo:<path>" paths (the tiny configs)
-    cp.parallel.barrier()
-    cfg = cp.config.check_runnable(cfg, config_path)  # drops "demo:"; a missing path or refused key stops here
-    cp.data.check_plugins_read(cfg, config_path)  # a [validation.dataset] plugin with validation off stops here
-    cp.plan.log_memory_plan(cfg, mesh.world_size, info.device, mode="colocated")  # rank 0 logs bytes per GPU
-    cp.utils.seed_everything(cfg.train.seed)
     grpo, rollout = cfg.grpo, cfg.rollout
-
-    # Run directory (shared by all ranks), resolved config.
-    stamp = cp.parallel.broadcast_object(time.strftime("%Y%m%d%H%M%S"))
-    run_dir = cp.utils.make_run_dir(cfg.train.output_dir, reuse_latest=bool(cfg.train.resume), timestamp=stamp)
-    if info.is_rank0:
-        cp.config.dump_config(cfg, run_dir / "config.toml")
 
     # Policy (trained, FSDP2 over dp_shard), KL reference, rollout engine and weight sync.
     processor = cp.policy.load_processor(cfg.policy.model_name_or_path)
@@ -130,7 +118,7 @@ def main() -> None:
     scheduler = cp.policy.build_lr_scheduler(optimizer, cfg.train, total_steps)
     ckpt = CheckpointManager(cfg.train.ckpt, run_dir, model=policy, optimizer=optimizer, scheduler=scheduler,
                              sampler=sampler, per_rank={"bad_samples": bad}, processor=processor)
-    state = ckpt.resume(cfg.train.resume, output_dir=cfg.train.output_dir)
+    state = ckpt.resume(run.resume_from)
     step = state.step if state else 0
     if state:
         sync.sync(version=step)
@@ -197,22 +185,11 @@ def main() -> None:
         if preemption.stop_here(ckpt, step, epoch=sampler.epoch, weight_version=step):
             break
 
-    preemption.restore()  # training is over: a signal from now on ends the process at once
-    if not preemption.stopped:
-        log.info(f"[GRPO] Training finished at step {step}/{total_steps}, saving final checkpoint in huggingface "
-                 "safetensors...")
-        if cfg.train.ckpt.export_safetensors:
-            ckpt.export_final()
-    failures = ckpt.close()
-    tracker.finish()
-    if info.is_rank0:
-        named = cp.rewards.reward_metric_names(grpo.reward_function).values()
-        curves = ["reward/mean", *(f"reward/{name}" for name in named), "entropy", "clip_fraction"]
-        cp.logging.plot_run(run_dir, keys=curves + (["kl"] if grpo.kl_beta else []))
-    cp.parallel.destroy_distributed()
-    if failures:
-        raise SystemExit(f"{len(failures)} upload(s) failed: {failures}")
-    preemption.exit_if_stopped()  # exit status 75: preempted, resume with train.resume=true
+    named = cp.rewards.reward_metric_names(grpo.reward_function).values()
+    curves = ["reward/mean", *(f"reward/{name}" for name in named), "entropy", "clip_fraction"]
+    # safetensors/final (unless preempted), checkpoints and uploads settled, <run dir>/curves.png, exit status
+    run.finish(ckpt, tracker, preemption, step=step, total_steps=total_steps,
+               plot=curves + (["kl"] if grpo.kl_beta else []))
 
 
 if __name__ == "__main__":

@@ -49,9 +49,9 @@ def run_recipe(script: str, config: str, overrides: list[str]) -> None:
 def final_export(output_dir: Path) -> Path:
     """``<output_dir>/<newest timestamp>/safetensors/final``."""
     run = cp.utils.latest_run_dir(output_dir)
-    if run is None or not (run / "safetensors" / "final" / "config.json").is_file():
+    if run is None or not (cp.checkpoint.final_export_dir(run) / "config.json").is_file():
         raise SystemExit(f"no exported model under {output_dir}: did the recipe fail?")
-    return run / "safetensors" / "final"
+    return cp.checkpoint.final_export_dir(run)
 
 
 def evaluate(model: Path, benchmark: Path, results: Path) -> dict[str, float]:

@@ -36,31 +36,18 @@ from cosmos_primitives.data import (
     build_sft_datasets,
     build_sft_loader,
     build_sft_validation_loader,
-    check_plugins_read,
 )
 from cosmos_primitives.policy import sft_validation_loss, without_labels
 
 
 def main() -> None:
     cfg, config_path = cp.config.load_recipe_config(__doc__, dataset_plugin=True)  # --config, --dataset
-    info = cp.parallel.init_distributed()
+    # process group, demo assets, config checks, memory plan, seed; the run folder and the checkpoint to
+    # resume from, decided together (a resume continues in its own run's folder); <run_dir>/config.toml
+    run = cp.run.start(cfg, config_path, memory_plan="sft", prefix="[SFT] ")
+    cfg, info, run_dir = run.cfg, run.info, run.run_dir
     log = cp.logging.get_logger()
     mesh = cp.parallel.ParallelMesh(cfg.policy.parallelism, device_type=info.device.type)
-    if info.is_rank0:
-        from cosmos_primitives.testing.demo_assets import ensure_demo_assets
-
-        ensure_demo_assets(cfg)  # only acts on "demo:<path>" paths (the tiny configs)
-    cp.parallel.barrier()
-    cfg = cp.config.check_runnable(cfg, config_path)  # drops "demo:"; a missing path or refused key stops here
-    check_plugins_read(cfg, config_path)  # a [validation.dataset] plugin with validation off stops here
-    cp.plan.log_memory_plan(cfg, mesh.world_size, info.device, mode="sft")  # rank 0 logs bytes per GPU
-    cp.utils.seed_everything(cfg.train.seed)
-
-    # Run directory (shared by all ranks), resolved config, metrics.
-    stamp = cp.parallel.broadcast_object(time.strftime("%Y%m%d%H%M%S"))
-    run_dir = cp.utils.make_run_dir(cfg.train.output_dir, reuse_latest=bool(cfg.train.resume), timestamp=stamp)
-    if info.is_rank0:
-        cp.config.dump_config(cfg, run_dir / "config.toml")
 
     # Model, data, optimizer.
     processor = cp.policy.load_processor(cfg.policy.model_name_or_path)
@@ -76,7 +63,7 @@ def main() -> None:
     scheduler = cp.policy.build_lr_scheduler(optimizer, cfg.train, total_steps)
     ckpt = CheckpointManager(cfg.train.ckpt, run_dir, model=policy, optimizer=optimizer, scheduler=scheduler,
                              sampler=loader, processor=processor)
-    state = ckpt.resume(cfg.train.resume, output_dir=cfg.train.output_dir)
+    state = ckpt.resume(run.resume_from)
     step = state.step if state else 0
     tracker = cp.logging.MetricsTracker(run_dir, cfg.logging, run_config=cp.config.config_to_dict(cfg),
                                         total_steps=total_steps, prefix="[SFT] ",
@@ -155,22 +142,11 @@ def main() -> None:
         if preemption.stop_here(ckpt, step, epoch=loader.epoch):
             break
 
-    preemption.restore()  # training is over: a signal from now on ends the process at once
     if val_loader is not None and validated_at != step and not preemption.stopped:
         validate(step)  # after the last step, as cosmos-rl does
-    if not preemption.stopped:
-        log.info(f"[SFT] Training finished at step {step}/{total_steps}, saving final checkpoint in huggingface "
-                 "safetensors...")
-        if cfg.train.ckpt.export_safetensors:
-            ckpt.export_final()
-    failures = ckpt.close()
-    tracker.finish()
-    if info.is_rank0:
-        cp.logging.plot_run(run_dir, keys=["loss", "val/avg_loss", "grad_norm", "lr"])  # <run dir>/curves.png
-    cp.parallel.destroy_distributed()
-    if failures:
-        raise SystemExit(f"{len(failures)} upload(s) failed: {failures}")
-    preemption.exit_if_stopped()  # exit status 75: preempted, resume with train.resume=true
+    # safetensors/final (unless preempted), checkpoints and uploads settled, <run dir>/curves.png, exit status
+    run.finish(ckpt, tracker, preemption, step=step, total_steps=total_steps,
+               plot=["loss", "val/avg_loss", "grad_norm", "lr"])
 
 
 if __name__ == "__main__":

@@ -1,63 +1,50 @@
 """World-model RL: FlowGRPO, DDRL or DiffusionNFT on a diffusers flow-matching video transformer.
 
     python examples/wfm_rl.py --config examples/configs/wfm_flowgrpo_tiny.toml
-    python examples/wfm_rl.py --config examples/configs/wfm_ddrl_tiny.toml train.max_steps=5
-    python examples/wfm_rl.py --config examples/configs/wfm_flowgrpo_tiny.toml train.resume=true
-    torchrun --nproc-per-node 8 examples/wfm_rl.py --config examples/configs/cosmos_predict2_5_2b_flowgrpo.toml
-    torchrun --nproc-per-node 8 examples/wfm_rl.py \
-        --config configs/cosmos-predict2-5/cosmos-predict2-5-2b-480-grpo.toml \
+    python examples/wfm_rl.py --config examples/configs/wfm_ddrl_tiny.toml train.max_steps=5 train.resume=true
+    torchrun --nproc-per-node 8 examples/wfm_rl.py --config examples/configs/cosmos_predict2_5_2b_flowgrpo.toml \
         policy.model_name_or_path=/path/to/diffusers-folder wfm.data.path=/path/to/clips
 
-cosmos-rl's world-model files (``configs/cosmos-predict2-5/``) are read as they are (the loader
-translates them; ``python -m cosmos_primitives.migrate FILE`` shows how, docs/from_cosmos_rl.md).
+cosmos-rl's world-model files (``configs/cosmos-predict2-5/``) are read as they are (the loader translates them;
+``python -m cosmos_primitives.migrate FILE`` shows how, docs/from_cosmos_rl.md).
 
-Each step: take this rank's next ``[wfm.data] prompts_per_step`` prompts (a shuffled, resumable
-order of a mock set or clip folder, or a stream of tar shards, local or on S3, with ``kind =
-"webdataset"``; the ``[wfm] group_ranks`` ranks of a group read the same ones), roll out
-``num_samples_per_prompt`` videos per prompt (``/ group_ranks`` on each rank of a group) with the
-SDE sampler (log-probs recorded; with ``[wfm] conditioning = "image"`` / ``"video"`` the clip's
-first latent frames, VAE-encoded, are held fixed as Cosmos-Predict2.5's image- / video-to-world
-does), decode them with the VAE, score them with the reward service, turn rewards into group
-advantages (the group's rewards gathered from its ranks), then
-update the LoRA adapters (``[policy.lora]``; without it all weights) with the FlowGRPO loss on a
-fraction of the stochastic steps (+ ``data_beta`` times the flow-matching loss on the prompts' real
-clips for DDRL; ``cp.policy.flow_grpo_update``), ``[wfm] num_minibatches`` optimizer steps per batch,
-each accumulating the gradients of micro-batches of ``[train.train_policy] mini_batch`` samples
-(the activation memory of one forward / backward). DiffusionNFT (``algorithm = "diffusion_nft"``)
-rolls out with plain ODE steps instead and trains on the clean samples alone
-(``cp.policy.diffusion_nft_update``). With ``[wfm] start_reward_server = true`` the reference reward
-server is started on loopback for the run. Metrics go to ``<output_dir>/<timestamp>/metrics.jsonl``;
-before the first step, every ``[wfm] eval_freq`` steps and after the last, deterministic rollouts of
-fixed prompts and seeds are scored and written to ``samples/step_N/`` (mp4s named by reward,
-``rewards.json``; W&B ``eval/videos`` when W&B is on), and ``curves.png`` is redrawn. A bad clip
-(empty or undecodable video, unreadable caption or embedding) is skipped, counted and logged by
-name, within ``[train.train_policy.dataset] bad_sample_budget`` (the same budget as SFT). Under
-torchrun every rank rolls out its own prompts and the transformer is FSDP2-sharded.
+Each step: take this rank's next ``[wfm.data] prompts_per_step`` prompts (``cp.data.WFMPromptSource``: a shuffled,
+resumable order of a mock set or clip folder, or a stream of tar shards, local or on S3, with ``kind =
+"webdataset"``; the ``[wfm] group_ranks`` ranks of a group read the same ones), roll out ``num_samples_per_prompt``
+videos per prompt (``/ group_ranks`` on each rank of a group) with the SDE sampler (log-probs recorded; with ``[wfm]
+conditioning = "image"`` / ``"video"`` the clip's first latent frames, VAE-encoded, are held fixed as
+Cosmos-Predict2.5's image- / video-to-world does), decode them with the VAE, score them with the reward service,
+turn rewards into group advantages (the group's rewards gathered from its ranks), then update the LoRA adapters
+(``[policy.lora]``; without it all weights) with the FlowGRPO loss on a fraction of the stochastic steps (+
+``data_beta`` times the flow-matching loss on the prompts' real clips for DDRL; ``cp.policy.flow_grpo_update``),
+``[wfm] num_minibatches`` optimizer steps per batch, each accumulating the gradients of micro-batches of
+``[train.train_policy] mini_batch`` samples (the activation memory of one forward / backward). DiffusionNFT
+(``algorithm = "diffusion_nft"``) rolls out with plain ODE steps instead and trains on the clean samples alone
+(``cp.policy.diffusion_nft_update``). With ``[wfm] start_reward_server = true`` the reference reward server is
+started on loopback for the run. Metrics go to ``<output_dir>/<timestamp>/metrics.jsonl``; before the first step,
+every ``[wfm] eval_freq`` steps and after the last, deterministic rollouts of fixed prompts and seeds are scored and
+written to ``samples/step_N/`` (mp4s named by reward, ``rewards.json``; W&B ``eval/videos`` when W&B is on), and
+``curves.png`` is redrawn.
 
-With ``[train.ckpt] enable_checkpoint`` the trainable weights (not LoRA's frozen base), AdamW and
-the LR schedule, the prompt order's position, the bad samples counted and the RNGs are saved every
-``save_freq`` steps (DCP, under ``checkpoints/``), and the trained weights go to
-``trained_weights.safetensors`` at the end. With ``export_safetensors`` a diffusers folder
-(``transformer/`` with the LoRA merged, ``lora/`` the adapters alone, ``vae/``, ``scheduler/``,
-``model_index.json``) goes to ``safetensors/step_N`` at each save and ``safetensors/final`` at the
-end.
-``train.resume=true`` goes on from the latest checkpoint exactly as if never stopped: each step
-draws its randomness (SDE noise, SDE window, trained steps, DDRL noise) from generators seeded by
-``(seed, step, rank)``, and the rewards are functions of the videos. A web dataset resumes at the
-saved shard and sample, with the bad samples counted so far. A SIGTERM or SIGUSR1 (``[train]
-signal_to_handle``) saves a checkpoint when the step in progress ends and stops the run with exit
-status 75, from which ``train.resume=true`` goes on the same way. Ctrl-C stops at once (exit status
-130, the checkpoints left whole) and prints the command that resumes the run.
+With ``[train.ckpt] enable_checkpoint`` the trainable weights (not LoRA's frozen base), AdamW and the LR schedule,
+the prompt order's position, the bad samples counted and the RNGs are saved every ``save_freq`` steps (DCP, under
+``checkpoints/``), and the trained weights go to ``trained_weights.safetensors`` at the end. With
+``export_safetensors`` a diffusers folder (``transformer/`` with the LoRA merged, ``lora/`` the adapters alone,
+``vae/``, ``scheduler/``, ``model_index.json``) goes to ``safetensors/step_N`` at each save and
+``safetensors/final`` at the end. ``train.resume=true`` goes on from the latest checkpoint, in its run's folder,
+exactly as if never stopped: each step draws its randomness (SDE noise, SDE window, trained steps, DDRL noise) from
+generators seeded by ``(seed, step, rank)``, and the rewards are functions of the videos. A web dataset resumes at
+the saved shard and sample, with the bad samples counted so far. A SIGTERM or SIGUSR1 (``[train] signal_to_handle``)
+saves a checkpoint when the step in progress ends and stops the run with exit status 75, from which
+``train.resume=true`` goes on the same way. Ctrl-C stops at once (exit status 130, the checkpoints left whole) and
+prints the command that resumes the run.
 """
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import functools
 import math
-import os
-import time
 from pathlib import Path
 from typing import Any
 
@@ -65,49 +52,24 @@ import torch
 
 import cosmos_primitives as cp
 from cosmos_primitives.checkpoint import CheckpointManager
-from cosmos_primitives.config import PolicyConfig, RemoteRewardConfig
-from cosmos_primitives.rewards.remote import RemoteRewardClient
+from cosmos_primitives.config import PolicyConfig
+from cosmos_primitives.rewards.remote import RemoteRewardClient, reward_client
 from cosmos_primitives.rollout.flow_sampler import sample_flow
 from cosmos_primitives.utils import derived_generator, derived_seed
 
-CURVES = ["reward_mean", "eval/reward_mean", "reward_std", "policy_loss", "kl", "data_loss"]
-"""The metrics drawn into ``<run_dir>/curves.png`` (those the run has)."""
+CURVES = ["reward_mean", "eval/reward_mean", "reward_std", "policy_loss", "kl", "data_loss"]  # in curves.png
 
 
 def build_models(policy: PolicyConfig, text_dim: int, device: torch.device, dtype: torch.dtype) -> tuple[Any, Any, Any]:
     """(transformer in ``dtype``, vae, noise scheduler): the tiny random ones, or a diffusers folder / hub id."""
-    if policy.model_name_or_path == "tiny":
+    if policy.model_name_or_path != "tiny":
+        transformer, vae, scheduler = cp.policy.load_flow_model(policy, dtype=dtype)
+    else:  # one fixed random model (like a checkpoint); [train] seed varies the noise and the data order
         if device.type == "cpu":
             torch.set_num_threads(1)  # tiny matrices: thread start-up costs far more than the maths
-        # one fixed random model (like a checkpoint); [train] seed varies the noise and the data order
-        transformer = cp.testing.tiny_wan_transformer(seed=0, text_dim=text_dim)
-        if dtype != torch.float32:
-            transformer = transformer.to(dtype)
+        transformer = cp.testing.tiny_wan_transformer(seed=0, text_dim=text_dim).to(dtype)
         vae, scheduler = cp.testing.tiny_wan_vae(seed=0), cp.testing.tiny_flow_scheduler()
-    else:
-        diffusers = cp.utils.require("diffusers", "loading a flow transformer")
-        path = policy.model_name_or_path
-        # torch_dtype keeps the modules the model wants in float32 (norms, time embedding) there
-        revision = {"revision": policy.model_revision} if policy.model_revision else {}  # a Hub branch
-        transformer = diffusers.AutoModel.from_pretrained(path, subfolder="transformer", torch_dtype=dtype, **revision)
-        vae = diffusers.AutoModel.from_pretrained(path, subfolder="vae", **revision)
-        # the folder names its scheduler: FlowMatchEulerDiscreteScheduler (Wan) or a flow-sigma
-        # UniPCMultistepScheduler (Cosmos-Predict2.5); only its sigma grid is used
-        scheduler_config = diffusers.FlowMatchEulerDiscreteScheduler.load_config(path, subfolder="scheduler",
-                                                                                 **revision)
-        scheduler = getattr(diffusers, scheduler_config["_class_name"]).from_config(scheduler_config)
     return transformer.to(device), vae.to(device).requires_grad_(False).eval(), scheduler
-
-
-def reward_client(remote: RemoteRewardConfig, start_server: bool, stack: contextlib.ExitStack) -> RemoteRewardClient:
-    """The reward-service client; with ``start_server`` the reference server runs on loopback for the run."""
-    if not start_server:
-        return RemoteRewardClient(remote)
-    from cosmos_primitives.rewards.server import RewardServer
-
-    token = os.environ.get(remote.token_env) or "wfm-rl-local"
-    server = stack.enter_context(RewardServer(host="127.0.0.1", port=0, token=token))
-    return RemoteRewardClient(remote, enqueue_url=server.enqueue_url, fetch_url=server.fetch_url, token=token)
 
 
 def score(client: RemoteRewardClient, vae: Any, latents: torch.Tensor, captions: list[str],
@@ -119,115 +81,25 @@ def score(client: RemoteRewardClient, vae: Any, latents: torch.Tensor, captions:
     return torch.from_numpy(client.score_sync(captions, video, "video", video_fps=fps).total).float(), video
 
 
-class PromptSource:
-    """This rank's prompts (with their clips) as ``[wfm.data]`` describes them, and where the run is in them.
-
-    A map-style dataset (``kind = "mock"`` / ``"clip_folder"``) is read in the order of a resumable
-    shuffled sampler; a web dataset (``kind = "webdataset"``) is a stream of tar shards whose reader
-    knows its own position. ``bad`` counts the bad samples against ``[train.train_policy.dataset]
-    bad_sample_budget``. The checkpoint saves :meth:`state_dict` per rank: the position (the sampler's,
-    or the reader's epoch, shard and samples read) and the bad-sample counts, so a resumed run goes on
-    where the saved one was with the budget it had left.
-    """
-
-    def __init__(self, data: Any, *, seed: int, rank: int, world_size: int, per_step: int,
-                 bad_sample_budget: int) -> None:
-        self.rank, self.per_step = rank, per_step
-        if data.kind == "webdataset":
-            def reader() -> cp.data.WebDatasetClips:
-                return cp.data.build_wfm_webdataset(data, seed=seed, rank=rank, world_size=world_size,
-                                                    bad_sample_budget=bad_sample_budget)
-
-            self.dataset, self.position = None, reader()
-            self.bad = self.position.bad
-            self._eval_reader = reader  # a fresh reader: the stream's first items
-        else:
-            self.dataset = cp.data.build_wfm_dataset(data, seed=seed)
-            self.position = cp.data.ResumableDistributedSampler(len(self.dataset), rank=rank, world_size=world_size,
-                                                               seed=seed)
-            self.bad = cp.data.BadSampleTracker(bad_sample_budget)
-
-    @property
-    def epoch(self) -> int:
-        return self.position.epoch
-
-    def state_dict(self) -> dict[str, Any]:
-        if self.dataset is None:
-            return self.position.state_dict()  # the reader's state holds its bad-sample counts
-        return {"sampler": self.position.state_dict(), "bad_samples": self.bad.state_dict()}
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        if self.dataset is None:
-            self.position.load_state_dict(state)
-        elif "sampler" in state:
-            self.position.load_state_dict(state["sampler"])
-            self.bad.load_state_dict(state["bad_samples"])
-        else:  # a checkpoint from before bad-sample counts were saved: the sampler's state alone
-            self.position.load_state_dict(state)
-
-    def steps_per_epoch(self) -> int:
-        if self.dataset is None:  # check_runnable refuses this config first
-            raise ValueError('[wfm.data] kind = "webdataset" streams without a length: set [train] max_steps')
-        return math.ceil(len(self.position) / self.per_step)
-
-    def stream(self) -> Any:
-        """The items, forever, from the current (possibly restored) position."""
-        if self.dataset is None:
-            return iter(self.position)
-        return cp.data.prompt_stream(self.dataset, self.position, self.bad)
-
-    def eval_prompts(self) -> tuple[dict[str, Any], list[int]]:
-        """``per_step`` fixed items, collated, and their ids: the dataset's from index ``rank * per_step``
-        on, or the first good items of this rank's stream."""
-        if self.dataset is None:
-            stream = iter(self._eval_reader())
-            items = [next(stream) for _ in range(self.per_step)]
-            return cp.data.collate_clips(items), list(range(self.per_step))
-        return eval_prompts(self.dataset, self.rank * self.per_step, self.per_step, self.bad)
-
-
-def eval_prompts(dataset: Any, first: int, count: int,
-                 bad: cp.data.BadSampleTracker) -> tuple[dict[str, Any], list[int]]:
-    """``count`` fixed items from index ``first`` on (wrapping), collated, and their indices; bad items
-    are recorded and passed over."""
-    items, indices = [], []
-    for offset in range(len(dataset)):
-        if len(items) == count:
-            break
-        index = (first + offset) % len(dataset)
-        try:
-            with cp.data.bad_sample_boundary(f"sample {index}"):
-                items.append(dataset[index])
-            indices.append(index)
-        except cp.data.BadSampleError as error:
-            bad.record(error, sample=f"evaluation {index}")
-    if not items:
-        raise cp.data.BadSampleBudgetExceeded(f"no good item for the evaluation prompts.\n{bad.report()}")
-    picks = [i % len(items) for i in range(count)]
-    return cp.data.collate_clips([items[i] for i in picks]), [indices[i] for i in picks]
-
-
 def curve_keys(w: Any) -> list[str]:
     """The metrics ``curves.png`` draws for ``[wfm]`` ``w``: :data:`CURVES`, less ``kl`` when ``kl_beta = 0``
     (no KL term: its panel would be a flat line)."""
     return [key for key in CURVES if key != "kl" or w.kl_beta > 0]
 
 
-def train(cfg: cp.Config) -> Path:
+def train(cfg: cp.Config, config_path: str) -> Path:
     """Run the whole loop; returns the run directory."""
-    info = cp.parallel.init_distributed()
+    # process group, config checks, [train] seed (the same LoRA initialisation on every rank and in every
+    # run: a diffusers folder's loader draws nothing); the run folder and the checkpoint to resume from,
+    # decided together (a resume continues in its own run's folder); <run_dir>/config.toml
+    run = cp.run.start(cfg, config_path)
+    cfg, info, run_dir = run.cfg, run.info, run.run_dir
     device = torch.device(info.device)
     w, s, seed = cfg.wfm, cfg.wfm.sampler, cfg.train.seed
-    stamp = cp.parallel.broadcast_object(time.strftime("%Y%m%d%H%M%S"))  # one folder for all ranks
-    run_dir = cp.utils.make_run_dir(cfg.train.output_dir, reuse_latest=bool(cfg.train.resume), timestamp=stamp)
-    if info.is_rank0:
-        cp.config.dump_config(cfg, run_dir / "config.toml")
 
     # Model: the transformer (LoRA or full fine-tuning, FSDP2 under torchrun), its VAE and sigma grid.
     dtype = cp.policy.resolve_dtype(cfg.policy.dtype)
     sharded = info.world_size > 1
-    # the same LoRA initialisation on every rank and in every run (a diffusers folder's loader draws nothing)
-    cp.utils.seed_everything(seed)
     if cp.plan.startup.is_diffusers_folder(cfg.policy.model_name_or_path):  # bytes per rank, logged by rank 0
         cp.plan.log_memory_plan(cfg, info.world_size, device, mode="wfm")
     # under FSDP2 the weights stay float32 and are gathered in [policy] dtype (mixed precision)
@@ -265,8 +137,9 @@ def train(cfg: cp.Config) -> Path:
     if spread * group != w.num_samples_per_prompt:
         raise ValueError(f"[wfm] num_samples_per_prompt = {w.num_samples_per_prompt} cannot be shared by the "
                          f"{spread} data ranks of a group ([wfm] group_ranks = {w.group_ranks})")
-    source = PromptSource(w.data, seed=seed, rank=group_index, world_size=data_ranks // spread, per_step=per_step,
-                          bad_sample_budget=cfg.train.train_policy.dataset.bad_sample_budget)
+    source = cp.data.WFMPromptSource(w.data, seed=seed, rank=group_index, world_size=data_ranks // spread,
+                                     per_step=per_step,
+                                     bad_sample_budget=cfg.train.train_policy.dataset.bad_sample_budget)
     guided = cp.rollout.to_diffusers_guidance(w.guidance_scale, w.guidance_convention) != 1.0
     negative = cp.data.negative_prompt_embedding(w.data, w.negative_prompt)[0].to(device) if guided else None
     blank = torch.zeros(1, 3, w.data.num_frames, w.data.height, w.data.width, device=device)  # every item's shape
@@ -290,15 +163,16 @@ def train(cfg: cp.Config) -> Path:
     exporter = functools.partial(cp.checkpoint.export_diffusers, components={"vae": vae, "scheduler": noise_scheduler})
     ckpt = CheckpointManager(cfg.train.ckpt, run_dir, model=policy.transformer, optimizer=optimizer,
                              scheduler=lr_scheduler, sampler=source, frozen_params=False, exporter=exporter)
-    state = ckpt.resume(cfg.train.resume, output_dir=cfg.train.output_dir)
+    state = ckpt.resume(run.resume_from)
     step = state.step if state else 0
 
     curves = curve_keys(w)
     with contextlib.ExitStack() as stack:
-        client = reward_client(cfg.remote_reward, w.start_reward_server, stack)
+        # with [wfm] start_reward_server the reference server runs on loopback for the run
+        client = reward_client(cfg.remote_reward, start_server=w.start_reward_server, stack=stack)
         tracker = cp.logging.MetricsTracker(run_dir, cfg.logging, run_config=cp.config.config_to_dict(cfg),
                                             total_steps=total_steps, resumed_step=step if cfg.train.resume else None)
-        stack.callback(tracker.finish)
+        stack.callback(tracker.finish)  # also when the loop fails
         tracker.log_text(f"{w.algorithm}: {policy.num_trainable():,} trainable weights, latents {latent_shape}, "
                          f"{group} x {per_step} rollouts of {w.num_inference_steps} steps per update and rank"
                          + (f" (groups of {group * spread} over {spread} ranks)" if spread > 1 else "") + "; "
@@ -401,34 +275,24 @@ def train(cfg: cp.Config) -> Path:
                 evaluate(step)
             if preemption.stop_here(ckpt, step, epoch=source.epoch):
                 break
-        preemption.restore()  # training is over: a signal from now on ends the process at once
-        if info.is_rank0:
-            cp.logging.plot_run(run_dir, keys=curves)
         if cfg.train.ckpt.enable_checkpoint and not preemption.stopped:
             weights = policy.adapter_state_dict()  # collective under FSDP2: every rank takes part
             if info.is_rank0:
                 from safetensors.torch import save_file
 
                 save_file(weights, str(run_dir / "trained_weights.safetensors"))
-        if not preemption.stopped:
-            ckpt.export_final()  # with export_safetensors: safetensors/final, a diffusers folder
-        failures = ckpt.close()
-    if failures:
-        raise SystemExit(f"{len(failures)} upload(s) failed: {failures}")
-    preemption.exit_if_stopped()  # exit status 75: preempted, resume with train.resume=true
+        # safetensors/final (with export_safetensors: a diffusers folder) unless preempted, checkpoints and
+        # uploads settled, <run dir>/curves.png, exit status
+        run.finish(ckpt, tracker, preemption, step=step, total_steps=total_steps, plot=curves)
     return run_dir
 
 
 def main(argv: list[str] | None = None) -> Path:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--config", required=True, help="TOML recipe, e.g. examples/configs/wfm_flowgrpo_tiny.toml")
-    parser.add_argument("overrides", nargs="*", help="dotted overrides, e.g. train.max_steps=5 wfm.clip_range=1e-3")
-    args = parser.parse_args(argv)
+    cfg, config_path = cp.config.load_recipe_config(__doc__, argv=argv)  # --config FILE, dotted overrides
     try:
-        cfg = cp.load_config(args.config, overrides=args.overrides)
-        return train(cp.config.check_runnable(cfg, args.config))  # a missing path or refused key stops here
+        return train(cfg, config_path)
     finally:
-        cp.parallel.destroy_distributed()
+        cp.parallel.destroy_distributed()  # also when start-up or the loop fails
 
 
 if __name__ == "__main__":

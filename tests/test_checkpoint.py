@@ -235,8 +235,9 @@ def test_resume_selection(tmp_path: Path) -> None:
     first.close()
     newer.mkdir(parents=True)  # a later run that crashed before its first checkpoint
 
-    # resume = true in the new run directory falls back to the newest run that has a checkpoint
-    assert Setup(seed=1).manager(newer).resume(True).step == 8
+    # resume = true looks in its own run directory only, unless told where else to look
+    assert Setup(seed=1).manager(newer).resume(True) is None
+    assert Setup(seed=1).manager(newer).resume(True, output_dir=out).step == 8
     assert Setup(seed=1).manager(newer).resume(str(older / "checkpoints" / "step_4")).step == 4
     assert Setup(seed=1).manager(newer).resume(False) is None
     assert Setup(seed=1).manager(tmp_path / "elsewhere").resume(True, output_dir=tmp_path / "empty") is None

@@ -10,7 +10,7 @@ import pytest
 import torch
 from torch import nn
 
-from cosmos_primitives.checkpoint import CheckpointManager, export_safetensors
+from cosmos_primitives.checkpoint import CheckpointManager, export_safetensors, final_export_dir
 from cosmos_primitives.checkpoint.safetensors_export import GB
 from cosmos_primitives.config import CheckpointConfig
 from cosmos_primitives.testing import tiny_qwen2_5_vl, tiny_qwen3_vl
@@ -148,4 +148,5 @@ def test_manager_exports_steps_and_final_with_rotation(tmp_path: Path) -> None:
     ckpt.close()
     assert sorted(p.name for p in (tmp_path / "safetensors").iterdir()) == ["final", "step_2", "step_3"]
     assert final == tmp_path / "safetensors" / "final" and (final / "model.safetensors.index.json").exists()
+    assert final_export_dir(tmp_path) == final  # what readers of a run folder use
     assert [p.name for p in ckpt.checkpoints()] == ["step_2", "step_3"]

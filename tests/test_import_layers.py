@@ -38,6 +38,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("policy", "rollout", "sync", "queue"),
     ("eval", "rollout.check"),  # rollout.check: the engines-vs-trainer self-check (TOOL_MODULES)
     ("testing",),
+    ("run",),  # the recipes' shared start-up and ending
 )
 TOOL_MODULES = {"rollout/check.py": "rollout.check"}
 """Modules that are units of their own (path under the package -> unit), placed in LAYERS."""

@@ -14,7 +14,7 @@ from cosmos_primitives.data.sampler import ResumableDistributedSampler
 from cosmos_primitives.data.wfm_clips import ClipFolderDataset, HashingTextEmbedder, load_text_embedding
 from cosmos_primitives.logging import metric_series, read_metrics
 from cosmos_primitives.testing import write_mp4
-from test_wfm_recipes import CONFIGS, load_example, run_recipe
+from test_wfm_recipes import CONFIGS, run_recipe
 
 HOSTILE = ("empty", "latin1", "object", "truncated", "garbage", "nan")
 
@@ -119,13 +119,15 @@ def test_wfm_rl_trains_through_a_zero_byte_clip_and_reports_it(tmp_path, capfd):
 
 
 def test_the_recipes_prompt_position_resumes_with_its_bad_sample_count(hostile_folder):
-    """What wfm_rl.py checkpoints for a clip folder: the shuffled order's position and the bad samples
-    met so far; a source restored from it yields what the saved one would, with the same count."""
+    """What wfm_rl.py checkpoints for a clip folder (cp.data.WFMPromptSource): the shuffled order's
+    position and the bad samples met so far; a source restored from it yields what the saved one would,
+    with the same count."""
     from cosmos_primitives.config import WFMDataConfig
+    from cosmos_primitives.data import WFMPromptSource
 
     data = WFMDataConfig(kind="clip_folder", path=str(hostile_folder), num_frames=2, height=8, width=8,
                          max_tokens=4, text_dim=8)
-    source_cls = load_example().PromptSource
+    source_cls = WFMPromptSource
 
     def source():
         return source_cls(data, seed=1, rank=0, world_size=1, per_step=1, bad_sample_budget=-1)

@@ -24,6 +24,7 @@ _SUBPACKAGES = (
     "queue",
     "rewards",
     "rollout",
+    "run",
     "sync",
     "testing",
     "utils",

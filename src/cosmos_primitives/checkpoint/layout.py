@@ -30,12 +30,18 @@ from typing import Any
 
 CHECKPOINTS_DIR = "checkpoints"
 SAFETENSORS_DIR = "safetensors"
+FINAL_DIR = "final"  # the export at the end of a run: <run_dir>/safetensors/final
 MARKER = "COMPLETE"
 ABANDONED_DIR = "abandoned"
 TMP_SUFFIX = ".tmp"
 _OLD_SUFFIX = ".old"
 _STEP_DIR = re.compile(r"^step_(\d+)$")
 _RUN_DIR = re.compile(r"^\d{14}$")
+
+
+def final_export_dir(run_dir: str | Path) -> Path:
+    """``<run_dir>/safetensors/final``: where a run's final Hugging Face (or diffusers) export goes."""
+    return Path(run_dir) / SAFETENSORS_DIR / FINAL_DIR
 
 
 def step_dir_name(step: int) -> str:

@@ -357,9 +357,11 @@ class CheckpointManager:
         """Restore the checkpoint ``[train] resume`` names, if any (collective).
 
         ``resume = false``: nothing. ``true``: the newest (in save order) complete checkpoint of this
-        run directory, else of the newest run under ``output_dir`` (default: the run directory's
-        parent) that has one; none found means a fresh start (logged). A path: that checkpoint, or
-        the newest complete one inside that folder; none found raises ``FileNotFoundError``.
+        run directory (with ``output_dir``, else of the newest run under it that has one: that run's
+        checkpoint is then loaded into this run's folder, so recipes pick both with
+        :func:`cosmos_primitives.checkpoint.start_run` and pass its ``resume_from`` instead); none
+        found means a fresh start (logged). A path: that checkpoint, or the newest complete one inside
+        that folder; none found raises ``FileNotFoundError``.
         Incomplete folders of this run (``*.tmp``, unmarked) are deleted first.
 
         Each candidate's files are checked against its manifests (:func:`verify_checkpoint`); one
@@ -379,8 +381,8 @@ class CheckpointManager:
             self.clean_incomplete()
             where = Path(self.run_dir if resume is True else resume)
             candidates = layout.find_checkpoints(where)
-            if resume is True and not candidates:
-                where = Path(output_dir) if output_dir is not None else self.run_dir.parent
+            if resume is True and not candidates and output_dir is not None:
+                where = Path(output_dir)
                 candidates = layout.find_checkpoints(where)
             choice = self._newest_verified(candidates, where)
         found, error = broadcast_object(choice, src=self._src, group=self._group)
@@ -389,7 +391,7 @@ class CheckpointManager:
         if found is None:
             if resume is True:
                 self._log.info("resume = true but no complete checkpoint under %s: starting from step 0",
-                               output_dir or self.run_dir.parent)
+                               output_dir or self.run_dir)
                 return None
             raise FileNotFoundError(
                 f"[train] resume = {str(resume)!r}: no complete checkpoint there. A complete checkpoint is "
@@ -532,7 +534,7 @@ class CheckpointManager:
         the final one; the Hub: the final one).
         """
         final = step is None
-        out = self.safetensors_dir / ("final" if final else layout.step_dir_name(step))
+        out = self.safetensors_dir / (layout.FINAL_DIR if final else layout.step_dir_name(step))
         # a periodic export is part of its save, which "Saved checkpoint step N" reports: one line per save
         with contextlib.nullcontext() if final else quiet_exports():
             if self.exporter is not None:

@@ -87,6 +87,7 @@ _EXPORTS = {
     "WebDatasetClips": "wfm_webdataset",
     "list_shards": "wfm_webdataset",
     "build_wfm_webdataset": "wfm_webdataset",
+    "WFMPromptSource": "wfm_prompts",
 }
 
 __all__ = sorted(_EXPORTS)
@@ -150,6 +151,7 @@ if TYPE_CHECKING:  # pragma: no cover
     )
     from cosmos_primitives.data.video_folder import VideoFolderDataset  # noqa: F401
     from cosmos_primitives.data.video_sampling import SampledVideo, VideoDecodeError, sample_video  # noqa: F401
+    from cosmos_primitives.data.wfm_prompts import WFMPromptSource  # noqa: F401
     from cosmos_primitives.data.wfm_webdataset import WebDatasetClips, build_wfm_webdataset, list_shards  # noqa: F401
 
 __getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)

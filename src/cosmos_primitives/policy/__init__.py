@@ -29,6 +29,7 @@ from cosmos_primitives.policy.diffusion import (
     transformer_blocks,
 )
 from cosmos_primitives.policy.diffusion_cp import enable_transformer_context_parallel
+from cosmos_primitives.policy.flow_loading import load_flow_model
 from cosmos_primitives.policy.flow_update import diffusion_nft_update, flow_grpo_update
 from cosmos_primitives.policy.grpo_update import (
     GRPOUpdate,
@@ -67,6 +68,7 @@ __all__ = [
     "grpo_update",
     "has_lora",
     "is_vision_language",
+    "load_flow_model",
     "load_hf_model",
     "load_processor",
     "merge_lora_state_dict",

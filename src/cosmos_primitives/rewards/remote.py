@@ -19,6 +19,7 @@ scored twice by the service (the orphan copy is never fetched and expires there)
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 from dataclasses import dataclass, field
@@ -489,9 +490,26 @@ class RemoteRewardClient:
         return run_sync(self.score(prompts, media, media_type, video_fps, extra=extra))
 
 
+def reward_client(remote: RemoteRewardConfig, *, start_server: bool = False,
+                  stack: contextlib.ExitStack | None = None) -> RemoteRewardClient:
+    """The client of ``[remote_reward]``; with ``start_server`` (``[wfm] start_reward_server``) the
+    reference reward server runs on loopback until ``stack`` closes, with the token of
+    ``$<token_env>`` (or a local one)."""
+    if not start_server:
+        return RemoteRewardClient(remote)
+    if stack is None:
+        raise ValueError("reward_client(start_server=True) needs stack: the server stops when it closes")
+    from cosmos_primitives.rewards.server import RewardServer
+
+    token = os.environ.get(remote.token_env) or "wfm-rl-local"
+    server = stack.enter_context(RewardServer(host="127.0.0.1", port=0, token=token))
+    return RemoteRewardClient(remote, enqueue_url=server.enqueue_url, fetch_url=server.fetch_url, token=token)
+
+
 __all__ = [
     "RemoteRewardClient",
     "RemoteRewardError",
     "RemoteRewardResult",
     "RewardJob",
+    "reward_client",
 ]
