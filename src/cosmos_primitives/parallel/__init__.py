@@ -1,5 +1,6 @@
-"""Process groups, the device mesh, FSDP2 / TP / activation checkpointing / per-block torch.compile, exact
-gradient clipping, and variable-length attention for packed rows."""
+"""Process groups, the device mesh, FSDP2 / activation checkpointing / per-block torch.compile, exact
+gradient clipping, and variable-length attention for packed rows (the Qwen tensor-parallel plan is
+``cp.models.apply_tensor_parallel``)."""
 
 from cosmos_primitives.parallel.activation_checkpoint import apply_activation_checkpointing
 from cosmos_primitives.parallel.compile import apply_compile

@@ -1,6 +1,6 @@
 """Weight sync from the trainer to rollout engines: in-process (colocated), bucketed
 ``torch.distributed`` broadcast (disaggregated, one job) and a weight server that rollout jobs
-fetch from (disaggregated, separate jobs), with name maps per model family."""
+fetch from (disaggregated, separate jobs); the name maps per model family are ``cp.models``'."""
 
 from cosmos_primitives.sync.broadcast import SyncGroup, WeightBroadcaster, WeightReceiver, new_sync_group
 from cosmos_primitives.sync.checks import WeightMismatchError, bitwise_equal, checksum
