@@ -8,9 +8,12 @@ tables of the lazy ``__getattr__`` loaders, ``importlib.import_module("...")``) 
 The rules:
 
 - An import never reaches a higher layer.
-- Packages of one layer may import each other (``checkpoint`` -> ``parallel``, ``policy`` ->
-  ``rollout``), but only without a cycle: within a layer the packages still stack in one order,
+- Packages of one layer may import each other (``rollout`` -> ``policy``, ``checkpoint`` ->
+  ``models``), but only without a cycle: within a layer the packages still stack in one order,
   so a loop such as ``policy`` -> ``sync`` -> ``policy`` fails even when each edge is lazy.
+- A few edges the layers would allow are ruled out by the package table (:data:`NO_EDGE`):
+  ``policy`` never imports ``rollout`` (the flow step math the update shares with the sampler is
+  ``algo``'s), and neither ``checkpoint`` nor ``sync`` imports ``policy``.
 - The modules of one package import each other freely.
 - The package root ``cosmos_primitives/__init__.py`` is the front door: it loads sub-packages on
   first use and belongs to no layer.
