@@ -258,7 +258,7 @@ class RewardServer:
         async def guard(request: Any, handler: Callable[..., Any]) -> Any:
             return await self._guard(request, handler)
 
-        # handlers read bodies themselves (server_requests.read_body); aiohttp's own limit is never reached
+        # handlers read bodies themselves (requests.read_body); aiohttp's own limit is never reached
         app = web.Application(client_max_size=self.max_body_bytes + 1, middlewares=[guard])
         app.router.add_post(ENQUEUE_PATH, self._enqueue)
         app.router.add_post(FETCH_PATH, self._fetch)
@@ -270,7 +270,7 @@ class RewardServer:
         # bodies are parsed beside the workers, so a slow reward never delays the answer to an enqueue
         self._parse_pool = concurrent.futures.ThreadPoolExecutor(2, thread_name_prefix="reward-parse")
         try:
-            # not web.TCPSite: each connection gets aiohttp's Python request parser (server_http_parser says why)
+            # not web.TCPSite: each connection gets aiohttp's Python request parser (http_parser says why)
             self._listener = await asyncio.get_running_loop().create_server(
                 python_parser_protocol(self._runner.server), self.host, self.port)
         except BaseException:
