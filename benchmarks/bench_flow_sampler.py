@@ -17,8 +17,9 @@ from collections.abc import Callable
 
 import torch
 
-from cosmos_primitives.rollout.flow_sampler import diffusers_velocity_fn, flow_sigmas, sample_flow
-from cosmos_primitives.rollout.flow_sde import SDEParams
+from cosmos_primitives.algo.flow_sde import SDEParams
+from cosmos_primitives.models.flow_transformers import diffusers_velocity_fn
+from cosmos_primitives.rollout.flow_sampler import flow_sigmas, sample_flow
 from cosmos_primitives.testing import tiny_flow_scheduler, tiny_wan_transformer
 from cosmos_primitives.utils.extras import require
 

@@ -133,7 +133,7 @@ def flowgrpo_memory_2b(dry: bool, work: Path | None = None, *, samples: int = 2,
     start = time.perf_counter()
     traj = cp.rollout.sample_flow(velocity, text, latent_shape=latent, sigmas=sigmas, timesteps=sigmas[:-1] * 1000,
                                   seeds=list(range(samples)), negative_text=negative, guidance_scale=w.guidance_scale,
-                                  sde=cp.rollout.SDEParams(noise_level=w.sampler.noise_level))
+                                  sde=cp.algo.SDEParams(noise_level=w.sampler.noise_level))
     _synchronize(dev)
     figures["rollout_s"], figures["rollout_peak_gib"] = time.perf_counter() - start, _peak_gib(dev)
     advantages = torch.randn(samples, device=dev, generator=gen)
@@ -209,8 +209,8 @@ def measure_figures(depth: int = 28, frames: tuple[int, int] = (2, 4)) -> dict[s
     import diffusers
 
     import cosmos_primitives as cp
+    from cosmos_primitives.algo.flow_sde import gaussian_mean_kl
     from cosmos_primitives.config.policy import LoraConfig
-    from cosmos_primitives.rollout.flow_sde import gaussian_mean_kl
     from cosmos_primitives.testing.activation_memory import SavedTensorBytes, peak_allocated_bytes
 
     dtype = torch.bfloat16
@@ -229,15 +229,15 @@ def measure_figures(depth: int = 28, frames: tuple[int, int] = (2, 4)) -> dict[s
 
     def trained_step(policy: Any, latent_frames: int) -> dict[str, float]:
         velocity = policy.velocity_fn()
-        traj = cp.rollout.FlowTrajectory(
+        traj = cp.algo.FlowTrajectory(
             latents=torch.randn(1, 2, 16, latent_frames, 16, 16), sigmas=sigmas, timesteps=sigmas[:-1] * 1000,
             sde_steps=torch.tensor([0]), log_probs=torch.zeros(1, 1), seeds=torch.tensor([0]), guidance_scale=4.5,
-            sde=cp.rollout.SDEParams())
+            sde=cp.algo.SDEParams())
 
         def forward() -> torch.Tensor:
-            now = cp.rollout.recompute_step(velocity, traj, 0, text, negative)
+            now = cp.algo.recompute_step(velocity, traj, 0, text, negative)
             with policy.reference() as reference:
-                ref = cp.rollout.recompute_step(reference, traj, 0, text, negative)
+                ref = cp.algo.recompute_step(reference, traj, 0, text, negative)
             return -now.log_prob.exp().mean() + 0.004 * gaussian_mean_kl(now.mean, ref.mean, now.std).mean()
 
         for p in policy.trainable_parameters():
@@ -255,7 +255,7 @@ def measure_figures(depth: int = 28, frames: tuple[int, int] = (2, 4)) -> dict[s
         with torch.no_grad():
             rollout[f * 64], _, _ = peak_allocated_bytes(lambda f=f: cp.rollout.sample_flow(
                 policy.velocity_fn(), text, latent_shape=(16, f, 16, 16), sigmas=sigmas, timesteps=sigmas[:-1] * 1000,
-                seeds=[0], negative_text=negative, guidance_scale=4.5, sde=cp.rollout.SDEParams(), sde_steps=[0]))
+                seeds=[0], negative_text=negative, guidance_scale=4.5, sde=cp.algo.SDEParams(), sde_steps=[0]))
     figures["rollout"] = _linear(rollout)
     for checkpointing in (False, True):
         saved = {blocks: _linear({f * 64: trained_step(build(blocks, checkpointing), f)["saved"] for f in frames})

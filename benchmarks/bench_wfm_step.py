@@ -18,11 +18,11 @@ import time
 import torch
 
 import cosmos_primitives as cp
+from cosmos_primitives.algo.flow_sde import SDEParams
 from cosmos_primitives.config import WFMConfig
 from cosmos_primitives.config.policy import LoraConfig
 from cosmos_primitives.policy import DiffusionPolicy, diffusion_nft_update, flow_grpo_update
 from cosmos_primitives.rollout.flow_sampler import flow_sigmas, sample_flow, sde_window
-from cosmos_primitives.rollout.flow_sde import SDEParams
 from cosmos_primitives.testing import tiny_flow_scheduler, tiny_wan_transformer
 
 SAMPLES, STEPS, TEXT_DIM = 32, 10, 32

@@ -149,9 +149,11 @@ def flowgrpo_step_2b(dry: bool, work: Path, dtype: torch.dtype | None = None) ->
     diffusers = __import__("diffusers")
     import cosmos_primitives as cp
     from cosmos_primitives.algo.flow_grpo import flow_grpo_loss
+    from cosmos_primitives.algo.flow_sde import SDEParams
+    from cosmos_primitives.algo.flow_step import recompute_step
     from cosmos_primitives.config.policy import LoraConfig
-    from cosmos_primitives.rollout.flow_sampler import cosmos_velocity_fn, recompute_step, sample_flow
-    from cosmos_primitives.rollout.flow_sde import SDEParams
+    from cosmos_primitives.models.flow_transformers import cosmos_velocity_fn
+    from cosmos_primitives.rollout.flow_sampler import sample_flow
 
     dev = device()
     torch.manual_seed(0)

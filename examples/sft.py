@@ -125,7 +125,7 @@ def main() -> None:
         grad_norm = cp.parallel.clip_grad_norm_(policy.parameters(), cfg.train.optm_grad_norm_clip)
         nll_sum = float(nll_sum)  # once per step, after the backward passes
         # a NaN / inf loss or gradient stops the run ([train] nonfinite = "stop") or skips the update
-        if cp.checkpoint.check_finite(torch.tensor(nll_sum, device=info.device), grad_norm, step=step + 1,
+        if cp.policy.check_finite(torch.tensor(nll_sum, device=info.device), grad_norm, step=step + 1,
                                       mode=cfg.train.nonfinite, group=dp_group):
             optimizer.step()
             scheduler.step()

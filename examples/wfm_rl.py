@@ -125,7 +125,7 @@ def train(cfg: cp.Config, config_path: str) -> Path:
     if w.eval_num_inference_steps > 0:  # (some schedulers refuse a grid of 0 steps)
         eval_sigmas, eval_timesteps = cp.rollout.flow_sigmas(noise_scheduler, w.eval_num_inference_steps,
                                                              shift=s.shift)
-    sde = cp.rollout.SDEParams(sde_type=s.sde_type, noise_level=s.noise_level, noise_min=s.noise_min,
+    sde = cp.algo.SDEParams(sde_type=s.sde_type, noise_level=s.noise_level, noise_min=s.noise_min,
                                noise_max=s.noise_max)
 
     # Prompts (bad clips skipped and counted, as in SFT: [train.train_policy.dataset] bad_sample_budget),
@@ -140,7 +140,7 @@ def train(cfg: cp.Config, config_path: str) -> Path:
     source = cp.data.WFMPromptSource(w.data, seed=seed, rank=group_index, world_size=data_ranks // spread,
                                      per_step=per_step,
                                      bad_sample_budget=cfg.train.train_policy.dataset.bad_sample_budget)
-    guided = cp.rollout.to_diffusers_guidance(w.guidance_scale, w.guidance_convention) != 1.0
+    guided = cp.algo.to_diffusers_guidance(w.guidance_scale, w.guidance_convention) != 1.0
     negative = cp.data.negative_prompt_embedding(w.data, w.negative_prompt)[0].to(device) if guided else None
     blank = torch.zeros(1, 3, w.data.num_frames, w.data.height, w.data.width, device=device)  # every item's shape
     latent_shape = tuple(cp.rollout.encode_video(vae, blank).shape[1:])

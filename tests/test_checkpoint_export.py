@@ -115,9 +115,9 @@ def test_one_file_export_has_an_index_too(variant: str, tmp_path: Path) -> None:
     ids = torch.tensor([[9707, 11, 1879, 0, 151644, 872, 198, 100]])
     with torch.no_grad():
         assert torch.equal(loaded(input_ids=ids).logits, model(input_ids=ids).logits)
-    family = cp.sync.get_family(model.config.model_type)
+    family = cp.models.get_family(model.config.model_type)
     tied = model.config.tie_word_embeddings
-    specs = cp.sync.map_names([n for n, _ in model.named_parameters()], "hf_checkpoint", family, tied=tied)
+    specs = cp.models.map_names([n for n, _ in model.named_parameters()], "hf_checkpoint", family, tied=tied)
     assert {s.name for s in specs} == set(tensors)
     assert ("lm_head.weight" in tensors) != tied
 

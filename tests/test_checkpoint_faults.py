@@ -14,15 +14,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from cosmos_primitives.checkpoint import (
-    CheckpointManager,
-    NonFiniteError,
-    check_finite,
-    list_checkpoints,
-    verify_checkpoint,
-)
+from cosmos_primitives.checkpoint import CheckpointManager, list_checkpoints, verify_checkpoint
 from cosmos_primitives.checkpoint.layout import MARKER
 from cosmos_primitives.config import CheckpointConfig
+from cosmos_primitives.policy import NonFiniteError, check_finite
 from cosmos_primitives.testing import run_distributed
 from test_checkpoint import Setup
 

@@ -419,7 +419,7 @@ def test_a_group_can_share_its_initial_noise() -> None:
     sigmas, timesteps = torch.tensor([1.0, 0.5, 0.0]), torch.tensor([1000.0, 500.0])
     text = torch.zeros(4, 2, 3)
     kwargs = dict(latent_shape=(2, 1, 2, 2), sigmas=sigmas, timesteps=timesteps, seeds=[1, 2, 3, 4],
-                  sde=cp.rollout.SDEParams())
+                  sde=cp.algo.SDEParams())
     shared = cp.rollout.sample_flow(velocity, text, noise_seeds=[7, 7, 8, 8], **kwargs)
     assert torch.equal(shared.initial_noise[0], shared.initial_noise[1])
     assert not torch.equal(shared.initial_noise[1], shared.initial_noise[2])
@@ -516,7 +516,7 @@ def test_each_file_runs_a_step(path: Path, tiny_inputs: tuple[Path, Path], tmp_p
     """The file as it is, with the model and data paths given, one step, and clips small enough for a CPU
     (93 frames of 720p through even a tiny VAE take minutes per rollout here)."""
     from cosmos_primitives.logging import read_metrics
-    from cosmos_primitives.rewards.server_app import RewardServer
+    from cosmos_primitives.rewards.server.app import RewardServer
     from test_wfm_recipes import run_recipe
 
     model, clips = tiny_inputs

@@ -9,24 +9,18 @@ import pytest
 import torch
 
 from cosmos_primitives.algo.flow_grpo import flow_grpo_loss
-from cosmos_primitives.config.policy import DIFFUSERS_LORA_TARGETS, LoraConfig
-from cosmos_primitives.policy.diffusion import DiffusionPolicy
-from cosmos_primitives.rollout.flow_sampler import (
-    flow_sigmas,
-    flow_velocity_fn,
-    guided_velocity,
-    recompute_step,
-    sample_flow,
-    sde_window,
-    to_diffusers_guidance,
-)
-from cosmos_primitives.rollout.flow_sde import (
+from cosmos_primitives.algo.flow_sde import (
     SDEParams,
     gaussian_log_prob,
     gaussian_mean_kl,
     ode_step,
     sde_step_stats,
 )
+from cosmos_primitives.algo.flow_step import guided_velocity, recompute_step, to_diffusers_guidance
+from cosmos_primitives.config.policy import DIFFUSERS_LORA_TARGETS, LoraConfig
+from cosmos_primitives.models.flow_transformers import flow_velocity_fn
+from cosmos_primitives.policy.diffusion import DiffusionPolicy
+from cosmos_primitives.rollout.flow_sampler import flow_sigmas, sample_flow, sde_window
 from cosmos_primitives.testing import (
     tiny_cosmos_transformer,
     tiny_flow_scheduler,

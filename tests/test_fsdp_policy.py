@@ -121,7 +121,7 @@ def _worker(text_dir: str, vl_dirs: dict[str, str]) -> dict:
     tp_par = ParallelismConfig(tp_size=2, dp_shard_size=1)
     tp_mesh = cp.parallel.ParallelMesh(tp_par, device_type="cpu")
     hf_tp = cp.policy.load_hf_model(text_dir, dtype="float32")
-    result["tp_layers"] = cp.parallel.apply_tensor_parallel(hf_tp, tp_mesh["tp"])
+    result["tp_layers"] = cp.models.apply_tensor_parallel(hf_tp, tp_mesh["tp"])
     q = hf_tp.model.layers[0].self_attn.q_proj.weight
     result["tp_q_local_shape"] = tuple(q.to_local().shape) if isinstance(q, DTensor) else None
     with torch.no_grad():
@@ -147,7 +147,7 @@ def _worker(text_dir: str, vl_dirs: dict[str, str]) -> dict:
         vl["visual_grads"] = sum(p.grad is not None for n, p in policy.named_parameters() if ".visual." in n)
         vl["lm_grads"] = sum(p.grad is not None for n, p in policy.named_parameters() if ".language_model." in n)
         hf_tp = cp.policy.load_hf_model(vl_dir, dtype="float32")
-        vl["tp_layers"] = cp.parallel.apply_tensor_parallel(hf_tp, tp_mesh["tp"])
+        vl["tp_layers"] = cp.models.apply_tensor_parallel(hf_tp, tp_mesh["tp"])
         q = hf_tp.model.language_model.layers[0].self_attn.q_proj.weight
         vl["tp_q_local_shape"] = tuple(q.to_local().shape) if isinstance(q, DTensor) else None
         vl["tp_logprobs"] = cp.policy.token_logprobs(hf_tp, _vl_batch(variant)).logprobs.detach()

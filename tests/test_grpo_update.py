@@ -93,7 +93,7 @@ def test_a_nan_advantage_stops_the_update_or_skips_its_step(rollouts) -> None:
         policy = CausalLMPolicy(copy.deepcopy(model))
         optimizer = torch.optim.SGD([p for p in policy.parameters() if p.requires_grad], lr=1.0)
         if mode == "stop":
-            with pytest.raises(cp.checkpoint.NonFiniteError, match="step 7"):
+            with pytest.raises(cp.policy.NonFiniteError, match="step 7"):
                 grpo_update(policy, None, optimizer, batch, advantages, cfg, step=7)
         else:
             grpo_update(policy, None, optimizer, batch, advantages, cfg, step=7)

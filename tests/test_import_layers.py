@@ -8,9 +8,12 @@ tables of the lazy ``__getattr__`` loaders, ``importlib.import_module("...")``) 
 The rules:
 
 - An import never reaches a higher layer.
-- Packages of one layer may import each other (``checkpoint`` -> ``parallel``, ``policy`` ->
-  ``rollout``), but only without a cycle: within a layer the packages still stack in one order,
+- Packages of one layer may import each other (``rollout`` -> ``policy``, ``checkpoint`` ->
+  ``models``), but only without a cycle: within a layer the packages still stack in one order,
   so a loop such as ``policy`` -> ``sync`` -> ``policy`` fails even when each edge is lazy.
+- A few edges the layers would allow are ruled out by the package table (:data:`NO_EDGE`):
+  ``policy`` never imports ``rollout`` (the flow step math the update shares with the sampler is
+  ``algo``'s), and neither ``checkpoint`` nor ``sync`` imports ``policy``.
 - The modules of one package import each other freely.
 - The package root ``cosmos_primitives/__init__.py`` is the front door: it loads sub-packages on
   first use and belongs to no layer.
@@ -34,15 +37,26 @@ PACKAGE_DIR = Path(cosmos_primitives.__file__).resolve().parent
 
 LAYERS: tuple[tuple[str, ...], ...] = (
     ("config", "utils", "migrate"),  # migrate: the CLI of config.compat.cosmos_rl
-    ("algo", "data", "rewards", "parallel", "checkpoint", "logging", "plot", "plan"),  # plot: the CLI of logging.plot
+    ("algo", "data", "rewards", "parallel", "logging", "plot", "plan"),  # plot: the CLI of logging.plot
+    ("models", "checkpoint"),
     ("policy", "rollout", "sync", "queue"),
-    ("eval", "rollout.check"),  # rollout.check: the engines-vs-trainer self-check (TOOL_MODULES)
+    # rollout.check: the engines-vs-trainer self-check; data.precompute_text_embeddings: a CLI that
+    # loads a text encoder with the policy's loader (TOOL_MODULES)
+    ("eval", "rollout.check", "data.precompute_text_embeddings"),
     ("testing",),
     ("run",),  # the recipes' shared start-up and ending
 )
-TOOL_MODULES = {"rollout/check.py": "rollout.check"}
+TOOL_MODULES = {"rollout/check.py": "rollout.check",
+                "data/precompute_text_embeddings.py": "data.precompute_text_embeddings"}
 """Modules that are units of their own (path under the package -> unit), placed in LAYERS."""
 LAYER_OF = {unit: i for i, units in enumerate(LAYERS) for unit in units}
+NO_EDGE = {
+    ("policy", "rollout"): "FlowGRPO's step math is algo's (algo.flow_step, algo.flow_sde), a flow "
+                           "transformer's call convention models' (models.flow_transformers)",
+    ("sync", "policy"): "the LoRA fold the weight sources need is models.lora",
+    ("checkpoint", "policy"): "the LoRA fold the export needs is models.lora",
+}
+"""Edges the layer rule would allow (same layer, or downward) that the package table rules out."""
 
 MODULE_PATH = re.compile(r"cosmos_primitives(\.\w+)+")
 
@@ -127,6 +141,12 @@ def test_no_import_goes_up_a_layer() -> None:
     upward = [f"{where} ({source} is in layer {LAYER_OF[source]}, {target} in layer {LAYER_OF[target]})"
               for source, target, where in edges if LAYER_OF[target] > LAYER_OF[source]]
     assert not upward, "imports that go up a layer:\n" + "\n".join(upward)
+
+
+def test_no_edge_the_package_table_rules_out() -> None:
+    found = [f"{where}: {NO_EDGE[(source, target)]}" for source, target, where in package_edges()
+             if (source, target) in NO_EDGE]
+    assert not found, "imports the package table (ARCHITECTURE.md) rules out:\n" + "\n".join(found)
 
 
 def test_packages_of_one_layer_import_each_other_without_a_cycle() -> None:

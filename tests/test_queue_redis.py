@@ -398,7 +398,7 @@ def test_the_trainers_bounds_dead_letter_long_and_huge_records_at_get(redis_url:
 def test_a_non_finite_step_dead_letters_its_batch_so_a_restart_goes_past_it(redis_url: str) -> None:
     """Issue 30 item 4: a record that made the step non-finite stayed unacknowledged, and the resumed
     trainer took it again and stopped at the same step, for ever."""
-    from cosmos_primitives.checkpoint import NonFiniteError
+    from cosmos_primitives.policy import NonFiniteError
     from cosmos_primitives.queue.record_groups import dead_letter_on_nonfinite
 
     cfg = fast_config(redis_url, claim_idle_s=0.3)

@@ -21,7 +21,7 @@ import pytest
 
 from cosmos_primitives.rewards.remote_protocol import encode_enqueue_body
 from cosmos_primitives.rewards.server import RewardServer
-from cosmos_primitives.rewards.server_process import RewardServerProcess
+from cosmos_primitives.rewards.server.process import RewardServerProcess
 
 TOKEN = "hostile-token"
 VIDEO = np.full((2, 3, 2, 4, 4), 100, dtype=np.uint8)
@@ -421,7 +421,7 @@ def test_unfetched_results_are_charged_to_the_memory_budget_and_evicted_oldest_f
     """Batches nobody fetches: their replies hold bytes of the budget (counted exactly: encoded reply
     plus a fixed overhead), never more than the budget; a new batch evicts the oldest results, and a
     fetch of those says why they are gone."""
-    from cosmos_primitives.rewards.server_jobs import RESULT_OVERHEAD_BYTES
+    from cosmos_primitives.rewards.server.jobs import RESULT_OVERHEAD_BYTES
 
     note = "n" * 20_000  # a long prompt per item: each reply's input_info stays small, so make many
     meta = {**GOOD_META, "prompts": [note, note]}

@@ -28,7 +28,7 @@ from cosmos_primitives.rewards.remote_errors import (
     RemoteRewardUnreachable,
 )
 from cosmos_primitives.rewards.server import RewardServer
-from cosmos_primitives.rewards.server_process import RewardServerProcess
+from cosmos_primitives.rewards.server.process import RewardServerProcess
 
 TOKEN = "test-token-123"
 

@@ -79,7 +79,7 @@ class SeedPerPromptEngine(HFRolloutEngine):
 
 
 def engines(model_dir):
-    from cosmos_primitives.checkpoint.hf_loading import load_hf_model, load_processor
+    from cosmos_primitives.policy.hf_loading import load_hf_model, load_processor
 
     processor = load_processor(model_dir)
     trainer = load_hf_model(model_dir, dtype="float32").eval()

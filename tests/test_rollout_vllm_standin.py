@@ -212,8 +212,8 @@ def test_vl_sync_into_the_engine_is_bitwise_under_vllms_names(variant: str, stan
     held = dict(engine.llm.worker.model_runner.model.named_parameters())
     names = [n for n, _ in trainer.named_parameters()]
     tied = trainer.config.tie_word_embeddings
-    family = cp.sync.get_family(trainer.config.model_type)
-    assert {s.name for s in cp.sync.map_names(names, "vllm", family, tied=tied)} == set(held)
+    family = cp.models.get_family(trainer.config.model_type)
+    assert {s.name for s in cp.models.map_names(names, "vllm", family, tied=tied)} == set(held)
     assert ("language_model.lm_head.weight" in held) != tied
     sync = cp.sync.InProcessSync(trainer, engine, layout="hf_checkpoint")
     for version in (1, 2):

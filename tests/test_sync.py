@@ -158,7 +158,7 @@ def test_qwen2_checkpoint_layout_matches_its_files(tmp_path: Path):
     with safe_open(str(tmp_path / "model.safetensors"), "pt") as f:
         keys = set(f.keys())
     names = [n for n, _ in model.named_parameters()]
-    specs = cp.sync.map_names(names, "hf_checkpoint", cp.sync.get_family("qwen2"), tied=True)
+    specs = cp.models.map_names(names, "hf_checkpoint", cp.models.get_family("qwen2"), tied=True)
     assert {s.name for s in specs} == keys
 
 
@@ -166,7 +166,7 @@ def test_vllm_layout_fuses_qkv_and_gate_up_into_an_engine_with_fused_params(vl_p
     variant, trainer, _, _ = vl_pair
     names = [n for n, _ in trainer.named_parameters()]
     params = dict(trainer.named_parameters())
-    specs = cp.sync.map_names(names, "vllm", cp.sync.get_family(trainer.config.model_type), tied=_tied(trainer))
+    specs = cp.models.map_names(names, "vllm", cp.models.get_family(trainer.config.model_type), tied=_tied(trainer))
     shapes = {s.name: (sum(params[x].shape[0] for x in s.sources), *params[s.sources[0]].shape[1:]) for s in specs}
     engine_model = module_with(shapes)
     sync = cp.sync.InProcessSync(trainer, engine_model, layout="vllm")
@@ -233,7 +233,7 @@ class _Mystery(nn.Module):
 
 
 def test_unknown_family_error_lists_known_families_and_identity_still_works():
-    with pytest.raises(cp.sync.UnknownFamilyError) as info:
+    with pytest.raises(cp.models.UnknownFamilyError) as info:
         cp.sync.InProcessSync(_Mystery(), _Mystery(), layout="hf_checkpoint")
     message = str(info.value)
     assert "'mystery_lm'" in message and "'qwen2'" in message and "'qwen2_5_vl'" in message
@@ -245,37 +245,37 @@ def test_unknown_family_error_lists_known_families_and_identity_still_works():
 
 
 def test_register_family_adds_a_family():
-    family = cp.sync.FamilyNameMap(
+    family = cp.models.FamilyNameMap(
         model_type="mystery_lm",
         prefixes={"hf_checkpoint": (("body.", "encoder."), ("head.", "lm_head."))},
     )
-    cp.sync.register_family(family, replace=True)
+    cp.models.register_family(family, replace=True)
     try:
-        assert "mystery_lm" in cp.sync.known_families()
+        assert "mystery_lm" in cp.models.known_families()
         trainer = _Mystery()
         engine = RecordingEngine()
         sync = cp.sync.InProcessSync(trainer, engine, layout="hf_checkpoint", read_back=lambda n: engine.received[n])
         sync.sync(version=1)
         assert sorted(engine.received) == ["encoder.bias", "encoder.weight", "lm_head.bias", "lm_head.weight"]
-        with pytest.raises(cp.sync.NameMapError, match="already registered"):
-            cp.sync.register_family(family)
+        with pytest.raises(cp.models.NameMapError, match="already registered"):
+            cp.models.register_family(family)
     finally:
-        from cosmos_primitives.sync import name_maps
+        from cosmos_primitives.models import name_maps
 
         name_maps._FAMILIES.pop("mystery_lm", None)
 
 
 def test_name_map_errors_say_what_and_where():
-    family = cp.sync.get_family("qwen2_5_vl")
-    with pytest.raises(cp.sync.NameMapError, match=r"'extra\.scale' matches no 'vllm' prefix rule"):
-        cp.sync.map_names(["model.visual.x", "extra.scale"], "vllm", family)
-    with pytest.raises(cp.sync.NameMapError, match=r"unknown weight layout 'sglang'"):
-        cp.sync.map_names(["a"], "sglang", family)
-    with pytest.raises(cp.sync.NameMapError, match=r"needs \['self_attn.q_proj'.*no \['self_attn.v_proj'\]"):
-        cp.sync.map_names(["model.language_model.layers.0.self_attn.q_proj.weight",
+    family = cp.models.get_family("qwen2_5_vl")
+    with pytest.raises(cp.models.NameMapError, match=r"'extra\.scale' matches no 'vllm' prefix rule"):
+        cp.models.map_names(["model.visual.x", "extra.scale"], "vllm", family)
+    with pytest.raises(cp.models.NameMapError, match=r"unknown weight layout 'sglang'"):
+        cp.models.map_names(["a"], "sglang", family)
+    with pytest.raises(cp.models.NameMapError, match=r"needs \['self_attn.q_proj'.*no \['self_attn.v_proj'\]"):
+        cp.models.map_names(["model.language_model.layers.0.self_attn.q_proj.weight",
                            "model.language_model.layers.0.self_attn.k_proj.weight"], "vllm", family)
     trainer = cpt.tiny_qwen2(seed=0)
-    with pytest.raises(cp.sync.NameMapError, match="not parameters of the engine model"):
+    with pytest.raises(cp.models.NameMapError, match="not parameters of the engine model"):
         cp.sync.InProcessSync(trainer, cpt.tiny_qwen2(seed=1), layout="vllm")
 
 

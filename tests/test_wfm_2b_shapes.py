@@ -12,14 +12,10 @@ import pytest
 import torch
 
 import cosmos_primitives as cp
-from cosmos_primitives.data.precompute_text_embeddings import (
-    SYSTEM_PROMPT,
-    main,
-    precompute_clip_folder,
-    reason_text_embeddings,
-)
+from cosmos_primitives.algo.flow_step import guided_velocity, to_diffusers_guidance
+from cosmos_primitives.data.precompute_text_embeddings import main
+from cosmos_primitives.data.text_embeddings import SYSTEM_PROMPT, precompute_clip_folder, reason_text_embeddings
 from cosmos_primitives.policy import DiffusionPolicy, check_text_width, text_width
-from cosmos_primitives.rollout.flow_sampler import guided_velocity, to_diffusers_guidance
 from cosmos_primitives.testing import (
     COSMOS_PREDICT2_5_2B_TRANSFORMER,
     cosmos_predict2_5_2b_transformer,
@@ -124,7 +120,7 @@ def test_precompute_writes_safetensors_embeddings_the_clip_loader_reads(tmp_path
     assert stored["text_embedding"].shape == (32, 2 * 64)
 
     # the values: each layer's hidden states, normalised, side by side (computed here independently)
-    model = cp.checkpoint.hf_loading.load_hf_model(encoder, dtype="float32").eval()
+    model = cp.policy.hf_loading.load_hf_model(encoder, dtype="float32").eval()
     tokenizer = AutoTokenizer.from_pretrained(encoder)
     ids = tokenizer.apply_chat_template([{"role": "system", "content": SYSTEM_PROMPT},
                                          {"role": "user", "content": "a red car turns left"}],

@@ -12,19 +12,14 @@ import pytest
 import torch
 
 import cosmos_primitives as cp
+from cosmos_primitives.algo import SDEParams, recompute_step
 from cosmos_primitives.algo.ddrl import ddrl_data_loss
 from cosmos_primitives.config import WFMConfig
 from cosmos_primitives.data import HashingTextEmbedder, MockClipDataset, collate_clips
 from cosmos_primitives.logging import read_metrics
+from cosmos_primitives.models import cosmos_velocity_fn
 from cosmos_primitives.policy import DiffusionPolicy, diffusion_nft_update, flow_grpo_update
-from cosmos_primitives.rollout import (
-    SDEParams,
-    cosmos_velocity_fn,
-    encode_video,
-    flow_sigmas,
-    recompute_step,
-    sample_flow,
-)
+from cosmos_primitives.rollout import encode_video, flow_sigmas, sample_flow
 from cosmos_primitives.testing import tiny_cosmos_transformer, tiny_flow_scheduler, tiny_wan_transformer, tiny_wan_vae
 from test_wfm_recipes import CONFIGS, run_recipe
 

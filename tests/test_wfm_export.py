@@ -11,8 +11,8 @@ import torch
 
 from cosmos_primitives.checkpoint import export_diffusers
 from cosmos_primitives.config.policy import LoraConfig
+from cosmos_primitives.models.flow_transformers import flow_velocity_fn
 from cosmos_primitives.policy import DiffusionPolicy
-from cosmos_primitives.rollout.flow_sampler import flow_velocity_fn
 from cosmos_primitives.testing import tiny_cosmos_transformer, tiny_flow_scheduler, tiny_wan_transformer, tiny_wan_vae
 
 diffusers = pytest.importorskip("diffusers")

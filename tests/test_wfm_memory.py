@@ -16,12 +16,13 @@ import warnings
 import pytest
 import torch
 
+from cosmos_primitives.algo.flow_sde import SDEParams
+from cosmos_primitives.algo.flow_step import recompute_step
 from cosmos_primitives.config.policy import LoraConfig
 from cosmos_primitives.config.wfm import WFMConfig
 from cosmos_primitives.policy import DiffusionPolicy, diffusion_nft_update, flow_grpo_update
 from cosmos_primitives.policy.flow_update import minibatch_rows, split_rows
-from cosmos_primitives.rollout.flow_sampler import recompute_step, sample_flow
-from cosmos_primitives.rollout.flow_sde import SDEParams
+from cosmos_primitives.rollout.flow_sampler import sample_flow
 from cosmos_primitives.testing import tiny_cosmos_transformer
 from cosmos_primitives.testing.activation_memory import SavedTensorBytes
 

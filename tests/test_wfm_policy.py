@@ -10,10 +10,11 @@ import pytest
 import torch
 
 from cosmos_primitives.algo.flow_grpo import flow_grpo_loss
+from cosmos_primitives.algo.flow_sde import SDEParams
+from cosmos_primitives.algo.flow_step import recompute_step
 from cosmos_primitives.config.policy import DIFFUSERS_LORA_TARGETS, LoraConfig
 from cosmos_primitives.policy.diffusion import DiffusionPolicy, apply_lora
-from cosmos_primitives.rollout.flow_sampler import flow_sigmas, recompute_step, sample_flow
-from cosmos_primitives.rollout.flow_sde import SDEParams
+from cosmos_primitives.rollout.flow_sampler import flow_sigmas, sample_flow
 from cosmos_primitives.testing import run_distributed, tiny_flow_scheduler, tiny_wan_transformer
 from cosmos_primitives.testing.models import tiny_cosmos_transformer
 

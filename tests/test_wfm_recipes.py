@@ -142,12 +142,12 @@ def test_recipe_runs_from_a_diffusers_folder_with_kl_guidance_and_minibatches(di
     timestep = torch.tensor([800.0, 300.0])
     with torch.no_grad():
         trained = policy.velocity_fn()(x, timestep, text)
-        merged = cp.rollout.flow_sampler.flow_velocity_fn(
+        merged = cp.models.flow_transformers.flow_velocity_fn(
             diffusers.WanTransformer3DModel.from_pretrained(final, subfolder="transformer"))(x, timestep, text)
         base = tiny_wan_transformer(seed=0)
-        untrained = cp.rollout.flow_sampler.flow_velocity_fn(base)(x, timestep, text)
+        untrained = cp.models.flow_transformers.flow_velocity_fn(base)(x, timestep, text)
         base.load_lora_adapter(str(final / "lora"), prefix="transformer", use_safetensors=True)
-        adapted = cp.rollout.flow_sampler.flow_velocity_fn(base)(x, timestep, text)
+        adapted = cp.models.flow_transformers.flow_velocity_fn(base)(x, timestep, text)
     assert (trained - untrained).abs().max() > 1e-4  # training moved the velocity
     torch.testing.assert_close(merged, trained, atol=1e-5, rtol=0)
     torch.testing.assert_close(adapted, trained, atol=1e-5, rtol=0)

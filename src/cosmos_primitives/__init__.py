@@ -18,6 +18,7 @@ _SUBPACKAGES = (
     "data",
     "eval",
     "logging",
+    "models",
     "parallel",
     "plan",
     "policy",

@@ -14,7 +14,7 @@ from typing import Literal
 import attrs
 import torch
 
-# (x_t [B, C, T, H, W], timestep [B], text [B, L, D], [num_condition_frames=K]) -> velocity; cp.rollout.VelocityFn
+# (x_t [B, C, T, H, W], timestep [B], text [B, L, D], [num_condition_frames=K]) -> velocity; cp.algo.VelocityFn
 VelocityFn = Callable[..., torch.Tensor]
 
 

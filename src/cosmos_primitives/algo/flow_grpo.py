@@ -2,8 +2,8 @@
 closed-form KL to the reference, and which denoising steps to train (REFERENCE.md section 3).
 
 Pure functions of tensors. The per-step log-probs come from
-:func:`cosmos_primitives.rollout.flow_sampler.recompute_step` (current policy) and the stored
-trajectory (old policy); the KL from :func:`cosmos_primitives.rollout.flow_sde.gaussian_mean_kl`.
+:func:`cosmos_primitives.algo.flow_step.recompute_step` (current policy) and the stored
+trajectory (old policy); the KL from :func:`cosmos_primitives.algo.flow_sde.gaussian_mean_kl`.
 """
 
 from __future__ import annotations

@@ -1,7 +1,6 @@
 """Resume checkpoints (DCP, sharded, atomic, checksummed, rotated in save order, sync or async),
 Hugging Face safetensors export (diffusers folders for flow transformers), background uploads to S3
-and the Hugging Face Hub, the guard that stops (or skips) a step with a non-finite loss or gradient
-before it can be saved, and preemption: a SIGTERM / SIGUSR1 saves a checkpoint before the run stops
+and the Hugging Face Hub, and preemption: a SIGTERM / SIGUSR1 saves a checkpoint before the run stops
 (Ctrl-C stops at once, keeps the checkpoints whole and prints the resume command).
 
 Names load on first use, so ``import cosmos_primitives.checkpoint`` stays cheap; boto3 and
@@ -23,14 +22,12 @@ _EXPORTS = {
     "list_checkpoints": "cosmos_primitives.checkpoint.layout",
     "verify_checkpoint": "cosmos_primitives.checkpoint.manifest",
     "Verification": "cosmos_primitives.checkpoint.manifest",
-    "check_finite": "cosmos_primitives.checkpoint.nonfinite",
     "Preemption": "cosmos_primitives.checkpoint.preemption",
     "start_run": "cosmos_primitives.checkpoint.run_start",
     "PREEMPTED_EXIT_CODE": "cosmos_primitives.checkpoint.preemption",
     "INTERRUPTED_EXIT_CODE": "cosmos_primitives.checkpoint.interrupt",
     "exit_on_interrupt": "cosmos_primitives.checkpoint.interrupt",
     "resume_command": "cosmos_primitives.checkpoint.interrupt",
-    "NonFiniteError": "cosmos_primitives.checkpoint.nonfinite",
     "Uploader": "cosmos_primitives.checkpoint.uploader",
     "UploadFailure": "cosmos_primitives.checkpoint.uploader",
     "UploadTarget": "cosmos_primitives.checkpoint.uploader",
@@ -44,7 +41,6 @@ __all__ = [
     "PREEMPTED_EXIT_CODE",
     "CheckpointManager",
     "HubTarget",
-    "NonFiniteError",
     "Preemption",
     "S3Target",
     "TrainState",
@@ -52,7 +48,6 @@ __all__ = [
     "UploadTarget",
     "Uploader",
     "Verification",
-    "check_finite",
     "exit_on_interrupt",
     "export_diffusers",
     "export_safetensors",

@@ -26,8 +26,8 @@ from typing import Any
 import torch
 from torch import nn
 
-from cosmos_primitives.checkpoint.lora_merge import ADAPTER_PARTS, lora_layers, merge_lora_state_dict
 from cosmos_primitives.checkpoint.safetensors_export import GB, export_folder, write_safetensors_shards
+from cosmos_primitives.models.lora import ADAPTER_PARTS, lora_layers, merge_lora_state_dict
 from cosmos_primitives.utils.extras import require
 
 TRANSFORMER_DIR = "transformer"

@@ -24,8 +24,8 @@ import torch.distributed as dist
 from torch import nn
 
 from cosmos_primitives.checkpoint.layout import TMP_SUFFIX, publish, remove_tree
-from cosmos_primitives.checkpoint.lora_merge import merge_lora_state_dict
 from cosmos_primitives.logging.console import get_logger
+from cosmos_primitives.models.lora import merge_lora_state_dict
 from cosmos_primitives.parallel.distributed import broadcast_object, get_rank
 
 GB = 10**9

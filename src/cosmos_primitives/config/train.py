@@ -35,7 +35,7 @@ class TrainConfig(Section, dict=True):
     cosmos-rl's schedule, formulas in ``cp.policy.lr_factor``;
     ``optm_grad_norm_clip`` clips the total gradient norm (``<= 0`` disables).
 
-    ``nonfinite``: what ``cp.checkpoint.check_finite`` does when a step's loss or gradient norm is
+    ``nonfinite``: what ``cp.policy.check_finite`` does when a step's loss or gradient norm is
     NaN / inf: ``"stop"`` raises before the optimizer step (nothing damaged is saved), ``"skip"``
     drops that step's update (the loop zeroes the gradients and goes on) and logs it.
 

@@ -122,10 +122,6 @@ if TYPE_CHECKING:  # pragma: no cover
         prompt_dataset,
         sft_plugin_dataset,
     )
-    from cosmos_primitives.data.precompute_text_embeddings import (  # noqa: F401
-        precompute_clip_folder,
-        reason_text_embeddings,
-    )
     from cosmos_primitives.data.prompt_inputs import encode_prompts, render_prompt, repeat_batch  # noqa: F401
     from cosmos_primitives.data.prompt_streaming import prompt_stream  # noqa: F401
     from cosmos_primitives.data.qwen_vl_encoding import (  # noqa: F401
@@ -149,6 +145,7 @@ if TYPE_CHECKING:  # pragma: no cover
         build_sft_validation_loader,
         split_validation,
     )
+    from cosmos_primitives.data.text_embeddings import precompute_clip_folder, reason_text_embeddings  # noqa: F401
     from cosmos_primitives.data.video_folder import VideoFolderDataset  # noqa: F401
     from cosmos_primitives.data.video_sampling import SampledVideo, VideoDecodeError, sample_video  # noqa: F401
     from cosmos_primitives.data.wfm_prompts import WFMPromptSource  # noqa: F401

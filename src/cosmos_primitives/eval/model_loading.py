@@ -13,7 +13,7 @@ from typing import Any
 
 import torch
 
-from cosmos_primitives.checkpoint.hf_loading import load_hf_model, load_processor
+from cosmos_primitives.policy.hf_loading import load_hf_model, load_processor
 from cosmos_primitives.rollout.base import RolloutEngine
 
 STANDALONE_GPU_MEMORY_UTILIZATION = 0.9

@@ -1,5 +1,6 @@
-"""Process groups, the device mesh, FSDP2 / TP / activation checkpointing / per-block torch.compile, exact
-gradient clipping, and variable-length attention for packed rows."""
+"""Process groups, the device mesh, FSDP2 / activation checkpointing / per-block torch.compile, exact
+gradient clipping, and variable-length attention for packed rows (the Qwen tensor-parallel plan is
+``cp.models.apply_tensor_parallel``)."""
 
 from cosmos_primitives.parallel.activation_checkpoint import apply_activation_checkpointing
 from cosmos_primitives.parallel.compile import apply_compile
@@ -20,7 +21,6 @@ from cosmos_primitives.parallel.fsdp import apply_fsdp, find_blocks, fsdp_units
 from cosmos_primitives.parallel.grad_norm import clip_grad_norm_, total_grad_norm
 from cosmos_primitives.parallel.group_rewards import gather_group_rewards
 from cosmos_primitives.parallel.mesh import MeshError, ParallelMesh
-from cosmos_primitives.parallel.tensor_parallel import apply_tensor_parallel, qwen2_layer_plan
 from cosmos_primitives.parallel.varlen_attention import (
     VARLEN_ATTENTION,
     available_varlen_kernels,
@@ -41,7 +41,6 @@ __all__ = [
     "apply_activation_checkpointing",
     "apply_compile",
     "apply_fsdp",
-    "apply_tensor_parallel",
     "available_varlen_kernels",
     "barrier",
     "broadcast_object",
@@ -57,7 +56,6 @@ __all__ = [
     "init_distributed",
     "is_rank0",
     "packed_attention_kwargs",
-    "qwen2_layer_plan",
     "total_grad_norm",
     "varlen_attention",
     "varlen_attention_enabled",

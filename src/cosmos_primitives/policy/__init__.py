@@ -18,8 +18,7 @@ LM head's forward (one GEMM less per chunk). A GRPO update on a rollout batch is
 :func:`grpo_update` (its KL reference :func:`grpo_reference`).
 """
 
-from cosmos_primitives.checkpoint.hf_loading import is_vision_language, load_hf_model, load_processor, resolve_dtype
-from cosmos_primitives.checkpoint.lora_merge import has_lora, merge_lora_state_dict
+from cosmos_primitives.models.lora import has_lora, merge_lora_state_dict
 from cosmos_primitives.policy.build import build_policy
 from cosmos_primitives.policy.diffusion import (
     DiffusionPolicy,
@@ -38,8 +37,10 @@ from cosmos_primitives.policy.grpo_update import (
     grpo_update,
     step_slices,
 )
+from cosmos_primitives.policy.hf_loading import is_vision_language, load_hf_model, load_processor, resolve_dtype
 from cosmos_primitives.policy.lm_policy import MODEL_INPUT_KEYS, CausalLMPolicy, token_logprobs
 from cosmos_primitives.policy.lora import adapters_disabled, apply_lora
+from cosmos_primitives.policy.nonfinite import NonFiniteError, check_finite
 from cosmos_primitives.policy.optim import WarmupDecayLR, build_lr_scheduler, build_optimizer
 from cosmos_primitives.policy.sft_validation import ValidationLoss, sft_validation_loss, without_labels
 from cosmos_primitives.policy.sft_warmup import sft_warmup
@@ -50,6 +51,7 @@ __all__ = [
     "CausalLMPolicy",
     "DiffusionPolicy",
     "GRPOUpdate",
+    "NonFiniteError",
     "TrainableSummary",
     "ValidationLoss",
     "WarmupDecayLR",
@@ -59,6 +61,7 @@ __all__ = [
     "build_lr_scheduler",
     "build_optimizer",
     "build_policy",
+    "check_finite",
     "check_text_width",
     "diffusion_nft_update",
     "enable_transformer_context_parallel",

@@ -5,16 +5,16 @@ from __future__ import annotations
 
 import torch
 
-from cosmos_primitives.checkpoint.hf_loading import load_hf_model, resolve_dtype
 from cosmos_primitives.config.policy import PolicyConfig
 from cosmos_primitives.config.train import TrainConfig
 from cosmos_primitives.logging.console import get_logger
+from cosmos_primitives.models.qwen_tensor_parallel import apply_tensor_parallel
 from cosmos_primitives.parallel.activation_checkpoint import apply_activation_checkpointing
 from cosmos_primitives.parallel.compile import COMPILE_DEVICE_TYPES, apply_compile
 from cosmos_primitives.parallel.fsdp import apply_fsdp
 from cosmos_primitives.parallel.mesh import ParallelMesh
-from cosmos_primitives.parallel.tensor_parallel import apply_tensor_parallel
 from cosmos_primitives.parallel.varlen_attention import enable_varlen_attention
+from cosmos_primitives.policy.hf_loading import load_hf_model, resolve_dtype
 from cosmos_primitives.policy.lm_policy import CausalLMPolicy
 from cosmos_primitives.policy.lora import apply_lora
 from cosmos_primitives.policy.trainable import apply_trainable_patterns, trainable_summary

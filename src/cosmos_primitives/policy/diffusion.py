@@ -18,9 +18,10 @@ from typing import Any
 import torch
 from torch.utils._pytree import tree_map
 
+from cosmos_primitives.algo.flow_step import VelocityFn
 from cosmos_primitives.config.policy import LoraConfig
+from cosmos_primitives.models.flow_transformers import flow_velocity_fn
 from cosmos_primitives.policy.lora import adapters_disabled, apply_lora
-from cosmos_primitives.rollout.flow_sampler import VelocityFn, flow_velocity_fn
 
 BLOCK_ATTRIBUTES = ("blocks", "transformer_blocks")
 """Where diffusers transformers keep their blocks (Wan, Cosmos: ``blocks``; SD3, Flux: ``transformer_blocks``)."""
@@ -114,7 +115,7 @@ class DiffusionPolicy:
             reference (needed for a KL term). Ignored with LoRA.
         gradient_checkpointing: recompute block activations in backward (diffusers' own switch).
         num_train_timesteps: the scheduler's; a Cosmos-Predict2.5 transformer is fed
-            ``timestep / num_train_timesteps`` (its sigma); see ``cp.rollout.flow_velocity_fn``.
+            ``timestep / num_train_timesteps`` (its sigma); see ``cp.models.flow_velocity_fn``.
 
     Use :meth:`velocity_fn` for rollouts and training, ``with policy.reference() as ref:`` for the
     reference velocity, :meth:`shard` for FSDP2.
@@ -144,7 +145,7 @@ class DiffusionPolicy:
         return sum(p.numel() for p in self.trainable_parameters())
 
     def velocity_fn(self, **forward_kwargs: Any) -> VelocityFn:
-        """The policy's velocity, see :func:`cosmos_primitives.rollout.flow_sampler.flow_velocity_fn`."""
+        """The policy's velocity, see :func:`cosmos_primitives.models.flow_transformers.flow_velocity_fn`."""
         return flow_velocity_fn(self.transformer, num_train_timesteps=self.num_train_timesteps, **forward_kwargs)
 
     @property

@@ -14,7 +14,7 @@ diffusers' experimental (and partly private) interfaces; re-check them when diff
 
 ``CosmosTransformer3DModel`` (Cosmos-Predict2.5) has neither a ``_cp_plan`` nor processors that take
 a parallel config in diffusers 0.42.1; it gets our own split
-(:mod:`cosmos_primitives.policy.cosmos_context_parallel`: the same Ulysses scheme, with the rope,
+(:mod:`cosmos_primitives.models.cosmos_transformer`: the same Ulysses scheme, with the rope,
 learnable position embedding and per-token time embeddings narrowed to the rank's tokens). Another
 class without a plan is refused.
 
@@ -81,7 +81,7 @@ def enable_transformer_context_parallel(transformer: torch.nn.Module, mesh: Any)
         ValueError: heads not divisible by cp, an attention backend without context parallel (Wan), or
             (at the call) a latent whose token count does not divide by cp.
     """
-    from cosmos_primitives.policy.cosmos_context_parallel import is_cosmos_transformer, split_cosmos_tokens
+    from cosmos_primitives.models.cosmos_transformer import is_cosmos_transformer, split_cosmos_tokens
 
     cp = mesh.size("cp")
     name = type(transformer).__name__

@@ -2,7 +2,7 @@
 term) on the recorded SDE steps, or DiffusionNFT on the clean samples alone.
 
 Both split the batch into ``[wfm] num_minibatches`` mini-batches with one optimizer step each,
-clip the gradient norm, and guard the step with ``cp.checkpoint.check_finite`` (``[train] nonfinite``).
+clip the gradient norm, and guard the step with ``cp.policy.check_finite`` (``[train] nonfinite``).
 They return the mean of each metric over the mini-batches (and trained steps / forward-process points).
 
 Gradient accumulation: each mini-batch runs forward / backward in micro-batches of ``micro_batch``
@@ -25,17 +25,12 @@ import torch
 from cosmos_primitives.algo.ddrl import ddrl_data_loss, noisy_latents
 from cosmos_primitives.algo.diffusion_nft import diffusion_nft_loss
 from cosmos_primitives.algo.flow_grpo import flow_grpo_loss, listed_train_steps, select_train_steps
-from cosmos_primitives.checkpoint.nonfinite import check_finite
+from cosmos_primitives.algo.flow_sde import gaussian_mean_kl
+from cosmos_primitives.algo.flow_step import FlowTrajectory, VelocityFn, recompute_step, replace_condition_frames
 from cosmos_primitives.config.wfm import WFMConfig
 from cosmos_primitives.parallel.grad_norm import clip_grad_norm_
 from cosmos_primitives.policy.diffusion import DiffusionPolicy
-from cosmos_primitives.rollout.flow_sampler import (
-    FlowTrajectory,
-    VelocityFn,
-    recompute_step,
-    replace_condition_frames,
-)
-from cosmos_primitives.rollout.flow_sde import gaussian_mean_kl
+from cosmos_primitives.policy.nonfinite import check_finite
 
 
 def _optimizer_step(policy: DiffusionPolicy, optimizer: Any, loss: torch.Tensor, grad_clip: float, *, step: int,

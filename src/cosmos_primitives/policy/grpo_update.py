@@ -23,7 +23,6 @@ from cosmos_primitives.algo.grpo_loss import grpo_loss, grpo_token_loss
 from cosmos_primitives.algo.logprobs import ScoredPositions, TokenLogProbs, scored_positions
 from cosmos_primitives.algo.prefix_filter import mask_shared_prefixes
 from cosmos_primitives.algo.rollout_correction import rollout_mismatch_metrics
-from cosmos_primitives.checkpoint.nonfinite import check_finite
 from cosmos_primitives.config.grpo import GRPOConfig
 from cosmos_primitives.data.rollout_batch import RolloutBatch
 from cosmos_primitives.parallel.grad_norm import clip_grad_norm_
@@ -31,6 +30,7 @@ from cosmos_primitives.parallel.mesh import ParallelMesh
 from cosmos_primitives.policy.build import build_policy
 from cosmos_primitives.policy.lm_policy import token_logprobs
 from cosmos_primitives.policy.lora import adapters_disabled
+from cosmos_primitives.policy.nonfinite import check_finite
 
 if TYPE_CHECKING:  # pragma: no cover
     from cosmos_primitives.config.root import Config

@@ -3,7 +3,7 @@
 An adapted linear layer computes ``W x + b + s * B (A x)`` with ``s = lora_alpha / r``, ``A``
 ``[r, in]``, ``B`` ``[out, r]``. Training updates only ``A`` and ``B``; the KL reference is the same
 network with the adapters disabled, so it costs no memory. Rollout engines and exported checkpoints
-need plain weights: :mod:`cosmos_primitives.checkpoint.lora_merge` folds ``s * B A`` into ``W``
+need plain weights: :mod:`cosmos_primitives.models.lora` folds ``s * B A`` into ``W``
 under the layer's original parameter names.
 """
 
@@ -15,7 +15,7 @@ from typing import Any
 
 import torch
 
-from cosmos_primitives.checkpoint.lora_merge import lora_layers
+from cosmos_primitives.models.lora import lora_layers
 from cosmos_primitives.utils.extras import require
 
 MIN_PEFT = "0.15"

@@ -16,7 +16,6 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from cosmos_primitives.checkpoint.nonfinite import NonFiniteError
 from cosmos_primitives.data.bad_samples import BadSampleError, BadSampleTracker
 from cosmos_primitives.data.conversation import load_conversation
 from cosmos_primitives.data.media import MediaSettings
@@ -28,6 +27,7 @@ from cosmos_primitives.data.rollout_batch import (
     same_prompt_tokens,
     vision_block_markers,
 )
+from cosmos_primitives.policy.nonfinite import NonFiniteError
 from cosmos_primitives.queue.base import RolloutQueue
 from cosmos_primitives.queue.record import RolloutRecord, record_from_group
 from cosmos_primitives.queue.staleness import StalenessFilter

@@ -133,8 +133,8 @@ def failed(name: str, exc: BaseException) -> Verdict:
 def engine_named(model: torch.nn.Module, named: Sequence[tuple[str, torch.Tensor]], backend: str) -> list[Any]:
     """``named`` (trainer names) in the names the engine of ``backend`` takes."""
     from cosmos_primitives.config.rollout import RolloutConfig
+    from cosmos_primitives.models.name_maps import resolve_family
     from cosmos_primitives.rollout.engine_factory import sync_layout
-    from cosmos_primitives.sync.name_maps import resolve_family
 
     layout = sync_layout(RolloutConfig(backend=backend))
     if layout == "hf":
@@ -234,8 +234,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args(argv)
 
-    from cosmos_primitives.checkpoint.hf_loading import load_hf_model, load_processor
     from cosmos_primitives.config.rollout import RolloutConfig
+    from cosmos_primitives.policy.hf_loading import load_hf_model, load_processor
     from cosmos_primitives.rollout.engine_factory import build_rollout_engine
 
     processor = load_processor(args.model)

@@ -52,7 +52,7 @@ def build_rollout_engine(cfg: RolloutConfig, model_path: str, processor: Any, *,
                 "whole model per rank and cannot shard it. Use backend = \"vllm\" (install the vLLM extra: "
                 "pip install 'cosmos_primitives[vllm]'; it needs a GPU) or set tp_size = 1"
             )
-        from cosmos_primitives.checkpoint.hf_loading import load_hf_model
+        from cosmos_primitives.policy.hf_loading import load_hf_model
         from cosmos_primitives.rollout.hf_engine import HFRolloutEngine
 
         model = load_hf_model(model_path, dtype=dtype).eval().to(device)

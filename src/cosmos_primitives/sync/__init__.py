@@ -1,33 +1,19 @@
 """Weight sync from the trainer to rollout engines: in-process (colocated), bucketed
 ``torch.distributed`` broadcast (disaggregated, one job) and a weight server that rollout jobs
-fetch from (disaggregated, separate jobs), with name maps per model family."""
+fetch from (disaggregated, separate jobs); the name maps per model family are ``cp.models``'."""
 
 from cosmos_primitives.sync.broadcast import SyncGroup, WeightBroadcaster, WeightReceiver, new_sync_group
 from cosmos_primitives.sync.checks import WeightMismatchError, bitwise_equal, checksum
 from cosmos_primitives.sync.in_process import InProcessSync
-from cosmos_primitives.sync.name_maps import (
-    FamilyNameMap,
-    Fusion,
-    NameMapError,
-    UnknownFamilyError,
-    get_family,
-    known_families,
-    map_names,
-    register_family,
-)
 from cosmos_primitives.sync.result import SyncResult
 from cosmos_primitives.sync.transfer_protocol import WeightTransferError
 from cosmos_primitives.sync.weight_client import WeightClient
 from cosmos_primitives.sync.weight_server import WeightServer
 
 __all__ = [
-    "FamilyNameMap",
-    "Fusion",
     "InProcessSync",
-    "NameMapError",
     "SyncGroup",
     "SyncResult",
-    "UnknownFamilyError",
     "WeightBroadcaster",
     "WeightClient",
     "WeightMismatchError",
@@ -36,9 +22,5 @@ __all__ = [
     "WeightTransferError",
     "bitwise_equal",
     "checksum",
-    "get_family",
-    "known_families",
-    "map_names",
     "new_sync_group",
-    "register_family",
 ]

@@ -39,10 +39,10 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from cosmos_primitives.models.name_maps import NameMapError
 from cosmos_primitives.parallel.param_names import clean_name
 from cosmos_primitives.sync.buckets import BucketLayout, Piece, arena_size, arena_starts
 from cosmos_primitives.sync.checks import WeightMismatchError, add_checksums, bitwise_equal, checksum
-from cosmos_primitives.sync.name_maps import NameMapError
 from cosmos_primitives.sync.result import SyncResult
 from cosmos_primitives.sync.send_plan import DEFAULT_BUCKET_BYTES, SendPlan, WirePlan, wire_dtype
 from cosmos_primitives.sync.send_plan import fingerprint as fingerprint_of

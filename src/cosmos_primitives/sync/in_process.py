@@ -24,9 +24,9 @@ import attrs
 import torch
 from torch import nn
 
+from cosmos_primitives.models.name_maps import NameMapError, TargetSpec, map_names, resolve_family
 from cosmos_primitives.parallel.param_names import clean_name
 from cosmos_primitives.sync.checks import WeightMismatchError, bitwise_equal, describe_difference
-from cosmos_primitives.sync.name_maps import NameMapError, TargetSpec, map_names, resolve_family
 from cosmos_primitives.sync.result import SyncResult
 from cosmos_primitives.sync.sources import (
     full_tensor,
@@ -74,7 +74,7 @@ class InProcessSync:
             ``RolloutEngine`` (``update_weights(named_tensors, version)`` is called with tensors in
             the engine's names; they are valid only during the call).
         layout: engine names: ``"hf"`` (identity), ``"hf_checkpoint"`` or ``"vllm"``
-            (see :mod:`cosmos_primitives.sync.name_maps`).
+            (see :mod:`cosmos_primitives.models.name_maps`).
         family: HF ``model_type`` of the name map; default: ``source.config.model_type``.
         share: alias storage where possible (``False``: always copy).
         dtype: for a ``RolloutEngine`` target, the dtype of the tensors handed over (default: the

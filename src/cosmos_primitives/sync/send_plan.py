@@ -15,8 +15,8 @@ import msgspec
 import torch
 from torch import nn
 
+from cosmos_primitives.models.name_maps import map_names, resolve_family
 from cosmos_primitives.sync.buckets import BucketLayout, Piece, layout_buckets
-from cosmos_primitives.sync.name_maps import map_names, resolve_family
 from cosmos_primitives.sync.sources import fused_shape, local_device, named_sources, ties_embeddings
 
 DEFAULT_BUCKET_BYTES = 256 << 20

@@ -6,7 +6,7 @@ import torch
 from torch import nn
 from torch.distributed.tensor import DTensor
 
-from cosmos_primitives.checkpoint.lora_merge import ADAPTER_PARTS, active_adapters, lora_layers, merged_weight
+from cosmos_primitives.models.lora import ADAPTER_PARTS, active_adapters, lora_layers, merged_weight
 from cosmos_primitives.parallel.param_names import WRAPPER_PARTS, clean_name
 
 

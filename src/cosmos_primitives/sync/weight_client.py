@@ -22,9 +22,9 @@ import redis
 import torch
 from torch import nn
 
+from cosmos_primitives.models.name_maps import NameMapError
 from cosmos_primitives.sync.broadcast import SyncGroup, WeightReceiver
 from cosmos_primitives.sync.checks import WeightMismatchError
-from cosmos_primitives.sync.name_maps import NameMapError
 from cosmos_primitives.sync.result import SyncResult
 from cosmos_primitives.sync.run_auth import AuthError, RateLimitedLog, RunSecret
 from cosmos_primitives.sync.snapshot import bucket_digest

@@ -272,7 +272,7 @@ def tiny_cosmos_transformer(seed: int = 0, latent_channels: int = 4, text_dim: i
 
     ``in_channels = latent_channels + 1`` (the condition-mask channel), a padding-mask channel added
     inside; ``timestep``: ``[B]`` sigma in ``[0, 1]``. Feed it through
-    :func:`cosmos_primitives.rollout.flow_sampler.cosmos_velocity_fn`. Needs torchvision.
+    :func:`cosmos_primitives.models.flow_transformers.cosmos_velocity_fn`. Needs torchvision.
     ``num_attention_heads`` heads of 16 channels; ``extra_pos_embed_type = "learnable"`` adds
     Cosmos-Predict2's learnable position embedding, its tables drawn at random (diffusers' are zero).
     """

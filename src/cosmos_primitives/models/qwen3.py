@@ -5,6 +5,6 @@ holds them as ``q_norm`` / ``k_norm`` too); q / k / v carry no biases.
 
 import attrs
 
-from cosmos_primitives.sync.families.qwen2 import QWEN2
+from cosmos_primitives.models.qwen2 import QWEN2
 
 QWEN3 = attrs.evolve(QWEN2, model_type="qwen3")

@@ -20,8 +20,8 @@ added), which agree on everything below:
   (``norm``, ``linear_fc1``, ``linear_fc2``), ``patch_embed.proj`` and ``pos_embed`` keep their names.
 """
 
-from cosmos_primitives.sync.families.qwen2 import GATE_UP, QKV
-from cosmos_primitives.sync.name_maps import FamilyNameMap
+from cosmos_primitives.models.name_maps import FamilyNameMap
+from cosmos_primitives.models.qwen2 import GATE_UP, QKV
 
 QWEN3_VL = FamilyNameMap(
     model_type="qwen3_vl",

@@ -9,7 +9,7 @@ Behaviour:
 
 - every request needs ``Authorization: Bearer <token>`` (401 otherwise) unless the server was made
   with ``insecure_no_token=True``;
-- every request is read and checked at one boundary (:mod:`cosmos_primitives.rewards.server_requests`):
+- every request is read and checked at one boundary (:mod:`cosmos_primitives.rewards.server.requests`):
   a client's mistake is answered 4xx with the reason, never 500: 400 (unparsable: bad JSON, JSON
   nested too deeply or holding NaN, a bad ``.npy`` header), 408 (a body that does not arrive within
   ``body_timeout_s``), 413 (over ``max_body_bytes``; fetch bodies over 64 KiB) or 422 (wrong media /
@@ -57,10 +57,10 @@ from cosmos_primitives.rewards.remote_protocol import (
     ProtocolError,
     check_media,
 )
-from cosmos_primitives.rewards.server_http_parser import python_parser_protocol
-from cosmos_primitives.rewards.server_jobs import Job, JobTable
-from cosmos_primitives.rewards.server_memory import ByteBudget
-from cosmos_primitives.rewards.server_requests import (
+from cosmos_primitives.rewards.server.http_parser import python_parser_protocol
+from cosmos_primitives.rewards.server.jobs import Job, JobTable
+from cosmos_primitives.rewards.server.memory import ByteBudget
+from cosmos_primitives.rewards.server.requests import (
     MAX_FETCH_BODY_BYTES,
     ClientGone,
     ClientMistakesLog,
@@ -69,7 +69,7 @@ from cosmos_primitives.rewards.server_requests import (
     parse_fetch,
     read_body,
 )
-from cosmos_primitives.rewards.server_rewards import RewardFn, run_reward
+from cosmos_primitives.rewards.server.rewards import RewardFn, run_reward
 from cosmos_primitives.utils.extras import require
 
 log = logging.getLogger(__name__)
@@ -87,7 +87,7 @@ class RewardServer:
         host, port: where to listen; ``port=0`` picks a free port (read it back from ``port`` / ``url``).
         token: the bearer token clients must send. Required unless ``insecure_no_token``.
         rewards: {name: reward function} added to the built-in ones (see
-            :mod:`cosmos_primitives.rewards.server_rewards` for the signature).
+            :mod:`cosmos_primitives.rewards.server.rewards` for the signature).
         builtin: host the built-in statistics ``brightness``, ``contrast``, ``colorfulness``,
             ``media_stats`` (:mod:`cosmos_primitives.rewards.media_stats`).
         max_pending: batches allowed to wait or run at once; more are answered 503.
@@ -258,7 +258,7 @@ class RewardServer:
         async def guard(request: Any, handler: Callable[..., Any]) -> Any:
             return await self._guard(request, handler)
 
-        # handlers read bodies themselves (server_requests.read_body); aiohttp's own limit is never reached
+        # handlers read bodies themselves (requests.read_body); aiohttp's own limit is never reached
         app = web.Application(client_max_size=self.max_body_bytes + 1, middlewares=[guard])
         app.router.add_post(ENQUEUE_PATH, self._enqueue)
         app.router.add_post(FETCH_PATH, self._fetch)
@@ -270,7 +270,7 @@ class RewardServer:
         # bodies are parsed beside the workers, so a slow reward never delays the answer to an enqueue
         self._parse_pool = concurrent.futures.ThreadPoolExecutor(2, thread_name_prefix="reward-parse")
         try:
-            # not web.TCPSite: each connection gets aiohttp's Python request parser (server_http_parser says why)
+            # not web.TCPSite: each connection gets aiohttp's Python request parser (http_parser says why)
             self._listener = await asyncio.get_running_loop().create_server(
                 python_parser_protocol(self._runner.server), self.host, self.port)
         except BaseException:

@@ -8,8 +8,8 @@ under ``model.visual.*`` in memory, but reads and writes checkpoints with the ol
 vision attention is already one ``attn.qkv`` in HF).
 """
 
-from cosmos_primitives.sync.families.qwen2 import GATE_UP, QKV
-from cosmos_primitives.sync.name_maps import FamilyNameMap
+from cosmos_primitives.models.name_maps import FamilyNameMap
+from cosmos_primitives.models.qwen2 import GATE_UP, QKV
 
 QWEN2_5_VL = FamilyNameMap(
     model_type="qwen2_5_vl",

@@ -16,9 +16,9 @@ under its own names, in one of three layouts:
     ``q_proj``, ``k_proj``, ``v_proj``; ``gate_up_proj`` = cat of ``gate_proj``, ``up_proj``), for an
     engine whose fused parameters are written directly.
 
-Adding a family: write ``cosmos_primitives/sync/families/<model_type>.py`` with a
-:class:`FamilyNameMap` (prefix rules per layout, fusions, the tied pair) and import it in
-``families/__init__.py``; from user code, call :func:`register_family` with the same object.
+Adding a family: write ``cosmos_primitives/models/<model_type>.py`` with a
+:class:`FamilyNameMap` (prefix rules per layout, fusions, the tied pair) and register it in
+``models/families.py``; from user code, call :func:`register_family` with the same object.
 ``model_type`` is the HF ``config.model_type`` of the trainer's model.
 """
 
@@ -129,7 +129,7 @@ def get_family(model_type: str) -> FamilyNameMap:
         raise UnknownFamilyError(
             f"no weight-sync name map for model family '{model_type}'; known families: {sorted(_FAMILIES)}. "
             "Use layout='hf' when the engine runs the same HF class, or add a FamilyNameMap "
-            "(cosmos_primitives/sync/families/, or cp.sync.register_family(...) from your script)"
+            "(cosmos_primitives/models/<model_type>.py, or cp.models.register_family(...) from your script)"
         ) from None
 
 
@@ -240,4 +240,4 @@ def _load_builtin_families() -> None:
     global _BUILTINS_LOADED
     if not _BUILTINS_LOADED:
         _BUILTINS_LOADED = True
-        import cosmos_primitives.sync.families  # noqa: F401  (registers on import)
+        import cosmos_primitives.models.families  # noqa: F401  (registers on import)

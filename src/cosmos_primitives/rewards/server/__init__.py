@@ -12,7 +12,11 @@ start without a token (``REMOTE_REWARD_TOKEN`` or ``--token``) unless ``--insecu
 given. Point clients at it with ``REMOTE_REWARD_ENQUEUE_URL=http://HOST:PORT/api/reward/enqueue``
 and ``REMOTE_REWARD_FETCH_URL=http://HOST:PORT/api/reward/pull``.
 
-The server itself is :class:`RewardServer` (:mod:`cosmos_primitives.rewards.server_app`).
+The server itself is :class:`RewardServer` (:mod:`.app`); this package holds the whole reference
+server: request handling (:mod:`.requests`, :mod:`.http_parser`: aiohttp's pure-Python parser),
+batches and their memory budget (:mod:`.jobs`, :mod:`.memory`), reward loading (:mod:`.rewards`) and
+the CLI server as a child process (:mod:`.process`). The client and rule-based rewards are in
+``cp.rewards``.
 """
 
 from __future__ import annotations
@@ -28,7 +32,7 @@ from typing import TYPE_CHECKING, Any
 from cosmos_primitives.rewards.remote_protocol import ENV_TOKEN
 
 if TYPE_CHECKING:  # pragma: no cover
-    from cosmos_primitives.rewards.server_app import RewardServer
+    from cosmos_primitives.rewards.server.app import RewardServer
 
 READY_LINE = "reward server listening on "
 
@@ -36,7 +40,7 @@ READY_LINE = "reward server listening on "
 def __getattr__(name: str) -> Any:
     # RewardServer loads on first use, so that a refused start (no token) exits before the heavy imports
     if name == "RewardServer":
-        from cosmos_primitives.rewards.server_app import RewardServer
+        from cosmos_primitives.rewards.server.app import RewardServer
 
         return RewardServer
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
@@ -80,8 +84,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: no token: set the environment variable {ENV_TOKEN} (or pass --token); "
               "--insecure-no-token serves without one", file=sys.stderr)
         return 2
-    from cosmos_primitives.rewards.server_app import RewardServer
-    from cosmos_primitives.rewards.server_rewards import load_reward_spec
+    from cosmos_primitives.rewards.server.app import RewardServer
+    from cosmos_primitives.rewards.server.rewards import load_reward_spec
 
     try:
         rewards = dict(load_reward_spec(spec) for spec in args.reward)
@@ -119,6 +123,3 @@ def main(argv: list[str] | None = None) -> int:
 
 
 __all__ = ["READY_LINE", "RewardServer", "build_parser", "main"]
-
-if __name__ == "__main__":
-    sys.exit(main())

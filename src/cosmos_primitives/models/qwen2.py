@@ -4,7 +4,7 @@ On disk the names are the same. vLLM's ``Qwen2ForCausalLM`` keeps them too, with
 projections packed into ``self_attn.qkv_proj`` and the MLP's gate / up into ``mlp.gate_up_proj``.
 """
 
-from cosmos_primitives.sync.name_maps import FamilyNameMap, Fusion
+from cosmos_primitives.models.name_maps import FamilyNameMap, Fusion
 
 QKV = Fusion("self_attn.qkv_proj", ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"))
 GATE_UP = Fusion("mlp.gate_up_proj", ("mlp.gate_proj", "mlp.up_proj"))

@@ -12,7 +12,7 @@ from typing import Any
 import numpy as np
 
 from cosmos_primitives.logging.console import get_logger
-from cosmos_primitives.rewards.server_memory import ByteBudget
+from cosmos_primitives.rewards.server.memory import ByteBudget
 
 RESULT_OVERHEAD_BYTES = 1024
 """Charged per finished batch besides its encoded replies: the job record, its uuid and table entries."""

@@ -25,7 +25,7 @@ from typing import Any
 import numpy as np
 
 from cosmos_primitives.rewards.remote_protocol import ProtocolError, check_media, parse_json
-from cosmos_primitives.rewards.server_memory import ByteBudget
+from cosmos_primitives.rewards.server.memory import ByteBudget
 
 # a fetch body is two short fields
 MAX_FETCH_BODY_BYTES = 64 * 1024
