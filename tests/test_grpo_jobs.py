@@ -153,6 +153,48 @@ def test_launch_scripts_keep_redis_private_and_secrets_off_command_lines() -> No
         assert "--requirepass" not in text and "SECRET=" not in text.replace("COSMOS_RUN_SECRET=${", ""), script
 
 
+FAKE_PYTHON = """#!/usr/bin/env bash
+# the launcher's own one-liners (-c) and the status command run for real; a job prints what it was given
+if [ "$1" = "-c" ] || [ "$2" = "cosmos_primitives.queue.status" ]; then exec {python} "$@"; fi
+echo "CUDA_VISIBLE_DEVICES=${{CUDA_VISIBLE_DEVICES:-}} ARGS=$*"
+"""
+
+
+def _launch(tmp_path: Path, args: list[str], **env: str) -> subprocess.CompletedProcess:
+    fake = tmp_path / "python"
+    fake.write_text(FAKE_PYTHON.format(python=sys.executable))
+    fake.chmod(0o755)
+    env = {**os.environ, "PYTHON": str(fake), "LOGS": str(tmp_path / "logs"), "RUN": "launch", **env}
+    return subprocess.run(["bash", "examples/run_jobs_local.sh", *args], cwd=REPO, env=env, capture_output=True,
+                          text=True, timeout=120)
+
+
+def test_one_launch_gives_each_job_its_gpus(tmp_path: Path) -> None:
+    """The single-allocation case: one launch, one config; TRAINER_GPUS go to one torchrun of the trainer job,
+    each ROLLOUT_GPUS entry to one rollout job (a redis-server is started and stopped for real)."""
+    proc = _launch(tmp_path, ["train.max_steps=3"], TRAINER_GPUS="0,1", ROLLOUT_GPUS="2 3,4")
+    assert proc.returncode == 0, proc.stderr
+    trainer = (tmp_path / "logs" / "trainer.log").read_text()
+    assert "CUDA_VISIBLE_DEVICES=0,1 ARGS=-m torch.distributed.run --standalone --nproc_per_node 2 " \
+           "examples/grpo_trainer_job.py --config examples/configs/grpo_tiny_jobs.toml --run-name launch " \
+           "train.max_steps=3" in trainer, trainer
+    rollouts = sorted((tmp_path / "logs").glob("rollout_*.log"))
+    assert [p.name for p in rollouts] == ["rollout_1.log", "rollout_2.log"]
+    assert "CUDA_VISIBLE_DEVICES=2 ARGS=-m torch.distributed.run --standalone --nproc_per_node 1 " \
+           "examples/grpo_rollout_job.py" in rollouts[0].read_text()
+    assert "CUDA_VISIBLE_DEVICES=3,4 ARGS=-m torch.distributed.run --standalone --nproc_per_node 2 " \
+           "examples/grpo_rollout_job.py" in rollouts[1].read_text()
+    # without GPUs: N rollout jobs on whatever they see, plain python, the same run name and overrides
+    proc = _launch(tmp_path, ["3", "train.max_steps=3"], LOGS=str(tmp_path / "cpu"))
+    assert proc.returncode == 0, proc.stderr
+    assert len(list((tmp_path / "cpu").glob("rollout_*.log"))) == 3
+    assert "ARGS=examples/grpo_trainer_job.py --config examples/configs/grpo_tiny_jobs.toml --run launch " \
+           "train.max_steps=3" in (tmp_path / "cpu" / "trainer.log").read_text()
+    # a count that disagrees with the GPU list is refused, naming both
+    proc = _launch(tmp_path, ["3"], LOGS=str(tmp_path / "bad"), ROLLOUT_GPUS="1 2")
+    assert proc.returncode == 2 and "N=3 but ROLLOUT_GPUS=\"1 2\" names 2 rollout jobs" in proc.stderr
+
+
 @pytest.mark.slow
 def test_a_fresh_trainer_job_refuses_a_run_held_by_a_live_trainer_and_force_clears_it(
         grpo_assets, redis_url: str, tmp_path: Path) -> None:
