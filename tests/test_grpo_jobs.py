@@ -464,3 +464,52 @@ def test_every_prompt_of_the_epoch_is_trained_once_across_trainer_rollout_and_re
                 kill_tree(proc)
         client.close()
         server.close()
+
+
+@pytest.mark.slow
+def test_a_lora_trainer_of_two_ranks_checkpoints_and_resumes_with_the_queue_kept(grpo_assets, redis_url: str,
+                                                                                tmp_path: Path) -> None:
+    """Ported from the one-job recipe's tests: a trainer job of two ranks with a LoRA policy saves a
+    checkpoint every step among its ranks and finishes at step 2 (its rollout job stops); restarted with
+    ``train.resume=true`` and ``max_steps=3`` it keeps the queue and the prompt claims, and a new rollout
+    job starts from the resumed (merged) weights, version 2, not from the SFT model's 0."""
+    small = ["grpo.rollout_batch_size=2", "grpo.num_samples_per_prompt=4", "rollout.max_response_length=8",
+             "train.optm_warmup_steps=0", "train.ckpt.enable_checkpoint=true", "train.ckpt.save_freq=1",
+             "train.ckpt.export_safetensors=false", "policy.lora={r = 4, lora_alpha = 8.0}",
+             "disaggregated.heartbeat_ttl_s=4"]
+    common = ["--run-name", "lora_resume", "--redis", redis_url, *grpo_assets(CONFIG), *small]
+    trainer_args = [*common, f"train.output_dir={tmp_path / 'trainer'}"]
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    trainer_script = REPO / "examples" / "grpo_trainer_job.py"
+    rollout_script = REPO / "examples" / "grpo_rollout_job.py"
+    first = launch_recipe(trainer_script, CONFIG, [*trainer_args, "train.max_steps=2"], logs / "first.log", cwd=REPO,
+                          nproc=2, new_session=True)
+    rollout = launch_recipe(rollout_script, CONFIG, common, logs / "rollout_1.log", cwd=REPO, new_session=True)
+    procs = [first, rollout]
+    try:
+        finish(first, logs / "first.log", timeout_s=600)
+        finish(rollout, logs / "rollout_1.log", timeout_s=120)
+        run_dir = only_run_dir(tmp_path / "trainer")
+        assert sorted(p.name for p in (run_dir / "checkpoints").iterdir()) == ["step_1", "step_2"]
+        first_ids = {r["record_id"] for r in read_jsonl(run_dir / "records.jsonl")}
+
+        restarted = launch_recipe(trainer_script, CONFIG, [*trainer_args, "train.max_steps=3", "train.resume=true"],
+                                  logs / "restarted.log", cwd=REPO, nproc=2, new_session=True)
+        second = launch_recipe(rollout_script, CONFIG, common, logs / "rollout_2.log", cwd=REPO, new_session=True)
+        procs += [restarted, second]
+        text = finish(restarted, logs / "restarted.log", timeout_s=600)
+        assert f"Resumed from {run_dir / 'checkpoints' / 'step_2'} (step 2," in text, text[-3000:]
+        assert [r["step"] for r in read_jsonl(run_dir / "metrics.jsonl")] == [1, 2, 3]
+        assert (run_dir / "checkpoints" / "step_3").is_dir()
+        finish(second, logs / "rollout_2.log", timeout_s=120)
+        rollout_log = (logs / "rollout_2.log").read_text(errors="replace")
+        assert int(re.search(r"loaded weight version (\d+)", rollout_log).group(1)) >= 2, rollout_log[-3000:]
+        assert "stopping (trainer finished at step 3)" in rollout_log
+        # the queue and the claims were kept: step 3 trained prompts the first run had not
+        step3 = {r["record_id"] for r in read_jsonl(run_dir / "records.jsonl") if r["step"] == 3}
+        assert step3 and not step3 & first_ids
+    finally:
+        for proc in procs:
+            if proc.poll() is None:
+                kill_tree(proc)

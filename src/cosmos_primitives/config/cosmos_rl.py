@@ -60,9 +60,9 @@ class KeyRule:
 # key | cosmos-rl default (TOML, "-" = none) | how | values asking for nothing (TOML array, "-") | note.
 # mapped: the note starts with our key ("=" when it is the same key); ignored: why; refused: what to do.
 _TABLE = r"""
-redis | "" | ignored | - | launcher-only: the cosmos-rl controller's Redis port; the disaggregated recipe takes [redis] url or starts its own
+redis | "" | ignored | - | launcher-only: the cosmos-rl controller's Redis port; the trainer and rollout jobs take --redis (examples/run_jobs_local.sh starts a private one)
 eth_ips | "" | ignored | - | launcher-only: controller addresses; torchrun places the ranks
-mode | "disaggregated" | ignored | - | launcher-only: pick the recipe instead (examples/grpo_vlm.py shares GPUs, examples/grpo_vlm_disaggregated.py splits them)
+mode | "disaggregated" | ignored | - | launcher-only: pick the recipe instead (examples/grpo_vlm.py shares GPUs; examples/run_jobs_local.sh starts the trainer and rollout jobs on GPUs of their own)
 controller_execution_id | - | ignored | - | launcher-only: the controller's attempt fence
 custom | - | mapped | - | = (free-form table for your own code)
 train.train_policy.type | - | mapped | - | =
