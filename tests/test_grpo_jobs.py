@@ -472,11 +472,12 @@ def test_a_lora_trainer_of_two_ranks_checkpoints_and_resumes_with_the_queue_kept
     """Ported from the one-job recipe's tests: a trainer job of two ranks with a LoRA policy saves a
     checkpoint every step among its ranks and finishes at step 2 (its rollout job stops); restarted with
     ``train.resume=true`` and ``max_steps=3`` it keeps the queue and the prompt claims, and a new rollout
-    job starts from the resumed (merged) weights, version 2, not from the SFT model's 0."""
+    job, started first with the same overrides as one launch starts it, waits out the finished run's stop flag
+    and starts from the resumed (merged) weights, version 2, not from the SFT model's 0."""
     small = ["grpo.rollout_batch_size=2", "grpo.num_samples_per_prompt=4", "rollout.max_response_length=8",
              "train.optm_warmup_steps=0", "train.ckpt.enable_checkpoint=true", "train.ckpt.save_freq=1",
              "train.ckpt.export_safetensors=false", "policy.lora={r = 4, lora_alpha = 8.0}",
-             "disaggregated.heartbeat_ttl_s=4"]
+             "disaggregated.heartbeat_ttl_s=4", "disaggregated.get_timeout_s=120"]
     common = ["--run-name", "lora_resume", "--redis", redis_url, *grpo_assets(CONFIG), *small]
     trainer_args = [*common, f"train.output_dir={tmp_path / 'trainer'}"]
     logs = tmp_path / "logs"
@@ -494,10 +495,18 @@ def test_a_lora_trainer_of_two_ranks_checkpoints_and_resumes_with_the_queue_kept
         assert sorted(p.name for p in (run_dir / "checkpoints").iterdir()) == ["step_1", "step_2"]
         first_ids = {r["record_id"] for r in read_jsonl(run_dir / "records.jsonl")}
 
-        restarted = launch_recipe(trainer_script, CONFIG, [*trainer_args, "train.max_steps=3", "train.resume=true"],
-                                  logs / "restarted.log", cwd=REPO, nproc=2, new_session=True)
-        second = launch_recipe(rollout_script, CONFIG, common, logs / "rollout_2.log", cwd=REPO, new_session=True)
-        procs += [restarted, second]
+        resume = ["train.max_steps=3", "train.resume=true"]
+        second = launch_recipe(rollout_script, CONFIG, [*common, *resume], logs / "rollout_2.log", cwd=REPO,
+                               new_session=True)
+        procs.append(second)
+        deadline = time.monotonic() + 300
+        while "waiting for the resumed trainer" not in (logs / "rollout_2.log").read_text(errors="replace"):
+            assert second.poll() is None, (logs / "rollout_2.log").read_text(errors="replace")[-3000:]
+            assert time.monotonic() < deadline, "the rollout job never reached the stop flag"
+            time.sleep(0.2)
+        restarted = launch_recipe(trainer_script, CONFIG, [*trainer_args, *resume], logs / "restarted.log", cwd=REPO,
+                                  nproc=2, new_session=True)
+        procs.append(restarted)
         text = finish(restarted, logs / "restarted.log", timeout_s=600)
         assert f"Resumed from {run_dir / 'checkpoints' / 'step_2'} (step 2," in text, text[-3000:]
         assert [r["step"] for r in read_jsonl(run_dir / "metrics.jsonl")] == [1, 2, 3]
