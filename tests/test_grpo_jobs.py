@@ -196,6 +196,27 @@ def test_one_launch_gives_each_job_its_gpus(tmp_path: Path) -> None:
 
 
 @pytest.mark.slow
+def test_one_launch_runs_both_jobs_to_the_end(grpo_assets, tmp_path: Path) -> None:
+    """``run_jobs_local.sh 1`` for real (private redis-server, trainer job, one rollout job): 3 steps trained
+    from the rollout job's records, the rollout job stopped by the trainer, the launch exits 0."""
+    out = tmp_path / "out"
+    env = {**os.environ, "PYTHON": sys.executable, "LOGS": str(tmp_path / "logs"), "RUN": "one_launch",
+           "COSMOS_REDIS_URL": ""}
+    overrides = [*grpo_assets(CONFIG), "grpo.rollout_batch_size=2", "grpo.num_samples_per_prompt=4",
+                 "rollout.max_response_length=8", "train.max_steps=3", "train.ckpt.export_safetensors=false",
+                 f"train.output_dir={out}"]
+    proc = subprocess.run(["bash", "examples/run_jobs_local.sh", "1", *overrides], cwd=REPO, env=env,
+                          capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    run_dir = only_run_dir(out)
+    assert [r["step"] for r in read_jsonl(run_dir / "metrics.jsonl")] == [1, 2, 3]
+    rollout_log = (tmp_path / "logs" / "rollout_1.log").read_text(errors="replace")
+    producer = job_id_in(tmp_path / "logs" / "rollout_1.log")
+    assert {r["producer"] for r in read_jsonl(run_dir / "records.jsonl")} == {producer}
+    assert "stopping (trainer finished at step 3)" in rollout_log
+
+
+@pytest.mark.slow
 def test_a_fresh_trainer_job_refuses_a_run_held_by_a_live_trainer_and_force_clears_it(
         grpo_assets, redis_url: str, tmp_path: Path) -> None:
     """Issue 30 item 5: a second trainer job with the same run name used to clear the keys of the live run."""

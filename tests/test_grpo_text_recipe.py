@@ -73,7 +73,7 @@ def _launch(recipe: str, overrides: list[str], tmp_path: Path, nproc: int, env: 
     tmp_path.mkdir(parents=True, exist_ok=True)
     script = tmp_path / "my_grpo.py"
     script.write_text(USER_SCRIPT.format(recipe=str(REPO / recipe)))
-    return launch_recipe(script, CONFIG, [f"train.output_dir={tmp_path / 'out'}", *overrides], tmp_path / "run.log",
+    return launch_recipe(script, CONFIG, [*overrides, f"train.output_dir={tmp_path / 'out'}"], tmp_path / "run.log",
                          cwd=REPO, nproc=nproc, env=env)
 
 
