@@ -1,6 +1,6 @@
 """Independent trainer and rollout jobs (``examples/grpo_trainer_job.py``, ``examples/grpo_rollout_job.py``):
-the pieces they add to the disaggregated recipe -- the ``--run`` / ``--redis`` command line, the job plan,
-records built from scored groups with fixed ids and a producer, and the per-producer step summary.
+the ``--run`` / ``--redis`` command line, the job plan, records built from scored groups with fixed ids and
+a producer, the per-producer step summary, and the one launch that starts both (``run_jobs_local.sh``).
 
 The end-to-end check (a trainer job and rollout jobs as separate process trees, one SIGKILLed and
 replaced mid-run, against a real redis-server) is in ``test_grpo_learning.py``: it trains from the
