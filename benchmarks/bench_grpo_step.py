@@ -1,8 +1,7 @@
-"""GRPO step time breakdown on the tiny config: where a colocated step of ``examples/grpo_vlm.py`` goes,
-against the same steps run disaggregated.
+"""GRPO step time breakdown on the tiny config: where a colocated step of ``examples/grpo_vlm.py`` goes.
 
 Run: ``.venv/bin/python benchmarks/bench_grpo_step.py [--steps 8 --warmup 2 --json out.json]``
-(``--no-disaggregated`` for the colocated run only; trailing ``KEY=VALUE`` overrides go to both runs).
+(trailing ``KEY=VALUE`` overrides go to the run).
 
 Assets: a tiny Qwen2.5-VL with random weights and generated colour-MCQ images, written once into a
 temp dir (or ``--work-dir``) by ``ensure_demo_assets``; random weights are fine for timing (rewards
@@ -17,28 +16,9 @@ are ~0, responses run to ``max_response_length`` or stop early at random).
    and the generation throughput: prompts x samples x mean ``response_length`` / ``time/rollout``
    (completion tokens per second; prompts x samples = ``grpo.rollout_batch_size`` x
    ``grpo.num_samples_per_prompt`` of the config).
-2. Disaggregated (baseline, same run; ``--with-disaggregated``, default on):
-   ``torchrun --standalone --nproc_per_node=2 examples/grpo_vlm_disaggregated.py --config
-   examples/configs/grpo_tiny_disaggregated.toml`` (one trainer rank, one rollout rank, a private
-   redis-server) with the same model / data, and the colocated run's ``rollout_batch_size``,
-   ``num_samples_per_prompt``, ``max_response_length`` and ``max_steps``, export off. Its trainer
-   logs ``time/wait`` (for records from the queue), ``time/collate``, ``time/logprobs``,
-   ``time/update``, ``time/sync`` and ``time/step``; the rollout rank's generate + score + put time
-   per batch is read from its ``[rollout] batch N: ...`` log lines. Printed: the per-phase table of
-   both modes side by side and the ratios disaggregated / colocated of the trainer step time
-   (``time/step``) and of the wall time per step. The trainer's ``time/sync`` there is not only the
-   broadcast: the rollout rank joins a broadcast only between two generate calls, so it also holds
-   the trainer's wait for the batch in flight; the bare broadcast is the first one (``first weight
-   sync`` in the log, printed beside it).
-
-On a CPU-only machine with few cores (2 here) the rollout rank and the trainer rank share the same
-cores (with whatever else runs there), so generating the next batch while the trainer trains cannot
-overlap as it does on separate GPUs: each rank slows the other down, and the ratio mostly measures
-the cost of the split (queue, records, broadcast, contention), not the overlap gain. Threads matter
-as much: ``torchrun`` sets ``OMP_NUM_THREADS=1`` per rank while the plain colocated process uses all
-cores, and on a loaded 2-core machine a 2-thread process stalls in OpenMP regions (the colocated step
-measured 2x slower than with 1 thread); ``--threads N`` sets ``OMP_NUM_THREADS`` for both runs
-(``--threads 1`` compares one thread per process in both modes).
+The disaggregated arm ran the one-job recipe ``examples/grpo_vlm_disaggregated.py``, removed with it (issue
+33: the independent jobs are the one disaggregated design); ``benchmarks/bench_rollout_jobs.py`` times the
+trainer job against its rollout jobs.
 """
 
 from __future__ import annotations
@@ -64,9 +44,7 @@ from cosmos_primitives.testing.demo_assets import ensure_demo_assets
 
 REPO = Path(__file__).resolve().parents[1]
 EXAMPLE = REPO / "examples" / "grpo_vlm.py"
-DISAGGREGATED_EXAMPLE = REPO / "examples" / "grpo_vlm_disaggregated.py"
 COLOCATED_CONFIG = REPO / "examples" / "configs" / "grpo_tiny.toml"
-DISAGGREGATED_CONFIG = REPO / "examples" / "configs" / "grpo_tiny_disaggregated.toml"
 COLOCATED_PHASES = ["rollout", "reward", "logprobs", "update", "sync"]
 DISAGGREGATED_PHASES = ["wait", "collate", "logprobs", "update", "sync"]
 # keys that legitimately differ between the two tiny configs (everything else must match)
@@ -165,10 +143,6 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--steps", type=int, default=8, help="GRPO steps per run (train.max_steps)")
     parser.add_argument("--warmup", type=int, default=2, help="first steps left out of the figures")
-    parser.add_argument("--with-disaggregated", dest="disaggregated", action="store_true", default=True,
-                        help="also run the disaggregated baseline (default)")
-    parser.add_argument("--no-disaggregated", dest="disaggregated", action="store_false",
-                        help="colocated run only (no ratio against disaggregated)")
     parser.add_argument("--work-dir", type=Path, default=None,
                         help="assets, run dirs and logs go here (kept); default: a temp dir, removed")
     parser.add_argument("--items", type=int, default=256, help="colour-MCQ items to generate (custom.demo_items)")
@@ -251,35 +225,6 @@ def run(args: argparse.Namespace, work: Path, info: dict[str, Any]) -> dict[str,
     colo["process_wall_s"] = colo_wall
 
     dis = None
-    if args.disaggregated:
-        dis_cfg = cp.load_config(DISAGGREGATED_CONFIG, [*common, "disaggregated.start_local_redis=true"])
-        differ = config_differences(colo_cfg, dis_cfg)
-        if differ:
-            print("WARNING: the two configs differ beyond the mode-specific keys (ratios compare unlike runs):\n  "
-                  + "\n  ".join(differ))
-        dis_out = work / "disaggregated"
-        dis_cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
-                   str(DISAGGREGATED_EXAMPLE), "--config", str(DISAGGREGATED_CONFIG),
-                   f"train.output_dir={dis_out}", *common, "disaggregated.start_local_redis=true"]
-        dis_dir, dis_log, dis_wall = run_example("disaggregated", dis_cmd, dis_out, work / "disaggregated.log", env,
-                                                 args.timeout_s)
-        dis_rows, dis_walls = kept_rows(dis_dir, args.steps, args.warmup)
-        dis = summarise(dis_rows, dis_walls, DISAGGREGATED_PHASES)
-        dis["process_wall_s"] = dis_wall
-        dis["config_differences"] = differ
-        dis["staleness_mean"] = mean(dis_rows, "staleness/max") if "staleness/max" in dis_rows[0] else None
-        first_sync = FIRST_SYNC_LINE.search(dis_log)
-        if first_sync:
-            dis["first_sync_s"], dis["sync_mib"] = float(first_sync.group(1)), float(first_sync.group(2))
-        batches = [(int(n), int(k), float(s)) for n, k, _, s in ROLLOUT_LINE.findall(dis_log)]
-        timed = [b for b in batches if b[0] > args.warmup]
-        dis["rollout_batches"] = len(batches)
-        if timed:  # generate + score + put of one batch on the rollout rank (0.1 s resolution in the log)
-            batch_s = statistics.fmean(b[2] for b in timed)
-            dis["rollout_batch_s"] = batch_s
-            dis["generation_tokens_per_s"] = timed[0][1] * samples * dis["response_length"] / batch_s
-        dis["trained_tokens_per_wall_s"] = prompts * samples * dis["response_length"] / dis["wall_per_step_s"]
-
     print_tables(args, colo, dis, prompts, samples)
     report: dict[str, Any] = {
         "machine": info, "threads": threads_note, "steps": args.steps, "warmup": args.warmup,

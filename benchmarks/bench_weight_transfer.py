@@ -17,11 +17,19 @@ same run, interleaved, each repeated and reported as the median:
 
 Ratios are against the in-job broadcast of the same run. The world the two processes share here
 only times and orders the steps: the transfer itself uses the pair group.
+
+``--members 1 2 4``: the trainer's cost per version as rollout jobs are added. For each count ``k``,
+one trainer process and ``k`` member processes (gloo over loopback); per version the trainer publishes,
+then every member fetches at once. Reported per ``k`` (median over ``--repeats`` versions): the
+trainer's ``publish`` time, the time until the last member holds the version (the trainer's serving
+threads are busy for all of it), the bytes the trainer sent for the version, and each against ``k = 1``.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
+import secrets
 import time
 
 import torch
@@ -89,13 +97,56 @@ def _bench(url: str, total_mb: float, repeats: int, bucket_mb: int, threads: int
     return {"bytes": nbytes, "times": times, "ok": ok}
 
 
+def _bench_members(url: str, total_mb: float, repeats: int, bucket_mb: int, threads: int) -> dict:
+    torch.set_num_threads(threads)
+    rank, members = dist.get_rank(), dist.get_world_size() - 1
+    torch.manual_seed(0)
+    model = module_with(shapes_of_size(total_mb), torch.bfloat16, "cpu", fill=rank == 0)
+    prefix = f"bench:members{members}"
+    if rank == 0:
+        server = WeightServer(model, url, prefix, bucket_bytes=bucket_mb << 20, timeout_s=600)
+        server.publish(0)
+    dist.barrier()
+    client = None
+    if rank > 0:
+        client = WeightClient(model, url, prefix, member_id=f"member{rank}", timeout_s=600)
+        client.fetch()  # pair formation + plan + check, not timed
+    times: dict[str, list[float]] = {"publish": [], "all members hold it": []}
+    sent: list[int] = []
+    for version in range(1, repeats + 1):
+        dist.barrier()
+        start = time.perf_counter()
+        if rank == 0:
+            sent.append(server.publish(version).bytes_moved * members)  # one copy per member's pair
+        times["publish"].append(_slowest(time.perf_counter() - start if rank == 0 else 0.0))
+        dist.barrier()
+        start = time.perf_counter()
+        if client is not None:
+            assert client.fetch().version == version
+        times["all members hold it"].append(_slowest(time.perf_counter() - start))
+    dist.barrier()
+    if client is not None:
+        client.close()
+    dist.barrier()
+    if rank == 0:
+        server.close()
+    return {"times": times, "sent": sent}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--mb", type=float, default=200.0, help="size of the bf16 state dict (MB)")
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--bucket-mb", type=int, default=64)
     parser.add_argument("--threads", type=int, default=1, help="torch intra-op threads per process")
+    parser.add_argument("--members", type=int, nargs="*", default=None,
+                        help="measure the trainer's cost per version with these numbers of members instead")
     args = parser.parse_args()
+    # the transfer is signed with the run secret; a fresh one for this run unless one is set
+    os.environ.setdefault("COSMOS_RUN_SECRET", secrets.token_hex(32))
+    if args.members:
+        members_scaling(args)
+        return
     with RedisServer() as redis_server:
         trainer, member = run_distributed(_bench, 2, args=(redis_server.url, args.mb, args.repeats, args.bucket_mb,
                                                            args.threads), timeout_s=3600)
@@ -103,6 +154,30 @@ def main() -> None:
     print(f"{nbytes / 1e6:.0f} MB bf16, {args.bucket_mb} MB buckets, median of {args.repeats}, {args.threads} "
           f"intra-op thread(s) per process; member got the trainer's weights: {member['ok']}")
     print_medians(times, nbytes, "in-job broadcast", "vs in-job", speed=False, width=18)
+
+
+def members_scaling(args: argparse.Namespace) -> None:
+    import platform
+    import statistics
+
+    rows = {}
+    with RedisServer() as redis_server:
+        for k in args.members:
+            rows[k] = run_distributed(_bench_members, k + 1, args=(redis_server.url, args.mb, args.repeats,
+                                                                   args.bucket_mb, args.threads), timeout_s=3600)[0]
+    cpu = platform.processor() or platform.machine()
+    print(f"{args.mb:.0f} MB bf16, {args.bucket_mb} MB buckets, median of {args.repeats} versions, {args.threads} "
+          f"intra-op thread(s) per process, gloo over loopback, {os.cpu_count()} CPUs ({cpu}), load average "
+          f"{os.getloadavg()[0]:.1f}, {time.strftime('%Y-%m-%d %H:%M %Z')}")
+    base = {key: statistics.median(v) for key, v in rows[args.members[0]]["times"].items()}
+    base_sent = statistics.median(rows[args.members[0]]["sent"])
+    print(f"{'members':>7}  {'publish s':>9} {'x':>5}  {'all hold it s':>13} {'x':>5}  "
+          f"{'trainer sent MB':>15} {'x':>5}")
+    for k, row in rows.items():
+        publish, held = (statistics.median(row["times"][key]) for key in ("publish", "all members hold it"))
+        sent = statistics.median(row["sent"])
+        print(f"{k:>7}  {publish:9.3f} {publish / base['publish']:5.2f}  {held:13.3f} "
+              f"{held / base['all members hold it']:5.2f}  {sent / 1e6:15.1f} {sent / base_sent:5.2f}")
 
 
 if __name__ == "__main__":

@@ -56,10 +56,24 @@ from cosmos_primitives.sync import WeightClient, WeightTransferError
 from cosmos_primitives.sync.run_auth import RunSecret
 
 
-def wait_for_trainer(queue: RedisRolloutQueue, control: RunControl, timeout_s: float, log) -> bool:
-    """Block until the run's trainer has published a weight version; False when the run has finished."""
+def wait_for_trainer(queue: RedisRolloutQueue, control: RunControl, timeout_s: float, log, *,
+                     resuming: bool = False) -> bool:
+    """Block until the run's trainer has published a weight version; False when the run has finished.
+
+    ``resuming`` (``train.resume=true``, as one launch gives every job): the stop flag the trainer left
+    when its last run finished is not the end of this run: wait for the resumed trainer to clear it."""
     deadline = time.monotonic() + timeout_s if timeout_s > 0 else None
     logged = False
+    while resuming and control.stop_requested() is not None:
+        if deadline is not None and time.monotonic() > deadline:
+            raise TimeoutError(f"run {queue.stream!r} is stopped ({control.stop_requested()}) and no resumed trainer "
+                               f"cleared it within {timeout_s}s ([disaggregated] wait_for_trainer_s); start "
+                               "examples/grpo_trainer_job.py with train.resume=true and the same --run and --redis")
+        if not logged:
+            log.info(f"[rollout] run {queue.stream!r} is stopped ({control.stop_requested()}); train.resume=true: "
+                     "waiting for the resumed trainer to clear it")
+            logged = True
+        time.sleep(0.5)
     while control.stop_requested() is None:
         if queue.weight_version() is not None:
             return True
@@ -133,7 +147,7 @@ def main() -> None:
     tp = cfg.rollout.parallelism.tp_size if vllm and info.world_size > 1 else 1
     lead = info.rank % tp == 0  # the engine's first rank: it registers, claims, puts, and decides for its group
     # The trainer writes the demo assets (tiny configs) before it publishes: wait first, then check paths.
-    waited = wait_for_trainer(queue, control, dis.wait_for_trainer_s, log)
+    waited = wait_for_trainer(queue, control, dis.wait_for_trainer_s, log, resuming=bool(cfg.train.resume))
     if tp > 1:  # the engines are built by every rank of the job or by none
         waited = all(cp.parallel.all_gather_object(waited))
     if not waited:

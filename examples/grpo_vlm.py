@@ -8,7 +8,8 @@ text-only causal LMs (Qwen2 / Qwen2.5 / Qwen3) and prompt / answer columns run t
 Read top to bottom: set up, train, save. Every rank generates rollouts for its own prompts with a
 rollout engine (``[rollout] backend``: HF ``generate`` or vLLM), scores them, and trains; after each
 optimizer step the engine sees the new weights (``cp.sync.InProcessSync``). To generate and train on
-separate ranks joined by a Redis queue, use ``examples/grpo_vlm_disaggregated.py``.
+separate GPUs joined by a Redis queue, run ``examples/grpo_trainer_job.py`` and
+``examples/grpo_rollout_job.py`` (one launch starts both: ``examples/run_jobs_local.sh``).
 
 One step: prompts -> ``n`` completions each (tagged with the weight version) -> rewards -> group
 advantages -> log-probs (old / reference / current) -> GRPO loss -> optimizer step -> weight sync.

@@ -4,8 +4,14 @@
 #
 #   bash examples/run_jobs_local.sh [N_ROLLOUT_JOBS] [dotted overrides...]
 #   CONFIG=my.toml RUN=exp1 bash examples/run_jobs_local.sh 3 train.max_steps=50
+#   TRAINER_GPUS=0,1,2,3 ROLLOUT_GPUS="4 5 6,7" CONFIG=my.toml bash examples/run_jobs_local.sh
 #
-# Logs go to outputs/jobs_<run>/ (trainer.log, rollout_<i>.log, redis.log). Kill a rollout job while it
+# This is the single-allocation case of the independent jobs: one launch, one config, both jobs. On a
+# GPU node, TRAINER_GPUS lists the trainer job's GPUs (one torchrun rank each) and ROLLOUT_GPUS one
+# rollout job per space-separated entry (an entry "6,7" is one job of two ranks, e.g. a tp_size = 2 vLLM
+# engine); N is then the number of entries. Without them every job runs on what it can see (CPU here).
+# Logs go to $LOGS, by default outputs/jobs_<run>/ (trainer.log, rollout_<i>.log, redis.log). The script
+# exits with the trainer job's status. Kill a rollout job while it
 # runs (kill -9 <pid>, pids in outputs/jobs_<run>/pids) and start another with
 #   COSMOS_REDIS_URL=$(cat outputs/jobs_<run>/secrets/redis_url) \
 #   COSMOS_RUN_SECRET_FILE=outputs/jobs_<run>/secrets/run_secret \
@@ -16,12 +22,22 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-N=${1:-2}
-shift || true
+ROLLOUT_SETS=()
+if [ -n "${ROLLOUT_GPUS:-}" ]; then
+    read -r -a ROLLOUT_SETS <<< "$ROLLOUT_GPUS"
+    N=${#ROLLOUT_SETS[@]}
+    if [ "$#" -gt 0 ] && [[ "$1" =~ ^[0-9]+$ ]]; then
+        [ "$1" -eq "$N" ] || { echo "run_jobs_local.sh: N=$1 but ROLLOUT_GPUS=\"$ROLLOUT_GPUS\" names $N rollout jobs; give one or make them agree" >&2; exit 2; }
+        shift
+    fi
+else
+    N=${1:-2}
+    shift || true
+fi
 CONFIG=${CONFIG:-examples/configs/grpo_tiny_jobs.toml}
 RUN=${RUN:-tiny_$(date +%Y%m%d%H%M%S)}
 PYTHON=${PYTHON:-python}
-LOGS=outputs/jobs_$RUN
+LOGS=${LOGS:-outputs/jobs_$RUN}
 mkdir -p "$LOGS"
 
 PORT=$("$PYTHON" -c "import socket; s = socket.socket(); s.bind(('127.0.0.1', 0)); print(s.getsockname()[1])")
@@ -46,14 +62,27 @@ done
 echo "redis-server at $URL; run $RUN; logs in $LOGS"
 
 : > "$LOGS/pids"
+# one job on the GPUs of a comma-separated list (torchrun over them when there are several), else on
+# whatever it sees; torchrun wants --run-name (its own --run-path makes --run ambiguous)
+job() {
+    local gpus=$1 script=$2
+    shift 2
+    if [ -z "$gpus" ]; then
+        "$PYTHON" "examples/$script" --config "$CONFIG" --run "$RUN" "$@"
+    else
+        local ranks
+        ranks=$(tr ',' '\n' <<< "$gpus" | grep -c .)
+        CUDA_VISIBLE_DEVICES=$gpus "$PYTHON" -m torch.distributed.run --standalone --nproc_per_node "$ranks" \
+            "examples/$script" --config "$CONFIG" --run-name "$RUN" "$@"
+    fi
+}
 ROLLOUTS=()
 for i in $(seq "$N"); do  # rollout jobs may start first: they wait for the trainer's weights
-    "$PYTHON" examples/grpo_rollout_job.py --config "$CONFIG" --run "$RUN" "$@" \
-        > "$LOGS/rollout_$i.log" 2>&1 &
+    job "${ROLLOUT_SETS[$((i - 1))]:-}" grpo_rollout_job.py "$@" > "$LOGS/rollout_$i.log" 2>&1 &
     ROLLOUTS+=($!)
     echo "rollout_$i $!" >> "$LOGS/pids"
 done
-"$PYTHON" examples/grpo_trainer_job.py --config "$CONFIG" --run "$RUN" "$@" 2>&1 | tee "$LOGS/trainer.log"
+job "${TRAINER_GPUS:-}" grpo_trainer_job.py "$@" 2>&1 | tee "$LOGS/trainer.log"
 for pid in "${ROLLOUTS[@]}"; do
     wait "$pid" || echo "a rollout job ($pid) exited with $? (killed?): see $LOGS" >&2
 done

@@ -159,22 +159,21 @@ def test_export_from_fsdp2_in_two_processes(sharded: dict) -> None:
 
 
 def _save_among_two_of_three(run_dir: str) -> dict:
-    """Ranks 1 and 2 (a FSDP2 mesh of their own) checkpoint among themselves; rank 0 idles, as the
-    rollout ranks of a disaggregated job do while its trainers save."""
-    from cosmos_primitives.config.policy import ParallelismConfig
-    from cosmos_primitives.parallel.roles import RoleMesh
+    """Ranks 1 and 2 (a FSDP2 mesh of their own) checkpoint among themselves while rank 0 idles
+    (``CheckpointManager(process_group=...)``)."""
+    from torch.distributed.device_mesh import DeviceMesh
 
     rank = dist.get_rank()
     members = [1, 2]
-    mesh = RoleMesh(ParallelismConfig(dp_shard_size=2), members, device_type="cpu")  # collective: every rank
+    mesh = DeviceMesh("cpu", torch.tensor(members), mesh_dim_names=("dp_shard",))  # collective: every rank
     group, gloo = dist.new_group(members), dist.new_group(members, backend="gloo")  # likewise
     result: dict = {"rank": rank}
     if rank in members:
         def setup(seed: int):
             model = _mlp(seed)
             for layer in (model[0], model[3], model[5]):
-                fully_shard(layer, mesh=mesh.fsdp_mesh)
-            fully_shard(model, mesh=mesh.fsdp_mesh)
+                fully_shard(layer, mesh=mesh)
+            fully_shard(model, mesh=mesh)
             return model, torch.optim.AdamW(model.parameters(), lr=1e-2)
 
         cfg = CheckpointConfig(enable_checkpoint=True, save_mode="async", export_safetensors=False)

@@ -1,6 +1,5 @@
-"""Building blocks of disaggregated GRPO: rank roles and the trainers' own mesh, queue records back
-into the training batch, the queue size that keeps a throttled producer from blocking, and the stop
-flag on a real redis-server."""
+"""Building blocks of disaggregated GRPO (the trainer and rollout jobs): queue records back into the
+training batch, and the stop flag on a real redis-server."""
 
 from __future__ import annotations
 
@@ -11,24 +10,17 @@ from pathlib import Path
 import attrs
 import pytest
 import torch
-import torch.distributed as dist
-from torch import nn
 
-import cosmos_primitives as cp
 from cosmos_primitives import testing as cpt
-from cosmos_primitives.config.policy import ParallelismConfig
 from cosmos_primitives.data.bad_samples import BadSampleError, BadSampleTracker
 from cosmos_primitives.data.mcq import MCQPromptDataset
 from cosmos_primitives.data.media import MediaSettings
 from cosmos_primitives.data.prompt_inputs import encode_prompts
 from cosmos_primitives.data.records import Completion, Prompt, RolloutGroup
 from cosmos_primitives.data.rollout_batch import collate_rollouts
-from cosmos_primitives.parallel.roles import RoleMesh, split_roles
 from cosmos_primitives.queue import (
     InMemoryRolloutQueue,
-    QueueFullError,
     RedisRolloutQueue,
-    RolloutThrottle,
     StalenessFilter,
     collate_records,
     decode_record,
@@ -39,65 +31,7 @@ from cosmos_primitives.queue import (
     record_from_group,
     record_rewards,
 )
-from cosmos_primitives.queue.disaggregated_plan import plan_disaggregated
-from cosmos_primitives.queue.run_control import RunControl, check_queue_capacity, required_max_pending
-
-# ---------------------------------------------------------------------------------------- roles
-
-
-def test_split_roles_puts_trainers_first() -> None:
-    split = split_roles(4, 1, rank=3)
-    assert split.trainer_ranks == (0, 1, 2) and split.rollout_ranks == (3,)
-    assert split.is_rollout and split.role == "rollout" and split.index == 0
-    assert split.num_trainers == 3 and split.num_rollouts == 1
-    two = [split_roles(5, 2, rank=r) for r in range(5)]
-    assert [s.role for s in two] == ["trainer"] * 3 + ["rollout"] * 2
-    assert [s.index for s in two] == [0, 1, 2, 0, 1]
-
-
-@pytest.mark.parametrize("rollout_ranks", [0, 2, 3])
-def test_split_roles_needs_both_roles(rollout_ranks: int) -> None:
-    with pytest.raises(ValueError, match=rf"num_rollout_ranks = {rollout_ranks} with 2 ranks"):
-        split_roles(2, rollout_ranks, rank=0)
-
-
-def _trainers_shard_and_broadcast() -> list[float] | str:
-    """Ranks 0-1 shard a Linear with FSDP2 over their RoleMesh and broadcast it to rank 2."""
-    from torch.distributed.fsdp import fully_shard
-
-    from cosmos_primitives.sync import WeightBroadcaster, WeightReceiver, new_sync_group
-
-    roles = split_roles(dist.get_world_size(), 1)
-    mesh = RoleMesh(ParallelismConfig(), roles.trainer_ranks, device_type="cpu")  # every rank
-    group = new_sync_group(src=roles.trainer_ranks[0], receivers=roles.rollout_ranks)
-    torch.manual_seed(0)
-    model = nn.Sequential(nn.Linear(5, 7), nn.Linear(7, 3))
-    if roles.is_trainer:
-        assert mesh.is_member and mesh.dp_size == 2
-        ones = torch.ones(1)
-        dist.all_reduce(ones, group=mesh.group("dp"))  # the trainers' group, without the rollout rank
-        assert ones.item() == 2
-        fully_shard(model, mesh=mesh.fsdp_mesh)
-        model(torch.randn(4, 5)).sum().backward()  # a sharded step works over the trainers alone
-        WeightBroadcaster(model, group).sync(version=0)
-        dist.barrier()
-        return "trainer"
-    assert not mesh.is_member
-    target = nn.Sequential(nn.Linear(5, 7), nn.Linear(7, 3)).requires_grad_(False)
-    for p in target.parameters():
-        p.zero_()
-    WeightReceiver(target, group).sync()
-    dist.barrier()
-    return torch.cat([p.reshape(-1) for p in target.parameters()]).tolist()
-
-
-def test_role_mesh_shards_over_trainers_and_rollout_rank_receives() -> None:
-    results = cpt.run_distributed(_trainers_shard_and_broadcast, 3)
-    assert results[:2] == ["trainer", "trainer"]
-    torch.manual_seed(0)
-    expected = nn.Sequential(nn.Linear(5, 7), nn.Linear(7, 3))
-    assert results[2] == torch.cat([p.detach().reshape(-1) for p in expected.parameters()]).tolist()
-
+from cosmos_primitives.queue.run_control import RunControl
 
 # --------------------------------------------------------------------------------- records -> batch
 
@@ -237,44 +171,11 @@ def test_fetch_records_dead_letters_records_that_would_stop_the_collate(mcq_medi
     assert queue.metrics()["queue/malformed"] == 2
 
 
-# ------------------------------------------------------------------------------- queue capacity
-
-
 def record(version: int):
     prompt = Prompt(conversation=[{"role": "user", "content": "q"}], prompt_id="p")
     group = RolloutGroup(prompt=prompt, prompt_token_ids=[1, 2], weight_version=version,
                          completions=[Completion(text="a", token_ids=[3], logprobs=[-0.1], finish_reason="stop")])
     return record_from_group(group, [1.0], [0.0])
-
-
-@pytest.mark.parametrize(("slack", "blocks"), [(0, False), (-1, True)])
-def test_required_max_pending_is_what_throttled_producers_can_fill(slack: int, blocks: bool) -> None:
-    """Worst case: every producer passes the throttle at the deepest queue it allows, then all put."""
-    bound, per_step, producers, per_put = 2, 4, 3, 5
-    need = required_max_pending(bound, per_step, producers, per_put)
-    assert need == (bound + 1) * per_step - 1 + producers * per_put
-    queue = InMemoryRolloutQueue(max_pending=need + slack)
-    queue.publish_weight_version(7)
-    queue.put_many([record(7) for _ in range((bound + 1) * per_step - 1)])
-    throttle = RolloutThrottle(queue, bound, per_step)
-    assert all(throttle.ahead_by(7) <= 0 for _ in range(producers))  # each may generate
-    assert throttle.ahead_by(7 - 1) > 0  # a producer with older weights may not
-    puts = [lambda: queue.put_many([record(7) for _ in range(per_put)], timeout=0) for _ in range(producers)]
-    if blocks:
-        with pytest.raises(QueueFullError):
-            for put in puts:
-                put()
-    else:
-        for put in puts:
-            put()
-        assert queue.pending() == need
-
-
-def test_check_queue_capacity_names_the_fix() -> None:
-    check_queue_capacity(23, 1, 8, 1, 8)
-    with pytest.raises(ValueError, match=r"max_pending = 22 is too small.*max_pending >= 23"):
-        check_queue_capacity(22, 1, 8, 1, 8)
-    check_queue_capacity(15, 5, 8, 1, 8, on_policy=True)  # on-policy: bound 0 whatever the steps say
 
 
 # ------------------------------------------------------------------------------------ run control
@@ -296,30 +197,3 @@ def test_stop_flag_and_clearing_a_stream(redis_url: str) -> None:
         assert queue.pending() == 0 and queue.weight_version() is None and control.stop_requested() is None
         queue.put(record(0))  # the queue works again after the reset (its group is recreated)
         assert [r.weight_version for r in queue.get(1, timeout=5)] == [0]
-
-
-# ------------------------------------------------------------- the plan of a disaggregated run
-
-REPO = Path(__file__).resolve().parents[1]
-
-
-def test_plan_of_both_roles_from_the_config() -> None:
-    config = REPO / "examples" / "configs" / "grpo_tiny_disaggregated.toml"
-    roles = split_roles(5, 2, rank=0)  # 3 trainers, 2 rollout ranks
-    plan = plan_disaggregated(cp.load_config(config, ["grpo.rollout_batch_size=4"]), roles)
-    assert plan == (12, 4, 4)  # records per step (4 per trainer), per trainer, per generate call
-    plan = plan_disaggregated(cp.load_config(config, ["disaggregated.records_per_step=6",
-                                                             "disaggregated.prompts_per_rollout=2"]), roles)
-    assert plan == (6, 2, 2)
-
-    refusals = {
-        "disaggregated.records_per_step=7": "records_per_step = 7 must be a multiple of the 3 trainer ranks",
-        "redis.max_pending=30": r"max_pending = 30 is too small",  # (1 + 1) * 24 - 1 + 2 * 8 = 63 needed
-        "train.ckpt.upload_s3=final": "does not upload exports yet",
-    }
-    for override, message in refusals.items():
-        with pytest.raises(ValueError, match=message):
-            plan_disaggregated(cp.load_config(config, [override]), roles)
-    # trainer checkpoints and resumes are planned like any run (tests/test_grpo_disaggregated_example.py runs one)
-    saving = cp.load_config(config, ["train.ckpt.enable_checkpoint=true", "train.resume=true"])
-    assert plan_disaggregated(saving, roles) == plan_disaggregated(cp.load_config(config), roles)

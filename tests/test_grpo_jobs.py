@@ -1,6 +1,6 @@
 """Independent trainer and rollout jobs (``examples/grpo_trainer_job.py``, ``examples/grpo_rollout_job.py``):
-the pieces they add to the disaggregated recipe -- the ``--run`` / ``--redis`` command line, the job plan,
-records built from scored groups with fixed ids and a producer, and the per-producer step summary.
+the ``--run`` / ``--redis`` command line, the job plan, records built from scored groups with fixed ids and
+a producer, the per-producer step summary, and the one launch that starts both (``run_jobs_local.sh``).
 
 The end-to-end check (a trainer job and rollout jobs as separate process trees, one SIGKILLed and
 replaced mid-run, against a real redis-server) is in ``test_grpo_learning.py``: it trains from the
@@ -151,6 +151,69 @@ def test_launch_scripts_keep_redis_private_and_secrets_off_command_lines() -> No
         text = (REPO / "examples" / script).read_text()
         assert "--redis" not in text.replace("# ", "#"), script
         assert "--requirepass" not in text and "SECRET=" not in text.replace("COSMOS_RUN_SECRET=${", ""), script
+
+
+FAKE_PYTHON = """#!/usr/bin/env bash
+# the launcher's own one-liners (-c) and the status command run for real; a job prints what it was given
+if [ "$1" = "-c" ] || [ "$2" = "cosmos_primitives.queue.status" ]; then exec {python} "$@"; fi
+echo "CUDA_VISIBLE_DEVICES=${{CUDA_VISIBLE_DEVICES:-}} ARGS=$*"
+"""
+
+
+def _launch(tmp_path: Path, args: list[str], **env: str) -> subprocess.CompletedProcess:
+    fake = tmp_path / "python"
+    fake.write_text(FAKE_PYTHON.format(python=sys.executable))
+    fake.chmod(0o755)
+    env = {**os.environ, "PYTHON": str(fake), "LOGS": str(tmp_path / "logs"), "RUN": "launch", **env}
+    return subprocess.run(["bash", "examples/run_jobs_local.sh", *args], cwd=REPO, env=env, capture_output=True,
+                          text=True, timeout=120)
+
+
+def test_one_launch_gives_each_job_its_gpus(tmp_path: Path) -> None:
+    """The single-allocation case: one launch, one config; TRAINER_GPUS go to one torchrun of the trainer job,
+    each ROLLOUT_GPUS entry to one rollout job (a redis-server is started and stopped for real)."""
+    proc = _launch(tmp_path, ["train.max_steps=3"], TRAINER_GPUS="0,1", ROLLOUT_GPUS="2 3,4")
+    assert proc.returncode == 0, proc.stderr
+    trainer = (tmp_path / "logs" / "trainer.log").read_text()
+    assert "CUDA_VISIBLE_DEVICES=0,1 ARGS=-m torch.distributed.run --standalone --nproc_per_node 2 " \
+           "examples/grpo_trainer_job.py --config examples/configs/grpo_tiny_jobs.toml --run-name launch " \
+           "train.max_steps=3" in trainer, trainer
+    rollouts = sorted((tmp_path / "logs").glob("rollout_*.log"))
+    assert [p.name for p in rollouts] == ["rollout_1.log", "rollout_2.log"]
+    assert "CUDA_VISIBLE_DEVICES=2 ARGS=-m torch.distributed.run --standalone --nproc_per_node 1 " \
+           "examples/grpo_rollout_job.py" in rollouts[0].read_text()
+    assert "CUDA_VISIBLE_DEVICES=3,4 ARGS=-m torch.distributed.run --standalone --nproc_per_node 2 " \
+           "examples/grpo_rollout_job.py" in rollouts[1].read_text()
+    # without GPUs: N rollout jobs on whatever they see, plain python, the same run name and overrides
+    proc = _launch(tmp_path, ["3", "train.max_steps=3"], LOGS=str(tmp_path / "cpu"))
+    assert proc.returncode == 0, proc.stderr
+    assert len(list((tmp_path / "cpu").glob("rollout_*.log"))) == 3
+    assert "ARGS=examples/grpo_trainer_job.py --config examples/configs/grpo_tiny_jobs.toml --run launch " \
+           "train.max_steps=3" in (tmp_path / "cpu" / "trainer.log").read_text()
+    # a count that disagrees with the GPU list is refused, naming both
+    proc = _launch(tmp_path, ["3"], LOGS=str(tmp_path / "bad"), ROLLOUT_GPUS="1 2")
+    assert proc.returncode == 2 and "N=3 but ROLLOUT_GPUS=\"1 2\" names 2 rollout jobs" in proc.stderr
+
+
+@pytest.mark.slow
+def test_one_launch_runs_both_jobs_to_the_end(grpo_assets, tmp_path: Path) -> None:
+    """``run_jobs_local.sh 1`` for real (private redis-server, trainer job, one rollout job): 3 steps trained
+    from the rollout job's records, the rollout job stopped by the trainer, the launch exits 0."""
+    out = tmp_path / "out"
+    env = {**os.environ, "PYTHON": sys.executable, "LOGS": str(tmp_path / "logs"), "RUN": "one_launch",
+           "COSMOS_REDIS_URL": ""}
+    overrides = [*grpo_assets(CONFIG), "grpo.rollout_batch_size=2", "grpo.num_samples_per_prompt=4",
+                 "rollout.max_response_length=8", "train.max_steps=3", "train.ckpt.export_safetensors=false",
+                 f"train.output_dir={out}"]
+    proc = subprocess.run(["bash", "examples/run_jobs_local.sh", "1", *overrides], cwd=REPO, env=env,
+                          capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    run_dir = only_run_dir(out)
+    assert [r["step"] for r in read_jsonl(run_dir / "metrics.jsonl")] == [1, 2, 3]
+    rollout_log = (tmp_path / "logs" / "rollout_1.log").read_text(errors="replace")
+    producer = job_id_in(tmp_path / "logs" / "rollout_1.log")
+    assert {r["producer"] for r in read_jsonl(run_dir / "records.jsonl")} == {producer}
+    assert "stopping (trainer finished at step 3)" in rollout_log
 
 
 @pytest.mark.slow
@@ -422,3 +485,61 @@ def test_every_prompt_of_the_epoch_is_trained_once_across_trainer_rollout_and_re
                 kill_tree(proc)
         client.close()
         server.close()
+
+
+@pytest.mark.slow
+def test_a_lora_trainer_of_two_ranks_checkpoints_and_resumes_with_the_queue_kept(grpo_assets, redis_url: str,
+                                                                                tmp_path: Path) -> None:
+    """Ported from the one-job recipe's tests: a trainer job of two ranks with a LoRA policy saves a
+    checkpoint every step among its ranks and finishes at step 2 (its rollout job stops); restarted with
+    ``train.resume=true`` and ``max_steps=3`` it keeps the queue and the prompt claims, and a new rollout
+    job, started first with the same overrides as one launch starts it, waits out the finished run's stop flag
+    and starts from the resumed (merged) weights, version 2, not from the SFT model's 0."""
+    small = ["grpo.rollout_batch_size=2", "grpo.num_samples_per_prompt=4", "rollout.max_response_length=8",
+             "train.optm_warmup_steps=0", "train.ckpt.enable_checkpoint=true", "train.ckpt.save_freq=1",
+             "train.ckpt.export_safetensors=false", "policy.lora={r = 4, lora_alpha = 8.0}",
+             "disaggregated.heartbeat_ttl_s=4", "disaggregated.get_timeout_s=120"]
+    common = ["--run-name", "lora_resume", "--redis", redis_url, *grpo_assets(CONFIG), *small]
+    trainer_args = [*common, f"train.output_dir={tmp_path / 'trainer'}"]
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    trainer_script = REPO / "examples" / "grpo_trainer_job.py"
+    rollout_script = REPO / "examples" / "grpo_rollout_job.py"
+    first = launch_recipe(trainer_script, CONFIG, [*trainer_args, "train.max_steps=2"], logs / "first.log", cwd=REPO,
+                          nproc=2, new_session=True)
+    rollout = launch_recipe(rollout_script, CONFIG, common, logs / "rollout_1.log", cwd=REPO, new_session=True)
+    procs = [first, rollout]
+    try:
+        finish(first, logs / "first.log", timeout_s=600)
+        finish(rollout, logs / "rollout_1.log", timeout_s=120)
+        run_dir = only_run_dir(tmp_path / "trainer")
+        assert sorted(p.name for p in (run_dir / "checkpoints").iterdir()) == ["step_1", "step_2"]
+        first_ids = {r["record_id"] for r in read_jsonl(run_dir / "records.jsonl")}
+
+        resume = ["train.max_steps=3", "train.resume=true"]
+        second = launch_recipe(rollout_script, CONFIG, [*common, *resume], logs / "rollout_2.log", cwd=REPO,
+                               new_session=True)
+        procs.append(second)
+        deadline = time.monotonic() + 300
+        while "waiting for the resumed trainer" not in (logs / "rollout_2.log").read_text(errors="replace"):
+            assert second.poll() is None, (logs / "rollout_2.log").read_text(errors="replace")[-3000:]
+            assert time.monotonic() < deadline, "the rollout job never reached the stop flag"
+            time.sleep(0.2)
+        restarted = launch_recipe(trainer_script, CONFIG, [*trainer_args, *resume], logs / "restarted.log", cwd=REPO,
+                                  nproc=2, new_session=True)
+        procs.append(restarted)
+        text = finish(restarted, logs / "restarted.log", timeout_s=600)
+        assert f"Resumed from {run_dir / 'checkpoints' / 'step_2'} (step 2," in text, text[-3000:]
+        assert [r["step"] for r in read_jsonl(run_dir / "metrics.jsonl")] == [1, 2, 3]
+        assert (run_dir / "checkpoints" / "step_3").is_dir()
+        finish(second, logs / "rollout_2.log", timeout_s=120)
+        rollout_log = (logs / "rollout_2.log").read_text(errors="replace")
+        assert int(re.search(r"loaded weight version (\d+)", rollout_log).group(1)) >= 2, rollout_log[-3000:]
+        assert "stopping (trainer finished at step 3)" in rollout_log
+        # the queue and the claims were kept: step 3 trained prompts the first run had not
+        step3 = {r["record_id"] for r in read_jsonl(run_dir / "records.jsonl") if r["step"] == 3}
+        assert step3 and not step3 & first_ids
+    finally:
+        for proc in procs:
+            if proc.poll() is None:
+                kill_tree(proc)

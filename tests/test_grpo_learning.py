@@ -3,9 +3,10 @@
 1. The README's main job, ``examples/quickstart.py``, run as a user runs it: SFT of a random tiny
    Qwen2.5-VL must teach the answer format, then GRPO from the SFT export must raise held-out
    accuracy (greedy decoding) by at least 15 points or to at least 90 %.
-2. ``examples/grpo_vlm_disaggregated.py`` (one rollout rank, one trainer rank, a private
-   redis-server, weights broadcast back every step) from the same SFT export and data must meet the
-   same held-out bar and end with a training reward within 0.1 of the colocated run's.
+2. The independent jobs started by one launch (``examples/run_jobs_local.sh 1``: a private
+   redis-server, one trainer job, one rollout job, weights sent back every step) from the same SFT
+   export and data must meet the same held-out bar and end with a training reward within 0.1 of the
+   colocated run's.
 3. Independent jobs (``examples/grpo_trainer_job.py`` and ``examples/grpo_rollout_job.py``, each its own
    process tree, joined by a real redis-server and a run name): two rollout jobs start before the
    trainer, one is SIGKILLed mid-run and a new one started; the trainer must never stop, train every
@@ -25,7 +26,7 @@ import pytest
 import cosmos_primitives as cp
 from cosmos_primitives.config import EvalConfig
 from cosmos_primitives.logging.tracker import read_metrics
-from test_grpo_jobs import check_jobs_run, run_jobs_with_a_kill
+from test_grpo_jobs import check_jobs_run, read_jsonl, run_jobs_with_a_kill
 
 # the module fixture runs the whole quickstart (SFT, evaluation, GRPO) in the first test: ~8 min quiet
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(1800)]
@@ -42,9 +43,9 @@ def _run_secret(monkeypatch):
     monkeypatch.setenv("COSMOS_RUN_SECRET", "jobs-test-run-secret-" + "0" * 32)
 
 
-def run(cmd: list[str], log_path: Path) -> str:
+def run(cmd: list[str], log_path: Path, env: dict[str, str] | None = None) -> str:
     """Run a recipe from the repository root; assert exit 0; return its output."""
-    env = {**os.environ, "PYTHONUNBUFFERED": "1", "COSMOS_REDIS_URL": ""}
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", "COSMOS_REDIS_URL": "", **(env or {})}
     proc = subprocess.run(cmd, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                           timeout=RUN_TIMEOUT_S)
     log = proc.stdout.decode(errors="replace")
@@ -115,18 +116,23 @@ def assert_reaches_the_colocated_outcome(quickstart: dict, run_dir: Path, rows: 
     assert final_reward(rows) >= final_reward(colocated_rows) - 0.1
 
 
-def test_disaggregated_grpo_reaches_the_colocated_outcome(quickstart: dict) -> None:
+def test_disaggregated_grpo_reaches_the_colocated_outcome(quickstart: dict, tmp_path: Path) -> None:
+    """The single-allocation case: one launch (``examples/run_jobs_local.sh``) starts a private redis-server,
+    the trainer job and one rollout job from one config."""
     out = quickstart["out"]
     dis_out = out / "grpo_disaggregated"
-    run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
-         "examples/grpo_vlm_disaggregated.py",
-         "--config", "examples/configs/grpo_tiny_disaggregated.toml",
-         f"policy.model_name_or_path={quickstart['sft_model']}", f"train.output_dir={dis_out}",
-         f"train.train_policy.dataset.name={out / 'data' / 'train.jsonl'}", "custom={}",
-         "disaggregated.start_local_redis=true"], out / "disaggregated.log")
+    overrides = [f"policy.model_name_or_path={quickstart['sft_model']}", f"train.output_dir={dis_out}",
+                 f"train.train_policy.dataset.name={out / 'data' / 'train.jsonl'}", "custom={}"]
+    cfg = cp.load_config(REPO / "examples" / "configs" / "grpo_tiny_jobs.toml", overrides)
+    launch = {"PYTHON": sys.executable, "RUN": "learning_one_launch", "LOGS": str(tmp_path / "logs"),
+              "CONFIG": "examples/configs/grpo_tiny_jobs.toml"}
+    run(["bash", "examples/run_jobs_local.sh", "1", *overrides], out / "disaggregated.log", launch)
     run_dir = cp.utils.latest_run_dir(dis_out)
     rows = read_metrics(run_dir)
-    assert max(r["staleness/max"] for r in rows) <= 1  # [grpo] allowed_outdated_steps = 1
+    assert [r["step"] for r in rows] == list(range(1, cfg.train.max_steps + 1))
+    trained = read_jsonl(run_dir / "records.jsonl")
+    lags = [r["step"] - 1 - r["weight_version"] for r in trained]
+    assert min(lags) >= 0 and max(lags) <= cfg.grpo.allowed_outdated_steps, sorted(set(lags))
 
     assert_reaches_the_colocated_outcome(quickstart, run_dir, rows, "disaggregated GRPO")
 

@@ -1,7 +1,7 @@
 """The GRPO recipes on a text-only causal LM: ``examples/configs/grpo_text_tiny.toml`` (a tiny random
 ``Qwen3ForCausalLM``, plain-text prompt / answer columns, a plain tokenizer as the processor), run
-colocated in one process and disaggregated under ``torchrun`` (records through a real redis-server,
-weights broadcast back each step).
+colocated in one process and as independent jobs (a trainer job and a rollout job, records through a
+real redis-server, weights sent back each step).
 
 The random model never answers a sum, so a length reward (registered by the user's script) gives
 the groups a spread to train on. Small sizes (2 prompts x 4 samples of 6 tokens, 3 steps)."""
@@ -46,16 +46,44 @@ def assets(tmp_path_factory: pytest.TempPathFactory) -> list[str]:
     return [*paths, "custom={}"]
 
 
+def test_colocated_text_grpo_on_a_tiny_qwen3(assets: list[str], tmp_path: Path) -> None:
+    text, run_dir = _run("examples/grpo_vlm.py", [*assets, *SMALL], tmp_path, nproc=1)
+    _check_run(text, run_dir, Path(assets[0].split("=", 1)[1]))
+
+
+@pytest.mark.slow
+def test_disaggregated_text_grpo_on_a_tiny_qwen3(assets: list[str], redis_url: str, tmp_path: Path,
+                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    """The independent jobs (a trainer job and a rollout job, each through the user's script) on the text model."""
+    monkeypatch.setenv("COSMOS_RUN_SECRET", "text-jobs-run-secret-" + "0" * 32)
+    jobs = ["--run-name", "text_jobs", "--redis", redis_url, *assets, *SMALL, "grpo.allowed_outdated_steps=1"]
+    rollout = _launch("examples/grpo_rollout_job.py", jobs, tmp_path / "rollout", nproc=1)
+    try:
+        text, run_dir = _run("examples/grpo_trainer_job.py", jobs, tmp_path / "trainer", nproc=1)
+        finish(rollout, tmp_path / "rollout" / "run.log", timeout_s=120)
+    finally:
+        if rollout.poll() is None:
+            rollout.kill()
+    _check_run(text, run_dir, Path(assets[0].split("=", 1)[1]))
+    assert "stopping (trainer finished at step 3)" in (tmp_path / "rollout" / "run.log").read_text()
+
+
+def _launch(recipe: str, overrides: list[str], tmp_path: Path, nproc: int, env: dict[str, str] | None = None):
+    """Start ``recipe`` through a user script that registers the length reward first (log: ``tmp_path/run.log``)."""
+    tmp_path.mkdir(parents=True, exist_ok=True)
+    script = tmp_path / "my_grpo.py"
+    script.write_text(USER_SCRIPT.format(recipe=str(REPO / recipe)))
+    return launch_recipe(script, CONFIG, [*overrides, f"train.output_dir={tmp_path / 'out'}"], tmp_path / "run.log",
+                         cwd=REPO, nproc=nproc, env=env)
+
+
 def _run(recipe: str, overrides: list[str], tmp_path: Path, nproc: int, env: dict[str, str] | None = None
          ) -> tuple[str, Path]:
     """Run ``recipe`` through a user script that registers the length reward first; return its log
     and run directory (AssertionError with the log's end unless it exits with 0)."""
-    script = tmp_path / "my_grpo.py"
-    script.write_text(USER_SCRIPT.format(recipe=str(REPO / recipe)))
-    log, out = tmp_path / "run.log", tmp_path / "out"
-    proc = launch_recipe(script, CONFIG, [f"train.output_dir={out}", *overrides], log, cwd=REPO, nproc=nproc, env=env)
-    text = finish(proc, log, timeout_s=300)
-    run_dir = cp.utils.latest_run_dir(out)
+    proc = _launch(recipe, overrides, tmp_path, nproc, env)
+    text = finish(proc, tmp_path / "run.log", timeout_s=300)
+    run_dir = cp.utils.latest_run_dir(tmp_path / "out")
     assert run_dir is not None
     return text, run_dir
 
@@ -74,20 +102,3 @@ def _check_run(text: str, run_dir: Path, initial: Path) -> list[dict]:
     after = cp.policy.load_hf_model(str(export), dtype="float32").state_dict()
     assert any(not torch.equal(before[k], after[k]) for k in before), "the export holds the initial weights"
     return rows
-
-
-def test_colocated_text_grpo_on_a_tiny_qwen3(assets: list[str], tmp_path: Path) -> None:
-    text, run_dir = _run("examples/grpo_vlm.py", [*assets, *SMALL], tmp_path, nproc=1)
-    _check_run(text, run_dir, Path(assets[0].split("=", 1)[1]))
-
-
-@pytest.mark.slow
-def test_disaggregated_text_grpo_on_a_tiny_qwen3(assets: list[str], redis_url: str, tmp_path: Path) -> None:
-    overrides = [*assets, *SMALL, "disaggregated.num_rollout_ranks=1", "disaggregated.start_local_redis=false",
-                 "grpo.allowed_outdated_steps=1", "redis.stream=cp:test:grpo_text"]
-    text, run_dir = _run("examples/grpo_vlm_disaggregated.py", overrides, tmp_path, nproc=2,
-                         env={"COSMOS_REDIS_URL": redis_url})
-    rows = _check_run(text, run_dir, Path(assets[0].split("=", 1)[1]))
-    assert [r["sync/version"] for r in rows if "sync/version" in r] == [1, 2, 3]
-    assert "[rollout] stopping (trainer finished at step 3)" in text
-

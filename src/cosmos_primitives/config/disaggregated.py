@@ -1,5 +1,5 @@
-"""``[disaggregated]``: rollout and trainer roles, in one ``torchrun`` job (``examples/grpo_vlm_disaggregated.py``)
-or as independent jobs (``examples/grpo_trainer_job.py`` + ``examples/grpo_rollout_job.py``)."""
+"""``[disaggregated]``: rollout and trainer roles as independent jobs (``examples/grpo_trainer_job.py`` +
+``examples/grpo_rollout_job.py``, started together by ``examples/run_jobs_local.sh``)."""
 
 from __future__ import annotations
 
@@ -9,24 +9,23 @@ from cosmos_primitives.config.base import Section
 
 
 class DisaggregatedConfig(Section):
-    """``[disaggregated]``: how a disaggregated GRPO job splits its ranks and paces itself.
+    """``[disaggregated]``: how the trainer job and the rollout jobs pace themselves.
 
-    The last ``num_rollout_ranks`` ranks of the job generate rollouts and put them on the Redis
-    queue of ``[redis]`` (address: ``[redis] url``, else ``$COSMOS_REDIS_URL``); the other ranks
-    train on them (FSDP2 over the trainer ranks only, sized by ``[policy.parallelism]``) and
-    broadcast new weights back after every optimizer step. Staleness (``[grpo]
-    allowed_outdated_steps`` / ``on_policy``) bounds how old a trained-on record may be.
+    Rollout jobs generate and put records on the Redis queue of ``[redis]`` (address: ``--redis``,
+    else ``$COSMOS_REDIS_URL``); the trainer job trains on them (FSDP2 over its ranks, sized by
+    ``[policy.parallelism]``) and serves new weights after every optimizer step. Staleness
+    (``[grpo] allowed_outdated_steps`` / ``on_policy``) bounds how old a trained-on record may be.
     """
 
-    # ranks that generate (the last ones of the job); the others train
+    # unused since the one-job recipe was removed (kept so that configs which set it still load)
     num_rollout_ranks: int = 1
     # records (one record = one prompt's group of num_samples_per_prompt completions) consumed per
     # optimizer step by all trainer ranks together; None: [grpo] rollout_batch_size per trainer rank
     records_per_step: int | None = None
     # prompts per generate call of one rollout rank; None: [grpo] rollout_batch_size
     prompts_per_rollout: int | None = None
-    # rank 0 starts a private redis-server on a free loopback port for this job and stops it at the end
-    # (CPU demos and tests; needs redis-server on PATH). [redis] url and $COSMOS_REDIS_URL are ignored then
+    # refused by the trainer job (its rollout jobs could not reach a private server): examples/run_jobs_local.sh
+    # starts a private redis-server for one launch
     start_local_redis: bool = False
     # a fresh run (no resume) deletes what an earlier run left under the [redis] stream's keys (records,
     # trained ids, dead letters, weight version, stop flag); runs sharing one Redis need distinct streams

@@ -1,14 +1,11 @@
-"""The sizes both roles of a disaggregated GRPO job agree on, computed and checked from the config."""
+"""The sizes the trainer job and the rollout jobs agree on, computed and checked from the config."""
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, NamedTuple
 
-from cosmos_primitives.queue.run_control import check_queue_capacity
-
 if TYPE_CHECKING:  # pragma: no cover
     from cosmos_primitives.config.root import Config
-    from cosmos_primitives.parallel.roles import RoleSplit
 
 
 class QueuePlan(NamedTuple):
@@ -19,32 +16,11 @@ class QueuePlan(NamedTuple):
     prompts_per_rollout: int  # records one rollout rank puts per generate call
 
 
-def plan_disaggregated(cfg: Config, roles: RoleSplit) -> QueuePlan:
-    """The plan of ``[disaggregated]`` for ``roles``: ``records_per_step`` (default ``[grpo]
-    rollout_batch_size`` per trainer rank) and ``prompts_per_rollout`` (default
-    ``rollout_batch_size``).
-
-    Raises:
-        ValueError: naming the key, when ``records_per_step`` does not split evenly over the trainer
-            ranks, ``[grpo] rollouts_per_step`` is set (the colocated recipe's),
-            ``[redis] max_pending`` is too small for the staleness bound
-            (:func:`~cosmos_primitives.queue.run_control.check_queue_capacity`), or an export upload is
-            configured (a disaggregated run does not upload yet).
-    """
-    plan = _sizes(cfg, roles.num_trainers)
-    check_queue_capacity(cfg.redis.max_pending, cfg.grpo.allowed_outdated_steps, plan.records_per_step,
-                         roles.num_rollouts, plan.prompts_per_rollout, on_policy=cfg.grpo.on_policy)
-    ckpt = cfg.train.ckpt
-    if ckpt.upload_s3 or ckpt.upload_hf:
-        raise ValueError("a disaggregated run does not upload exports yet: set [train.ckpt] upload_s3 = false and "
-                         "upload_hf = false, and upload <run_dir>/safetensors/final yourself")
-    return plan
-
-
 def plan_jobs(cfg: Config, num_trainers: int) -> QueuePlan:
     """The plan of independent trainer / rollout jobs, the trainer job having ``num_trainers`` ranks.
 
-    The same sizes as :func:`plan_disaggregated`, without the queue-capacity check: rollout jobs come
+    ``records_per_step`` (default ``[grpo] rollout_batch_size`` per trainer rank) and ``prompts_per_rollout``
+    (default ``rollout_batch_size``), without a queue-capacity check: rollout jobs come
     and go, and a rollout job that waits for room in the queue blocks nobody (the trainer serves its
     weights from a background thread, it never waits for a rollout job).
 

@@ -1,4 +1,4 @@
-"""A private ``redis-server`` on a free loopback port, for a run (``[disaggregated] start_local_redis``) or a test.
+"""A private ``redis-server`` on a free loopback port, for a test or a benchmark.
 
 It persists by default with what the queue's no-loss promise needs (see
 :mod:`cosmos_primitives.queue.redis_queue`): an append-only file fsynced before every reply

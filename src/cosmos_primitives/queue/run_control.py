@@ -93,34 +93,3 @@ class RunControl:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
-
-
-def required_max_pending(allowed_outdated_steps: int, records_per_step: int, producers: int, records_per_put: int,
-                         *, on_policy: bool = False) -> int:
-    """The smallest ``[redis] max_pending`` with which a throttled producer never blocks in ``put``.
-
-    A :class:`~cosmos_primitives.queue.RolloutThrottle` lets a producer whose weights are the
-    trainer's generate while at most ``(bound + 1) * records_per_step - 1`` records are
-    unacknowledged (``bound`` = allowed staleness, 0 on-policy); every producer may have passed that
-    check at once, each with one batch of ``records_per_put`` in hand. A put that blocks can
-    deadlock the job: the trainer waits in a weight broadcast for the very producer that waits for
-    room in the queue.
-    """
-    bound = 0 if on_policy else allowed_outdated_steps
-    return (bound + 1) * records_per_step - 1 + producers * records_per_put
-
-
-def check_queue_capacity(max_pending: int, allowed_outdated_steps: int, records_per_step: int, producers: int,
-                         records_per_put: int, *, on_policy: bool = False) -> None:
-    """Raise when ``max_pending`` is below :func:`required_max_pending` (names every number and the fix)."""
-    need = required_max_pending(allowed_outdated_steps, records_per_step, producers, records_per_put,
-                                on_policy=on_policy)
-    if max_pending < need:
-        bound = 0 if on_policy else allowed_outdated_steps
-        raise ValueError(
-            f"[redis] max_pending = {max_pending} is too small: with a staleness bound of {bound} steps ([grpo] "
-            f"allowed_outdated_steps / on_policy), {records_per_step} records per trainer step and {producers} rollout "
-            f"rank(s) putting {records_per_put} records at a time, up to {need} records can be unacknowledged, and a "
-            f"rollout rank blocked on a full queue would deadlock the weight broadcast. Set [redis] max_pending >= "
-            f"{need}, or lower allowed_outdated_steps / records_per_step"
-        )

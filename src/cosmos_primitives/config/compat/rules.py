@@ -124,9 +124,9 @@ def _parallelism(s: str) -> tuple[Rule, ...]:
 
 
 RULE_LIST: tuple[Rule, ...] = (
-    ignored('redis', '', "launcher-only: the cosmos-rl controller's Redis port; the disaggregated recipe takes [redis] url or starts its own"),
+    ignored('redis', '', "launcher-only: the cosmos-rl controller's Redis port; the trainer and rollout jobs take --redis (examples/run_jobs_local.sh starts a private one)"),
     ignored('eth_ips', '', 'launcher-only: controller addresses; torchrun places the ranks'),
-    ignored('mode', 'disaggregated', 'launcher-only: pick the recipe instead (examples/grpo_vlm.py shares GPUs, examples/grpo_vlm_disaggregated.py splits them)'),
+    ignored('mode', 'disaggregated', 'launcher-only: pick the recipe instead (examples/grpo_vlm.py shares GPUs; examples/run_jobs_local.sh starts the trainer and rollout jobs on GPUs of their own)'),
     ignored('controller_execution_id', None, "launcher-only: the controller's attempt fence"),
     mapped('custom', None, '(free-form table for your own code)'),
     mapped('train.train_policy.type', None),
