@@ -74,7 +74,8 @@ def train_from_queue(cfg, info, roles, plan: QueuePlan, mesh: RoleMesh, sync_gro
     grpo, dis, dataset_cfg = cfg.grpo, cfg.disaggregated, cfg.train.train_policy.dataset
     processor = cp.policy.load_processor(cfg.policy.model_name_or_path)
     policy = cp.policy.build_policy(cfg.policy, mesh, train=cfg.train)
-    reference = cp.policy.grpo_reference(cfg, policy, info.device, mesh)  # None without [grpo] kl_beta
+    reference = cp.policy.grpo_reference(policy, info.device, mesh, kl_beta=cfg.grpo.kl_beta, policy_cfg=cfg.policy,
+                                         train=cfg.train)  # None without [grpo] kl_beta
     steps_per_epoch = math.ceil(len(prompt_dataset(dataset_cfg, cfg, processor)) / plan.records_per_step)
     total_steps = cfg.train.max_steps or cfg.train.epoch * steps_per_epoch
     optimizer = cp.policy.build_optimizer(policy, cfg.train)
@@ -118,7 +119,8 @@ def train_from_queue(cfg, info, roles, plan: QueuePlan, mesh: RoleMesh, sync_gro
         batch = collate_rollouts(groups, processor).to(info.device)
         times["collate"] = time.perf_counter() - t0
         update = cp.policy.grpo_update(policy, reference, optimizer, batch, record_advantages(records, info.device),
-                                       cfg, mesh.group("dp"), step=step + 1)
+                                       cp.policy.GRPOUpdateSettings.from_config(cfg), mesh.group("dp"),
+                                       step=step + 1)
         times.update(update.times)
         scheduler.step()
         step += 1
