@@ -141,7 +141,9 @@ def main() -> None:
     policy = cp.policy.build_policy(cfg.policy, mesh, train=cfg.train)
     reference = cp.policy.grpo_reference(policy, info.device, mesh, kl_beta=cfg.grpo.kl_beta, policy_cfg=cfg.policy,
                                          train=cfg.train)  # None without [grpo] kl_beta
-    dataset_size = len(prompt_dataset(dataset_cfg, cfg, processor))
+    dataset_size = len(prompt_dataset(dataset_cfg, prompt_column=cfg.train.train_policy.prompt_column_name,
+                                      response_column=cfg.train.train_policy.response_column_name,
+                                      processor=processor, setup_config=cfg))
     steps_per_epoch = math.ceil(dataset_size / plan.records_per_step)
     total_steps = cfg.train.max_steps or cfg.train.epoch * steps_per_epoch
     optimizer = cp.policy.build_optimizer(policy, cfg.train)

@@ -76,7 +76,10 @@ def train_from_queue(cfg, info, roles, plan: QueuePlan, mesh: RoleMesh, sync_gro
     policy = cp.policy.build_policy(cfg.policy, mesh, train=cfg.train)
     reference = cp.policy.grpo_reference(policy, info.device, mesh, kl_beta=cfg.grpo.kl_beta, policy_cfg=cfg.policy,
                                          train=cfg.train)  # None without [grpo] kl_beta
-    steps_per_epoch = math.ceil(len(prompt_dataset(dataset_cfg, cfg, processor)) / plan.records_per_step)
+    prompts = prompt_dataset(dataset_cfg, prompt_column=cfg.train.train_policy.prompt_column_name,
+                             response_column=cfg.train.train_policy.response_column_name, processor=processor,
+                             setup_config=cfg)
+    steps_per_epoch = math.ceil(len(prompts) / plan.records_per_step)
     total_steps = cfg.train.max_steps or cfg.train.epoch * steps_per_epoch
     optimizer = cp.policy.build_optimizer(policy, cfg.train)
     scheduler = cp.policy.build_lr_scheduler(optimizer, cfg.train, total_steps)
@@ -174,7 +177,9 @@ def generate_into_queue(cfg, info, roles, plan: QueuePlan, sync_group, url: str)
                               engine=engine if engine_model is not None else None)
     receiver.sync()  # the trainer's weights at its start, checked bit for bit
 
-    dataset = prompt_dataset(cfg.train.train_policy.dataset, cfg, processor)
+    dataset = prompt_dataset(cfg.train.train_policy.dataset, prompt_column=cfg.train.train_policy.prompt_column_name,
+                             response_column=cfg.train.train_policy.response_column_name, processor=processor,
+                             setup_config=cfg)
     sampler = ResumableDistributedSampler(len(dataset), rank=roles.index, world_size=roles.num_rollouts,
                                           **cp.config.sampler_settings(cfg))
     bad = BadSampleTracker(cfg.train.train_policy.dataset.bad_sample_budget)

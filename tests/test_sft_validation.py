@@ -99,7 +99,8 @@ def test_validation_loss_equals_a_direct_computation_without_gradient(tmp_path: 
     expected, expected_tokens = direct_mean_nll(model, qwen_tokenizer, dataset)
     grad_modes.clear()
 
-    loader = build_sft_validation_loader(cfg, qwen_tokenizer, model.config, dataset)
+    loader = build_sft_validation_loader(cfg.train.train_policy, qwen_tokenizer, model.config, dataset,
+                                         model_max_length=cfg.policy.model_max_length, seed=cfg.train.seed)
     got = sft_validation_loss(model, loader, samples_per_pass=4, device="cpu")
     assert got.tokens == expected_tokens and got.loss == pytest.approx(expected, rel=1e-5)
     assert grad_modes and not any(grad_modes)  # every forward ran without autograd
@@ -108,13 +109,15 @@ def test_validation_loss_equals_a_direct_computation_without_gradient(tmp_path: 
     assert again.loss == pytest.approx(expected, rel=1e-5)
 
     # two data-parallel ranks' shares: every item scored once, none twice
-    shares = [sft_validation_loss(model, build_sft_validation_loader(cfg, qwen_tokenizer, model.config, dataset,
-                                                                     rank=r, world_size=2),
+    shares = [sft_validation_loss(model, build_sft_validation_loader(
+        cfg.train.train_policy, qwen_tokenizer, model.config, dataset, model_max_length=cfg.policy.model_max_length,
+        seed=cfg.train.seed, rank=r, world_size=2),
                                   samples_per_pass=4, device="cpu") for r in range(2)]
     assert sum(s.tokens for s in shares) == expected_tokens
     assert sum(s.loss * s.tokens for s in shares) / expected_tokens == pytest.approx(expected, rel=1e-5)
     with pytest.raises(ValueError, match="fewer than the 8 data-parallel ranks"):
-        build_sft_validation_loader(cfg, qwen_tokenizer, model.config, dataset, rank=0, world_size=8)
+        build_sft_validation_loader(cfg.train.train_policy, qwen_tokenizer, model.config, dataset,
+                                    model_max_length=cfg.policy.model_max_length, rank=0, world_size=8)
 
 
 def rank_validation_loss(cfg: cp.Config) -> tuple[float, int, int]:
@@ -125,7 +128,9 @@ def rank_validation_loss(cfg: cp.Config) -> tuple[float, int, int]:
     model = cp.testing.tiny_qwen2(seed=0)
     passes: list[int] = []
     backbone_of(model).register_forward_hook(lambda *_: passes.append(1))
-    loader = build_sft_validation_loader(cfg, tokenizer, model.config, HFConversationDataset(rows(7), name="val"),
+    loader = build_sft_validation_loader(cfg.train.train_policy, tokenizer, model.config,
+                                         HFConversationDataset(rows(7), name="val"),
+                                         model_max_length=cfg.policy.model_max_length, seed=cfg.train.seed,
                                          rank=rank, world_size=2)
     result = sft_validation_loss(model, loader, samples_per_pass=1, device="cpu")
     return result.loss, result.tokens, len(passes)

@@ -29,12 +29,14 @@ def build_grpo_datasets(config: Any, processor: Any = None) -> tuple[Any, Any | 
     Raises:
         ValueError: ``test_size`` would hold out none or every training item (naming the key).
     """
-    dataset_cfg = config.train.train_policy.dataset
-    train = prompt_dataset(dataset_cfg, config, processor)
+    policy_cfg = config.train.train_policy
+    dataset_cfg = policy_cfg.dataset
+    columns = {"prompt_column": policy_cfg.prompt_column_name, "response_column": policy_cfg.response_column_name}
+    train = prompt_dataset(dataset_cfg, **columns, processor=processor, setup_config=config)
     if not config.validation.enable:
         return train, None
     if config.validation.dataset.name:
-        return train, prompt_dataset(config.validation.dataset, config, processor)
+        return train, prompt_dataset(config.validation.dataset, **columns, processor=processor, setup_config=config)
     train_indices, val_indices = split_validation(len(train), dataset_cfg.test_size, config.train.seed)
     get_logger().info(f"validation: {len(val_indices)} of the {len(train)} training prompts held out "
                       f"(train.train_policy.dataset.test_size = {dataset_cfg.test_size}); training uses the "

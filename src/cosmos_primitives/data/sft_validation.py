@@ -15,6 +15,7 @@ from typing import Any
 
 import torch
 
+from cosmos_primitives.config.dataset import TrainPolicyConfig
 from cosmos_primitives.data.sft_loader import SFTBatchLoader, build_sft_dataset, build_sft_loader
 
 DEFAULT_TEST_SIZE = 0.1  # cosmos-rl's, when validation is on and test_size is unset
@@ -75,20 +76,21 @@ def build_sft_datasets(config: Any, processor: Any = None) -> tuple[Any, Any | N
     """
     policy_cfg = config.train.train_policy
     column = policy_cfg.conversation_column_name
-    train = build_sft_dataset(policy_cfg.dataset, column, config=config, processor=processor)
+    train = build_sft_dataset(policy_cfg.dataset, column, setup_config=config, processor=processor)
     if not config.validation.enable:
         return train, None
     if config.validation.dataset.name or config.validation.dataset.plugin:
-        return train, build_sft_dataset(config.validation.dataset, column, config=config, processor=processor)
+        return train, build_sft_dataset(config.validation.dataset, column, setup_config=config, processor=processor)
     train_indices, val_indices = split_validation(len(train), policy_cfg.dataset.test_size, config.train.seed)
     return IndexedSubset(train, train_indices), IndexedSubset(train, val_indices)
 
 
-def build_sft_validation_loader(config: Any, processor: Any, model_config: Any, dataset: Any, *, rank: int = 0,
+def build_sft_validation_loader(train_policy: TrainPolicyConfig, processor: Any, model_config: Any, dataset: Any, *,
+                                model_max_length: int, seed: int | None = None, rank: int = 0,
                                 world_size: int = 1) -> SFTBatchLoader:
     """The loader of this rank's share of the validation ``dataset``: items ``rank, rank + world_size,
     ...`` (every item on exactly one rank, none repeated), encoded, packed and batched as
-    :func:`build_sft_loader` does for training.
+    :func:`build_sft_loader` does for training (same arguments).
 
     Raises:
         ValueError: the split has fewer items than there are data-parallel ranks.
@@ -98,4 +100,5 @@ def build_sft_validation_loader(config: Any, processor: Any, model_config: Any, 
                          "data-parallel ranks that score it: hold out more (train.train_policy.dataset.test_size) "
                          "or give a larger validation dataset")
     share = IndexedSubset(dataset, range(rank, len(dataset), world_size))
-    return build_sft_loader(config, processor, model_config, dataset=share)
+    return build_sft_loader(train_policy, processor, model_config, model_max_length=model_max_length, seed=seed,
+                            dataset=share)
