@@ -117,7 +117,8 @@ def main() -> None:
 
     # Prompts, rewards, optimizer, checkpoints, metrics.
     # with [validation] enable and no validation.dataset.name, test_size holds validation prompts out
-    dataset, val_dataset = build_grpo_datasets(cfg, processor)
+    dataset, val_dataset = build_grpo_datasets(cfg.train.train_policy, cfg.validation, seed=cfg.train.seed,
+                                               processor=processor, setup_config=cfg)
     sampler = ResumableDistributedSampler(len(dataset), rank=mesh.dp_rank, world_size=mesh.dp_size,
                                           **cp.config.sampler_settings(cfg))
     bad = BadSampleTracker(cfg.train.train_policy.dataset.bad_sample_budget)

@@ -65,7 +65,9 @@ def main() -> None:
     # Model, data, optimizer.
     processor = cp.policy.load_processor(cfg.policy.model_name_or_path)
     policy = cp.policy.build_policy(cfg.policy, mesh, train=cfg.train)
-    train_set, val_set = build_sft_datasets(cfg, processor)  # val_set: None unless [validation] enable
+    # val_set: None unless [validation] enable
+    train_set, val_set = build_sft_datasets(cfg.train.train_policy, cfg.validation, seed=cfg.train.seed,
+                                            processor=processor, setup_config=cfg)
     loader = build_sft_loader(cfg.train.train_policy, processor, policy.config,
                               model_max_length=cfg.policy.model_max_length, seed=cfg.train.seed,
                               rank=mesh.dp_rank, world_size=mesh.dp_size, dataset=train_set)

@@ -20,8 +20,6 @@ PACKAGES = ("policy", "data", "algo", "rollout", "sync")
 _SETUP = ("the run's config, handed unchanged to a cosmos-rl dataset's setup(config) (cosmos-rl's contract: "
           "the whole config); nothing here reads a section from it")
 _HF = "a Hugging Face model config (transformers' PretrainedConfig), not this library's config"
-_PAIR = ("reads [train.train_policy], [validation] and [train] seed to pick and split both datasets, and hands "
-         "the run's config to plug-ins' setup")
 EXCEPTIONS: dict[tuple[str, str], str] = {
     ("policy.GRPOUpdateSettings.from_config", "cfg"): "the one place that maps a run's config onto grpo_update's "
                                                       "settings; grpo_update itself takes the settings",
@@ -36,8 +34,8 @@ EXCEPTIONS: dict[tuple[str, str], str] = {
     ("data.call_setup", "config"): _SETUP,
     ("data.CosmosRLPromptDataset.__init__", "config"): _SETUP,
     ("data.CosmosRLConversationDataset.__init__", "config"): _SETUP,
-    ("data.build_grpo_datasets", "config"): _PAIR,
-    ("data.build_sft_datasets", "config"): _PAIR,
+    ("data.build_grpo_datasets", "setup_config"): _SETUP,
+    ("data.build_sft_datasets", "setup_config"): _SETUP,
     ("data.check_plugins_read", "config"): "a config check across sections: which plug-in keys are set against "
                                            "which the recipe reads",
 }

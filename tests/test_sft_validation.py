@@ -27,6 +27,12 @@ REASON1_SFT = DATA / "cosmos-reason1" / "examples" / "post_training" / "configs"
 GEMMA_SFT = DATA / "cosmos-rl" / "configs" / "gemma" / "gemma3-12b-vlm-fsdp4-sft.toml"
 
 
+def _datasets(cfg: cp.Config, processor=None):
+    """``build_sft_datasets`` of a loaded config's sections, as the recipe calls it."""
+    return build_sft_datasets(cfg.train.train_policy, cfg.validation, seed=cfg.train.seed, processor=processor,
+                              setup_config=cfg)
+
+
 def rows(n: int) -> list[dict]:
     """``n`` text conversations of different lengths (row ``i`` answers ``Answer i.``)."""
     return [{"conversations": [{"role": "user", "content": f"Question {i}: {' '.join(['word'] * (1 + i * 5 % 17))}?"},
@@ -58,18 +64,18 @@ def answers(dataset) -> list[str]:
 
 
 def test_validation_items_are_held_out_of_training(tmp_path: Path) -> None:
-    train, val = build_sft_datasets(config_for(tmp_path, 20))
+    train, val = _datasets(config_for(tmp_path, 20))
     assert val is None and len(train) == 20  # validation off: test_size holds nothing out
-    train, val = build_sft_datasets(config_for(tmp_path, 20, "validation.enable=true",
+    train, val = _datasets(config_for(tmp_path, 20, "validation.enable=true",
                                                "train.train_policy.dataset.test_size=4"))
     assert (len(train), len(val)) == (16, 4)
     assert sorted(answers(train) + answers(val)) == sorted(f"Answer {i}." for i in range(20))
-    again = build_sft_datasets(config_for(tmp_path, 20, "validation.enable=true",
+    again = _datasets(config_for(tmp_path, 20, "validation.enable=true",
                                           "train.train_policy.dataset.test_size=4"))[1]
     assert answers(again) == answers(val)
     other = tmp_path / "val.jsonl"
     other.write_text(json.dumps(rows(1)[0]) + "\n")
-    train, val = build_sft_datasets(config_for(tmp_path, 20, "validation.enable=true",
+    train, val = _datasets(config_for(tmp_path, 20, "validation.enable=true",
                                                f"validation.dataset.name={other}"))
     assert (len(train), len(val)) == (20, 1)  # a separate validation dataset: nothing held out
 
