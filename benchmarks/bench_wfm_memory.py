@@ -153,8 +153,9 @@ def flowgrpo_memory_2b(dry: bool, work: Path | None = None, *, samples: int = 2,
         _synchronize(dev)
         start = time.perf_counter()
         try:
-            logged = cp.policy.flow_grpo_update(policy, velocity, optimizer, traj, text, negative, advantages, None, w,
-                                                1.0, rng, step=1, nonfinite="skip", micro_batch=micro)
+            logged = cp.policy.flow_grpo_update(policy, velocity, optimizer, trajectory=traj, text=text,
+                                                advantages=advantages, negative=negative, wfm=w, grad_clip=1.0,
+                                                nonfinite="skip", micro_batch=micro, rng=rng, step=1)
             _synchronize(dev)
             figures[f"{variant}_train_s"] = time.perf_counter() - start
             figures[f"{variant}_oom"] = False

@@ -56,11 +56,11 @@ class Variant:
         adv = cp.algo.flow_grpo_advantages(rewards, torch.arange(2).repeat_interleave(SAMPLES // 2))
         gen = torch.Generator().manual_seed(k)
         if nft:
-            diffusion_nft_update(self.policy, velocity, self.optimizer, traj.samples, text, adv, self.w, 1.0, gen,
-                                 step=k, nonfinite="stop")
+            diffusion_nft_update(self.policy, velocity, self.optimizer, samples=traj.samples, text=text,
+                                 advantages=adv, wfm=self.w, grad_clip=1.0, nonfinite="stop", generator=gen, step=k)
         else:
-            flow_grpo_update(self.policy, velocity, self.optimizer, traj, text, None, adv, None, self.w, 1.0,
-                             {"train_steps": gen}, step=k, nonfinite="stop")
+            flow_grpo_update(self.policy, velocity, self.optimizer, trajectory=traj, text=text, advantages=adv,
+                             wfm=self.w, grad_clip=1.0, nonfinite="stop", rng={"train_steps": gen}, step=k)
         self.times.append(time.perf_counter() - started)
 
 

@@ -45,6 +45,7 @@ def main(steps: int = 15, prompts_per_step: int = 8, seed: int = 0) -> list[dict
     policy = cp.policy.build_policy(cfg.policy, hf_model=student)
     engine = cp.rollout.HFRolloutEngine(student, tokenizer)
     optimizer = cp.policy.build_optimizer(policy, cfg.train)
+    settings = cp.policy.GRPOUpdateSettings.from_config(cfg)  # what grpo_update reads of the config
     rng = torch.Generator().manual_seed(seed)
     history = []
     for step in range(1, steps + 1):
@@ -56,7 +57,7 @@ def main(steps: int = 15, prompts_per_step: int = 8, seed: int = 0) -> list[dict
         scores = teacher_logprobs(teacher, batch)  # [N, T]: the teacher's log-prob of each sampled token
         divergence = reverse_kl_per_token(batch.rollout_logprobs, scores)
         advantages, metrics = distillation_advantages(divergence, batch.completion_mask)
-        update = cp.policy.grpo_update(policy, None, optimizer, batch, advantages, cfg, step=step)
+        update = cp.policy.grpo_update(policy, None, optimizer, batch, advantages, settings, step=step)
         history.append({"step": step, "teacher_kl": float(metrics["teacher_kl"]), "grad_norm": update.grad_norm})
         print(f"step {step}: reverse KL to the teacher {history[-1]['teacher_kl']:.3f}")
     return history

@@ -58,6 +58,7 @@ def main(steps: int = 20, prompts_per_step: int = 8, seed: int = 0) -> list[dict
     policy = cp.policy.build_policy(cfg.policy, hf_model=model)
     engine = cp.rollout.HFRolloutEngine(model, tokenizer)
     optimizer = cp.policy.build_optimizer(policy, cfg.train)
+    settings = cp.policy.GRPOUpdateSettings.from_config(cfg)  # what grpo_update reads of the config
     rng = torch.Generator().manual_seed(seed)
     history = []
     for step in range(1, steps + 1):
@@ -67,8 +68,8 @@ def main(steps: int = 20, prompts_per_step: int = 8, seed: int = 0) -> list[dict
         groups = run_episodes(engine, tokenizer, prompts, params, quiz, max_turns=2)
         rewards = torch.tensor(episode_rewards(groups))
         advantages = cp.algo.compute_advantages(rewards, cfg=cfg.grpo)
-        update = cp.policy.grpo_update(policy, None, optimizer, collate_rollouts(groups, tokenizer), advantages, cfg,
-                                       step=step)
+        update = cp.policy.grpo_update(policy, None, optimizer, collate_rollouts(groups, tokenizer), advantages,
+                                       settings, step=step)
         second = [c.turn_rewards[1] * 2 for g in groups for c in g.completions if len(c.turn_rewards) == 2]
         history.append({"step": step, "reward": float(rewards.mean()), "grad_norm": update.grad_norm,
                         "second_turn_reward": sum(second) / max(len(second), 1)})

@@ -192,7 +192,10 @@ def main() -> None:
              f"({time.perf_counter() - t0:.2f}s)"
              f"{f'; TP rank {info.rank % tp} of {tp}, every tensor of its shard loaded' if group is not None else ''}")
     if lead:
-        dataset = prompt_dataset(cfg.train.train_policy.dataset, cfg, processor)
+        dataset = prompt_dataset(cfg.train.train_policy.dataset,
+                                 prompt_column=cfg.train.train_policy.prompt_column_name,
+                                 response_column=cfg.train.train_policy.response_column_name, processor=processor,
+                                 setup_config=cfg)
         trainers = registry.live("trainer")
         trainer_ranks = int(next(iter(trainers.values())).get("ranks", 1)) if trainers else 1
         plan = plan_jobs(cfg, trainer_ranks)

@@ -60,7 +60,8 @@ def main(steps: int = 20, prompts_per_step: int = 8, seed: int = 0) -> list[dict
                                                                      seed=step))
         scored = cp.rewards.score_groups(groups, rewards, cfg.grpo, cfg.rollout.max_response_length)
         batch = collate_rollouts(groups, tokenizer)
-        update = cp.policy.grpo_update(policy, None, optimizer, batch, scored.advantages, cfg, step=step)
+        update = cp.policy.grpo_update(policy, None, optimizer, batch, scored.advantages,
+                                       cp.policy.GRPOUpdateSettings.from_config(cfg), step=step)
         history.append({"step": step, "reward": float(scored.rewards.mean()), "grad_norm": update.grad_norm,
                         **update.metrics})
         print(f"step {step}: reward {history[-1]['reward']:.3f}, grad norm {update.grad_norm:.4f}")

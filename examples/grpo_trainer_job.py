@@ -129,8 +129,11 @@ def main() -> None:
     dataset_cfg = cfg.train.train_policy.dataset
     processor = cp.policy.load_processor(cfg.policy.model_name_or_path)
     policy = cp.policy.build_policy(cfg.policy, mesh, train=cfg.train)
-    reference = cp.policy.grpo_reference(cfg, policy, info.device, mesh)  # None without [grpo] kl_beta
-    dataset_size = len(prompt_dataset(dataset_cfg, cfg, processor))
+    reference = cp.policy.grpo_reference(policy, info.device, mesh, kl_beta=cfg.grpo.kl_beta, policy_cfg=cfg.policy,
+                                         train=cfg.train)  # None without [grpo] kl_beta
+    dataset_size = len(prompt_dataset(dataset_cfg, prompt_column=cfg.train.train_policy.prompt_column_name,
+                                      response_column=cfg.train.train_policy.response_column_name,
+                                      processor=processor, setup_config=cfg))
     steps_per_epoch = math.ceil(dataset_size / plan.records_per_step)
     total_steps = cfg.train.max_steps or cfg.train.epoch * steps_per_epoch
     optimizer = cp.policy.build_optimizer(policy, cfg.train)
@@ -206,7 +209,8 @@ def main() -> None:
         times["collate"] = time.perf_counter() - t0
         with dead_letter_on_nonfinite(queue, records, step + 1):  # a restart must not stop on them again
             update = cp.policy.grpo_update(policy, reference, optimizer, batch,
-                                           record_advantages(records, info.device), cfg, mesh.group("dp"),
+                                           record_advantages(records, info.device),
+                                           cp.policy.GRPOUpdateSettings.from_config(cfg), mesh.group("dp"),
                                            step=step + 1)
         times.update(update.times)
         scheduler.step()

@@ -92,7 +92,8 @@ def main() -> None:
     # Policy (trained, FSDP2 over dp_shard), KL reference, rollout engine and weight sync.
     processor = cp.policy.load_processor(cfg.policy.model_name_or_path)
     policy = cp.policy.build_policy(cfg.policy, mesh, train=cfg.train)
-    reference = cp.policy.grpo_reference(cfg, policy, info.device, mesh)  # None without [grpo] kl_beta
+    reference = cp.policy.grpo_reference(policy, info.device, mesh, kl_beta=cfg.grpo.kl_beta, policy_cfg=cfg.policy,
+                                         train=cfg.train)  # None without [grpo] kl_beta
     engine, engine_model = cp.rollout.build_rollout_engine(
         rollout, cfg.policy.model_name_or_path, processor, dtype=cfg.policy.dtype, device=info.device,
         seed=cfg.train.seed + info.rank, max_model_len=cfg.policy.model_max_length)
@@ -105,7 +106,8 @@ def main() -> None:
 
     # Prompts, rewards, optimizer, checkpoints, metrics.
     # with [validation] enable and no validation.dataset.name, test_size holds validation prompts out
-    dataset, val_dataset = build_grpo_datasets(cfg, processor)
+    dataset, val_dataset = build_grpo_datasets(cfg.train.train_policy, cfg.validation, seed=cfg.train.seed,
+                                               processor=processor, setup_config=cfg)
     sampler = ResumableDistributedSampler(len(dataset), rank=mesh.dp_rank, world_size=mesh.dp_size,
                                           **cp.config.sampler_settings(cfg))
     bad = BadSampleTracker(cfg.train.train_policy.dataset.bad_sample_budget)
@@ -157,7 +159,8 @@ def main() -> None:
         advantages, first_step = scored.advantages.to(info.device), step
         for part in parts:  # one optimizer step each (one part unless [grpo] rollouts_per_step is set)
             rows = batch if len(parts) == 1 else batch.subset(part)
-            update = cp.policy.grpo_update(policy, reference, optimizer, rows, advantages[part], cfg, dp_group,
+            update = cp.policy.grpo_update(policy, reference, optimizer, rows, advantages[part],
+                                           cp.policy.GRPOUpdateSettings.from_config(cfg), dp_group,
                                            step=step + 1)
             times["logprobs"] = collate_s + update.times["logprobs"]
             times["update"] = update.times["update"]

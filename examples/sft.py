@@ -52,11 +52,15 @@ def main() -> None:
     # Model, data, optimizer.
     processor = cp.policy.load_processor(cfg.policy.model_name_or_path)
     policy = cp.policy.build_policy(cfg.policy, mesh, train=cfg.train)
-    train_set, val_set = build_sft_datasets(cfg, processor)  # val_set: None unless [validation] enable
-    loader = build_sft_loader(cfg, processor, policy.config, rank=mesh.dp_rank, world_size=mesh.dp_size,
-                              dataset=train_set)
+    # val_set: None unless [validation] enable
+    train_set, val_set = build_sft_datasets(cfg.train.train_policy, cfg.validation, seed=cfg.train.seed,
+                                            processor=processor, setup_config=cfg)
+    loader = build_sft_loader(cfg.train.train_policy, processor, policy.config,
+                              model_max_length=cfg.policy.model_max_length, seed=cfg.train.seed,
+                              rank=mesh.dp_rank, world_size=mesh.dp_size, dataset=train_set)
     val_loader = None if val_set is None else build_sft_validation_loader(
-        cfg, processor, policy.config, val_set, rank=mesh.dp_rank, world_size=mesh.dp_size)
+        cfg.train.train_policy, processor, policy.config, val_set, model_max_length=cfg.policy.model_max_length,
+        seed=cfg.train.seed, rank=mesh.dp_rank, world_size=mesh.dp_size)
     steps_per_epoch = math.ceil(len(loader.sampler) / cfg.train.train_batch_per_replica)
     total_steps = cfg.train.max_steps or cfg.train.epoch * steps_per_epoch
     optimizer = cp.policy.build_optimizer(policy, cfg.train)

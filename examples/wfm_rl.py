@@ -257,15 +257,16 @@ def train(cfg: cp.Config, config_path: str) -> Path:
                 advantages = cp.algo.neg_exp_advantages(advantages, clip=w.adv_clip_max)
 
             if nft:  # DiffusionNFT: the clean samples alone
-                logged = cp.policy.diffusion_nft_update(policy, velocity, optimizer, traj.samples, text, advantages, w,
-                                                        cfg.train.optm_grad_norm_clip, rng["nft"], step=step,
-                                                        nonfinite=cfg.train.nonfinite, condition=condition,
-                                                        micro_batch=micro_batch, sigmas=sigmas)
+                logged = cp.policy.diffusion_nft_update(
+                    policy, velocity, optimizer, samples=traj.samples, text=text, advantages=advantages,
+                    condition=condition, sigmas=sigmas, wfm=w, grad_clip=cfg.train.optm_grad_norm_clip,
+                    nonfinite=cfg.train.nonfinite, micro_batch=micro_batch, generator=rng["nft"], step=step)
             else:
                 data = clips if w.algorithm == "ddrl" else None
-                logged = cp.policy.flow_grpo_update(policy, velocity, optimizer, traj, text, negative, advantages,
-                                                    data, w, cfg.train.optm_grad_norm_clip, rng, step=step,
-                                                    nonfinite=cfg.train.nonfinite, micro_batch=micro_batch)
+                logged = cp.policy.flow_grpo_update(
+                    policy, velocity, optimizer, trajectory=traj, text=text, advantages=advantages,
+                    negative=negative, clips=data, wfm=w, grad_clip=cfg.train.optm_grad_norm_clip,
+                    nonfinite=cfg.train.nonfinite, micro_batch=micro_batch, rng=rng, step=step)
             lr_scheduler.step()
             logged.update(reward_mean=group_rewards.mean(), reward_std=group_rewards.std(unbiased=False),
                           lr=lr_scheduler.get_last_lr()[0], bad_samples=source.bad.count)

@@ -392,7 +392,8 @@ def test_build_sft_loader_from_config_keys(video_folder, family: str, tiny_vl_pr
         "train.train_policy.packing_budget=512",
         "train.train_policy.mini_batch=2",
     ])
-    loader = build_sft_loader(config, processor, model_config)
+    loader = build_sft_loader(config.train.train_policy, processor, model_config,
+                              model_max_length=config.policy.model_max_length, seed=config.train.seed)
     assert loader.dataset.settings.patch_size == patch  # read from the processor
     (batch,) = list(loader)  # two clips fit in one 512-token row; ep3 has no video
     assert loader.bad_samples.count == 1 and loader.token_budget == 512

@@ -7,6 +7,7 @@ import math
 import pytest
 import torch
 
+from cosmos_primitives.algo.advantages import group_stats
 from cosmos_primitives.algo.ddrl import ddrl_data_loss, neg_exp_advantages, noisy_latents
 from cosmos_primitives.algo.flow_grpo import flow_grpo_advantages, flow_grpo_loss, select_train_steps
 
@@ -31,6 +32,25 @@ def test_batch_std_scope_keeps_group_means():
     assert flow_grpo_advantages(torch.tensor([2.0, 2.0])).tolist() == [0.0, 0.0]  # no group ids: one group
     with pytest.raises(ValueError, match="advantage_std_scope"):
         flow_grpo_advantages(rewards, groups, std_scope="prompt")
+
+
+def test_a_lone_sample_gets_advantage_zero_as_in_flow_grpo_and_the_stats_are_group_stats():
+    """Flow-GRPO's per-prompt tracker takes a lone sample's own reward as its mean (std 0 + 1e-4):
+    advantage 0, where the LLM GRPO rule (mean 0, std 1) would give it its reward. The FlowGRPO
+    advantages are ``cp.algo.group_stats`` with that rule, to the bit, in both std conventions."""
+    rewards = torch.tensor([0.3, 0.9, 0.4, 7.0, 0.25, 0.5, 0.75, 1.0])
+    groups = torch.tensor([2, 2, 2, 9, 4, 4, 4, 4])  # uneven groups, one of a single sample (reward 7)
+    for unbiased in (False, True):
+        adv = flow_grpo_advantages(rewards, groups, unbiased=unbiased)
+        assert adv[3].item() == 0.0
+        mean, std = group_stats(rewards, groups, unbiased=unbiased, lone_sample="own")
+        assert torch.equal(adv, (rewards - mean) / (std + 1e-4))
+        # the LLM rule is the default and gives the lone sample its reward
+        llm_mean, llm_std = group_stats(rewards, groups, unbiased=unbiased)
+        assert (llm_mean[3].item(), llm_std[3].item()) == (0.0, 1.0)
+        assert torch.equal(llm_mean[:3], mean[:3]) and torch.equal(llm_std[4:], std[4:])
+    with pytest.raises(ValueError, match="lone_sample"):
+        group_stats(rewards, groups, lone_sample="drop")
 
 
 def test_flow_grpo_loss_matches_the_clipped_objective_by_hand():

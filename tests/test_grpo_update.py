@@ -18,7 +18,7 @@ import torch
 import cosmos_primitives as cp
 from cosmos_primitives.data.records import Prompt, SamplingParams
 from cosmos_primitives.data.rollout_batch import collate_rollouts
-from cosmos_primitives.policy import CausalLMPolicy, grpo_update
+from cosmos_primitives.policy import CausalLMPolicy, GRPOUpdateSettings, grpo_update
 from cosmos_primitives.rollout.hf_engine import HFRolloutEngine
 
 REPO = Path(__file__).resolve().parents[1]
@@ -44,7 +44,7 @@ def update(model, batch, old_logprobs: str, *extra: str) -> tuple[dict, dict]:
     # gradient of ~0 would decide a full-size step)
     optimizer = torch.optim.SGD([p for p in policy.parameters() if p.requires_grad], lr=1.0)
     advantages = torch.tensor([1.0, -1.0] * (len(batch) // 2))
-    metrics = grpo_update(policy, None, optimizer, batch, advantages, cfg).metrics
+    metrics = grpo_update(policy, None, optimizer, batch, advantages, GRPOUpdateSettings.from_config(cfg)).metrics
     return metrics, {k: v.detach().clone() for k, v in policy.hf_model.named_parameters()}
 
 
@@ -94,9 +94,9 @@ def test_a_nan_advantage_stops_the_update_or_skips_its_step(rollouts) -> None:
         optimizer = torch.optim.SGD([p for p in policy.parameters() if p.requires_grad], lr=1.0)
         if mode == "stop":
             with pytest.raises(cp.policy.NonFiniteError, match="step 7"):
-                grpo_update(policy, None, optimizer, batch, advantages, cfg, step=7)
+                grpo_update(policy, None, optimizer, batch, advantages, GRPOUpdateSettings.from_config(cfg), step=7)
         else:
-            grpo_update(policy, None, optimizer, batch, advantages, cfg, step=7)
+            grpo_update(policy, None, optimizer, batch, advantages, GRPOUpdateSettings.from_config(cfg), step=7)
         after = dict(policy.hf_model.named_parameters())
         for name, before in model.named_parameters():
             assert torch.equal(after[name].detach(), before.detach()), name

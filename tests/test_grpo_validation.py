@@ -13,6 +13,12 @@ import cosmos_primitives as cp
 from cosmos_primitives.data import build_grpo_datasets
 
 
+def _datasets(cfg: cp.Config, processor=None):
+    """``build_grpo_datasets`` of a loaded config's sections, as the recipe calls it."""
+    return build_grpo_datasets(cfg.train.train_policy, cfg.validation, seed=cfg.train.seed, processor=processor,
+                               setup_config=cfg)
+
+
 def _config(rows: Path, *overrides: str) -> cp.config.Config:
     return cp.load_config(None, ["train.train_policy.type=grpo", "train.train_policy.prompt_column_name=q",
                                  "train.train_policy.response_column_name=a",
@@ -31,25 +37,25 @@ def rows(tmp_path: Path) -> Path:
 
 
 def test_test_size_holds_validation_prompts_out_of_training(rows: Path) -> None:
-    train, val = build_grpo_datasets(_config(rows, "validation.enable=true", "train.train_policy.dataset.test_size=3"))
+    train, val = _datasets(_config(rows, "validation.enable=true", "train.train_policy.dataset.test_size=3"))
     assert (len(train), len(val)) == (7, 3)
     assert set(_texts(train)).isdisjoint(_texts(val))
     assert sorted(_texts(train) + _texts(val)) == sorted(f"question {i}" for i in range(10))
     assert [p.reference for p in (val[i] for i in range(3))] == [t.split()[-1] for t in _texts(val)]
-    again, _ = build_grpo_datasets(_config(rows, "validation.enable=true", "train.train_policy.dataset.test_size=3"))
+    again, _ = _datasets(_config(rows, "validation.enable=true", "train.train_policy.dataset.test_size=3"))
     assert _texts(again) == _texts(train)  # seeded by [train] seed: the same split on every rank and resume
 
-    _, default = build_grpo_datasets(_config(rows, "validation.enable=true"))
+    _, default = _datasets(_config(rows, "validation.enable=true"))
     assert len(default) == 1  # unset: 10 %, rounded up
-    whole, none = build_grpo_datasets(_config(rows, "train.train_policy.dataset.test_size=3"))
+    whole, none = _datasets(_config(rows, "train.train_policy.dataset.test_size=3"))
     assert len(whole) == 10 and none is None  # no validation: nothing held out
     with pytest.raises(ValueError, match="test_size = 10 holds out 10 of the 10"):
-        build_grpo_datasets(_config(rows, "validation.enable=true", "train.train_policy.dataset.test_size=10"))
+        _datasets(_config(rows, "validation.enable=true", "train.train_policy.dataset.test_size=10"))
 
 
 def test_a_named_validation_dataset_leaves_the_training_prompts_whole(rows: Path, tmp_path: Path) -> None:
     other = tmp_path / "val.jsonl"
     other.write_text(json.dumps({"q": "held elsewhere", "a": "x"}) + "\n")
-    train, val = build_grpo_datasets(_config(rows, "validation.enable=true", f"validation.dataset.name={other}",
+    train, val = _datasets(_config(rows, "validation.enable=true", f"validation.dataset.name={other}",
                                              "train.train_policy.dataset.test_size=3"))
     assert len(train) == 10 and _texts(val) == ["held elsewhere"]

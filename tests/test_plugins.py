@@ -44,7 +44,8 @@ def test_cosmos_rl_dataset_class_runs_unchanged(reason1_style, tmp_path: Path, q
                        dataset="reason1_style:CosmosGRPODataset")
     assert cfg.train.train_policy.prompt_column_name == "qa_pairs"  # cosmos-rl's key, read by the plug-in
     check_runnable(cfg, str(REASON1_RL))  # nothing refused once a plug-in reads the column
-    dataset = prompt_dataset(cfg.train.train_policy.dataset, cfg, qwen_tokenizer)
+    dataset = prompt_dataset(cfg.train.train_policy.dataset, prompt_column=cfg.train.train_policy.prompt_column_name,
+                             processor=qwen_tokenizer, setup_config=cfg)
     assert isinstance(dataset, CosmosRLPromptDataset) and len(dataset) == 6
     prompt = dataset[0]
     assert prompt.conversation[0] == {"role": "system", "content": ""}  # cosmos-rl's empty system message kept
@@ -68,7 +69,7 @@ def test_bad_plugin_paths_and_items_are_named(reason1_style, tmp_path: Path) -> 
         RewardSet({"reason1_style:nope": 1.0})
     cfg = with_plugins(load_config(None), dataset="no_such_pkg.data:Dataset")
     with pytest.raises(ImportError, match=r"cannot import module 'no_such_pkg.data'"):
-        prompt_dataset(cfg.train.train_policy.dataset, cfg)
+        prompt_dataset(cfg.train.train_policy.dataset, setup_config=cfg)
 
     class Broken:
         def __len__(self):
@@ -92,7 +93,8 @@ def test_prompt_and_response_columns_without_a_plugin(tmp_path: Path) -> None:
                              "train.train_policy.prompt_column_name=question",
                              "train.train_policy.response_column_name=answer"])
     check_runnable(cfg, "<overrides>")
-    dataset = prompt_dataset(cfg.train.train_policy.dataset, cfg)
+    dataset = prompt_dataset(cfg.train.train_policy.dataset, prompt_column=cfg.train.train_policy.prompt_column_name,
+                             response_column=cfg.train.train_policy.response_column_name)
     text, pictured = dataset[0], dataset[1]
     assert text.conversation == "2 + 3 = ?"  # plain text, used as it is (no chat template)
     assert text.reference == "5" and not text.images

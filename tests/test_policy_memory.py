@@ -67,7 +67,8 @@ def _worker(model_dir: str) -> dict:
     cfg = Config(policy=PolicyConfig(model_name_or_path=model_dir, dtype="float32", parallelism=parallelism),
                  grpo=GRPOConfig(kl_beta=0.05))
     policy = cp.policy.build_policy(cfg.policy, mesh, train=cfg.train)
-    reference = cp.policy.grpo_reference(cfg, policy, "cpu", mesh)
+    reference = cp.policy.grpo_reference(policy, "cpu", mesh, kl_beta=cfg.grpo.kl_beta, policy_cfg=cfg.policy,
+                                         train=cfg.train)
     result["ref_bytes"] = _local_bytes(reference)
     result["ref_trainable"] = sum(p.requires_grad for p in reference.parameters())
     result["ref_training"] = reference.training
@@ -115,7 +116,8 @@ def runs(tiny_qwen2_dir: Path) -> dict:
 def test_kl_reference_is_sharded_like_the_policy(runs: dict) -> None:
     cfg = Config(policy=PolicyConfig(model_name_or_path=runs["model_dir"], dtype="float32"),
                  grpo=GRPOConfig(kl_beta=0.05))
-    unsharded = cp.policy.grpo_reference(cfg, None, "cpu")
+    unsharded = cp.policy.grpo_reference(None, "cpu", kl_beta=cfg.grpo.kl_beta, policy_cfg=cfg.policy,
+                                         train=cfg.train)
     full_bytes = _local_bytes(unsharded)
     with torch.no_grad():
         expected = cp.policy.token_logprobs(unsharded, _batch(0)).logprobs
@@ -131,7 +133,8 @@ def test_kl_reference_with_lora_is_the_policy() -> None:
     cfg = cp.load_config(Path(__file__).resolve().parents[1] / "examples" / "configs" / "grpo_tiny.toml",
                          ["grpo.kl_beta=0.05", "policy.lora.r=4"])
     policy = object()
-    assert cp.policy.grpo_reference(cfg, policy, "cpu") is policy
+    assert cp.policy.grpo_reference(policy, "cpu", kl_beta=cfg.grpo.kl_beta, policy_cfg=cfg.policy,
+                                    train=cfg.train) is policy
 
 
 @pytest.mark.parametrize("option", ["offload", "checkpointing"])

@@ -155,7 +155,8 @@ def compare_export_with_checkpoint(overrides: list[str], run_dir: str) -> dict:
     different = sorted(k for k, v in exported.state_dict().items() if not torch.equal(v, trained[k]))
 
     # a fixed input: the first step's packed rows of two clips (video tokens, mRoPE positions)
-    batch = build_sft_loader(cfg, processor, exported.config).next_step(2)[0]
+    batch = build_sft_loader(cfg.train.train_policy, processor, exported.config,
+                             model_max_length=cfg.policy.model_max_length, seed=cfg.train.seed).next_step(2)[0]
     # no KV cache: with one, transformers ignores the packed rows' position resets and lets samples attend
     # to each other, unlike training
     inputs = {"use_cache": False, **{k: batch[k] for k in MODEL_INPUT_KEYS if k in batch}}

@@ -41,6 +41,12 @@ AVHA_SFT = AVHA / "scripts" / "avha_sft.py"
 ITEMS = 12
 
 
+def _datasets(cfg: cp.Config, processor=None):
+    """``build_sft_datasets`` of a loaded config's sections, as the recipe calls it."""
+    return build_sft_datasets(cfg.train.train_policy, cfg.validation, seed=cfg.train.seed, processor=processor,
+                              setup_config=cfg)
+
+
 def write_reason1_sft(root: Path, n: int = ITEMS) -> tuple[Path, Path]:
     """A local copy of a Hub dataset shaped like nvidia/Cosmos-Reason1-SFT-Dataset (its ``robovqa``
     config's ``understanding`` split: a ``video`` path and a plain-text ``conversations`` column;
@@ -95,7 +101,7 @@ def test_reason1_cosmos_sft_gives_the_built_in_readers_samples(reason1_env: Path
     whole = "validation.enable=false"  # the file holds 100 items out for validation; compare all of them
     cfg = cp.load_config(SFT_TOML, [f"train.train_policy.dataset.name={reason1_env}",
                                     f"train.train_policy.dataset.plugin={plugin}", whole])
-    train, _ = build_sft_datasets(cfg, tiny_vl_processor)  # the config key is read, not ignored
+    train, _ = _datasets(cfg, tiny_vl_processor)  # the config key is read, not ignored
     assert isinstance(train, CosmosRLConversationDataset) and len(train) == ITEMS
     assert type(train.dataset).__name__ == "CosmosSFTDataset"  # Reason1's class, from its own file
     assert is_stand_in(sys.modules["cosmos_rl.policy.config"])  # no cosmos-rl in this environment
@@ -106,7 +112,7 @@ def test_reason1_cosmos_sft_gives_the_built_in_readers_samples(reason1_env: Path
                                          f"train.train_policy.dataset.media_dir={clips}",
                                          "train.train_policy.dataset.fps=1",
                                          "train.train_policy.dataset.max_pixels=81920"])
-    reference, _ = build_sft_datasets(built_in)
+    reference, _ = _datasets(built_in)
     assert not isinstance(reference, CosmosRLConversationDataset)
     mrope = cp.data.MRopeSpec.from_config(cp.testing.tiny_qwen2_5_vl_config())
     for i in (0, ITEMS - 1):
@@ -137,7 +143,7 @@ def test_the_guides_custom_dataset_script_runs_as_cosmos_rl_ran_it(tmp_path: Pat
     cfg = cp.load_config(AVHA / "configs" / "avha_sft.toml", [f"train.train_policy.dataset.name={data}",
                                                              f"train.train_policy.dataset.plugin={AVHA_SFT}",
                                                              "validation.enable=false"])
-    train, _ = build_sft_datasets(cfg, tiny_vl_processor)
+    train, _ = _datasets(cfg, tiny_vl_processor)
     assert type(train.dataset).__name__ == "CosmosSFTDataset" and len(train) == 3
     sample = train[0]
     system, user, assistant = sample.conversation
@@ -149,7 +155,7 @@ def test_the_guides_custom_dataset_script_runs_as_cosmos_rl_ran_it(tmp_path: Pat
     assert encode_conversation(tiny_vl_processor, sample, mrope=mrope).num_target_tokens > 0
     # the class alone takes a folder and two prompts: named directly, the recipe cannot make it
     with pytest.raises(TypeError, match=r"requires \['dataset_path', 'system_prompt', 'user_prompt'\]"):
-        build_sft_datasets(msgspec.structs.replace(cfg, train=msgspec.structs.replace(cfg.train, train_policy=(
+        _datasets(msgspec.structs.replace(cfg, train=msgspec.structs.replace(cfg.train, train_policy=(
             msgspec.structs.replace(cfg.train.train_policy, dataset=msgspec.structs.replace(
                 cfg.train.train_policy.dataset, plugin=f"{AVHA_SFT}:CosmosSFTDataset"))))))
 
@@ -171,7 +177,7 @@ def test_a_plugin_of_this_librarys_shape_and_a_bad_item(tmp_path: Path) -> None:
         "        return ConversationSample(conversation=[{'role': 'user', 'content': 'say it'},\n"
         "                                                {'role': 'assistant', 'content': self.words[i]}])\n")
     cfg = cp.load_config(None, [f"train.train_policy.dataset.plugin={script}:make", 'custom={words = ["hi", "bad"]}'])
-    train, validation = build_sft_datasets(cfg)
+    train, validation = _datasets(cfg)
     assert validation is None and len(train) == 2
     assert train[0].conversation[1] == {"role": "assistant", "content": "hi"}  # passed on as it is
     with pytest.raises(cp.data.BadSampleError, match=r"mine.py:make\[1\]: conversation must be a non-empty list"):
@@ -256,7 +262,7 @@ def test_a_script_is_run_as_cosmos_rls_launcher_ran_it(tmp_path: Path, capfd: py
         "    assert os.environ['COSMOS_ROLE'] == 'Policy'\n"
         "    launch_worker(dataset=lambda cfg: Rows(cfg.custom['rows']), reward_fns=[len])\n")
     cfg = cp.load_config(None, [f"train.train_policy.dataset.plugin={script}", "custom={rows = 3}"])
-    train, _ = build_sft_datasets(cfg)
+    train, _ = _datasets(cfg)
     assert len(train) == 3 and train[2].conversation[1] == {"role": "assistant", "content": "a"}
     assert "handed cosmos-rl's launcher ['reward_fns'], which the recipe does not take" in capfd.readouterr().err
     assert "COSMOS_ROLE" not in os.environ  # put back as it was

@@ -27,6 +27,12 @@ REASON1_SFT = DATA / "cosmos-reason1" / "examples" / "post_training" / "configs"
 GEMMA_SFT = DATA / "cosmos-rl" / "configs" / "gemma" / "gemma3-12b-vlm-fsdp4-sft.toml"
 
 
+def _datasets(cfg: cp.Config, processor=None):
+    """``build_sft_datasets`` of a loaded config's sections, as the recipe calls it."""
+    return build_sft_datasets(cfg.train.train_policy, cfg.validation, seed=cfg.train.seed, processor=processor,
+                              setup_config=cfg)
+
+
 def rows(n: int) -> list[dict]:
     """``n`` text conversations of different lengths (row ``i`` answers ``Answer i.``)."""
     return [{"conversations": [{"role": "user", "content": f"Question {i}: {' '.join(['word'] * (1 + i * 5 % 17))}?"},
@@ -58,18 +64,18 @@ def answers(dataset) -> list[str]:
 
 
 def test_validation_items_are_held_out_of_training(tmp_path: Path) -> None:
-    train, val = build_sft_datasets(config_for(tmp_path, 20))
+    train, val = _datasets(config_for(tmp_path, 20))
     assert val is None and len(train) == 20  # validation off: test_size holds nothing out
-    train, val = build_sft_datasets(config_for(tmp_path, 20, "validation.enable=true",
+    train, val = _datasets(config_for(tmp_path, 20, "validation.enable=true",
                                                "train.train_policy.dataset.test_size=4"))
     assert (len(train), len(val)) == (16, 4)
     assert sorted(answers(train) + answers(val)) == sorted(f"Answer {i}." for i in range(20))
-    again = build_sft_datasets(config_for(tmp_path, 20, "validation.enable=true",
+    again = _datasets(config_for(tmp_path, 20, "validation.enable=true",
                                           "train.train_policy.dataset.test_size=4"))[1]
     assert answers(again) == answers(val)
     other = tmp_path / "val.jsonl"
     other.write_text(json.dumps(rows(1)[0]) + "\n")
-    train, val = build_sft_datasets(config_for(tmp_path, 20, "validation.enable=true",
+    train, val = _datasets(config_for(tmp_path, 20, "validation.enable=true",
                                                f"validation.dataset.name={other}"))
     assert (len(train), len(val)) == (20, 1)  # a separate validation dataset: nothing held out
 
@@ -99,7 +105,8 @@ def test_validation_loss_equals_a_direct_computation_without_gradient(tmp_path: 
     expected, expected_tokens = direct_mean_nll(model, qwen_tokenizer, dataset)
     grad_modes.clear()
 
-    loader = build_sft_validation_loader(cfg, qwen_tokenizer, model.config, dataset)
+    loader = build_sft_validation_loader(cfg.train.train_policy, qwen_tokenizer, model.config, dataset,
+                                         model_max_length=cfg.policy.model_max_length, seed=cfg.train.seed)
     got = sft_validation_loss(model, loader, samples_per_pass=4, device="cpu")
     assert got.tokens == expected_tokens and got.loss == pytest.approx(expected, rel=1e-5)
     assert grad_modes and not any(grad_modes)  # every forward ran without autograd
@@ -108,13 +115,15 @@ def test_validation_loss_equals_a_direct_computation_without_gradient(tmp_path: 
     assert again.loss == pytest.approx(expected, rel=1e-5)
 
     # two data-parallel ranks' shares: every item scored once, none twice
-    shares = [sft_validation_loss(model, build_sft_validation_loader(cfg, qwen_tokenizer, model.config, dataset,
-                                                                     rank=r, world_size=2),
+    shares = [sft_validation_loss(model, build_sft_validation_loader(
+        cfg.train.train_policy, qwen_tokenizer, model.config, dataset, model_max_length=cfg.policy.model_max_length,
+        seed=cfg.train.seed, rank=r, world_size=2),
                                   samples_per_pass=4, device="cpu") for r in range(2)]
     assert sum(s.tokens for s in shares) == expected_tokens
     assert sum(s.loss * s.tokens for s in shares) / expected_tokens == pytest.approx(expected, rel=1e-5)
     with pytest.raises(ValueError, match="fewer than the 8 data-parallel ranks"):
-        build_sft_validation_loader(cfg, qwen_tokenizer, model.config, dataset, rank=0, world_size=8)
+        build_sft_validation_loader(cfg.train.train_policy, qwen_tokenizer, model.config, dataset,
+                                    model_max_length=cfg.policy.model_max_length, rank=0, world_size=8)
 
 
 def rank_validation_loss(cfg: cp.Config) -> tuple[float, int, int]:
@@ -125,7 +134,9 @@ def rank_validation_loss(cfg: cp.Config) -> tuple[float, int, int]:
     model = cp.testing.tiny_qwen2(seed=0)
     passes: list[int] = []
     backbone_of(model).register_forward_hook(lambda *_: passes.append(1))
-    loader = build_sft_validation_loader(cfg, tokenizer, model.config, HFConversationDataset(rows(7), name="val"),
+    loader = build_sft_validation_loader(cfg.train.train_policy, tokenizer, model.config,
+                                         HFConversationDataset(rows(7), name="val"),
+                                         model_max_length=cfg.policy.model_max_length, seed=cfg.train.seed,
                                          rank=rank, world_size=2)
     result = sft_validation_loss(model, loader, samples_per_pass=1, device="cpu")
     return result.loss, result.tokens, len(passes)

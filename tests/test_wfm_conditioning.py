@@ -111,13 +111,14 @@ def update_metrics(algorithm: str, junk: bool) -> dict[str, float]:
     advantages = torch.tensor([1.0, -1.0])
     gen = lambda: torch.Generator().manual_seed(7)  # noqa: E731
     if algorithm == "diffusion_nft":
-        return diffusion_nft_update(policy, trained, optimizer, traj.samples, text, advantages, w, 1.0, gen(),
-                                    step=1, nonfinite="stop", condition=traj.condition)
+        return diffusion_nft_update(policy, trained, optimizer, samples=traj.samples, text=text, advantages=advantages,
+                                    condition=traj.condition, wfm=w, grad_clip=1.0, nonfinite="stop",
+                                    generator=gen(), step=1)
     clips = torch.cat([condition, torch.randn(B, SHAPE[0], SHAPE[1] - K, *SHAPE[2:])], dim=2) if (
         algorithm == "ddrl") else None
     rng = {"train_steps": gen(), "ddrl": gen()}
-    return flow_grpo_update(policy, trained, optimizer, traj, text, None, advantages, clips, w, 1.0, rng, step=1,
-                            nonfinite="stop")
+    return flow_grpo_update(policy, trained, optimizer, trajectory=traj, text=text, advantages=advantages,
+                            clips=clips, wfm=w, grad_clip=1.0, nonfinite="stop", rng=rng, step=1)
 
 
 @pytest.mark.parametrize("algorithm", ["flow_grpo", "ddrl", "diffusion_nft"])

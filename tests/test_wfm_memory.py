@@ -90,9 +90,9 @@ def _update(algorithm: str, micro_batch: int | None,
     if algorithm == "diffusion_nft":
         w = WFMConfig(algorithm="diffusion_nft", num_minibatches=2, nft_num_timesteps=2, kl_beta=0.1)
         samples = torch.randn(B, *LATENT, generator=torch.Generator().manual_seed(3))
-        metrics = diffusion_nft_update(policy, velocity, optimizer, samples, text, advantages, w, 1e9,
-                                       torch.Generator().manual_seed(4), step=1, nonfinite="stop",
-                                       micro_batch=micro_batch)
+        metrics = diffusion_nft_update(policy, velocity, optimizer, samples=samples, text=text, advantages=advantages,
+                                       wfm=w, grad_clip=1e9, nonfinite="stop", micro_batch=micro_batch,
+                                       generator=torch.Generator().manual_seed(4), step=1)
         return optimizer.steps, metrics
     ddrl = algorithm == "ddrl"
     w = WFMConfig(algorithm=algorithm, num_minibatches=2, train_step_fraction=0.5, kl_beta=0.05,
@@ -102,8 +102,9 @@ def _update(algorithm: str, micro_batch: int | None,
     with torch.no_grad():
         traj = sample_flow(velocity, text, latent_shape=LATENT, sigmas=sigmas, timesteps=sigmas[:-1] * 1000,
                            seeds=list(range(B)), negative_text=negative, guidance_scale=2.0, sde=SDEParams())
-    metrics = flow_grpo_update(policy, velocity, optimizer, traj, text, negative, advantages,
-                               clips if ddrl else None, w, 1e9, rng, step=1, nonfinite="stop", micro_batch=micro_batch)
+    metrics = flow_grpo_update(policy, velocity, optimizer, trajectory=traj, text=text, advantages=advantages,
+                               negative=negative, clips=clips if ddrl else None, wfm=w, grad_clip=1e9,
+                               nonfinite="stop", micro_batch=micro_batch, rng=rng, step=1)
     return optimizer.steps, metrics
 
 

@@ -2,10 +2,13 @@
 
 Each prompt's G completions form a group; ``group_ids [B]`` says which group each sample is in
 (any integer labels; groups need not be contiguous nor equal in size). A group of one sample is
-given mean 0 and std 1, so its advantage is its reward.
+given mean 0 and std 1, so its advantage is its reward (REFERENCE.md section 2); FlowGRPO keeps
+Flow-GRPO's rule instead, a lone sample's own statistics (``group_stats(..., lone_sample="own")``).
 """
 
 from __future__ import annotations
+
+from typing import Literal
 
 import torch
 
@@ -27,7 +30,8 @@ def group_ids_from_size(batch_size: int, group_size: int, device: torch.device |
 
 
 def group_stats(
-    rewards: torch.Tensor, group_ids: torch.Tensor, *, unbiased: bool = False
+    rewards: torch.Tensor, group_ids: torch.Tensor, *, unbiased: bool = False,
+    lone_sample: Literal["unit", "own"] = "unit",
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Each sample's group mean and std of rewards.
 
@@ -35,10 +39,15 @@ def group_stats(
         rewards: [B] float.
         group_ids: [B] integer group labels.
         unbiased: divide the variance by ``n - 1`` (torch.std, verl, TRL) instead of ``n`` (numpy, cosmos-rl).
+        lone_sample: a sample alone in its group gets mean 0, std 1 (``"unit"``: its z-score is its
+            reward, the LLM GRPO rule) or its own mean and std (``"own"``: its reward and 0, so its
+            z-score is 0, as Flow-GRPO's per-prompt tracker gives).
 
     Returns:
-        (mean [B], std [B]) broadcast back to samples; samples alone in their group get mean 0, std 1.
+        (mean [B], std [B]) broadcast back to samples.
     """
+    if lone_sample not in ("unit", "own"):
+        raise ValueError(f"lone_sample must be 'unit' or 'own'; got {lone_sample!r}")
     if rewards.ndim != 1 or group_ids.shape != rewards.shape:
         raise ValueError(
             f"rewards must be [B] and group_ids [B]; got rewards {tuple(rewards.shape)}, "
@@ -53,6 +62,8 @@ def group_stats(
     squared = torch.zeros_like(count).index_add_(0, inverse, (rewards - mean) ** 2)
     divisor = (count - 1).clamp(min=1) if unbiased else count
     std = (squared / divisor).sqrt()[inverse]
+    if lone_sample == "own":
+        return mean, std
     alone = count[inverse] == 1
     mean = torch.where(alone, torch.zeros_like(mean), mean)
     std = torch.where(alone, torch.ones_like(std), std)

@@ -13,13 +13,18 @@ from typing import Literal
 import attrs
 import torch
 
+from cosmos_primitives.algo.advantages import group_stats
+
 ADVANTAGE_EPS = 1e-4
 
 
 def flow_grpo_advantages(rewards: torch.Tensor, group_ids: torch.Tensor | None = None, *,
                          std_scope: Literal["group", "batch"] = "group", eps: float = ADVANTAGE_EPS,
                          unbiased: bool = False) -> torch.Tensor:
-    """``A = (r - mean_group) / (std + eps)``, population std (numpy's, as Flow-GRPO) unless ``unbiased``.
+    """``A = (r - mean_group) / (std + eps)``, population std (numpy's, as Flow-GRPO) unless ``unbiased``:
+    :func:`cp.algo.group_stats` with Flow-GRPO's rule for a sample alone in its group (its own
+    reward is its mean, std 0: advantage 0; the LLM GRPO rule would give it its reward) and its
+    epsilon (1e-4, REFERENCE.md section 3; the LLM estimator's is 1e-6).
 
     Args:
         rewards: ``[B]`` float.
@@ -40,14 +45,9 @@ def flow_grpo_advantages(rewards: torch.Tensor, group_ids: torch.Tensor | None =
         group_ids = torch.zeros_like(rewards, dtype=torch.long)
     if group_ids.shape != rewards.shape:
         raise ValueError(f"group_ids {tuple(group_ids.shape)} must match rewards {tuple(rewards.shape)}")
-    _, inverse = torch.unique(group_ids.to(rewards.device), return_inverse=True)
-    count = torch.bincount(inverse).float()
-    mean = (torch.zeros_like(count).index_add_(0, inverse, rewards) / count)[inverse]
+    mean, std = group_stats(rewards, group_ids.to(rewards.device), unbiased=unbiased, lone_sample="own")
     if std_scope == "batch":
         std = (rewards.std(unbiased=unbiased) if rewards.numel() > 1 else torch.zeros(())).expand_as(rewards)
-    else:
-        dof = (count - 1).clamp(min=1) if unbiased else count
-        std = (torch.zeros_like(count).index_add_(0, inverse, (rewards - mean) ** 2) / dof).sqrt()[inverse]
     return (rewards - mean) / (std + eps)
 
 

@@ -115,6 +115,11 @@ def sampler_settings(config: Any) -> dict[str, Any]:
     """``seed`` and ``shuffle`` of the training data's sampler (``cp.data.ResumableDistributedSampler``)
     from a :class:`~cosmos_primitives.config.Config`: ``[train.train_policy] dataloader_seed`` (unset:
     ``[train] seed``) and ``dataloader_shuffle``."""
-    policy = config.train.train_policy
-    seed = policy.dataloader_seed if policy.dataloader_seed is not None else config.train.seed
-    return {"seed": 0 if seed is None else seed, "shuffle": policy.dataloader_shuffle}
+    return data_order(config.train.train_policy, config.train.seed)
+
+
+def data_order(train_policy: TrainPolicyConfig, seed: int | None = None) -> dict[str, Any]:
+    """:func:`sampler_settings` from the sections: ``train_policy``'s ``dataloader_seed`` (unset:
+    ``seed``, the run's ``[train] seed``; both unset: 0) and ``dataloader_shuffle``."""
+    order_seed = train_policy.dataloader_seed if train_policy.dataloader_seed is not None else seed
+    return {"seed": 0 if order_seed is None else order_seed, "shuffle": train_policy.dataloader_shuffle}

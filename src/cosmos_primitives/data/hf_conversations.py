@@ -11,6 +11,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from cosmos_primitives.config.dataset import DatasetConfig
 from cosmos_primitives.data.bad_samples import bad_sample_boundary
 from cosmos_primitives.data.conversation import ConversationSample, load_conversation, normalize_conversation
 from cosmos_primitives.data.media import MediaSettings, default_media_dir
@@ -142,7 +143,7 @@ class HFConversationDataset:
                            f"train.train_policy.conversation_column_name")
 
     @classmethod
-    def from_config(cls, cfg: Any, conversation_column: str = "conversations",
+    def from_config(cls, cfg: DatasetConfig, conversation_column: str = "conversations",
                     processor: Any = None) -> HFConversationDataset:
         """From a :class:`~cosmos_primitives.config.DatasetConfig`; local datasets default their
         ``media_dir`` to their own folder; media are sized for ``processor`` (its patch size)."""

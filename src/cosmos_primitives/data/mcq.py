@@ -10,6 +10,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from cosmos_primitives.config.dataset import DatasetConfig
 from cosmos_primitives.data.bad_samples import BadSampleError, bad_sample_boundary
 from cosmos_primitives.data.conversation import load_conversation
 from cosmos_primitives.data.media import MediaSettings, default_media_dir
@@ -109,7 +110,7 @@ class MCQPromptDataset:
         self.name = name
 
     @classmethod
-    def from_config(cls, cfg: Any, rows: Sequence[dict[str, Any]] | Any | None = None,
+    def from_config(cls, cfg: DatasetConfig, rows: Sequence[dict[str, Any]] | Any | None = None,
                     processor: Any = None) -> MCQPromptDataset:
         """From a :class:`~cosmos_primitives.config.DatasetConfig` (rows loaded from ``cfg.name``
         unless given); media are sized for ``processor`` (its patch size)."""

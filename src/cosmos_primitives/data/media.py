@@ -15,6 +15,7 @@ from typing import Any, Literal
 import attrs
 import numpy as np
 
+from cosmos_primitives.config.dataset import DatasetConfig
 from cosmos_primitives.data.bad_samples import BadSampleError, bad_sample_boundary
 from cosmos_primitives.data.qwen_vl_sizing import image_size, pixel_factor
 from cosmos_primitives.data.video_sampling import SampledVideo, sample_video
@@ -55,7 +56,7 @@ class MediaSettings:
     patch_size: int = 14
 
     @classmethod
-    def from_config(cls, cfg: Any, processor: Any = None) -> MediaSettings:
+    def from_config(cls, cfg: DatasetConfig, processor: Any = None) -> MediaSettings:
         """From a :class:`cosmos_primitives.config.DatasetConfig`, sizing media for ``processor``'s
         patch size (:func:`~cosmos_primitives.data.vl_family.pixel_patch_size`; 14 without one)."""
         return cls(fps=cfg.fps, max_pixels=cfg.max_pixels, min_pixels=cfg.min_pixels, max_frames=cfg.max_frames,

@@ -30,10 +30,11 @@ import runpy
 import sys
 import tempfile
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import msgspec
 
+from cosmos_primitives.config.dataset import DatasetConfig
 from cosmos_primitives.config.errors import ConfigError
 from cosmos_primitives.data import cosmos_rl_shim
 from cosmos_primitives.data.bad_samples import BadSampleError, bad_sample_boundary
@@ -45,6 +46,9 @@ from cosmos_primitives.data.records import Prompt
 from cosmos_primitives.logging.console import get_logger
 from cosmos_primitives.utils.extras import require
 from cosmos_primitives.utils.imports import import_object
+
+if TYPE_CHECKING:  # pragma: no cover
+    from cosmos_primitives.config.root import Config
 
 PLUGIN_KEYS = ("train.train_policy.dataset.plugin", "validation.dataset.plugin")
 """The config keys that name dataset plug-ins."""
@@ -396,33 +400,35 @@ def build_plugin(dataset_cfg: Any, config: Any = None) -> Any:
     return make_plugin(load_plugin(dataset_cfg.plugin, what=what, config=config), dataset_cfg, config, what=what)
 
 
-def prompt_dataset(dataset_cfg: Any, config: Any = None, processor: Any = None) -> Any:
+def prompt_dataset(dataset_cfg: DatasetConfig, *, prompt_column: str = "", response_column: str = "",
+                   processor: Any = None, setup_config: Config | None = None) -> Any:
     """The GRPO prompt source of a ``DatasetConfig``: its ``plugin`` (:func:`build_plugin`; an object
     with cosmos-rl's ``setup`` / ``get_reference_answer`` is wrapped in :class:`CosmosRLPromptDataset`,
-    any other is taken to yield :class:`Prompt` items itself); else, when ``config`` names
-    ``train.train_policy.prompt_column_name``, a :class:`ColumnPromptDataset` over the dataset's rows;
-    else the built-in MCQ reader. ``config`` and ``processor``'s tokenizer (or ``processor`` itself
-    when it is one) go to the plug-in's ``setup``.
+    any other is taken to yield :class:`Prompt` items itself); else, with a ``prompt_column``
+    (``[train.train_policy] prompt_column_name``), a :class:`ColumnPromptDataset` over the dataset's
+    rows whose reference answers are ``response_column`` (``response_column_name``); else the
+    built-in MCQ reader. ``setup_config`` (the run's config, what cosmos-rl hands a dataset's
+    ``setup``) and ``processor``'s tokenizer (or ``processor`` itself when it is one) go to the
+    plug-in's ``setup``.
 
     Raises:
         ImportError: the plug-in does not import (naming the path and the key).
     """
-    columns = getattr(getattr(getattr(config, "train", None), "train_policy", None), "prompt_column_name", "")
-    if not dataset_cfg.plugin and columns:
+    if not dataset_cfg.plugin and prompt_column:
         rows = load_hf_dataset(dataset_cfg.name, split=dataset_cfg.split, subset=dataset_cfg.subset,
                                revision=dataset_cfg.revision)
-        return ColumnPromptDataset(rows, columns, config.train.train_policy.response_column_name,
+        return ColumnPromptDataset(rows, prompt_column, response_column,
                                    media_dir=default_media_dir(dataset_cfg),
                                    settings=MediaSettings.from_config(dataset_cfg, processor),
                                    image_column=dataset_cfg.image_column, video_column=dataset_cfg.video_column,
                                    system_prompt=dataset_cfg.system_prompt, name=dataset_cfg.name or "dataset")
     if not dataset_cfg.plugin:
         return MCQPromptDataset.from_config(dataset_cfg, processor=processor)
-    dataset = build_plugin(dataset_cfg, config)
+    dataset = build_plugin(dataset_cfg, setup_config)
     if not (hasattr(dataset, "setup") or hasattr(dataset, "get_reference_answer")):
         return dataset  # this library's shape: dataset[i] is a Prompt
     tokenizer = getattr(processor, "tokenizer", processor)
-    return CosmosRLPromptDataset(dataset, config, tokenizer, media_dir=default_media_dir(dataset_cfg),
+    return CosmosRLPromptDataset(dataset, setup_config, tokenizer, media_dir=default_media_dir(dataset_cfg),
                                  settings=MediaSettings.from_config(dataset_cfg, processor), name=dataset_cfg.plugin)
 
 

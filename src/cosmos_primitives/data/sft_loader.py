@@ -5,11 +5,11 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
-from cosmos_primitives.config.dataset import sampler_settings
+from cosmos_primitives.config.dataset import DatasetConfig, TrainPolicyConfig, data_order
 from cosmos_primitives.data.bad_samples import BadSampleError, BadSampleTracker, bad_sample_boundary
 from cosmos_primitives.data.hf_conversations import HFConversationDataset
 from cosmos_primitives.data.mrope import MRopeSpec
@@ -17,6 +17,9 @@ from cosmos_primitives.data.packing import collate_packed, collate_padded, plan_
 from cosmos_primitives.data.qwen_vl_encoding import EncodedSample, encode_conversation
 from cosmos_primitives.data.sampler import ResumableDistributedSampler
 from cosmos_primitives.data.video_folder import VideoFolderDataset
+
+if TYPE_CHECKING:  # pragma: no cover
+    from cosmos_primitives.config.root import Config
 
 
 class SFTBatchLoader:
@@ -210,19 +213,19 @@ def all_ranks_have_batch(has_batch: bool, device: torch.device | str | None = No
     return bool(flag.item())
 
 
-def build_sft_dataset(cfg: Any, conversation_column: str = "conversations", *, config: Any = None,
-                      processor: Any = None) -> Any:
+def build_sft_dataset(cfg: DatasetConfig, conversation_column: str = "conversations", *,
+                      setup_config: Config | None = None, processor: Any = None) -> Any:
     """The dataset a :class:`~cosmos_primitives.config.DatasetConfig` names: its ``plugin`` when set
-    (:func:`~cosmos_primitives.data.plugins.sft_plugin_dataset`; ``config`` and ``processor``'s
-    tokenizer go to the plug-in's ``setup``), else the reader its ``kind`` picks. Media are sized for
-    ``processor`` (the model's; its patch size sets the pixel factor: 28 for Qwen2.5-VL, 32 for
-    Qwen3-VL; 28 without one)."""
+    (:func:`~cosmos_primitives.data.plugins.sft_plugin_dataset`; ``setup_config`` (the run's config,
+    what cosmos-rl hands a dataset's ``setup``) and ``processor``'s tokenizer go to the plug-in's
+    ``setup``), else the reader its ``kind`` picks. Media are sized for ``processor`` (the model's;
+    its patch size sets the pixel factor: 28 for Qwen2.5-VL, 32 for Qwen3-VL; 28 without one)."""
     from pathlib import Path
 
     if cfg.plugin:
         from cosmos_primitives.data.plugins import sft_plugin_dataset
 
-        return sft_plugin_dataset(cfg, config, processor)
+        return sft_plugin_dataset(cfg, setup_config, processor)
     root = Path(cfg.name).expanduser() if cfg.name else None
     kind = cfg.kind
     if kind == "auto":
@@ -235,37 +238,39 @@ def build_sft_dataset(cfg: Any, conversation_column: str = "conversations", *, c
     return HFConversationDataset.from_config(cfg, conversation_column=conversation_column, processor=processor)
 
 
-def build_sft_loader(config: Any, processor: Any, model_config: Any = None, *, rank: int = 0, world_size: int = 1,
-                     dataset: Any = None) -> SFTBatchLoader:
-    """The loader a :class:`~cosmos_primitives.config.Config` describes.
+def build_sft_loader(train_policy: TrainPolicyConfig, processor: Any, model_config: Any = None, *,
+                     model_max_length: int, seed: int | None = None, rank: int = 0, world_size: int = 1,
+                     dataset: Any = None, setup_config: Config | None = None) -> SFTBatchLoader:
+    """The loader of one rank that ``[train.train_policy]`` (``train_policy``) describes.
 
-    Reads ``[train.train_policy]`` (``dataset``, ``sequence_packing``, ``packing_budget`` (default
-    ``policy.model_max_length``), ``packing_buffer``, ``mini_batch`` = rows (packed) or samples
-    (padded) per batch), the data order (``dataloader_shuffle``, ``dataloader_seed`` or ``train.seed``:
-    ``cp.config.sampler_settings``). ``model_config``: the model's config (mRoPE constants and
-    family of a Qwen-VL model; ``None`` or a text config for text models). ``dataset`` overrides the
-    configured one.
+    Reads its ``dataset``, ``sequence_packing``, ``packing_budget`` (unset: ``model_max_length``,
+    ``[policy] model_max_length``), ``packing_buffer``, ``mini_batch`` = rows (packed) or samples
+    (padded) per batch, and the data order (``dataloader_shuffle``, ``dataloader_seed``, unset:
+    ``seed``, the run's ``[train] seed``: ``cp.config.sampler_settings``). ``model_config``: the
+    model's config (mRoPE constants and family of a Qwen-VL model; ``None`` or a text config for
+    text models). ``dataset`` overrides the configured one; ``setup_config`` is what a dataset
+    plug-in's ``setup`` receives when the configured one is built here (:func:`build_sft_dataset`).
     """
-    policy_cfg = config.train.train_policy
-    data_cfg = policy_cfg.dataset
+    data_cfg = train_policy.dataset
     if dataset is None:
-        dataset = build_sft_dataset(data_cfg, policy_cfg.conversation_column_name, config=config,
+        dataset = build_sft_dataset(data_cfg, train_policy.conversation_column_name, setup_config=setup_config,
                                     processor=processor)
     mrope = MRopeSpec.from_config(model_config) if getattr(model_config, "vision_config", None) is not None else None
     tokenizer = getattr(processor, "tokenizer", processor)
     pad_token_id = tokenizer.pad_token_id
     if pad_token_id is None:
         pad_token_id = getattr(model_config, "pad_token_id", None) or tokenizer.eos_token_id
-    sampler = ResumableDistributedSampler(len(dataset), rank=rank, world_size=world_size, **sampler_settings(config))
+    sampler = ResumableDistributedSampler(len(dataset), rank=rank, world_size=world_size,
+                                          **data_order(train_policy, seed))
     return SFTBatchLoader(
         dataset,
         functools.partial(encode_conversation, processor, mrope=mrope),
         sampler,
-        token_budget=policy_cfg.packing_budget or config.policy.model_max_length,
+        token_budget=train_policy.packing_budget or model_max_length,
         pad_token_id=int(pad_token_id),
-        packing=policy_cfg.sequence_packing,
-        rows_per_batch=policy_cfg.mini_batch,
-        samples_per_batch=policy_cfg.mini_batch,
-        buffer_size=policy_cfg.packing_buffer,
+        packing=train_policy.sequence_packing,
+        rows_per_batch=train_policy.mini_batch,
+        samples_per_batch=train_policy.mini_batch,
+        buffer_size=train_policy.packing_buffer,
         bad_samples=BadSampleTracker(data_cfg.bad_sample_budget),
     )

@@ -11,11 +11,16 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
+from cosmos_primitives.config.dataset import TrainPolicyConfig
+from cosmos_primitives.config.validation import ValidationConfig
 from cosmos_primitives.data.sft_loader import SFTBatchLoader, build_sft_dataset, build_sft_loader
+
+if TYPE_CHECKING:  # pragma: no cover
+    from cosmos_primitives.config.root import Config
 
 DEFAULT_TEST_SIZE = 0.1  # cosmos-rl's, when validation is on and test_size is unset
 
@@ -63,32 +68,34 @@ def split_validation(num_items: int, test_size: int | float | None, seed: int) -
     return sorted(order[count:]), sorted(order[:count])
 
 
-def build_sft_datasets(config: Any, processor: Any = None) -> tuple[Any, Any | None]:
-    """``(train_dataset, validation_dataset)`` of a :class:`~cosmos_primitives.config.Config`.
+def build_sft_datasets(train_policy: TrainPolicyConfig, validation: ValidationConfig, *, seed: int,
+                       processor: Any = None, setup_config: Config | None = None) -> tuple[Any, Any | None]:
+    """``(train_dataset, validation_dataset)`` of the ``[train.train_policy]`` and ``[validation]`` sections.
 
     Without ``[validation] enable`` the validation dataset is None and training sees every item.
     With it: ``[validation.dataset]`` when its ``name`` or ``plugin`` is set (read with the training
     dataset's ``conversation_column_name``), else the items ``[train.train_policy.dataset]
-    test_size`` holds out of the training dataset (:func:`split_validation`, seeded by ``[train]
-    seed``), which training then never sees. Dataset plug-ins get ``config`` and ``processor``'s
-    tokenizer (:func:`build_sft_dataset`). Media are sized for ``processor`` (the model's; its patch size).
+    test_size`` holds out of the training dataset (:func:`split_validation`, seeded by ``seed``, the
+    run's ``[train] seed``), which training then never sees. Dataset plug-ins get ``setup_config``
+    (the run's config) and ``processor``'s tokenizer (:func:`build_sft_dataset`). Media are sized
+    for ``processor`` (the model's; its patch size).
     """
-    policy_cfg = config.train.train_policy
-    column = policy_cfg.conversation_column_name
-    train = build_sft_dataset(policy_cfg.dataset, column, config=config, processor=processor)
-    if not config.validation.enable:
+    column = train_policy.conversation_column_name
+    train = build_sft_dataset(train_policy.dataset, column, setup_config=setup_config, processor=processor)
+    if not validation.enable:
         return train, None
-    if config.validation.dataset.name or config.validation.dataset.plugin:
-        return train, build_sft_dataset(config.validation.dataset, column, config=config, processor=processor)
-    train_indices, val_indices = split_validation(len(train), policy_cfg.dataset.test_size, config.train.seed)
+    if validation.dataset.name or validation.dataset.plugin:
+        return train, build_sft_dataset(validation.dataset, column, setup_config=setup_config, processor=processor)
+    train_indices, val_indices = split_validation(len(train), train_policy.dataset.test_size, seed)
     return IndexedSubset(train, train_indices), IndexedSubset(train, val_indices)
 
 
-def build_sft_validation_loader(config: Any, processor: Any, model_config: Any, dataset: Any, *, rank: int = 0,
+def build_sft_validation_loader(train_policy: TrainPolicyConfig, processor: Any, model_config: Any, dataset: Any, *,
+                                model_max_length: int, seed: int | None = None, rank: int = 0,
                                 world_size: int = 1) -> SFTBatchLoader:
     """The loader of this rank's share of the validation ``dataset``: items ``rank, rank + world_size,
     ...`` (every item on exactly one rank, none repeated), encoded, packed and batched as
-    :func:`build_sft_loader` does for training.
+    :func:`build_sft_loader` does for training (same arguments).
 
     Raises:
         ValueError: the split has fewer items than there are data-parallel ranks.
@@ -98,4 +105,5 @@ def build_sft_validation_loader(config: Any, processor: Any, model_config: Any, 
                          "data-parallel ranks that score it: hold out more (train.train_policy.dataset.test_size) "
                          "or give a larger validation dataset")
     share = IndexedSubset(dataset, range(rank, len(dataset), world_size))
-    return build_sft_loader(config, processor, model_config, dataset=share)
+    return build_sft_loader(train_policy, processor, model_config, model_max_length=model_max_length, seed=seed,
+                            dataset=share)

@@ -7,6 +7,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+from cosmos_primitives.config.dataset import DatasetConfig
 from cosmos_primitives.data.bad_samples import BadSampleError, bad_sample_boundary
 from cosmos_primitives.data.conversation import ConversationSample, load_conversation
 from cosmos_primitives.data.media import MediaSettings
@@ -59,7 +60,7 @@ class VideoFolderDataset:
                                  f"(e.g. {sorted(unlabelled)[:3]})")
 
     @classmethod
-    def from_config(cls, cfg: Any, processor: Any = None) -> VideoFolderDataset:
+    def from_config(cls, cfg: DatasetConfig, processor: Any = None) -> VideoFolderDataset:
         """From a :class:`~cosmos_primitives.config.DatasetConfig` (``name`` is the folder); videos
         are sized for ``processor`` (its patch size)."""
         return cls(cfg.name, video_suffix=cfg.video_suffix, label_field=cfg.label_field, prompt=cfg.prompt,

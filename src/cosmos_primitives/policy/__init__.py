@@ -32,6 +32,7 @@ from cosmos_primitives.policy.flow_loading import load_flow_model
 from cosmos_primitives.policy.flow_update import diffusion_nft_update, flow_grpo_update
 from cosmos_primitives.policy.grpo_update import (
     GRPOUpdate,
+    GRPOUpdateSettings,
     grpo_micro_batch_loss,
     grpo_reference,
     grpo_update,
@@ -51,6 +52,7 @@ __all__ = [
     "CausalLMPolicy",
     "DiffusionPolicy",
     "GRPOUpdate",
+    "GRPOUpdateSettings",
     "NonFiniteError",
     "TrainableSummary",
     "ValidationLoss",

@@ -88,16 +88,24 @@ def _ddrl_draws(clips: torch.Tensor, w: WFMConfig,
     return noise, sigma
 
 
-def flow_grpo_update(policy: DiffusionPolicy, velocity: VelocityFn, optimizer: Any, traj: FlowTrajectory,
-                     text: torch.Tensor, negative: torch.Tensor | None, advantages: torch.Tensor,
-                     clips: torch.Tensor | None, w: WFMConfig, grad_clip: float, rng: dict[str, torch.Generator],
-                     *, step: int, nonfinite: str, micro_batch: int | None = None) -> dict[str, float]:
+def flow_grpo_update(policy: DiffusionPolicy, velocity: VelocityFn, optimizer: Any, *,
+                     trajectory: FlowTrajectory, text: torch.Tensor, advantages: torch.Tensor,
+                     negative: torch.Tensor | None = None, clips: torch.Tensor | None = None,
+                     wfm: WFMConfig, grad_clip: float, nonfinite: str, micro_batch: int | None = None,
+                     rng: dict[str, torch.Generator], step: int) -> dict[str, float]:
     """The FlowGRPO loss over a random ``train_step_fraction`` of the trajectory's SDE steps (``rng["train_steps"]``;
     or the steps ``[wfm] train_steps`` lists), + ``data_beta`` x the DDRL data loss on ``clips``
     ``[B, C, T, H, W]`` (latents; ``rng["ddrl"]``) when given; the gradient is that of ``loss_scale`` x the loss.
 
-    ``text`` ``[B, L, D]``, ``advantages`` ``[B]``; ``negative`` the guidance's ``[1, L, D]`` or None.
-    ``micro_batch``: samples per forward / backward (module docstring); None: a whole mini-batch.
+    Arguments, all by keyword after the policy, its velocity function and optimizer:
+
+    - the batch: ``trajectory`` (the rollout's ``FlowTrajectory``), ``text`` ``[B, L, D]``,
+      ``advantages`` ``[B]``, ``negative`` the guidance's ``[1, L, D]`` or None, ``clips`` (DDRL).
+    - the settings: ``wfm`` (the ``[wfm]`` section), ``grad_clip`` (``[train] optm_grad_norm_clip``),
+      ``nonfinite`` (``[train] nonfinite``), ``micro_batch`` (samples per forward / backward, module
+      docstring; None: a whole mini-batch).
+    - the run's state: ``rng`` (generators ``"train_steps"`` and, with ``clips``, ``"ddrl"``), ``step``
+      (the training step, named when a non-finite loss stops the run).
     The trajectory's conditioning frames (image- / video-to-world) stay out of the log-probs, the KL and
     the data loss (the clips' first frames are the condition there).
 
@@ -107,46 +115,47 @@ def flow_grpo_update(policy: DiffusionPolicy, velocity: VelocityFn, optimizer: A
     forward graphs are never alive together.
     """
     num_train_timesteps = policy.num_train_timesteps
-    if w.train_steps:
-        positions = listed_train_steps(w.train_steps, traj.sde_steps, generator=rng["train_steps"])
+    if wfm.train_steps:
+        positions = listed_train_steps(wfm.train_steps, trajectory.sde_steps, generator=rng["train_steps"])
     else:
-        positions = select_train_steps(traj.sde_steps.numel(), w.train_step_fraction, generator=rng["train_steps"])
-    k = traj.num_condition_frames
+        positions = select_train_steps(trajectory.sde_steps.numel(), wfm.train_step_fraction,
+                                       generator=rng["train_steps"])
+    k = trajectory.num_condition_frames
     metrics: dict[str, list[float]] = {}
-    for rows in minibatch_rows(traj.batch_size, w.num_minibatches):
+    for rows in minibatch_rows(trajectory.batch_size, wfm.num_minibatches):
         n = rows.stop - rows.start
         optimizer.zero_grad(set_to_none=True)
         mb_loss = torch.zeros((), device=text.device)
         for pos in positions.tolist():
-            sde_step = int(traj.sde_steps[pos])
-            noise, sigma = _ddrl_draws(clips[rows], w, rng["ddrl"]) if clips is not None else (None, None)
+            sde_step = int(trajectory.sde_steps[pos])
+            noise, sigma = _ddrl_draws(clips[rows], wfm, rng["ddrl"]) if clips is not None else (None, None)
             step_means = _WeightedMeans()
             for micro in split_rows(rows, micro_batch):
                 share = (micro.stop - micro.start) / n  # the micro-batch's weight in the mini-batch mean
-                sub, sub_text = traj.select(micro), text[micro]
+                sub, sub_text = trajectory.select(micro), text[micro]
                 now = recompute_step(velocity, sub, sde_step, sub_text, negative)
                 kl = None
-                if w.kl_beta > 0:
+                if wfm.kl_beta > 0:
                     with policy.reference() as ref_velocity:
                         ref = recompute_step(ref_velocity, sub, sde_step, sub_text, negative)
-                    kl = gaussian_mean_kl(now.mean[:, :, k:], ref.mean[:, :, k:], now.std, reduction=w.kl_reduction)
-                out = flow_grpo_loss(now.log_prob, sub.log_probs[:, pos], advantages[micro], clip_range=w.clip_range,
-                                     adv_clip_max=w.adv_clip_max, kl=kl, kl_beta=w.kl_beta)
-                (out.loss * (w.loss_scale * share / len(positions))).backward()
+                    kl = gaussian_mean_kl(now.mean[:, :, k:], ref.mean[:, :, k:], now.std, reduction=wfm.kl_reduction)
+                out = flow_grpo_loss(now.log_prob, sub.log_probs[:, pos], advantages[micro], clip_range=wfm.clip_range,
+                                     adv_clip_max=wfm.adv_clip_max, kl=kl, kl_beta=wfm.kl_beta)
+                (out.loss * (wfm.loss_scale * share / len(positions))).backward()
                 mb_loss += out.loss.detach() * (share / len(positions))
                 step_means.add({key: getattr(out, key) for key in ("policy_loss", "kl", "clip_fraction", "approx_kl",
                                                                     "ratio_mean")}, share)
                 if clips is not None:
                     offset = slice(micro.start - rows.start, micro.stop - rows.start)  # into the mini-batch's draws
-                    with torch.set_grad_enabled(w.data_beta > 0):  # with data_beta = 0 it is only measured
+                    with torch.set_grad_enabled(wfm.data_beta > 0):  # with data_beta = 0 it is only measured
                         data = ddrl_data_loss(velocity, clips[micro], sub_text,
                                               noise=sub.initial_noise if noise is None else noise[offset],
                                               sigma=now.sigma if sigma is None else sigma[offset],
                                               num_train_timesteps=num_train_timesteps,
-                                              weighting=w.ddrl_loss_weighting, num_condition_frames=k)
-                    if w.data_beta > 0:
-                        (data.loss * (w.loss_scale * w.data_beta * share / len(positions))).backward()
-                    mb_loss += data.loss.detach() * (w.data_beta * share / len(positions))
+                                              weighting=wfm.ddrl_loss_weighting, num_condition_frames=k)
+                    if wfm.data_beta > 0:
+                        (data.loss * (wfm.loss_scale * wfm.data_beta * share / len(positions))).backward()
+                    mb_loss += data.loss.detach() * (wfm.data_beta * share / len(positions))
                     step_means.add({"data_loss": data.loss}, share)
             step_means.flush_into(metrics)
         metrics.setdefault("grad_norm", []).append(
@@ -172,11 +181,11 @@ def nft_grid_points(sigmas: torch.Tensor | None, batch: int, count: int, generat
     return grid[order]
 
 
-def diffusion_nft_update(policy: DiffusionPolicy, velocity: VelocityFn, optimizer: Any, samples: torch.Tensor,
-                         text: torch.Tensor, advantages: torch.Tensor, w: WFMConfig, grad_clip: float,
-                         generator: torch.Generator, *, step: int, nonfinite: str,
-                         condition: torch.Tensor | None = None, micro_batch: int | None = None,
-                         sigmas: torch.Tensor | None = None) -> dict[str, float]:
+def diffusion_nft_update(policy: DiffusionPolicy, velocity: VelocityFn, optimizer: Any, *,
+                         samples: torch.Tensor, text: torch.Tensor, advantages: torch.Tensor,
+                         condition: torch.Tensor | None = None, sigmas: torch.Tensor | None = None,
+                         wfm: WFMConfig, grad_clip: float, nonfinite: str, micro_batch: int | None = None,
+                         generator: torch.Generator, step: int) -> dict[str, float]:
     """DiffusionNFT (``cp.algo.diffusion_nft_loss``) on the clean rollout samples ``[B, C, T, H, W]``.
 
     Each sample gets ``[wfm] nft_num_timesteps`` forward-process points ``x_t = (1 - t) x0 + t eps``
@@ -194,12 +203,12 @@ def diffusion_nft_update(policy: DiffusionPolicy, velocity: VelocityFn, optimize
     b = samples.shape[0]
     k = 0 if condition is None else condition.shape[2]
     draws = []
-    grid = nft_grid_points(sigmas, b, w.nft_num_timesteps, generator) if w.nft_timesteps == "sampler" else None
-    for j in range(w.nft_num_timesteps):
+    grid = nft_grid_points(sigmas, b, wfm.nft_num_timesteps, generator) if wfm.nft_timesteps == "sampler" else None
+    for j in range(wfm.nft_num_timesteps):
         if grid is not None:
             t = grid[:, j]
         else:
-            t = w.nft_t_min + (w.nft_t_max - w.nft_t_min) * torch.rand(b, generator=generator)
+            t = wfm.nft_t_min + (wfm.nft_t_max - wfm.nft_t_min) * torch.rand(b, generator=generator)
         eps = torch.randn(samples.shape, generator=generator)
         x_t, _ = noisy_latents(samples.float().cpu(), eps, t)
         draws.append((replace_condition_frames(x_t.to(samples.device), condition), t.to(samples.device)))
@@ -214,7 +223,7 @@ def diffusion_nft_update(policy: DiffusionPolicy, velocity: VelocityFn, optimize
         v_old = [torch.cat([v_at(velocity, x_t, t, rows) for rows in split_rows(slice(0, b), micro_batch)])
                  for x_t, t in draws]
     metrics: dict[str, list[float]] = {}
-    for rows in minibatch_rows(b, w.num_minibatches):
+    for rows in minibatch_rows(b, wfm.num_minibatches):
         n = rows.stop - rows.start
         optimizer.zero_grad(set_to_none=True)
         mb_loss = torch.zeros((), device=text.device)
@@ -224,13 +233,13 @@ def diffusion_nft_update(policy: DiffusionPolicy, velocity: VelocityFn, optimize
                 share = (micro.stop - micro.start) / n
                 v_theta = v_at(velocity, x_t, t, micro)[:, :, k:]
                 v_ref = None
-                if w.kl_beta > 0:
+                if wfm.kl_beta > 0:
                     with policy.reference() as ref_velocity:
                         v_ref = v_at(ref_velocity, x_t, t, micro)[:, :, k:]
                 out = diffusion_nft_loss(v_theta, old[micro][:, :, k:], x_t[micro][:, :, k:],
-                                         samples[micro][:, :, k:], t[micro], advantages[micro], beta=w.nft_beta,
-                                         adv_clip_max=w.adv_clip_max, v_ref=v_ref, kl_beta=w.kl_beta)
-                (out.loss * (w.loss_scale * share / len(draws))).backward()
+                                         samples[micro][:, :, k:], t[micro], advantages[micro], beta=wfm.nft_beta,
+                                         adv_clip_max=wfm.adv_clip_max, v_ref=v_ref, kl_beta=wfm.kl_beta)
+                (out.loss * (wfm.loss_scale * share / len(draws))).backward()
                 mb_loss += out.loss.detach() * (share / len(draws))
                 point_means.add({key: getattr(out, key) for key in ("policy_loss", "positive_loss", "negative_loss",
                                                                      "kl")}, share)

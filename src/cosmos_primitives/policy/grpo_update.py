@@ -4,8 +4,10 @@ log-probs, the ``[grpo]`` loss, optimizer steps and the loss metrics to log.
 It needs the policy's log-probs, so it sits in ``policy`` (``algo`` holds the loss it calls).
 Colocated and disaggregated trainers run the same update::
 
-    reference = cp.policy.grpo_reference(cfg, policy, device, mesh)      # None without a KL term
-    update = cp.policy.grpo_update(policy, reference, optimizer, batch, advantages, cfg, mesh.group("dp"))
+    reference = cp.policy.grpo_reference(policy, device, mesh, kl_beta=cfg.grpo.kl_beta,
+                                         policy_cfg=cfg.policy, train=cfg.train)  # None without a KL term
+    settings = cp.policy.GRPOUpdateSettings.from_config(cfg)
+    update = cp.policy.grpo_update(policy, reference, optimizer, batch, advantages, settings, mesh.group("dp"))
     tracker.log_metrics({**update.metrics, "grad_norm": update.grad_norm}, step)
 """
 
@@ -24,6 +26,8 @@ from cosmos_primitives.algo.logprobs import ScoredPositions, TokenLogProbs, scor
 from cosmos_primitives.algo.prefix_filter import mask_shared_prefixes
 from cosmos_primitives.algo.rollout_correction import rollout_mismatch_metrics
 from cosmos_primitives.config.grpo import GRPOConfig
+from cosmos_primitives.config.policy import PolicyConfig
+from cosmos_primitives.config.train import TrainConfig
 from cosmos_primitives.data.rollout_batch import RolloutBatch
 from cosmos_primitives.parallel.grad_norm import clip_grad_norm_
 from cosmos_primitives.parallel.mesh import ParallelMesh
@@ -54,18 +58,47 @@ class GRPOUpdate(NamedTuple):
     times: dict[str, float]  # seconds: "logprobs" (old / reference), "update" (forward, backward, steps)
 
 
-def grpo_reference(cfg: Config, policy: torch.nn.Module, device: torch.device | str,
-                   mesh: ParallelMesh | None = None) -> torch.nn.Module | None:
+@attrs.frozen
+class GRPOUpdateSettings:
+    """What :func:`grpo_update` reads besides its ``[grpo]`` section, as plain values.
+
+    Built from a run's config by :meth:`from_config`; a loop of one's own may make it directly.
+    """
+
+    grpo: GRPOConfig  # the [grpo] section: loss, iterations, old log-probs, prefix filter
+    temperature: float  # the distribution the log-probs are of ([grpo] temperature, else the sampler's)
+    top_k: int = -1  # the sampler's top-k / top-p filter: the engines report log-probs of the filtered distribution
+    top_p: float = 1.0
+    logprob_chunk_size: int = 1024  # [policy] logprob_chunk_size: tokens per chunk of the log-prob head
+    mini_batch: int = 1  # [train.train_policy] mini_batch: rows per forward / backward
+    grad_norm_clip: float = 1.0  # [train] optm_grad_norm_clip (<= 0: no clipping)
+    nonfinite: str = "stop"  # [train] nonfinite: "stop" or "skip" a step whose loss or gradient norm is not finite
+
+    @classmethod
+    def from_config(cls, cfg: Config) -> GRPOUpdateSettings:
+        """The settings a run's config gives: ``[grpo]``, the trainer-side temperature (``[grpo]
+        temperature``, cosmos-rl's ``train_policy.temperature``; unset: ``[rollout.sampling_config]
+        temperature``), the sampler's ``top_k`` / ``top_p``, ``[policy] logprob_chunk_size``,
+        ``[train.train_policy] mini_batch``, ``[train] optm_grad_norm_clip`` and ``nonfinite``."""
+        sampling = cfg.rollout.sampling_config
+        temperature = cfg.grpo.temperature if cfg.grpo.temperature is not None else sampling.temperature
+        return cls(grpo=cfg.grpo, temperature=temperature, top_k=sampling.top_k, top_p=sampling.top_p,
+                   logprob_chunk_size=cfg.policy.logprob_chunk_size, mini_batch=cfg.train.train_policy.mini_batch,
+                   grad_norm_clip=cfg.train.optm_grad_norm_clip, nonfinite=cfg.train.nonfinite)
+
+
+def grpo_reference(policy: torch.nn.Module, device: torch.device | str, mesh: ParallelMesh | None = None, *,
+                   kl_beta: float, policy_cfg: PolicyConfig, train: TrainConfig) -> torch.nn.Module | None:
     """The KL reference of ``[grpo] kl_beta``: None without a KL term; with ``[policy.lora]`` the
     policy itself (run with its adapters off, no memory); else a frozen copy of the starting
-    weights in ``[policy] dtype``, sharded like the policy over ``mesh`` (TP, FSDP2 with
-    ``[train] fsdp_offload``: ``1 / dp_shard`` of the model per rank), or whole on ``device``
+    weights in ``[policy] dtype`` (``policy_cfg``), sharded like the policy over ``mesh`` (TP, FSDP2
+    with ``[train] fsdp_offload``: ``1 / dp_shard`` of the model per rank), or whole on ``device``
     without a mesh."""
-    if not cfg.grpo.kl_beta:
+    if not kl_beta:
         return None
-    if cfg.policy.lora is not None:
+    if policy_cfg.lora is not None:
         return policy
-    return build_policy(cfg.policy, mesh, device=device, train=cfg.train, frozen=True)
+    return build_policy(policy_cfg, mesh, device=device, train=train, frozen=True)
 
 
 def _logprobs(model: torch.nn.Module, batch: RolloutBatch, rows: slice, positions: ScoredPositions, *,
@@ -160,13 +193,13 @@ def step_slices(rollouts: int, rollouts_per_step: int | None) -> list[slice]:
 
 
 def grpo_update(policy: torch.nn.Module, reference: torch.nn.Module | None, optimizer: torch.optim.Optimizer,
-                batch: RolloutBatch, advantages: torch.Tensor, cfg: Config,
+                batch: RolloutBatch, advantages: torch.Tensor, settings: GRPOUpdateSettings,
                 dp_group: Any = None, *, step: int = 0) -> GRPOUpdate:
     """One GRPO update on ``batch``: ``[grpo] mu_iterations`` optimizer steps over its micro-batches
-    of ``[train.train_policy] mini_batch`` rows (gradient clipped to ``[train] optm_grad_norm_clip``).
+    of ``settings.mini_batch`` rows (gradient clipped to ``settings.grad_norm_clip``).
 
-    Log-probs are taken at the rollout's sampling temperature (``[rollout.sampling_config]``) in
-    chunks of ``[policy] logprob_chunk_size``. The PPO ratio's old policy is the engine's log-probs
+    Log-probs are taken at ``settings.temperature`` (with its ``top_k`` / ``top_p``) in chunks of
+    ``settings.logprob_chunk_size``. The PPO ratio's old policy is the engine's log-probs
     (``[grpo] old_logprobs = "rollout"``) or, with ``"recompute"``, the policy's weights at the start
     of the update. With ``[grpo] behav_imp_weight_cap`` or ``off_policy_masking_delta`` set, the
     engine's log-probs go to the loss as the behaviour policy (AReaL behaviour weights / off-policy
@@ -187,6 +220,8 @@ def grpo_update(policy: torch.nn.Module, reference: torch.nn.Module | None, opti
         batch: ``N`` rows; rows whose ``completion_mask`` is all 0 train nothing but still run, so
             every rank runs the same collectives.
         advantages: ``[N]`` float32, one per row, on the batch's device.
+        settings: ``[grpo]`` and the values the update reads from other sections
+            (:meth:`GRPOUpdateSettings.from_config` of the run's config).
         step: the training step this update makes (1-based), named when a NaN / inf loss or gradient
             norm stops the run or skips an optimizer step (``[train] nonfinite``).
 
@@ -194,15 +229,12 @@ def grpo_update(policy: torch.nn.Module, reference: torch.nn.Module | None, opti
         A :class:`GRPOUpdate`; when no rank has a token to train, no step is taken and its metrics
         are empty.
     """
-    grpo = cfg.grpo
+    grpo = settings.grpo
     behaviour_logprobs = (grpo.rollout_correction is not None or grpo.rollout_rejection is not None
                           or grpo.off_policy_masking_delta is not None)
-    # the trainer-side temperature ([grpo] temperature, cosmos-rl's train_policy.temperature); unset: the sampler's
-    temperature = grpo.temperature if grpo.temperature is not None else cfg.rollout.sampling_config.temperature
-    # the engines report log-probs of the top-k / top-p filtered distribution: the trainer scores the same one
-    top_k, top_p = cfg.rollout.sampling_config.top_k, cfg.rollout.sampling_config.top_p
-    chunk = cfg.policy.logprob_chunk_size
-    micro = max(1, cfg.train.train_policy.mini_batch)
+    temperature, top_k, top_p = settings.temperature, settings.top_k, settings.top_p
+    chunk = settings.logprob_chunk_size
+    micro = max(1, settings.mini_batch)
     rows = [slice(i, min(i + micro, len(batch))) for i in range(0, len(batch), micro)]
     times: dict[str, float] = {}
     t0 = time.perf_counter()
@@ -248,9 +280,9 @@ def grpo_update(policy: torch.nn.Module, reference: torch.nn.Module | None, opti
             loss.backward()
             iteration_loss += loss.detach()
             micro_metrics.append(metrics)
-        grad_norm = clip_grad_norm_(policy.parameters(), cfg.train.optm_grad_norm_clip)
+        grad_norm = clip_grad_norm_(policy.parameters(), settings.grad_norm_clip)
         # a NaN / inf loss or gradient stops the run ([train] nonfinite = "stop") or skips this step
-        if check_finite(iteration_loss, grad_norm, step=step, mode=cfg.train.nonfinite, group=dp_group):
+        if check_finite(iteration_loss, grad_norm, step=step, mode=settings.nonfinite, group=dp_group):
             optimizer.step()
         optimizer.zero_grad(set_to_none=True)
     values = iter(torch.stack([v for m in micro_metrics for v in m.values()]).tolist())
