@@ -261,11 +261,10 @@ def train(cfg: cp.Config, config_path: str) -> Path:
                     policy, velocity, optimizer, samples=traj.samples, text=text, advantages=advantages,
                     condition=condition, sigmas=sigmas, wfm=w, grad_clip=cfg.train.optm_grad_norm_clip,
                     nonfinite=cfg.train.nonfinite, micro_batch=micro_batch, generator=rng["nft"], step=step)
-            else:
-                data = clips if w.algorithm == "ddrl" else None
+            else:  # FlowGRPO, + DDRL's data loss on the real clips
                 logged = cp.policy.flow_grpo_update(
-                    policy, velocity, optimizer, trajectory=traj, text=text, advantages=advantages,
-                    negative=negative, clips=data, wfm=w, grad_clip=cfg.train.optm_grad_norm_clip,
+                    policy, velocity, optimizer, trajectory=traj, text=text, advantages=advantages, negative=negative,
+                    clips=clips if w.algorithm == "ddrl" else None, wfm=w, grad_clip=cfg.train.optm_grad_norm_clip,
                     nonfinite=cfg.train.nonfinite, micro_batch=micro_batch, rng=rng, step=step)
             lr_scheduler.step()
             logged.update(reward_mean=group_rewards.mean(), reward_std=group_rewards.std(unbiased=False),
