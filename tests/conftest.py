@@ -26,7 +26,7 @@ HAS_CUDA = torch.cuda.is_available()
 
 
 # The longest modules (minutes each on 2 CPU cores), run first so that a parallel run
-# (``pytest -n 2 --dist loadfile --no-loadscope-reorder``, the Makefile's) does not end with one
+# (the Makefile's ``pytest -n auto --dist loadfile --no-loadscope-reorder``) does not end with one
 # worker still training while the other idles; then the other modules with a slow test.
 LONGEST_MODULES = ("test_grpo_learning.py", "test_qwen3_vl_learning.py", "test_gpu_suite.py")
 
