@@ -25,20 +25,65 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 HAS_CUDA = torch.cuda.is_available()
 
 
+# The longest modules (minutes each on 2 CPU cores), run first so that a parallel run
+# (the Makefile's ``pytest -n auto --dist loadfile --no-loadscope-reorder``) does not end with one
+# worker still training while the other idles; then the other modules with a slow test.
+LONGEST_MODULES = ("test_grpo_learning.py", "test_qwen3_vl_learning.py", "test_gpu_suite.py")
+
+
+def _module_rank(item: pytest.Item, slow_modules: set[str]) -> int:
+    name = item.path.name
+    if name in LONGEST_MODULES:
+        return LONGEST_MODULES.index(name)
+    return len(LONGEST_MODULES) + (0 if name in slow_modules else 1)
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     skip_gpu = pytest.mark.skip(reason="needs a CUDA GPU; none is visible on this machine")
     for item in items:
         if "gpu" in item.keywords and not HAS_CUDA:
             item.add_marker(skip_gpu)
+    # a stable sort: modules keep their tests together and in file order
+    slow_modules = {item.path.name for item in items if "slow" in item.keywords}
+    items.sort(key=lambda item: _module_rank(item, slow_modules))
+
+
+def _share_cores_among_workers() -> None:
+    """Under pytest-xdist, give each worker's torch (and the recipes it launches, through
+    ``OMP_NUM_THREADS``) its share of the cores rather than every worker starting one OpenMP thread
+    per core: the tiny models are overhead-bound and oversubscribed threads wait on each other."""
+    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+    if workers <= 1:
+        return
+    # an OMP_NUM_THREADS the caller set wins
+    threads = int(os.environ.get("OMP_NUM_THREADS") or max(1, (os.cpu_count() or 1) // workers))
+    os.environ["OMP_NUM_THREADS"] = str(threads)
+    torch.set_num_threads(threads)
+
+
+_share_cores_among_workers()
+
+
+_LEFT_IN_WORKERS: list[int] = []
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_testnodedown(node, error) -> None:
+    """pytest-xdist's controller: collect the count each worker's session finish reported."""
+    _LEFT_IN_WORKERS.append(getattr(node, "workeroutput", {}).get("leftover_redis_servers", 0))
 
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     leftover = live_servers()
     for server in leftover:
         server.close()
-    if leftover:
+    workeroutput = getattr(session.config, "workeroutput", None)
+    if workeroutput is not None:  # an xdist worker: its exit status is not the run's, the controller's is
+        workeroutput["leftover_redis_servers"] = len(leftover)
+    count = len(leftover) + sum(_LEFT_IN_WORKERS)
+    if count:
         session.exitstatus = 1
-        print(f"\nERROR: {len(leftover)} redis-server process(es) were left running by tests and were stopped")
+        print(f"\nERROR: {count} redis-server process(es) were left running by tests and were stopped")
 
 
 @pytest.fixture(scope="session")
