@@ -109,7 +109,7 @@ def test_the_vllm_adapter_refuses_token_ids_with_media() -> None:
     from cosmos_primitives.rollout.vllm_engine import VLLMRolloutEngine
 
     continuation = Prompt(conversation="", prompt_id="clip", token_ids=[1, 2, 3], images=[CLIP[6]])
-    with pytest.raises(ValueError, match="gives token_ids and media"):
+    with pytest.raises(ValueError, match=r"gives token_ids and media.*run multi-turn episodes .* with HFRolloutEngine"):
         VLLMRolloutEngine._request("", continuation)
 
 
