@@ -66,12 +66,29 @@ def encode_prompts(processor: Any, prompts: Sequence[Prompt]) -> dict[str, torch
     return dict(processor(**kwargs))
 
 
+def media_inputs(processor: Any, prompts: Sequence[Prompt]) -> dict[str, torch.Tensor]:
+    """The media tensors of ``prompts``' images and videos, as :func:`encode_prompts` gives them for
+    the prompts themselves, without any token rows: ``pixel_values`` / ``image_grid_thw`` /
+    ``pixel_values_videos`` / ``video_grid_thw`` / ``second_per_grid_ts``, prompt by prompt in order.
+
+    The processor sizes every image and video on its own, so a conversation holding only the same
+    media (encoded here) gives the same tensors as the prompt's own.
+    """
+    carriers = [attrs.evolve(p, token_ids=None, conversation=[{"role": "user", "content": [
+        *({"type": "image"} for _ in p.images), *({"type": "video"} for _ in p.videos),
+        {"type": "text", "text": "."}]}]) for p in prompts]
+    return {k: v for k, v in encode_prompts(processor, carriers).items() if k not in PER_SEQUENCE_KEYS}
+
+
 def _token_id_batch(processor: Any, prompts: Sequence[Prompt]) -> dict[str, torch.Tensor]:
-    """Left-padded ``input_ids`` / ``attention_mask`` ``[P, L]`` of prompts given as token ids."""
-    for p in prompts:
-        if p.images or p.videos:
-            raise ValueError(f"prompt {p.prompt_id!r} gives token_ids and media: a prompt given as token ids is text "
-                             "only (give the conversation instead for images or videos)")
+    """Left-padded ``input_ids`` / ``attention_mask`` ``[P, L]`` of prompts given as token ids; with
+    their media (:func:`media_inputs`) and ``mm_token_type_ids`` ``[P, L]`` when they hold images or
+    videos, whose placeholders the ids must hold already expanded (one pad per merged patch)."""
+    with_media = any(p.images or p.videos for p in prompts)
+    if with_media and not hasattr(processor, "create_mm_token_type_ids"):
+        raise ValueError(f"prompts {[p.prompt_id for p in prompts if p.images or p.videos]} give token_ids and media, "
+                         f"but {type(processor).__name__} is no multimodal processor (no create_mm_token_type_ids); "
+                         "pass the model's AutoProcessor")
     pad = getattr(processor, "tokenizer", processor).pad_token_id
     width = max(len(p.token_ids) for p in prompts)
     input_ids = torch.full((len(prompts), width), pad, dtype=torch.long)
@@ -80,7 +97,13 @@ def _token_id_batch(processor: Any, prompts: Sequence[Prompt]) -> dict[str, torc
         if p.token_ids:
             input_ids[row, width - len(p.token_ids):] = torch.tensor(p.token_ids, dtype=torch.long)
             attention_mask[row, width - len(p.token_ids):] = 1
-    return {"input_ids": input_ids, "attention_mask": attention_mask}
+    out = {"input_ids": input_ids, "attention_mask": attention_mask}
+    if with_media:
+        # the pads are no placeholders, so marking every id of a row as the processor does is exact
+        out["mm_token_type_ids"] = torch.tensor(processor.create_mm_token_type_ids(input_ids.tolist()),
+                                                dtype=torch.long)
+        out.update(media_inputs(processor, prompts))
+    return out
 
 
 def _mixed_batch(processor: Any, prompts: Sequence[Prompt]) -> dict[str, torch.Tensor]:

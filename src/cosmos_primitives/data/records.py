@@ -52,7 +52,8 @@ class Prompt:
     it within a run; ``row`` is the dataset row it came from (passed to reward functions).
     ``token_ids``, when set, is the model's input as token ids, used as they are instead of encoding
     ``conversation`` (a multi-turn episode's next turn goes on from exactly the tokens so far:
-    :func:`cosmos_primitives.rollout.multi_turn.run_episodes`); text-only.
+    :func:`cosmos_primitives.rollout.multi_turn.run_episodes`); with ``images`` / ``videos``, the ids
+    hold their placeholders already expanded by the processor (one pad per merged patch), in order.
     """
 
     conversation: list[dict[str, Any]] | str
@@ -81,6 +82,8 @@ class Completion:
     completion holding every turn's tokens: ``loss_mask`` ``[L]`` is 1 on the model's tokens (trained)
     and 0 on the environment's (their ``logprobs`` are 0), and ``turn_rewards`` holds the reward the
     environment gave after each model turn. None / empty: a single model turn, every token trained.
+    ``images``: the images the environment returned during the episode, in order (each one's expanded
+    placeholder is among the environment's tokens); the row's media are the prompt's, then these.
     """
 
     text: str
@@ -89,6 +92,7 @@ class Completion:
     finish_reason: str
     loss_mask: list[int] | None = None
     turn_rewards: list[float] = attrs.field(factory=list)
+    images: list[Any] = attrs.field(factory=list)
 
 
 @attrs.define

@@ -8,7 +8,7 @@ from typing import Any
 import attrs
 import torch
 
-from cosmos_primitives.data.prompt_inputs import PER_SEQUENCE_KEYS, encode_prompts, repeat_batch
+from cosmos_primitives.data.prompt_inputs import PER_SEQUENCE_KEYS, encode_prompts, media_inputs, repeat_batch
 from cosmos_primitives.data.records import RolloutGroup
 
 # (patch rows, one block of t*h*w per image / video; grid [blocks, 3]) in the order the processor
@@ -101,6 +101,9 @@ def collate_rollouts(groups: Sequence[RolloutGroup], processor: Any, pad_token_i
     except for where vision blocks open and close (:func:`same_prompt_tokens`: vLLM writes a
     Qwen3-VL video without the template's outer ``<|vision_start|>`` / ``<|vision_end|>``,
     transformers 5's processor keeps them), and ``mm_token_type_ids`` are laid on the engine's ids.
+    Completions that carry images an environment returned (``Completion.images``) give their rows
+    media of their own: the prompt's, then those images, row by row, with their placeholders marked in
+    ``mm_token_type_ids``.
     """
     if not groups:
         raise ValueError("collate_rollouts: no rollout groups")
@@ -117,8 +120,11 @@ def collate_rollouts(groups: Sequence[RolloutGroup], processor: Any, pad_token_i
         if not same_prompt_tokens(row[mask.bool()].tolist(), g.prompt_token_ids, markers):
             raise ValueError(f"prompt {g.prompt.prompt_id!r}: re-encoding the prompt gave different token ids than "
                              "the rollout engine used; is the same processor / chat template used for both?")
-    media = repeat_batch({k: v for k, v in encoded.items() if k not in ("input_ids", "attention_mask",
-                                                                         "mm_token_type_ids")}, prompts, n)
+    if any(c.images for g in groups for c in g.completions):
+        media = media_inputs(processor, [attrs.evolve(g.prompt, images=[*g.prompt.images, *c.images])
+                                          for g in groups for c in g.completions])
+    else:
+        media = repeat_batch({k: v for k, v in encoded.items() if k not in PER_SEQUENCE_KEYS}, prompts, n)
     rows: list[list[int]] = []
     prompt_lengths: list[int] = []
     logprob_rows: list[list[float]] = []
@@ -154,6 +160,13 @@ def collate_rollouts(groups: Sequence[RolloutGroup], processor: Any, pad_token_i
                                      markers)
             for i in range(p * n, (p + 1) * n):
                 inputs["mm_token_type_ids"][i, : len(prompt_types)] = prompt_types
+        for i, c in enumerate(c for g in groups for c in g.completions):
+            if c.images:  # the environment's image placeholders; a model token is text to the model
+                start = prompt_lengths[i]
+                types = torch.tensor(processor.create_mm_token_type_ids([list(c.token_ids)])[0], dtype=torch.long)
+                if c.loss_mask is not None:
+                    types = types * (1 - torch.tensor(c.loss_mask, dtype=torch.long))
+                inputs["mm_token_type_ids"][i, start : start + len(types)] = types.to(inputs["mm_token_type_ids"].dtype)
     return RolloutBatch(
         inputs=inputs,
         completion_mask=completion_mask,
@@ -161,7 +174,7 @@ def collate_rollouts(groups: Sequence[RolloutGroup], processor: Any, pad_token_i
         group_index=torch.arange(len(groups)).repeat_interleave(n),
         completion_lengths=torch.tensor([len(c.token_ids) for g in groups for c in g.completions]),
         weight_versions=torch.tensor([g.weight_version for g in groups for _ in g.completions]),
-        images_per_row=torch.tensor([len(g.prompt.images) for g in groups]).repeat_interleave(n),
+        images_per_row=torch.tensor([len(g.prompt.images) + len(c.images) for g in groups for c in g.completions]),
         videos_per_row=torch.tensor([len(g.prompt.videos) for g in groups]).repeat_interleave(n),
     )
 

@@ -370,9 +370,17 @@ def record_from_group(
             when it is set.
 
     Raises:
-        ValueError: rewards / advantages of the wrong length, decoded media in the conversation, or
-            any failed :func:`check_record` (the record would be refused by the trainer).
+        ValueError: rewards / advantages of the wrong length, decoded media in the conversation, a
+            multi-turn episode holding images its environment returned (``Completion.images``: a
+            record carries media as references, not pixels), or any failed :func:`check_record`
+            (the record would be refused by the trainer).
     """
+    with_images = [k for k, c in enumerate(group.completions) if c.images]
+    if with_images:
+        raise ValueError(f"prompt {group.prompt.prompt_id!r}: completions {with_images} hold images the environment "
+                         "returned during the episode; a queue record carries media only as references to files, "
+                         "not pixels: train such episodes in the process that ran them (collate_rollouts), or have "
+                         "the environment return text")
     n = len(group.completions)
     prompt = group.prompt
     conversation = prompt.conversation if isinstance(prompt.conversation, str) else list(prompt.conversation)

@@ -8,7 +8,11 @@ so what the trainer scores is what the model saw; no re-rendering of the convers
 :class:`~cosmos_primitives.data.Completion` holds every turn's tokens with ``loss_mask`` 1 on the
 model's (with their log-probs) and 0 on the environment's (log-prob 0), and ``turn_rewards``.
 
-Text only: an environment that returns images is not supported yet.
+An environment may return images (``EnvReply.images``, e.g. a later frame of the prompt's clip) to a
+vision-language model (Qwen2.5-VL, Qwen3-VL): the reply's text holds one :data:`IMAGE_PLACEHOLDER`
+per image, the processor expands each to the image's pads, and the next turns (and the training row)
+see the prompt's media followed by the images returned so far. Pass the model's processor as
+``tokenizer`` then.
 """
 
 from __future__ import annotations
@@ -26,17 +30,21 @@ from cosmos_primitives.data.records import Completion, Prompt, RolloutGroup, Sam
 @attrs.define
 class EnvReply:
     """What the environment answers a model turn: ``text`` (appended to the episode as context,
-    formatted with ``reply_template``), the turn's ``reward``, and ``done`` to end the episode."""
+    formatted with ``reply_template``), the turn's ``reward``, and ``done`` to end the episode.
+    ``images``: ``[H, W, 3]`` uint8 arrays / PIL images the model sees next, one
+    :data:`IMAGE_PLACEHOLDER` in ``text`` per image, in order (a vision-language model only)."""
 
     text: str = ""
     reward: float = 0.0
     done: bool = False
+    images: list[Any] = attrs.field(factory=list)
 
 
 @attrs.define
 class Episode:
     """One episode so far, as the environment sees it: the ``prompt``, which of its ``n`` samples this
-    is, the model's turns as text, the replies given, and the completion's ``token_ids``."""
+    is, the model's turns as text, the replies given, the completion's ``token_ids`` and the images
+    the replies added to it so far."""
 
     prompt: Prompt
     sample: int
@@ -49,11 +57,15 @@ class Episode:
     finish_reason: str = "stop"
     done: bool = False
     weight_version: int | None = None
+    images: list[Any] = attrs.field(factory=list)
 
 
 # what Qwen2.5 / Qwen3 chat templates render a tool message as, after the model's turn ended with <|im_end|>
 QWEN_TOOL_REPLY = ("\n<|im_start|>user\n<tool_response>\n{text}\n</tool_response><|im_end|>\n"
                    "<|im_start|>assistant\n")
+
+# one image in a reply's text, for Qwen2.5-VL / Qwen3-VL; the processor expands the pad to the image's
+IMAGE_PLACEHOLDER = "<|vision_start|><|image_pad|><|vision_end|>"
 
 Environment = Callable[[Episode], "EnvReply | Awaitable[EnvReply]"]
 
@@ -87,7 +99,8 @@ def run_episodes(engine: RolloutEngine, tokenizer: Any, prompts: Sequence[Prompt
     Args:
         engine: any rollout engine (``HFRolloutEngine``, ``VLLMRolloutEngine``): each turn is one
             ``generate`` call over the episodes still running, from their token ids.
-        tokenizer: the model's tokenizer (encodes the replies; decodes the turns for the environment).
+        tokenizer: the model's tokenizer (encodes the replies; decodes the turns for the environment),
+            or its processor (needed when the environment returns images).
         params: sampling of every turn; ``max_new_tokens`` is the budget of one model turn, ``seed``
             (when set) seeds turn ``t`` with ``seed + t``.
         env: ``env(episode) -> EnvReply`` (or an awaitable of one), called after every model turn.
@@ -139,14 +152,33 @@ def run_episodes(engine: RolloutEngine, tokenizer: Any, prompts: Sequence[Prompt
 
 
 def _continuation(episode: Episode) -> Prompt:
-    return attrs.evolve(episode.prompt, token_ids=episode.prompt_token_ids + episode.token_ids)
+    return attrs.evolve(episode.prompt, token_ids=episode.prompt_token_ids + episode.token_ids,
+                        images=[*episode.prompt.images, *episode.images])
+
+
+def _text_tokenizer(tokenizer: Any) -> Any:
+    return getattr(tokenizer, "tokenizer", tokenizer)
+
+
+def _reply_ids(episode: Episode, reply: EnvReply, processor: Any, text: str) -> list[int]:
+    """The reply's token ids; its image placeholders expanded by the processor as for a prompt."""
+    if not reply.images:
+        return list(_text_tokenizer(processor)(text, add_special_tokens=False)["input_ids"])
+    where = f"the environment's reply to prompt {episode.prompt.prompt_id!r} (turn {len(episode.turns)})"
+    if not hasattr(processor, "image_processor"):
+        raise ValueError(f"{where} holds images, but run_episodes was given {type(processor).__name__}, no processor "
+                         "of images: pass the model's AutoProcessor as the tokenizer")
+    if text.count(IMAGE_PLACEHOLDER) != len(reply.images):
+        raise ValueError(f"{where} holds {len(reply.images)} images but its text {text.count(IMAGE_PLACEHOLDER)} "
+                         f"placeholders; put one IMAGE_PLACEHOLDER ({IMAGE_PLACEHOLDER!r}) per image in EnvReply.text")
+    return list(processor(text=[text], images=list(reply.images))["input_ids"][0])
 
 
 def _add_turn(episode: Episode, completion: Completion, version: int, tokenizer: Any, max_tokens: int | None) -> None:
     episode.token_ids += completion.token_ids
     episode.logprobs += completion.logprobs
     episode.loss_mask += [1] * len(completion.token_ids)
-    episode.turns.append(tokenizer.decode(completion.token_ids, skip_special_tokens=True))
+    episode.turns.append(_text_tokenizer(tokenizer).decode(completion.token_ids, skip_special_tokens=True))
     episode.weight_version = version if episode.weight_version is None else min(episode.weight_version, version)
     if max_tokens is not None and len(episode.token_ids) >= max_tokens:
         episode.done, episode.finish_reason = True, "length"
@@ -157,20 +189,21 @@ def _add_reply(episode: Episode, reply: EnvReply, tokenizer: Any, template: str,
     if episode.done or reply.done or last:
         episode.done = True
         return
-    ids = tokenizer(template.format(text=reply.text), add_special_tokens=False)["input_ids"]
+    ids = _reply_ids(episode, reply, tokenizer, template.format(text=reply.text))
     if max_tokens is not None and len(episode.token_ids) + len(ids) >= max_tokens:
         episode.done, episode.finish_reason = True, "length"
         return
     episode.token_ids += ids
     episode.logprobs += [0.0] * len(ids)
     episode.loss_mask += [0] * len(ids)
+    episode.images += reply.images
 
 
 def _completion(episode: Episode, tokenizer: Any) -> Completion:
-    return Completion(text=tokenizer.decode(episode.token_ids, skip_special_tokens=False),
+    return Completion(text=_text_tokenizer(tokenizer).decode(episode.token_ids, skip_special_tokens=False),
                       token_ids=list(episode.token_ids), logprobs=list(episode.logprobs),
                       finish_reason=episode.finish_reason, loss_mask=list(episode.loss_mask),
-                      turn_rewards=[r.reward for r in episode.replies])
+                      turn_rewards=[r.reward for r in episode.replies], images=list(episode.images))
 
 
 def episode_rewards(groups: Sequence[RolloutGroup]) -> list[float]:

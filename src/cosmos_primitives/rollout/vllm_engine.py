@@ -339,8 +339,10 @@ class VLLMRolloutEngine:
         processor kwargs, does not sample again: frames sampled at ``fps`` get times ``i / fps``."""
         if prompt.token_ids is not None:  # vLLM's TokensPrompt: a multi-turn episode's tokens so far
             if prompt.images or prompt.videos:
-                raise ValueError(f"prompt {prompt.prompt_id!r} gives token_ids and media: a prompt given as token "
-                                 "ids is text only")
+                raise ValueError(f"prompt {prompt.prompt_id!r} gives token_ids and media: this adapter sends a prompt "
+                                 "given as token ids to vLLM text only (media with token ids are not supported "
+                                 "here); run multi-turn episodes whose environment returns images with "
+                                 "HFRolloutEngine")
             return {"prompt_token_ids": list(prompt.token_ids)}
         request: dict[str, Any] = {"prompt": text}
         media: dict[str, Any] = {}

@@ -1,0 +1,122 @@
+"""Multi-turn episodes of a vision-language model whose environment returns an image (a later frame
+of the prompt's clip), for Qwen2.5-VL and Qwen3-VL: the image's pads are context in the row, the
+trainer's forward over the row with all its media reproduces the engine's log-probs, and the next
+model turn sees the image."""
+
+from __future__ import annotations
+
+import attrs
+import numpy as np
+import pytest
+import torch
+
+from cosmos_primitives import testing as cpt
+from cosmos_primitives.data.records import Prompt, SamplingParams
+from cosmos_primitives.data.rollout_batch import collate_rollouts
+from cosmos_primitives.policy.teacher import teacher_logprobs
+from cosmos_primitives.rollout.hf_engine import HFRolloutEngine
+from cosmos_primitives.rollout.multi_turn import IMAGE_PLACEHOLDER, QWEN_TOOL_REPLY, EnvReply, Episode, run_episodes
+
+CLIP = np.stack([cpt.frame_index_pattern(i, (64, 64)) for i in range(8)])
+PARAMS = SamplingParams(n=2, max_new_tokens=3, seed=0)
+
+
+@pytest.fixture
+def tiny_vl_model(family_vl_model):
+    return family_vl_model.eval()
+
+
+@pytest.fixture
+def tiny_vl_processor(family_vl_processor):
+    return family_vl_processor
+
+
+def clip_prompt() -> Prompt:
+    return Prompt(conversation=[{"role": "user", "content": [{"type": "video"},
+                                                             {"type": "text", "text": "What moves?"}]}],
+                  prompt_id="clip", videos=[CLIP], video_fps=[4.0])
+
+
+def look_again(frame: int):
+    """After the first turn, show frame ``frame`` of the clip; end after the second."""
+    def env(episode: Episode) -> EnvReply:
+        if len(episode.turns) == 1:
+            return EnvReply(text=f"Frame {frame}: {IMAGE_PLACEHOLDER}", reward=0.5, images=[CLIP[frame]])
+        return EnvReply(reward=1.0, done=True)
+    return env
+
+
+def image_pads(processor, image) -> int:
+    grid = processor.image_processor(images=[image], return_tensors="pt")["image_grid_thw"]
+    return int(grid.prod()) // processor.image_processor.merge_size ** 2
+
+
+def test_an_image_from_the_environment_is_context_the_trainer_and_the_next_turn_see(
+        tiny_vl_model, tiny_vl_processor) -> None:
+    model, processor = tiny_vl_model, tiny_vl_processor
+    engine = HFRolloutEngine(model, processor)
+    groups = run_episodes(engine, processor, [clip_prompt()], PARAMS, look_again(6), max_turns=2,
+                          reply_template=QWEN_TOOL_REPLY)
+    pad = processor.tokenizer.convert_tokens_to_ids("<|image_pad|>")
+    for c in groups[0].completions:
+        assert c.turn_rewards == [0.5, 1.0] and len(c.images) == 1
+        assert np.array_equal(np.asarray(c.images[0]), CLIP[6])
+        pads = [i for i, t in enumerate(c.token_ids) if t == pad]
+        assert len(pads) == image_pads(processor, CLIP[6]) > 1  # the processor's expansion, not one placeholder
+        assert all(c.loss_mask[i] == 0 and c.logprobs[i] == 0.0 for i in pads)
+        assert c.loss_mask[-1] == 1  # the second model turn follows the image
+    batch = collate_rollouts(groups, processor)
+    assert batch.images_per_row.tolist() == [1, 1] and batch.videos_per_row.tolist() == [1, 1]
+    assert batch.inputs["image_grid_thw"].shape[0] == 2
+    ids, types = batch.inputs["input_ids"], batch.inputs["mm_token_type_ids"]
+    assert bool((types[ids == pad] == 1).all()) and int((types == 1).sum()) == 2 * image_pads(processor, CLIP[6])
+    mask = batch.completion_mask.bool()
+    trained = teacher_logprobs(model, batch)
+    torch.testing.assert_close(trained[mask], batch.rollout_logprobs[mask], atol=1e-4, rtol=1e-4)
+
+    # the same tokens with another frame returned: the turn before the image is scored bit for bit the
+    # same, the turn after it differently (the tiny random model's logits are near uniform, so the
+    # difference is small, but an unseen image would leave them bit for bit equal too)
+    swapped = [attrs.evolve(groups[0], completions=[attrs.evolve(c, images=[CLIP[1]])
+                                                    for c in groups[0].completions])]
+    other = teacher_logprobs(model, collate_rollouts(swapped, processor))
+    first_pad = int((types[0] == 1).nonzero()[0])
+    before, after = mask.clone(), mask.clone()
+    before[:, first_pad:] = False
+    after[:, :first_pad] = False
+    assert torch.equal(other[before], trained[before]) and int(before.sum()) > 0
+    assert float((other[after] - trained[after]).abs().max()) > 1e-5
+
+
+def test_a_reply_whose_placeholders_do_not_match_its_images_is_named(tiny_vl_model, tiny_vl_processor) -> None:
+    engine = HFRolloutEngine(tiny_vl_model, tiny_vl_processor)
+
+    def two_images_one_placeholder(episode: Episode) -> EnvReply:
+        return EnvReply(text=f"look: {IMAGE_PLACEHOLDER}", images=[CLIP[2], CLIP[3]])
+
+    with pytest.raises(ValueError, match="2 images but its text 1 placeholders"):
+        run_episodes(engine, tiny_vl_processor, [clip_prompt()], PARAMS, two_images_one_placeholder, max_turns=2)
+
+
+def test_a_text_tokenizer_cannot_take_an_image_reply(tiny_qwen2_model, qwen_tokenizer) -> None:
+    engine = HFRolloutEngine(tiny_qwen2_model.eval(), qwen_tokenizer)
+    with pytest.raises(ValueError, match="pass the model's AutoProcessor"):
+        run_episodes(engine, qwen_tokenizer, [Prompt(conversation="Look:", prompt_id="t")], PARAMS, look_again(1),
+                     max_turns=2)
+
+
+def test_the_vllm_adapter_refuses_token_ids_with_media() -> None:
+    from cosmos_primitives.rollout.vllm_engine import VLLMRolloutEngine
+
+    continuation = Prompt(conversation="", prompt_id="clip", token_ids=[1, 2, 3], images=[CLIP[6]])
+    with pytest.raises(ValueError, match=r"gives token_ids and media.*run multi-turn episodes .* with HFRolloutEngine"):
+        VLLMRolloutEngine._request("", continuation)
+
+
+def test_a_queue_record_refuses_an_episode_with_environment_images(tiny_vl_model, tiny_vl_processor) -> None:
+    from cosmos_primitives.queue.record import record_from_group
+
+    groups = run_episodes(HFRolloutEngine(tiny_vl_model, tiny_vl_processor), tiny_vl_processor, [clip_prompt()],
+                          PARAMS, look_again(6), max_turns=2, reply_template=QWEN_TOOL_REPLY)
+    with pytest.raises(ValueError, match="images the environment returned"):
+        record_from_group(groups[0], [1.0, 1.0], [0.0, 0.0], media=["clip.mp4"])
