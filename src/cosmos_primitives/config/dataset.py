@@ -93,6 +93,10 @@ class TrainPolicyConfig(Section):
     order) and ``dataloader_seed`` (None: ``[train] seed``; a cosmos-rl file gets cosmos-rl's 0),
     the seed of the per-epoch permutation, ``torch.randperm`` seeded ``seed + epoch`` as torch's
     ``DistributedSampler`` (cosmos-rl's SFT loader) draws it.
+    ``max_token_len_per_mini_batch`` (cosmos-rl's key): the GRPO update groups rows of similar
+    length into micro-batches of at most that many padded tokens (``rows x longest row``, per
+    context-parallel rank) instead of ``mini_batch`` rows; the loss is unchanged
+    (``cp.policy.grpo_update``).
     The GRPO knobs that older configs spell here (``epsilon_low``, ``kl_beta``, ``loss_type``,
     ``variant``, ...) are aliases of the fields of ``[grpo]``.
     """
@@ -104,6 +108,8 @@ class TrainPolicyConfig(Section):
     prompt_column_name: str = ""
     response_column_name: str = ""
     mini_batch: AtLeastOne = 1
+    # GRPO dynamic batching: micro-batches of rows x longest row <= this many tokens (None: mini_batch rows)
+    max_token_len_per_mini_batch: AtLeastOne | None = None
     sequence_packing: bool = True
     packing_budget: AtLeastOne | None = None
     packing_buffer: AtLeastOne = 32

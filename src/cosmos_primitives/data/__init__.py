@@ -24,6 +24,9 @@ _EXPORTS = {
     "repeat_batch": "prompt_inputs",
     "RolloutBatch": "rollout_batch",
     "collate_rollouts": "rollout_batch",
+    "token_budget_micro_batches": "token_budget",
+    "pad_micro_batch_count": "token_budget",
+    "padded_tokens": "token_budget",
     "ClipFolderDataset": "wfm_clips",
     "MockClipDataset": "wfm_clips",
     "HashingTextEmbedder": "wfm_clips",
@@ -146,6 +149,11 @@ if TYPE_CHECKING:  # pragma: no cover
         split_validation,
     )
     from cosmos_primitives.data.text_embeddings import precompute_clip_folder, reason_text_embeddings  # noqa: F401
+    from cosmos_primitives.data.token_budget import (  # noqa: F401
+        pad_micro_batch_count,
+        padded_tokens,
+        token_budget_micro_batches,
+    )
     from cosmos_primitives.data.video_folder import VideoFolderDataset  # noqa: F401
     from cosmos_primitives.data.video_sampling import SampledVideo, VideoDecodeError, sample_video  # noqa: F401
     from cosmos_primitives.data.wfm_prompts import WFMPromptSource  # noqa: F401

@@ -91,6 +91,54 @@ class RolloutBatch:
                             videos_per_row=self.videos_per_row[rows])
 
 
+    def lengths(self) -> torch.Tensor:
+        """``[N]`` int64 tokens of each row: one past its last ``attention_mask`` position (0 for an
+        empty row)."""
+        mask = self.inputs["attention_mask"].bool()
+        positions = torch.arange(1, mask.shape[1] + 1, device=mask.device)
+        return (mask * positions).amax(dim=1) if mask.shape[1] else mask.new_zeros(mask.shape[0], dtype=torch.int64)
+
+    def select(self, indices: Sequence[int]) -> RolloutBatch:
+        """The batch of rows ``indices`` (any rows, in that order; a token-budget micro-batch), its
+        columns cut to the longest of those rows (``[R, T']`` with ``T' = max lengths()[indices]``:
+        only padding is dropped). The media tensors keep the blocks those rows own, in row order,
+        as :meth:`rows` does.
+
+        Raises:
+            ValueError: no index, or one out of range.
+        """
+        index = [int(i) for i in indices]
+        if not index or min(index) < -len(self) or max(index) >= len(self):
+            raise ValueError(f"RolloutBatch.select: indices {index} must be a non-empty list of rows of a "
+                             f"{len(self)}-row batch")
+        index = [i % len(self) for i in index]
+        rows = torch.tensor(index, dtype=torch.long)
+        width = max(1, int(self.lengths()[rows.to(self.completion_mask.device)].max()))
+        device_rows = rows.to(self.completion_mask.device)
+        inputs = {k: v[device_rows, :width] for k, v in self.inputs.items() if k in PER_SEQUENCE_KEYS}
+        for (values_key, grid_key), per_row in zip(_MEDIA, (self.images_per_row, self.videos_per_row)):
+            if grid_key not in self.inputs or not int(per_row[rows].sum()):
+                continue
+            block_starts = torch.cat([per_row.new_zeros(1), per_row.cumsum(0)]).tolist()
+            patches = self.inputs[grid_key].prod(dim=-1)
+            patch_starts = torch.cat([patches.new_zeros(1), patches.cumsum(0)]).tolist()
+            blocks = [b for i in index for b in range(block_starts[i], block_starts[i + 1])]
+            patch_rows = [p for b in blocks for p in range(patch_starts[b], patch_starts[b + 1])]
+            values = self.inputs[values_key]
+            inputs[values_key] = values[torch.tensor(patch_rows, dtype=torch.long, device=values.device)]
+            grid = self.inputs[grid_key]
+            block_index = torch.tensor(blocks, dtype=torch.long, device=grid.device)
+            inputs[grid_key] = grid[block_index]
+            if grid_key == "video_grid_thw" and "second_per_grid_ts" in self.inputs:
+                seconds = self.inputs["second_per_grid_ts"]
+                inputs["second_per_grid_ts"] = seconds[block_index.to(seconds.device)]
+        return RolloutBatch(inputs=inputs, completion_mask=self.completion_mask[device_rows, :width],
+                            rollout_logprobs=self.rollout_logprobs[device_rows, :width],
+                            group_index=self.group_index[rows], completion_lengths=self.completion_lengths[rows],
+                            weight_versions=self.weight_versions[rows], images_per_row=self.images_per_row[rows],
+                            videos_per_row=self.videos_per_row[rows])
+
+
 def collate_rollouts(groups: Sequence[RolloutGroup], processor: Any, pad_token_id: int | None = None) -> RolloutBatch:
     """Build the training batch of ``groups`` (every group must hold the same number of completions).
 

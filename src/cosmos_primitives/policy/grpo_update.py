@@ -21,7 +21,7 @@ import attrs
 import torch
 
 from cosmos_primitives.algo.aggregation import dp_mean_token_count
-from cosmos_primitives.algo.grpo_loss import grpo_loss, grpo_token_loss
+from cosmos_primitives.algo.grpo_loss import grpo_loss, grpo_token_loss, resolve_loss_type
 from cosmos_primitives.algo.logprobs import ScoredPositions, TokenLogProbs, scored_positions
 from cosmos_primitives.algo.prefix_filter import mask_shared_prefixes
 from cosmos_primitives.algo.rollout_correction import rollout_mismatch_metrics
@@ -29,6 +29,7 @@ from cosmos_primitives.config.grpo import GRPOConfig
 from cosmos_primitives.config.policy import PolicyConfig
 from cosmos_primitives.config.train import TrainConfig
 from cosmos_primitives.data.rollout_batch import RolloutBatch
+from cosmos_primitives.data.token_budget import pad_micro_batch_count, token_budget_micro_batches
 from cosmos_primitives.parallel.grad_norm import clip_grad_norm_
 from cosmos_primitives.parallel.mesh import ParallelMesh
 from cosmos_primitives.policy.build import build_policy
@@ -73,18 +74,22 @@ class GRPOUpdateSettings:
     mini_batch: int = 1  # [train.train_policy] mini_batch: rows per forward / backward
     grad_norm_clip: float = 1.0  # [train] optm_grad_norm_clip (<= 0: no clipping)
     nonfinite: str = "stop"  # [train] nonfinite: "stop" or "skip" a step whose loss or gradient norm is not finite
+    # [train.train_policy] max_token_len_per_mini_batch: micro-batches by a token budget instead of mini_batch rows
+    max_token_len_per_mini_batch: int | None = None
 
     @classmethod
     def from_config(cls, cfg: Config) -> GRPOUpdateSettings:
         """The settings a run's config gives: ``[grpo]``, the trainer-side temperature (``[grpo]
         temperature``, cosmos-rl's ``train_policy.temperature``; unset: ``[rollout.sampling_config]
         temperature``), the sampler's ``top_k`` / ``top_p``, ``[policy] logprob_chunk_size``,
-        ``[train.train_policy] mini_batch``, ``[train] optm_grad_norm_clip`` and ``nonfinite``."""
+        ``[train.train_policy] mini_batch`` and ``max_token_len_per_mini_batch``, ``[train]
+        optm_grad_norm_clip`` and ``nonfinite``."""
         sampling = cfg.rollout.sampling_config
         temperature = cfg.grpo.temperature if cfg.grpo.temperature is not None else sampling.temperature
         return cls(grpo=cfg.grpo, temperature=temperature, top_k=sampling.top_k, top_p=sampling.top_p,
                    logprob_chunk_size=cfg.policy.logprob_chunk_size, mini_batch=cfg.train.train_policy.mini_batch,
-                   grad_norm_clip=cfg.train.optm_grad_norm_clip, nonfinite=cfg.train.nonfinite)
+                   grad_norm_clip=cfg.train.optm_grad_norm_clip, nonfinite=cfg.train.nonfinite,
+                   max_token_len_per_mini_batch=cfg.train.train_policy.max_token_len_per_mini_batch)
 
 
 def grpo_reference(policy: torch.nn.Module, device: torch.device | str, mesh: ParallelMesh | None = None, *,
@@ -101,6 +106,10 @@ def grpo_reference(policy: torch.nn.Module, device: torch.device | str, mesh: Pa
     return build_policy(policy_cfg, mesh, device=device, train=train, frozen=True)
 
 
+_ROW_MEAN_LOSSES = ("seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm")
+"""The built-in aggregations that average over a micro-batch's rows (``[grpo] loss_type``)."""
+
+
 def _logprobs(model: torch.nn.Module, batch: RolloutBatch, rows: slice, positions: ScoredPositions, *,
               temperature: float, chunk_size: int, top_k: int = -1, top_p: float = 1.0) -> TokenLogProbs:
     """Log-probs of the completion tokens of ``batch`` rows ``rows``: ``[rows, T]`` float32."""
@@ -111,6 +120,55 @@ def _logprobs(model: torch.nn.Module, batch: RolloutBatch, rows: slice, position
 def _context_parallel(policy: torch.nn.Module) -> bool:
     group = getattr(policy, "cp_group", None)
     return group is not None and torch.distributed.get_world_size(group) > 1
+
+
+def _micro_batches(batch: RolloutBatch, advantages: torch.Tensor, settings: GRPOUpdateSettings, policy: torch.nn.Module,
+                   dp_group: Any) -> tuple[list[RolloutBatch], list[torch.Tensor], list[float], list[bool]]:
+    """The micro-batches of one update: ``(batches, their advantages, loss scales, padding flags)``.
+
+    ``settings.max_token_len_per_mini_batch`` unset: contiguous runs of ``mini_batch``
+    rows at the batch's full width. Set: :func:`cp.data.token_budget_micro_batches` of the rows'
+    lengths with that budget per context-parallel rank (times the CP size, as cosmos-rl), each cut
+    to its longest row, the count raised to the most of any rank of ``dp_group`` with padding
+    micro-batches (the shortest row with nothing to train) so every rank runs the same collectives.
+
+    The loss equals the fixed-row-count one: ``token-mean`` divides by the all-reduced token count
+    whatever the grouping; the sequence means average over a micro-batch's rows, so a micro-batch of
+    ``R`` rows is scaled by ``R / mini_batch``: every row weighs ``1 / mini_batch``, as in
+    micro-batches of ``mini_batch`` rows (exactly when ``mini_batch`` divides the batch).
+    """
+    micro = max(1, settings.mini_batch)
+    budget = settings.max_token_len_per_mini_batch
+    if budget is None:
+        parts = [batch.subset(slice(i, min(i + micro, len(batch)))) for i in range(0, len(batch), micro)]
+        advantages_of = [advantages[i : i + micro] for i in range(0, len(batch), micro)]
+        return parts, advantages_of, [1.0] * len(parts), [False] * len(parts)
+    loss_type = resolve_loss_type(settings.grpo)
+    if loss_type not in _ROW_MEAN_LOSSES and loss_type != "token-mean":
+        raise ValueError(f"[train.train_policy] max_token_len_per_mini_batch: [grpo] loss_type '{loss_type}' is not "
+                         f"one whose loss is known not to depend on the micro-batching (token-mean, "
+                         f"{', '.join(_ROW_MEAN_LOSSES)}); unset max_token_len_per_mini_batch to use it")
+    if _context_parallel(policy):
+        budget *= torch.distributed.get_world_size(policy.cp_group)
+    lengths = batch.lengths().cpu()
+    index_lists = pad_micro_batch_count(token_budget_micro_batches(lengths.tolist(), budget), dp_group)
+    parts, advantages_of, scales, padding = [], [], [], []
+    for index in index_lists:
+        if index:
+            part = batch.select(index)
+        else:  # the rank's shortest row, masked out: the forward / backward run, nothing trains
+            part = batch.select([int(lengths.argmin())])
+            part = attrs.evolve(part, completion_mask=torch.zeros_like(part.completion_mask),
+                                rollout_logprobs=torch.zeros_like(part.rollout_logprobs))
+        rows = torch.tensor(index or [int(lengths.argmin())], dtype=torch.long, device=advantages.device)
+        part_advantages = advantages[rows]
+        if part_advantages.ndim == 2:
+            part_advantages = part_advantages[:, : part.completion_mask.shape[1]]
+        parts.append(part)
+        advantages_of.append(part_advantages)
+        scales.append(len(index) / micro if loss_type in _ROW_MEAN_LOSSES else 1.0)
+        padding.append(not index)
+    return parts, advantages_of, scales, padding
 
 
 def grpo_micro_batch_loss(
@@ -196,7 +254,9 @@ def grpo_update(policy: torch.nn.Module, reference: torch.nn.Module | None, opti
                 batch: RolloutBatch, advantages: torch.Tensor, settings: GRPOUpdateSettings,
                 dp_group: Any = None, *, step: int = 0) -> GRPOUpdate:
     """One GRPO update on ``batch``: ``[grpo] mu_iterations`` optimizer steps over its micro-batches
-    of ``settings.mini_batch`` rows (gradient clipped to ``settings.grad_norm_clip``).
+    of ``settings.mini_batch`` rows, or, with ``settings.max_token_len_per_mini_batch`` set, of rows
+    grouped by length under that token budget (``cp.data.token_budget_micro_batches``; the same loss
+    and gradient, less padding) (gradient clipped to ``settings.grad_norm_clip``).
 
     Log-probs are taken at ``settings.temperature`` (with its ``top_k`` / ``top_p``) in chunks of
     ``settings.logprob_chunk_size``. The PPO ratio's old policy is the engine's log-probs
@@ -234,8 +294,6 @@ def grpo_update(policy: torch.nn.Module, reference: torch.nn.Module | None, opti
                           or grpo.off_policy_masking_delta is not None)
     temperature, top_k, top_p = settings.temperature, settings.top_k, settings.top_p
     chunk = settings.logprob_chunk_size
-    micro = max(1, settings.mini_batch)
-    rows = [slice(i, min(i + micro, len(batch))) for i in range(0, len(batch), micro)]
     times: dict[str, float] = {}
     t0 = time.perf_counter()
     if grpo.min_filter_prefix_tokens is not None:  # shared prefixes of differently rewarded completions
@@ -247,47 +305,52 @@ def grpo_update(policy: torch.nn.Module, reference: torch.nn.Module | None, opti
     if float(token_count) == 0.0:  # every group of every rank was dropped (all-reduced: all ranks agree)
         return GRPOUpdate({}, 0.0, {"logprobs": time.perf_counter() - t0, "update": 0.0})
     device = batch.completion_mask.device
-    host_ids, host_mask = batch.inputs["input_ids"].cpu(), batch.completion_mask.cpu()
-    positions = [scored_positions(host_ids[r], mask=host_mask[r]).to(device) for r in rows]
-    shares = [float(host_mask[r].sum() / host_mask.sum()) for r in rows]  # of the metrics' token-weighted means
+    parts, part_advantages, scales, padding = _micro_batches(batch, advantages, settings, policy, dp_group)
+    host_parts = [(p.inputs["input_ids"].cpu(), p.completion_mask.cpu()) for p in parts]
+    positions = [scored_positions(ids, mask=mask).to(device) for ids, mask in host_parts]
+    total_tokens = max(1.0, sum(float(mask.sum()) for _, mask in host_parts))
+    shares = [float(mask.sum()) / total_tokens for _, mask in host_parts]  # of the metrics' token-weighted means
     # None: this update's first forward is the old policy (free when there is one iteration)
-    old = [batch.rollout_logprobs[r] for r in rows]
+    old = [p.rollout_logprobs for p in parts]
     with torch.no_grad():
         if behaviour_logprobs or grpo.old_logprobs == "recompute":
-            old = [_logprobs(policy, batch, r, p, temperature=temperature, chunk_size=chunk, top_k=top_k,
+            old = [_logprobs(policy, part, slice(None), p, temperature=temperature, chunk_size=chunk, top_k=top_k,
                              top_p=top_p).logprobs
-                   for r, p in zip(rows, positions, strict=True)] if grpo.mu_iterations > 1 else None
+                   for part, p in zip(parts, positions, strict=True)] if grpo.mu_iterations > 1 else None
         with adapters_disabled(policy.hf_model) if reference is policy else contextlib.nullcontext():
-            ref = [_logprobs(reference, batch, r, p, temperature=temperature, chunk_size=chunk, top_k=top_k,
-                             top_p=top_p).logprobs
-                   for r, p in zip(rows, positions, strict=True)] if reference is not None else None
+            ref = [_logprobs(reference, part, slice(None), p, temperature=temperature, chunk_size=chunk,
+                             top_k=top_k, top_p=top_p).logprobs
+                   for part, p in zip(parts, positions, strict=True)] if reference is not None else None
     if device.type == "cuda" and (old is not None or ref is not None):
         torch.cuda.synchronize(device)
     times["logprobs"] = time.perf_counter() - t0
 
     t0 = time.perf_counter()
-    micro_metrics: list[dict[str, torch.Tensor]] = []
+    micro_metrics: list[tuple[float, dict[str, torch.Tensor]]] = []  # (token share, metrics)
     for iteration in range(grpo.mu_iterations):
         iteration_loss = torch.zeros((), device=advantages.device)
-        for i, r in enumerate(rows):
+        for i, part in enumerate(parts):
             loss, metrics = grpo_micro_batch_loss(
-                policy, batch.rows(r), batch.completion_mask[r], advantages[r], grpo, positions=positions[i],
-                old_logprobs=old[i] if old else None, ref_logprobs=ref[i] if ref else None,
-                rollout_logprobs=batch.rollout_logprobs[r] if behaviour_logprobs else None,
+                policy, part.rows(slice(None)), part.completion_mask, part_advantages[i], grpo,
+                positions=positions[i], old_logprobs=old[i] if old else None, ref_logprobs=ref[i] if ref else None,
+                rollout_logprobs=part.rollout_logprobs if behaviour_logprobs else None,
                 token_count=token_count, temperature=temperature, top_k=top_k, top_p=top_p, chunk_size=chunk,
                 # the drift is measured against the weights at the start of the update: the first iteration
-                engine_logprobs=batch.rollout_logprobs[r] if iteration == 0 else None)
+                engine_logprobs=part.rollout_logprobs if iteration == 0 else None)
+            if scales[i] != 1.0:
+                loss = loss * scales[i]
             loss.backward()
             iteration_loss += loss.detach()
-            micro_metrics.append(metrics)
+            if not padding[i]:
+                micro_metrics.append((shares[i], metrics))
         grad_norm = clip_grad_norm_(policy.parameters(), settings.grad_norm_clip)
         # a NaN / inf loss or gradient stops the run ([train] nonfinite = "stop") or skips this step
         if check_finite(iteration_loss, grad_norm, step=step, mode=settings.nonfinite, group=dp_group):
             optimizer.step()
         optimizer.zero_grad(set_to_none=True)
-    values = iter(torch.stack([v for m in micro_metrics for v in m.values()]).tolist())
+    values = iter(torch.stack([v for _, m in micro_metrics for v in m.values()]).tolist())
     metric_sums: dict[str, float] = {}
-    for i, metrics in enumerate(micro_metrics):
+    for share, metrics in micro_metrics:
         for k in metrics:
             value = next(values)
             if k == "rollout_ratio_max":
@@ -295,9 +358,9 @@ def grpo_update(policy: torch.nn.Module, reference: torch.nn.Module | None, opti
             elif k == "rollout_ratio_min":
                 metric_sums[k] = min(metric_sums.get(k, float("inf")), value)
             elif k in MISMATCH_METRICS:  # first iteration only
-                metric_sums[k] = metric_sums.get(k, 0.0) + value * shares[i % len(rows)]
+                metric_sums[k] = metric_sums.get(k, 0.0) + value * share
             else:
-                metric_sums[k] = metric_sums.get(k, 0.0) + value * shares[i % len(rows)] / grpo.mu_iterations
+                metric_sums[k] = metric_sums.get(k, 0.0) + value * share / grpo.mu_iterations
     times["update"] = time.perf_counter() - t0
     return GRPOUpdate({k: metric_sums[k] for k in LOGGED_METRICS + MISMATCH_METRICS if k in metric_sums},
                       float(grad_norm), times)

@@ -184,7 +184,7 @@ RULE_LIST: tuple[Rule, ...] = (
     mapped('train.train_policy.aipo_rho', None, to='grpo.aipo_rho'),
     mapped('train.train_policy.mu_iterations', 1, to='grpo.mu_iterations'),
     refused('train.train_policy.batch_size_per_optimize', None, 'one optimizer step per GRPO step here: set train.train_batch_per_replica'),
-    ignored('train.train_policy.max_token_len_per_mini_batch', None, 'speed-only: token-budgeted mini-batches'),
+    mapped('train.train_policy.max_token_len_per_mini_batch', None, "(GRPO: micro-batches of rows of similar length, rows x longest row <= this budget per CP rank, the same loss; cosmos-rl counts unpadded tokens, ours the padded forward's)"),
     mapped('train.train_policy.entropy_coeff', 0.0, to='grpo.entropy_coeff'),
     mapped('train.train_policy.allowed_outdated_steps', 4, '(0 with on_policy; raised to train.sync_weight_interval - 1 when below it, as cosmos-rl)', to='grpo.allowed_outdated_steps'),
     mapped('train.train_policy.on_policy', False, '(true forces allowed_outdated_steps = 0, as cosmos-rl)', to='grpo.on_policy'),
