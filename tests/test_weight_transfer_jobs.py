@@ -448,7 +448,7 @@ def test_the_trainer_sends_each_bucket_once_however_many_members_wait(redis_url)
             for engine in engines:
                 assert _state(engine.named_parameters()) == _state(model.named_parameters())
             sent = server.metrics()["sync/bytes_served"] - before
-            assert sent == snapshot_bytes, f"the trainer sent {sent / snapshot_bytes:.1f} snapshots for {members} members"
+            assert sent == snapshot_bytes, f"trainer sent {sent / snapshot_bytes:.1f} snapshots to {members} members"
     finally:
         for client in clients:
             client.close()
