@@ -1,12 +1,12 @@
 """Rollout side of the weight transfer between jobs: fetch the trainer's newest snapshot.
 
 One :class:`WeightClient` per rollout process (a *member*, named by ``member_id``). It finds the
-serving trainer through ``<prefix>:weights:server`` in Redis, and each ``fetch()`` pushes a request
-and receives the newest snapshot over this member's pair group with the trainer's sending rank
-(see :mod:`~cosmos_primitives.sync.weight_server` for the protocol and the failure semantics).
-The pair is formed on the first fetch (the plan arrives and the transfer is checked bit for bit)
-and reused while it works; any failure drops it, and the next ``fetch()`` forms a new one with a
-new nonce, against whichever trainer serves then (a restarted trainer has a new session).
+serving trainer through ``<prefix>:weights:server`` in Redis; each ``fetch()`` marks itself live in
+the trainer's store, pushes a request, and receives the newest snapshot in the round the trainer
+assigns it to: a relay chain of the trainer and the members that asked at about the same time,
+where this member passes each bucket on to the next one (see
+:mod:`~cosmos_primitives.sync.weight_server` for the protocol and the failure semantics). The
+plan arrives, and the transfer is checked bit for bit, on the first fetch and after any failure.
 """
 
 from __future__ import annotations
@@ -54,12 +54,12 @@ class WeightClient:
         member_id: this process's name among the members (e.g. ``f"{job}-{rank}"``); a restarted
             process may reuse it.
         engine: the engine whose ``weight_version`` follows a module ``target``.
-        timeout_s: bound of every step of a fetch (store connection, pair formation, each transfer
-            operation).
+        timeout_s: bound of every step of a fetch (store connection, waiting for its round,
+            forming the round's group, each transfer operation).
         strict: every parameter of a module target must be fed.
         poll_s: how often ``wait_for_server`` looks at Redis.
         read_back: ``name -> tensor`` for the check of a ``RolloutEngine`` target's first transfer
-            over each pair (as ``WeightReceiver`` takes it).
+            in each round that carries the plan (as ``WeightReceiver`` takes it).
         secret: the run secret (default: ``$COSMOS_RUN_SECRET`` / ``$COSMOS_RUN_SECRET_FILE``);
             the trainer's. Records, requests and digests are signed with it, and every bucket is
             checked against the trainer's signed SHA-256 before it is loaded.

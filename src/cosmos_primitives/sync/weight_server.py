@@ -14,27 +14,31 @@ Serving (sending rank, background threads):
   address, newest version; signed) alive with a heartbeat (expiry ``max(5 s, 5 * heartbeat_s)``);
 - each publish stores the SHA-256 of every bucket, signed, under
   ``<prefix>:weights:digests:<session>:<version>``; members check each bucket before loading it;
-- a member's ``fetch()`` pushes a signed request (member id, nonce) to
-  ``<prefix>:weights:requests:<session>``; a dispatcher thread pops it, drops it unless it is
-  signed with the run secret, recent and never seen before, and hands it to that member's pair
-  thread: a two-member process group (sender rank 0, member rank 1; gloo on CPU, NCCL on CUDA)
-  formed over ``PrefixStore(member/nonce)`` of the store (a view of the store's table in this
-  process, so a member that never shows up delays no other pair and holds no socket here), kept
-  for later fetches with the same nonce. At most ``max_members`` pairs exist at once;
-- each request is answered with the newest snapshot, in the broadcast wire protocol (the plan
-  and a checksum round on a pair's first transfer), so a member that fell behind skips the
+- a member's ``fetch()`` sets a presence key in the store (it is connected: *live*) and pushes a
+  signed request (member id, nonce, whether it lacks the plan) to
+  ``<prefix>:weights:requests:<session>``; a dispatcher thread pops it and drops it unless it is
+  signed with the run secret, recent and never seen before;
+- a round thread gathers the live requests into a *round* (when every member of the last
+  successful rounds has asked, or ``max_members`` have, or ``gather_s`` after the oldest), tells
+  each member its rank in the store, and forms one process group of the trainer (rank 0) and the
+  round's members (gloo on CPU, NCCL on CUDA) over ``PrefixStore(round/<id>)`` of the store (a
+  view of the store's table in this process); the group is a relay chain
+  (:class:`~cosmos_primitives.sync.stateless_group.RelayGroup`): each bucket leaves the trainer
+  once and every member passes it on to the next, so the trainer's sends per version do not grow
+  with the members;
+- each round carries the newest snapshot, in the broadcast wire protocol (the plan and a checksum
+  round when a member of the round lacks the plan), so a member that fell behind skips the
   versions in between.
 
-Failure semantics: every pair operation, formation included, is bounded by ``timeout_s``. A pair
-that fails (the member died, even mid-transfer, or stalled) is dropped and its thread ends; the
-member forms a new pair (new nonce) on its next fetch. Other members' pairs are separate groups
-on separate threads and keep being served. ``publish`` never waits for a member: it waits at most
-``timeout_s`` for transfers still reading the snapshot before the current one (whose buffers it
-reuses: two snapshots at most, double buffering); past that it allocates fresh buffers.
-``close()`` answers the requests already routed to a pair, then aborts every pair group (a
-member waiting on one gets an error: its ``fetch()`` raises
-:class:`~cosmos_primitives.sync.transfer_protocol.WeightTransferError`), removes the Redis record
-and stops the store.
+Failure semantics: every round operation, formation included, is bounded by ``timeout_s``. A
+round that fails (a member died, even mid-transfer, or stalled) ends for all its members, who ask
+again; rounds run on threads of their own, so other rounds keep being served. A request whose
+member never shows up in the store joins no round and expires after ``timeout_s``. ``publish``
+never waits for a member: it waits at most ``timeout_s`` for rounds still reading the snapshot
+before the current one (whose buffers it reuses: two snapshots at most, double buffering); past
+that it allocates fresh buffers. ``close()`` lets rounds under way end, removes the Redis record
+and stops the store (a member still waiting for its round gets an error:
+:class:`~cosmos_primitives.sync.transfer_protocol.WeightTransferError`).
 
 Memory on the sender: two snapshots (the model in wire dtype, on the trainer's device) plus one
 gathered full parameter at a time during ``publish``.
@@ -282,7 +286,7 @@ class WeightServer:
         pipe.execute()
 
     def _dispatch(self) -> None:
-        """Pop requests, route them to their member's pair; renew the record between them."""
+        """Pop requests, queue them for a round; renew the record between them."""
         assert self._redis is not None
         key = requests_key(self.prefix, self.session)
         next_beat = 0.0
