@@ -20,9 +20,11 @@ only times and orders the steps: the transfer itself uses the pair group.
 
 ``--members 1 2 4``: the trainer's cost per version as rollout jobs are added. For each count ``k``,
 one trainer process and ``k`` member processes (gloo over loopback); per version the trainer publishes,
-then every member fetches at once. Reported per ``k`` (median over ``--repeats`` versions): the
-trainer's ``publish`` time, the time until the last member holds the version (the trainer's serving
-threads are busy for all of it), the bytes the trainer sent for the version, and each against ``k = 1``.
+then every member fetches at once (one round: the members form a relay chain with the trainer).
+Reported per ``k`` (median over ``--repeats`` versions): the trainer's ``publish`` time, the
+trainer's send time for the version (``sync/serve_s``), the time until the last member holds it
+(the chain: each member passes the buckets on), the bytes that left the trainer for the version
+(``sync/bytes_served``, measured), and each against ``k = 1``.
 """
 
 from __future__ import annotations
@@ -104,26 +106,35 @@ def _bench_members(url: str, total_mb: float, repeats: int, bucket_mb: int, thre
     model = module_with(shapes_of_size(total_mb), torch.bfloat16, "cpu", fill=rank == 0)
     prefix = f"bench:members{members}"
     if rank == 0:
-        server = WeightServer(model, url, prefix, bucket_bytes=bucket_mb << 20, timeout_s=600)
+        # a round starts once every member asks (max_members), or when all known members do
+        server = WeightServer(model, url, prefix, bucket_bytes=bucket_mb << 20, timeout_s=600, max_members=members,
+                              gather_s=60.0)
         server.publish(0)
     dist.barrier()
     client = None
     if rank > 0:
         client = WeightClient(model, url, prefix, member_id=f"member{rank}", timeout_s=600)
-        client.fetch()  # pair formation + plan + check, not timed
-    times: dict[str, list[float]] = {"publish": [], "all members hold it": []}
-    sent: list[int] = []
+        client.fetch()  # plan + check, not timed
+    times: dict[str, list[float]] = {"publish": [], "trainer sends": [], "all members hold it": []}
+    sent: list[float] = []
     for version in range(1, repeats + 1):
         dist.barrier()
         start = time.perf_counter()
         if rank == 0:
-            sent.append(server.publish(version).bytes_moved * members)  # one copy per member's pair
+            server.publish(version)
+            before = server.metrics()
         times["publish"].append(_slowest(time.perf_counter() - start if rank == 0 else 0.0))
         dist.barrier()
         start = time.perf_counter()
         if client is not None:
             assert client.fetch().version == version
         times["all members hold it"].append(_slowest(time.perf_counter() - start))
+        serve_s = 0.0
+        if rank == 0:  # measured on the trainer: its send time and the bytes that left it for this version
+            after = server.metrics()
+            serve_s = after["sync/serve_s"] - before["sync/serve_s"]
+            sent.append(after["sync/bytes_served"] - before["sync/bytes_served"])
+        times["trainer sends"].append(_slowest(serve_s))
     dist.barrier()
     if client is not None:
         client.close()
@@ -171,13 +182,15 @@ def members_scaling(args: argparse.Namespace) -> None:
           f"{os.getloadavg()[0]:.1f}, {time.strftime('%Y-%m-%d %H:%M %Z')}")
     base = {key: statistics.median(v) for key, v in rows[args.members[0]]["times"].items()}
     base_sent = statistics.median(rows[args.members[0]]["sent"])
-    print(f"{'members':>7}  {'publish s':>9} {'x':>5}  {'all hold it s':>13} {'x':>5}  "
-          f"{'trainer sent MB':>15} {'x':>5}")
+    print(f"{'members':>7}  {'publish s':>9} {'x':>5}  {'trainer sends s':>15} {'x':>5}  {'all hold it s':>13} "
+          f"{'x':>5}  {'trainer sent MB':>15} {'x':>5}")
     for k, row in rows.items():
-        publish, held = (statistics.median(row["times"][key]) for key in ("publish", "all members hold it"))
+        publish, sends, held = (statistics.median(row["times"][key])
+                                for key in ("publish", "trainer sends", "all members hold it"))
         sent = statistics.median(row["sent"])
-        print(f"{k:>7}  {publish:9.3f} {publish / base['publish']:5.2f}  {held:13.3f} "
-              f"{held / base['all members hold it']:5.2f}  {sent / 1e6:15.1f} {sent / base_sent:5.2f}")
+        print(f"{k:>7}  {publish:9.3f} {publish / base['publish']:5.2f}  {sends:15.3f} "
+              f"{sends / base['trainer sends']:5.2f}  {held:13.3f} {held / base['all members hold it']:5.2f}  "
+              f"{sent / 1e6:15.1f} {sent / base_sent:5.2f}")
 
 
 if __name__ == "__main__":

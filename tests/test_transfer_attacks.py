@@ -226,9 +226,10 @@ def _fds() -> int:
 
 
 def test_ghost_members_are_capped_and_their_logs_rate_limited(redis_url, caplog):
-    """700 authentic requests from member ids that never form their pair: the trainer holds at most
-    ``max_members`` (64) pairs (threads, and the descriptors of a forming gloo group, no store
-    socket), logs a handful of lines, and a real member still fetches within its timeout."""
+    """700 authentic requests from member ids that never show up in the store: the trainer keeps at
+    most ``max_members`` (64) of them waiting (no thread, no gloo group, no store socket each),
+    refuses the rest, logs a handful of lines, and a real member still fetches within its timeout
+    once they expired."""
     timeout = 3.0
     model = TinyQwen2Like(seed=0)
     server = WeightServer(model, redis_url, PREFIX, bucket_bytes=512, timeout_s=timeout, heartbeat_s=0.2)
@@ -244,11 +245,11 @@ def test_ghost_members_are_capped_and_their_logs_rate_limited(redis_url, caplog)
         peak_threads, peak_fds = threading.active_count() - threads0, _fds() - fds0
         assert server.metrics()["sync/members"] <= 64
         assert peak_threads <= 64 + 4, f"{peak_threads} new threads for 700 ghost requests"
-        # a forming gloo group holds a few descriptors (listener, epoll, events): bounded by the pairs
+        # a forming gloo group holds a few descriptors (listener, epoll, events): bounded by the rounds
         assert peak_fds <= 6 * 64, f"{peak_fds} new file descriptors for 700 ghost requests"
         assert server.metrics()["sync/members_refused"] >= 700 - 64
         member = WeightClient(TinyQwen2Like(seed=1), redis_url, PREFIX, member_id="real", timeout_s=timeout)
-        _wait_for(lambda: server.metrics()["sync/members"] == 0, seconds=3 * timeout)  # the ghosts' pairs expire
+        _wait_for(lambda: server.metrics()["sync/members"] == 0, seconds=3 * timeout)  # the ghosts' requests expire
         assert member.fetch().version == 0
         member.close()
         lines = [rec for rec in caplog.records if rec.name.startswith("cosmos_primitives.sync")]

@@ -12,8 +12,9 @@ process starts).
 
 A second, fast test runs the server and its members on threads of the test process (the same
 groups and protocol, no process starts) through the failure cases: a member that asks and never
-shows up, one that stalls mid-transfer, a restarted member id, idle pairs, a trainer that closed
-or died, and a restarted trainer. The model is ``test_sync_broadcast``'s plain-torch Qwen2
+shows up, one that stalls mid-transfer, a restarted member id, a trainer that closed or died, and
+a restarted trainer. Another has three members wait for each of two versions: the bytes leaving
+the trainer per version are one snapshot (the relay chain). The model is ``test_sync_broadcast``'s plain-torch Qwen2
 look-alike, which keeps ``transformers`` out of the spawned processes.
 
 Another holds a snapshot as a slow member's transfer does while two publishes go by: the one
@@ -49,7 +50,7 @@ from cosmos_primitives.testing import run_distributed
 from test_sync_broadcast import VOCAB, TinyQwen2Like, _state
 
 PREFIX = "cosmos:transfer-test"
-TIMEOUT_S = 5.0  # the pair timeout of both sides
+TIMEOUT_S = 5.0  # the round timeout of both sides
 SLACK_S = 5.0
 
 
@@ -311,23 +312,23 @@ def test_weight_server_serves_members_and_bounds_a_stalled_one(redis_url):
         assert (first.version, first.verified, a.weight_version, holder.weight_version) == (0, True, 0, 0)
         assert _state(engine_model.named_parameters()) == _state(model.named_parameters())
 
-        # a malformed or unsigned request is dropped; a member that asks (signed) and never forms
-        # its pair delays no other member's first fetch
+        # a malformed or unsigned request is dropped; a member that asks (signed) and never shows up in
+        # the store (is never live) delays no other member's first fetch
         ghost = redis.Redis.from_url(redis_url)
         key = f"{PREFIX}:weights:requests:{server.session}"
         ghost.rpush(key, b"not json", b'{"member": "ghost", "nonce": "n0"}',
                     RunSecret.from_env().sign(key, b'{"member": "ghost", "nonce": "n0"}'))
         ghost.close()
         _wait_for(lambda: server.metrics()["sync/rejected_requests"] == 2)
-        time.sleep(0.3)  # the ghost's pair thread now waits for it in the store
+        time.sleep(0.3)  # the ghost's request now waits for it to show up in the store
         other = WeightClient(TinyQwen2Like(seed=3), redis_url, PREFIX, member_id="other", timeout_s=timeout)
         clients.append(other)
         start = time.monotonic()
         assert other.fetch().version == 0 and time.monotonic() - start < timeout / 2
-        _wait_for(lambda: server.metrics()["sync/transfer_failures"] == 1)  # the ghost's pair, after `timeout`
+        _wait_for(lambda: server.metrics()["sync/transfer_failures"] == 1)  # the ghost's request, after `timeout`
         assert "'ghost'" in server.last_failure
 
-        # versions published since the last fetch are skipped; the pair is reused (no new check)
+        # versions published since the last fetch are skipped; the plan is kept (no new check)
         for version in (1, 2, 3):
             with torch.no_grad():
                 model.model.layers[0].mlp.up_proj.weight.mul_(1.5)
@@ -343,7 +344,7 @@ def test_weight_server_serves_members_and_bounds_a_stalled_one(redis_url):
 
         # a member stalled mid-transfer holds snapshot 3: the next publish reuses snapshot 2's
         # buffers at once, the one after waits for snapshot 3 at most `timeout` (then takes fresh
-        # buffers); the stalled pair's own operation timeout drops it
+        # buffers); the stalled round's own operation timeout ends it
         held = _HeldEngine()
         stalled = WeightClient(held, redis_url, PREFIX, member_id="stalled", timeout_s=timeout,
                                read_back=held.weights.__getitem__)
@@ -354,7 +355,7 @@ def test_weight_server_serves_members_and_bounds_a_stalled_one(redis_url):
             model.model.norm.weight.add_(1.0)
         assert server.publish(4).seconds < timeout
         assert server.publish(5).seconds < timeout + 3.0
-        _wait_for(lambda: server.metrics()["sync/transfer_failures"] == 2)  # the pair's own op timeout
+        _wait_for(lambda: server.metrics()["sync/transfer_failures"] == 2)  # the round's own op timeout
         assert "'stalled'" in server.last_failure
         result = a.fetch()  # the other member is served meanwhile
         assert result.version == 5 and _state(engine_model.named_parameters()) == _state(model.named_parameters())
@@ -362,22 +363,22 @@ def test_weight_server_serves_members_and_bounds_a_stalled_one(redis_url):
         stalled_thread.join(30)
         assert isinstance(stalled_box[0], WeightTransferError) and "'stalled'" in str(stalled_box[0])
         assert stalled.weight_version == held.weight_version == -1  # part of version 3 was written
-        # its next fetch forms a new pair (checked again) and loads the current version
+        # its next fetch gets the plan again (checked) and loads the current version
         held.inside.clear()
         result = stalled.fetch()
         assert (result.version, result.verified, held.weight_version) == (5, True, 5)
         assert _state(held.weights.items()) == _state(model.named_parameters())
 
-        # a restarted member with the same id replaces the old pair; a fetch over the replaced pair
-        # fails and is tried again over a new one
+        # a restarted member with the same id gets the plan and the checked transfer again; the
+        # other process with that id is unaffected (each fetch is a round of its own)
         restarted_model = TinyQwen2Like(seed=2)
         restarted = WeightClient(restarted_model, redis_url, PREFIX, member_id="a", timeout_s=timeout)
         clients.append(restarted)
         assert restarted.fetch().verified
         assert _state(restarted_model.named_parameters()) == _state(model.named_parameters())
-        assert a.fetch().verified and a.weight_version == 5
+        assert not a.fetch().verified and a.weight_version == 5
         _wait_for(lambda: server.metrics()["sync/transfers"] == 7)
-        _wait_for(lambda: server.metrics()["sync/members"] == 3)  # a, other, stalled; the replaced pair ends
+        _wait_for(lambda: server.metrics()["sync/members"] == 0)  # nobody waits or is in a round
         metrics = server.metrics()
         assert metrics["sync/published_version"] == 5.0 and metrics["sync/transfer_failures"] == 2.0
     finally:
@@ -401,8 +402,7 @@ def test_weight_server_serves_members_and_bounds_a_stalled_one(redis_url):
         a.wait_for_server(timeout_s=0.5)  # the record alone is not a serving trainer
     with torch.no_grad():
         model.model.norm.weight.add_(1.0)
-    again = WeightServer(model, redis_url, PREFIX, bucket_bytes=512, timeout_s=timeout, heartbeat_s=0.2,
-                         idle_timeout_s=0.5)
+    again = WeightServer(model, redis_url, PREFIX, bucket_bytes=512, timeout_s=timeout, heartbeat_s=0.2)
     try:
         again.publish(5)  # a restarted trainer at a version the member has: new weights all the same
         result = a.refresh()
@@ -411,16 +411,48 @@ def test_weight_server_serves_members_and_bounds_a_stalled_one(redis_url):
         result = a.fetch()
         assert (result.version, result.verified) == (6, False)
         assert _state(engine_model.named_parameters()) == _state(model.named_parameters())
-        # an idle pair is dropped by the trainer; the member's next fetch re-forms it at once
-        _wait_for(lambda: again.metrics()["sync/idle_drops"] == 1 and again.metrics()["sync/members"] == 0)
         again.publish(7)
         start = time.monotonic()
         result = a.fetch()
-        assert (result.version, result.verified) == (7, True) and time.monotonic() - start < timeout
+        assert (result.version, result.verified) == (7, False) and time.monotonic() - start < timeout
     finally:
         again.close()
         for client in clients:
             client.close()
+
+
+def test_the_trainer_sends_each_bucket_once_however_many_members_wait(redis_url):
+    """K members waiting for a version: the bytes leaving the trainer are one snapshot, not K (the
+    trainer's cost per version does not grow with the rollout jobs); every member holds it exactly,
+    the first time (plan and check) and again for a later version."""
+    from cosmos_primitives.sync import WeightClient, WeightServer
+
+    members = 3
+    model = TinyQwen2Like(seed=0)
+    server = WeightServer(model, redis_url, PREFIX, bucket_bytes=512, timeout_s=TIMEOUT_S, heartbeat_s=0.2,
+                          max_members=members, gather_s=60.0)  # a round starts once all ``members`` ask
+    engines = [TinyQwen2Like(seed=1 + i) for i in range(members)]
+    clients = [WeightClient(e, redis_url, PREFIX, member_id=f"m{i}", timeout_s=TIMEOUT_S)
+               for i, e in enumerate(engines)]
+    try:
+        for version in (0, 1):
+            with torch.no_grad():
+                model.model.norm.weight.add_(1.0)
+            snapshot_bytes = server.publish(version).bytes_moved
+            before = server.metrics()["sync/bytes_served"]
+            runs = [_in_thread(c.fetch) for c in clients]
+            for thread, box in runs:
+                thread.join(60)
+                assert not isinstance(box[0], Exception), box[0]
+                assert box[0].version == version and box[0].verified == (version == 0)
+            for engine in engines:
+                assert _state(engine.named_parameters()) == _state(model.named_parameters())
+            sent = server.metrics()["sync/bytes_served"] - before
+            assert sent == snapshot_bytes, f"trainer sent {sent / snapshot_bytes:.1f} snapshots to {members} members"
+    finally:
+        for client in clients:
+            client.close()
+        server.close()
 
 
 def test_a_publish_that_stops_waiting_for_a_slow_reader_leaves_its_snapshot_whole(redis_url):

@@ -4,7 +4,7 @@ The weight server takes a snapshot when the trainer publishes (the gathers are c
 the trainer ranks) and serves it afterwards, to any number of members, at any time, while the
 trainer keeps training: the snapshot is the bucket buffers of the in-job broadcast, filled once
 and kept. Sending it speaks the same wire protocol as
-:class:`~cosmos_primitives.sync.broadcast.WeightBroadcaster` (header, plan on a pair's first
+:class:`~cosmos_primitives.sync.broadcast.WeightBroadcaster` (header, plan on a group's first
 transfer, buckets, checksums on a checked transfer), so a
 :class:`~cosmos_primitives.sync.broadcast.WeightReceiver` receives it unchanged.
 """
@@ -102,7 +102,7 @@ def send_snapshot(snapshot: WeightSnapshot, plan: SendPlan, group: SyncGroup, *,
     ``WeightReceiver.sync()``).
 
     Args:
-        with_plan: send the plan first (the pair's first transfer).
+        with_plan: send the plan first (a receiver of the group lacks it).
         verify: end with the checksum round (raises ``WeightMismatchError`` when a receiver differs).
     """
     start = time.perf_counter()

@@ -19,7 +19,9 @@ import contextlib
 import os
 import socket
 from datetime import timedelta
+from typing import Any
 
+import torch
 import torch.distributed as dist
 
 from cosmos_primitives.sync.broadcast import SyncGroup
@@ -109,27 +111,123 @@ def pair_group(store: dist.Store, key: str, rank: int, *, device_type: str, time
     Raises:
         RuntimeError / DistStoreError: the other side did not arrive within ``timeout_s``.
     """
-    prefixed = dist.PrefixStore(f"pair/{key}/", store)
+    group = _backend_group(dist.PrefixStore(f"pair/{key}/", store), rank, 2, device_type, timeout_s, peer_host)
+    return SyncGroup(group, 0, (0, 1), rank, stateless=True)
+
+
+def _backend_group(store: dist.Store, rank: int, size: int, device_type: str, timeout_s: float,
+                   peer_host: str) -> Any:
+    """A gloo / NCCL process group of ``size`` ranks on ``store``, registered in no world."""
     timeout = timedelta(seconds=timeout_s)
     if device_type == "cuda":
         options = dist.ProcessGroupNCCL.Options()
         options._timeout = timeout
-        group = dist.ProcessGroupNCCL(prefixed, rank, 2, options)
-    else:
-        local = ""
-        if peer_host and not os.environ.get("GLOO_SOCKET_IFNAME"):
-            local = local_address_toward(peer_host)
-        if local:
-            options = dist.ProcessGroupGloo._Options()
-            options._devices = [dist.ProcessGroupGloo.create_device(hostname=local)]
-            options._timeout = timeout
-            group = dist.ProcessGroupGloo(prefixed, rank, 2, options)
+        return dist.ProcessGroupNCCL(store, rank, size, options)
+    local = ""
+    if peer_host and not os.environ.get("GLOO_SOCKET_IFNAME"):
+        local = local_address_toward(peer_host)
+    if local:
+        options = dist.ProcessGroupGloo._Options()
+        options._devices = [dist.ProcessGroupGloo.create_device(hostname=local)]
+        options._timeout = timeout
+        return dist.ProcessGroupGloo(store, rank, size, options)
+    return dist.ProcessGroupGloo(store, rank, size, timeout)
+
+
+class _Relayed:
+    """A member's receive of one relayed tensor; ``wait()`` also passes it on to the next member."""
+
+    def __init__(self, relay: RelayGroup, t: torch.Tensor, tag: int, work: Any) -> None:
+        self._relay, self._t, self._tag, self._work = relay, t, tag, work
+
+    def wait(self) -> bool:
+        self._work.wait()
+        relay = self._relay
+        if relay.rank + 1 < relay.size:
+            relay._forwards.append((self._t, relay.group.send([self._t], relay.rank + 1, self._tag)))
+        return True
+
+
+class RelayGroup:
+    """A chain over ``size`` ranks: the sender (rank 0) sends each tensor to rank 1 only, and rank
+    ``i`` passes what it received on to rank ``i + 1``. Stands in for a
+    :class:`~cosmos_primitives.sync.broadcast.SyncGroup` (``broadcast``, ``max_of``), so the
+    weight wire protocol runs over it unchanged while the bytes leaving the sender do not grow
+    with the members.
+
+    Each ``broadcast`` call is matched by position (every rank makes the same calls in the same
+    order: the protocol does), using its ordinal as the point-to-point tag. A forward is sent
+    asynchronously; a tensor is never received into storage that a pending forward still reads,
+    and :meth:`flush` waits for every forward (call it before dropping the group).
+    """
+
+    stateless = True
+    src = 0
+
+    def __init__(self, group: Any, rank: int, size: int) -> None:
+        self.group, self.rank, self.size = group, rank, size
+        self.ranks = tuple(range(size))
+        self._tag = 0
+        self._forwards: list[tuple[torch.Tensor, Any]] = []
+
+    @property
+    def is_member(self) -> bool:
+        return True
+
+    @property
+    def is_src(self) -> bool:
+        return self.rank == 0
+
+    def broadcast(self, t: torch.Tensor, async_op: bool = False) -> Any:
+        """Send ``t`` down the chain (rank 0) or receive it in place and pass it on (the others)."""
+        tag, self._tag = self._tag, self._tag + 1
+        if self.rank == 0:
+            work: Any = self.group.send([t], 1, tag) if self.size > 1 else None
         else:
-            group = dist.ProcessGroupGloo(prefixed, rank, 2, timeout)
-    return SyncGroup(group, 0, (0, 1), rank, stateless=True)
+            storage = t.untyped_storage().data_ptr()
+            keep = []
+            for tensor, forward in self._forwards:
+                if tensor.untyped_storage().data_ptr() == storage:
+                    forward.wait()
+                else:
+                    keep.append((tensor, forward))
+            self._forwards = keep
+            work = _Relayed(self, t, tag, self.group.recv([t], self.rank - 1, tag))
+        if async_op:
+            return work
+        if work is not None:
+            work.wait()
+        return None
+
+    def max_of(self, flag: int, device: torch.device) -> int:
+        """Max of ``flag`` over every rank of the chain."""
+        self.flush()
+        t = torch.tensor([flag], dtype=torch.int64, device=device)
+        opts = dist.AllreduceOptions()
+        opts.reduceOp = dist.ReduceOp.MAX
+        self.group.allreduce([t], opts).wait()
+        return int(t.item())
+
+    def flush(self) -> None:
+        """Wait until every tensor received here has been passed on."""
+        while self._forwards:
+            self._forwards.pop(0)[1].wait()
 
 
-def drop_group(group: SyncGroup | None) -> None:
+def relay_group(store: dist.Store, key: str, rank: int, size: int, *, device_type: str, timeout_s: float,
+                peer_host: str = "") -> RelayGroup:
+    """Form the relay chain named ``key`` of ``size`` ranks (every rank calls this; it returns once
+    all have). Arguments as for :func:`pair_group`; ``rank`` 0 is the sender, the members take
+    ranks ``1 .. size - 1`` in chain order.
+
+    Raises:
+        RuntimeError / DistStoreError: a rank did not arrive within ``timeout_s``.
+    """
+    group = _backend_group(dist.PrefixStore(f"round/{key}/", store), rank, size, device_type, timeout_s, peer_host)
+    return RelayGroup(group, rank, size)
+
+
+def drop_group(group: SyncGroup | RelayGroup | None) -> None:
     """Abort a pair's process group (pending operations fail instead of waiting for a dead peer)."""
     if group is None:
         return

@@ -42,10 +42,13 @@ class ServerRecord(msgspec.Struct):
 
 
 class TransferRequest(msgspec.Struct):
-    """One fetch: ``member`` asks for the newest snapshot over the pair formed under ``nonce``."""
+    """One fetch: ``member`` asks for the newest snapshot; ``nonce`` names this fetch (its presence
+    and assignment keys in the trainer's store). ``fresh``: the member lacks the plan (its first
+    fetch, or its last one broke off), so its round carries the plan and the checked transfer."""
 
     member: str
     nonce: str
+    fresh: bool = False
 
 
 class SnapshotDigests(msgspec.Struct):

@@ -1,12 +1,12 @@
 """Rollout side of the weight transfer between jobs: fetch the trainer's newest snapshot.
 
 One :class:`WeightClient` per rollout process (a *member*, named by ``member_id``). It finds the
-serving trainer through ``<prefix>:weights:server`` in Redis, and each ``fetch()`` pushes a request
-and receives the newest snapshot over this member's pair group with the trainer's sending rank
-(see :mod:`~cosmos_primitives.sync.weight_server` for the protocol and the failure semantics).
-The pair is formed on the first fetch (the plan arrives and the transfer is checked bit for bit)
-and reused while it works; any failure drops it, and the next ``fetch()`` forms a new one with a
-new nonce, against whichever trainer serves then (a restarted trainer has a new session).
+serving trainer through ``<prefix>:weights:server`` in Redis; each ``fetch()`` marks itself live in
+the trainer's store, pushes a request, and receives the newest snapshot in the round the trainer
+assigns it to: a relay chain of the trainer and the members that asked at about the same time,
+where this member passes each bucket on to the next one (see
+:mod:`~cosmos_primitives.sync.weight_server` for the protocol and the failure semantics). The
+plan arrives, and the transfer is checked bit for bit, on the first fetch and after any failure.
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ import logging
 import time
 import uuid
 from collections.abc import Callable
+from datetime import timedelta
 from typing import Any
 
 import msgspec
@@ -23,12 +24,12 @@ import torch
 from torch import nn
 
 from cosmos_primitives.models.name_maps import NameMapError
-from cosmos_primitives.sync.broadcast import SyncGroup, WeightReceiver
+from cosmos_primitives.sync.broadcast import WeightReceiver
 from cosmos_primitives.sync.checks import WeightMismatchError
 from cosmos_primitives.sync.result import SyncResult
 from cosmos_primitives.sync.run_auth import AuthError, RateLimitedLog, RunSecret
 from cosmos_primitives.sync.snapshot import bucket_digest
-from cosmos_primitives.sync.stateless_group import connect_store, drop_group, pair_group, store_problem
+from cosmos_primitives.sync.stateless_group import RelayGroup, connect_store, drop_group, relay_group, store_problem
 from cosmos_primitives.sync.transfer_protocol import (
     ServerRecord,
     SnapshotDigests,
@@ -39,6 +40,7 @@ from cosmos_primitives.sync.transfer_protocol import (
     requests_key,
     server_key,
 )
+from cosmos_primitives.sync.weight_server import assignment_key, presence_key
 
 log = logging.getLogger(__name__)
 
@@ -52,12 +54,12 @@ class WeightClient:
         member_id: this process's name among the members (e.g. ``f"{job}-{rank}"``); a restarted
             process may reuse it.
         engine: the engine whose ``weight_version`` follows a module ``target``.
-        timeout_s: bound of every step of a fetch (store connection, pair formation, each transfer
-            operation).
+        timeout_s: bound of every step of a fetch (store connection, waiting for its round,
+            forming the round's group, each transfer operation).
         strict: every parameter of a module target must be fed.
         poll_s: how often ``wait_for_server`` looks at Redis.
         read_back: ``name -> tensor`` for the check of a ``RolloutEngine`` target's first transfer
-            over each pair (as ``WeightReceiver`` takes it).
+            in each round that carries the plan (as ``WeightReceiver`` takes it).
         secret: the run secret (default: ``$COSMOS_RUN_SECRET`` / ``$COSMOS_RUN_SECRET_FILE``);
             the trainer's. Records, requests and digests are signed with it, and every bucket is
             checked against the trainer's signed SHA-256 before it is loaded.
@@ -84,9 +86,7 @@ class WeightClient:
         self.timeout_s, self.poll_s = float(timeout_s), float(poll_s)
         self._redis = redis.Redis.from_url(redis_url, socket_timeout=max(10.0, self.timeout_s))
         self._session: str | None = None
-        self._nonce = ""
         self._store: Any = None
-        self._group: SyncGroup | None = None
         self._receiver: WeightReceiver | None = None
         self._version = -1
         self._fetched_session: str | None = None
@@ -148,23 +148,24 @@ class WeightClient:
     def fetch(self) -> SyncResult:
         """Receive the newest snapshot (versions published since the last fetch are skipped).
 
-        Afterwards ``weight_version`` (and the engine's) is that snapshot's version. When a kept
-        pair turns out to be gone (the trainer dropped it: idle, or replaced by a member with the
-        same id), the fetch is tried once more over a new pair.
+        Afterwards ``weight_version`` (and the engine's) is that snapshot's version. When the kept
+        store connection turns out to be gone before anything was received, the fetch is tried
+        once more over a new one.
 
         Raises:
             WeightTransferError: no trainer serves, or the transfer failed or timed out (the
-                trainer died or closed); names the prefix and member. The next call forms a new
-                pair. If it failed while receiving, the engine may hold a mix of two versions:
-                ``weight_version`` (and the engine's) is then -1 until a fetch succeeds.
+                trainer died or closed, or another member of the round did); names the prefix
+                and member. The next call asks again. If it failed while receiving, the engine
+                may hold a mix of two versions: ``weight_version`` (and the engine's) is then -1
+                until a fetch succeeds.
             NameMapError / WeightMismatchError: the engine does not fit the trainer's weights.
         """
         record = self._current_record()
-        reused = self._group is not None and self._session == record.session
+        reused = self._store is not None and self._session == record.session
         try:
             return self._fetch_once(record)
         except WeightTransferError:
-            if not reused:
+            if not reused or (self._version == -1 and self._receiver is None):
                 raise
             return self._fetch_once(self._current_record())
 
@@ -191,26 +192,32 @@ class WeightClient:
     def _fetch_once(self, record: ServerRecord) -> SyncResult:
         where = f"member '{self.member_id}' from trainer {record.hostname}:{record.pid} under '{self.prefix}'"
         receiving = False
+        group: RelayGroup | None = None
         try:
-            if self._group is None or self._session != record.session:
+            if self._store is None or self._session != record.session:
                 self._drop()
-                self._nonce = uuid.uuid4().hex
-                self._session = record.session
                 self._store = connect_store(record.host, record.port, self.timeout_s, self._secret)
-                self._request(record)
-                nccl = record.backend == "nccl"
-                self._group = pair_group(self._store, f"{self.member_id}/{self._nonce}", 1,
-                                         device_type="cuda" if nccl else "cpu", timeout_s=self.timeout_s,
-                                         peer_host=record.host)
+                self._session = record.session
+            nonce = uuid.uuid4().hex
+            # live first, then ask: the trainer puts only members present in its store in a round
+            self._store.set(presence_key(self.member_id, nonce), b"1")
+            self._request(record, nonce, fresh=self._receiver is None)
+            assigned = assignment_key(self.member_id, nonce)
+            self._store.wait([assigned], timedelta(seconds=self.timeout_s + 1.0))
+            key, rank, size = self._store.get(assigned).decode().split()
+            nccl = record.backend == "nccl"
+            group = relay_group(self._store, key, int(rank), int(size), device_type="cuda" if nccl else "cpu",
+                                timeout_s=self.timeout_s, peer_host=record.host)
+            if self._receiver is None:
                 # gloo buckets land in CPU memory and are copied into the engine wherever it lives
-                self._receiver = WeightReceiver(self._target, self._group, engine=self._engine, strict=self._strict,
+                self._receiver = WeightReceiver(self._target, group, engine=self._engine, strict=self._strict,
                                                 device=None if nccl else "cpu", read_back=self._read_back,
                                                 check_bucket=self._check_bucket)
             else:
-                self._request(record)
-            assert self._receiver is not None
+                self._receiver.group = group
             receiving = True
             result = self._receiver.sync()
+            group.flush()  # what this member passes on down the chain has left before the group goes
         except (NameMapError, WeightMismatchError):
             self._drop()
             if receiving:  # buckets checked before this one were loaded
@@ -221,6 +228,8 @@ class WeightClient:
             if receiving:
                 self._mark_unknown()
             raise WeightTransferError(f"weight transfer to {where} failed: {type(exc).__name__}: {exc}") from exc
+        finally:
+            drop_group(group)
         if result is None:
             self._drop()
             raise WeightTransferError(f"weight transfer to {where}: the trainer closed its weight server")
@@ -260,22 +269,22 @@ class WeightClient:
                                       "does not match the trainer's signed SHA-256; not loaded (altered in "
                                       "transit, or not sent by the trainer)")
 
-    def _request(self, record: ServerRecord) -> None:
+    def _request(self, record: ServerRecord, nonce: str, *, fresh: bool) -> None:
         key = requests_key(self.prefix, record.session)
-        request = self._secret.sign(key, msgspec.json.encode(TransferRequest(member=self.member_id,
-                                                                             nonce=self._nonce)))
+        request = self._secret.sign(key, msgspec.json.encode(TransferRequest(member=self.member_id, nonce=nonce,
+                                                                             fresh=fresh)))
         pipe = self._redis.pipeline()
         pipe.rpush(key, request)
         pipe.expire(key, max(60, int(4 * self.timeout_s)))
         pipe.execute()
 
     def _drop(self) -> None:
-        drop_group(self._group)
-        self._group = self._receiver = None
+        """Forget the store connection and the receiver (the next fetch gets the plan again)."""
+        self._receiver = None
         self._store = None
         self._session = None
 
     def close(self) -> None:
-        """Drop the pair and the Redis connection."""
+        """Drop the store connection and the Redis connection."""
         self._drop()
         self._redis.close()

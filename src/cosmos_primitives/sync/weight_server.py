@@ -14,27 +14,31 @@ Serving (sending rank, background threads):
   address, newest version; signed) alive with a heartbeat (expiry ``max(5 s, 5 * heartbeat_s)``);
 - each publish stores the SHA-256 of every bucket, signed, under
   ``<prefix>:weights:digests:<session>:<version>``; members check each bucket before loading it;
-- a member's ``fetch()`` pushes a signed request (member id, nonce) to
-  ``<prefix>:weights:requests:<session>``; a dispatcher thread pops it, drops it unless it is
-  signed with the run secret, recent and never seen before, and hands it to that member's pair
-  thread: a two-member process group (sender rank 0, member rank 1; gloo on CPU, NCCL on CUDA)
-  formed over ``PrefixStore(member/nonce)`` of the store (a view of the store's table in this
-  process, so a member that never shows up delays no other pair and holds no socket here), kept
-  for later fetches with the same nonce. At most ``max_members`` pairs exist at once;
-- each request is answered with the newest snapshot, in the broadcast wire protocol (the plan
-  and a checksum round on a pair's first transfer), so a member that fell behind skips the
+- a member's ``fetch()`` sets a presence key in the store (it is connected: *live*) and pushes a
+  signed request (member id, nonce, whether it lacks the plan) to
+  ``<prefix>:weights:requests:<session>``; a dispatcher thread pops it and drops it unless it is
+  signed with the run secret, recent and never seen before;
+- a round thread gathers the live requests into a *round* (when every member of the last
+  successful rounds has asked, or ``max_members`` have, or ``gather_s`` after the oldest), tells
+  each member its rank in the store, and forms one process group of the trainer (rank 0) and the
+  round's members (gloo on CPU, NCCL on CUDA) over ``PrefixStore(round/<id>)`` of the store (a
+  view of the store's table in this process); the group is a relay chain
+  (:class:`~cosmos_primitives.sync.stateless_group.RelayGroup`): each bucket leaves the trainer
+  once and every member passes it on to the next, so the trainer's sends per version do not grow
+  with the members;
+- each round carries the newest snapshot, in the broadcast wire protocol (the plan and a checksum
+  round when a member of the round lacks the plan), so a member that fell behind skips the
   versions in between.
 
-Failure semantics: every pair operation, formation included, is bounded by ``timeout_s``. A pair
-that fails (the member died, even mid-transfer, or stalled) is dropped and its thread ends; the
-member forms a new pair (new nonce) on its next fetch. Other members' pairs are separate groups
-on separate threads and keep being served. ``publish`` never waits for a member: it waits at most
-``timeout_s`` for transfers still reading the snapshot before the current one (whose buffers it
-reuses: two snapshots at most, double buffering); past that it allocates fresh buffers.
-``close()`` answers the requests already routed to a pair, then aborts every pair group (a
-member waiting on one gets an error: its ``fetch()`` raises
-:class:`~cosmos_primitives.sync.transfer_protocol.WeightTransferError`), removes the Redis record
-and stops the store.
+Failure semantics: every round operation, formation included, is bounded by ``timeout_s``. A
+round that fails (a member died, even mid-transfer, or stalled) ends for all its members, who ask
+again; rounds run on threads of their own, so other rounds keep being served. A request whose
+member never shows up in the store joins no round and expires after ``timeout_s``. ``publish``
+never waits for a member: it waits at most ``timeout_s`` for rounds still reading the snapshot
+before the current one (whose buffers it reuses: two snapshots at most, double buffering); past
+that it allocates fresh buffers. ``close()`` lets rounds under way end, removes the Redis record
+and stops the store (a member still waiting for its round gets an error:
+:class:`~cosmos_primitives.sync.transfer_protocol.WeightTransferError`).
 
 Memory on the sender: two snapshots (the model in wire dtype, on the trainer's device) plus one
 gathered full parameter at a time during ``publish``.
@@ -44,7 +48,6 @@ from __future__ import annotations
 
 import logging
 import os
-import queue
 import socket
 import threading
 import time
@@ -59,13 +62,12 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from cosmos_primitives.sync.broadcast import SyncGroup
 from cosmos_primitives.sync.pair_store import LocalPairStore
 from cosmos_primitives.sync.result import SyncResult
 from cosmos_primitives.sync.run_auth import AuthError, RateLimitedLog, ReplayGuard, RunSecret
 from cosmos_primitives.sync.send_plan import DEFAULT_BUCKET_BYTES, SendPlan
 from cosmos_primitives.sync.snapshot import WeightSnapshot, send_snapshot, snapshot_digests, take_snapshot
-from cosmos_primitives.sync.stateless_group import drop_group, pair_group, serve_store, transfer_host
+from cosmos_primitives.sync.stateless_group import drop_group, relay_group, serve_store, transfer_host
 from cosmos_primitives.sync.transfer_protocol import (
     ServerRecord,
     SnapshotDigests,
@@ -78,55 +80,24 @@ from cosmos_primitives.sync.transfer_protocol import (
 
 log = logging.getLogger(__name__)
 
-_STOP = object()
+
+class _Waiting(msgspec.Struct):
+    """A member's request, waiting for a round (``deadline``: when it is dropped unless its member
+    has shown up in the store)."""
+
+    request: TransferRequest
+    arrived: float
+    deadline: float
 
 
-class _Pair:
-    """One member's transfer group and the thread that answers its requests."""
+def presence_key(member: str, nonce: str) -> str:
+    """The store key a member sets before it asks: it is connected and waits (it is live)."""
+    return f"present/{member}/{nonce}"
 
-    def __init__(self, server: WeightServer, member: str, nonce: str) -> None:
-        self.server, self.member, self.nonce = server, member, nonce
-        self.requests: queue.Queue[Any] = queue.Queue()
-        self.thread = threading.Thread(target=self._run, name=f"weights-pair-{member}", daemon=True)
-        self.done = False
 
-    def _run(self) -> None:
-        server = self.server
-        group: SyncGroup | None = None
-        snapshot: WeightSnapshot | None = None
-        try:
-            if server._snapshot_device.type == "cuda":  # a new thread starts on GPU 0
-                torch.cuda.set_device(server._snapshot_device)
-            # a view of the server's table in this process: no socket or file descriptor per pair,
-            # and a blocking read here holds up no other pair
-            store = LocalPairStore(server._store, server.timeout_s)
-            group = pair_group(store, f"{self.member}/{self.nonce}", 0, device_type=server._snapshot_device.type,
-                               timeout_s=server.timeout_s, peer_host=server.host)
-            first = True
-            while True:
-                try:
-                    item = self.requests.get(timeout=server.idle_timeout_s)
-                except queue.Empty:  # a member that went away between fetches; a live one re-forms
-                    server._count("idle_drops")
-                    return
-                if item is _STOP:  # requests queued before it were answered
-                    return
-                snapshot = server._acquire()
-                result = send_snapshot(snapshot, server._plan, group, with_plan=first, verify=first)
-                server._release(snapshot)
-                snapshot = None
-                first = False
-                server._count_transfer(result)
-        except Exception as exc:  # the pair is dropped; the member re-forms it on its next fetch
-            server._count_failure(self.member, exc)
-        finally:
-            if snapshot is not None:  # counted as failed before a waiting publish() goes on
-                server._release(snapshot)
-            self.done = True
-            drop_group(group)
-            server._forget(self)
-            if server._store is not None:  # the formation keys of a pair that ended are never read again
-                server._store.table.delete_prefix(f"pair/{self.member}/{self.nonce}/")
+def assignment_key(member: str, nonce: str) -> str:
+    """The store key where the trainer tells a member its round: ``b"<round> <rank> <size>"``."""
+    return f"assign/{member}/{nonce}"
 
 
 class WeightServer:
@@ -141,18 +112,20 @@ class WeightServer:
         layout, family, bucket_bytes, transfer_dtype: as for ``WeightBroadcaster``.
         host: the address members connect to (default ``$COSMOS_TRANSFER_HOST``, else this
             machine's); port: the store's port (0: a free one).
-        timeout_s: bound of every pair operation and of ``publish``'s wait for old transfers.
+        timeout_s: bound of every round operation (formation included), of a request's wait for
+            its member to show up, and of ``publish``'s wait for old transfers.
         heartbeat_s: how often the Redis record is renewed; it expires after 5 of them, at least
             5 s (so a trainer gone without ``close()`` stops being offered after that long).
-        idle_timeout_s: a pair with no request for this long is dropped (its member may be gone
-            without a word; a live one re-forms it on its next fetch, transparently).
+        gather_s: how long a round waits for more members after the first live request, unless
+            it is complete before (every member of the last successful rounds asks, or
+            ``max_members`` do).
         backend: ``"gloo"`` (snapshots in CPU memory; the default for a CPU model) or ``"nccl"``
             (snapshots on the GPU; the default for a CUDA model). ``"gloo"`` for a CUDA model
             trades GPU memory and speed for members without GPUs or without NCCL reachability.
         secret: the run secret (default: ``$COSMOS_RUN_SECRET`` / ``$COSMOS_RUN_SECRET_FILE``, see
             :class:`~cosmos_primitives.sync.run_auth.RunSecret`); every member must hold the same one.
-        max_members: members served at once (each holds a thread and a pair group); a request
-            from one more is dropped (logged at most every 10 s) until an idle pair expires.
+        max_members: members in one round, and requests waiting at once; a request from one more
+            is dropped (logged at most every 10 s) until one is served or expires.
 
     Raises:
         RunSecretError: no run secret given or in the environment.
@@ -161,11 +134,11 @@ class WeightServer:
     def __init__(self, model: nn.Module, redis_url: str, prefix: str, *, process_group: Any = None,
                  layout: str = "hf", family: str | None = None, bucket_bytes: int = DEFAULT_BUCKET_BYTES,
                  transfer_dtype: torch.dtype | None = None, host: str | None = None, port: int = 0,
-                 timeout_s: float = 60.0, heartbeat_s: float = 1.0, idle_timeout_s: float = 600.0,
+                 timeout_s: float = 60.0, heartbeat_s: float = 1.0, gather_s: float = 0.2,
                  backend: str | None = None, secret: RunSecret | str | None = None, max_members: int = 64) -> None:
-        if min(timeout_s, heartbeat_s, idle_timeout_s) <= 0:
-            raise ValueError(f"timeout_s, heartbeat_s and idle_timeout_s must be > 0, got {timeout_s}, "
-                             f"{heartbeat_s}, {idle_timeout_s}")
+        if min(timeout_s, heartbeat_s) <= 0 or gather_s < 0:
+            raise ValueError(f"timeout_s and heartbeat_s must be > 0 and gather_s >= 0, got {timeout_s}, "
+                             f"{heartbeat_s}, {gather_s}")
         if max_members < 1:
             raise ValueError(f"max_members must be >= 1, got {max_members}")
         self._secret = RunSecret.resolve(secret)
@@ -181,7 +154,7 @@ class WeightServer:
         self.prefix = prefix
         self.timeout_s = float(timeout_s)
         self.heartbeat_s = float(heartbeat_s)
-        self.idle_timeout_s = float(idle_timeout_s)
+        self.gather_s = float(gather_s)
         self.record_ttl_s = max(5.0, 5 * self.heartbeat_s)
         self.rank = dist.get_rank(process_group) if dist.is_available() and dist.is_initialized() else 0
         if self.rank < 0:
@@ -192,18 +165,20 @@ class WeightServer:
         self._lock = threading.Condition()
         self._current: WeightSnapshot | None = None
         self._previous: WeightSnapshot | None = None
-        self._pairs: dict[str, _Pair] = {}
-        # (member, nonce) of pairs that ended, the newest kept (ids are signed, so these are real members')
-        self._retired: OrderedDict[tuple[str, str], None] = OrderedDict()
+        self._waiting: OrderedDict[str, _Waiting] = OrderedDict()  # member -> its newest request
+        self._in_rounds = 0  # members in rounds being served
+        self._known: set[str] = set()  # members whose last round succeeded
+        self._lingering: list[tuple[float, Any]] = []  # (drop after, group) of rounds members may still relay in
         self._replays = ReplayGuard()
         self._warn = RateLimitedLog(log)
         self._digests: dict[int, list[str]] = {}
         self._closed = False
         self._stats = {"publish_s": 0.0, "transfers": 0.0, "transfer_failures": 0.0, "transfer_s": 0.0,
-                       "bytes_served": 0.0, "publish_waits_timed_out": 0.0, "idle_drops": 0.0,
-                       "rejected_requests": 0.0, "members_refused": 0.0}
+                       "bytes_served": 0.0, "serve_s": 0.0, "rounds": 0.0,
+                       "publish_waits_timed_out": 0.0, "rejected_requests": 0.0, "members_refused": 0.0}
         self.last_failure: str | None = None
         self._dispatcher: threading.Thread | None = None
+        self._former: threading.Thread | None = None
         self._redis: redis.Redis | None = None
         self._store: Any = None
         if self.is_sender:
@@ -249,6 +224,8 @@ class WeightServer:
             if self._dispatcher is None:
                 self._dispatcher = threading.Thread(target=self._dispatch, name="weights-dispatch", daemon=True)
                 self._dispatcher.start()
+                self._former = threading.Thread(target=self._form_rounds, name="weights-rounds", daemon=True)
+                self._former.start()
         self.weight_version = version
         seconds = time.perf_counter() - start
         self._stats["publish_s"] = seconds
@@ -309,7 +286,7 @@ class WeightServer:
         pipe.execute()
 
     def _dispatch(self) -> None:
-        """Pop requests, route them to their member's pair; renew the record between them."""
+        """Pop requests, queue them for a round; renew the record between them."""
         assert self._redis is not None
         key = requests_key(self.prefix, self.session)
         next_beat = 0.0
@@ -344,79 +321,165 @@ class WeightServer:
         with self._lock:
             if self._closed:
                 return
-            if (request.member, request.nonce) in self._retired:
-                # its pair failed or was replaced: the member gets an error on that group and
-                # forms a new one (a fresh nonce); the old store keys cannot form a group again
+            if request.member not in self._waiting and len(self._waiting) >= self.max_members:
+                self._stats["members_refused"] += 1
+                self._warn.warning("full", "weight server for '%s': refused member '%s': %d requests wait "
+                                   "(max_members); they are served or expire within %.0fs", self.prefix,
+                                   request.member, self.max_members, self.timeout_s)
                 return
-            pair = self._pairs.get(request.member)
-            if pair is not None and pair.nonce != request.nonce:
-                pair.requests.put(_STOP)  # a stale pair: its member (e.g. restarted) formed a new one
-                self._retire(pair)
-                pair = None
-            if pair is None:
-                if len(self._pairs) >= self.max_members:
-                    self._stats["members_refused"] += 1
-                    self._warn.warning("full", "weight server for '%s': refused member '%s': %d members are being "
-                                       "served (max_members); idle ones are dropped after %.0fs", self.prefix,
-                                       request.member, self.max_members, self.idle_timeout_s)
-                    return
-                pair = self._pairs[request.member] = _Pair(self, request.member, request.nonce)
-                pair.thread.start()
-            pair.requests.put(request)
+            old = self._waiting.pop(request.member, None)
+            if old is not None and self._store is not None:  # superseded: that fetch has given up
+                self._store.table.delete(presence_key(old.request.member, old.request.nonce))
+            now = time.monotonic()
+            self._waiting[request.member] = _Waiting(request, now, now + self.timeout_s)
 
-    def _retire(self, pair: _Pair) -> None:
-        self._retired[(pair.member, pair.nonce)] = None
-        while len(self._retired) > 16 * self.max_members:
-            self._retired.popitem(last=False)
+    def _form_rounds(self) -> None:
+        """Group the live waiting requests into rounds and start serving each on a thread of its own.
 
-    def _forget(self, pair: _Pair) -> None:
+        A request is live once its member has set its presence key in the store (it is connected
+        and waiting); one whose member never shows up within ``timeout_s`` is dropped. A round
+        starts when ``max_members`` live requests wait, or when every member of the last
+        successful rounds is among them, or ``gather_s`` after the oldest of them arrived.
+        """
+        while not self._closed:
+            time.sleep(0.005)
+            now = time.monotonic()
+            gone: list[_Waiting] = []
+            chosen: list[_Waiting] = []
+            with self._lock:
+                for entry in list(self._waiting.values()):
+                    if self._store is not None and self._store.table.check(
+                            [presence_key(entry.request.member, entry.request.nonce)]):
+                        chosen.append(entry)
+                    elif now > entry.deadline:
+                        gone.append(self._waiting.pop(entry.request.member))
+                members = {e.request.member for e in chosen}
+                ready = chosen and self._current is not None and (
+                    len(chosen) >= self.max_members or (self._known and self._known <= members)
+                    or now - min(e.arrived for e in chosen) >= self.gather_s)
+                if ready:
+                    chosen = chosen[:self.max_members]
+                    for entry in chosen:
+                        del self._waiting[entry.request.member]
+                    self._in_rounds += len(chosen)
+                stale = [g for t, g in self._lingering if t <= now]
+                self._lingering = [(t, g) for t, g in self._lingering if t > now]
+            for group in stale:
+                drop_group(group)
+            for entry in gone:
+                self._count_failure([entry.request.member], TimeoutError(
+                    f"asked for weights and never showed up in the store within {self.timeout_s:.0f}s"))
+            if ready:
+                try:
+                    threading.Thread(target=self._serve_round, args=(chosen,), name="weights-round",
+                                     daemon=True).start()
+                except Exception:  # e.g. no thread could be started: its members ask again
+                    self._end_round(chosen, "")
+                    self._warn.warning("round", "weight server for '%s': could not start a round (%s)",
+                                       self.prefix, traceback.format_exc(limit=3))
+
+    def _serve_round(self, entries: list[_Waiting]) -> None:
+        """Form the relay chain of the trainer and ``entries``' members and send the newest snapshot
+        down it: each bucket leaves the trainer once, whatever the number of members."""
+        members = [e.request.member for e in entries]
+        key = uuid.uuid4().hex
+        group = None
+        snapshot: WeightSnapshot | None = None
+        try:
+            if self._snapshot_device.type == "cuda":  # a new thread starts on GPU 0
+                torch.cuda.set_device(self._snapshot_device)
+            # a view of the server's table in this process: no socket or file descriptor per round,
+            # and a blocking read here holds up no other round
+            store = LocalPairStore(self._store, self.timeout_s)
+            for rank, entry in enumerate(entries, start=1):
+                store.set(assignment_key(entry.request.member, entry.request.nonce),
+                          f"{key} {rank} {len(entries) + 1}".encode())
+            group = relay_group(store, key, 0, len(entries) + 1, device_type=self._snapshot_device.type,
+                                timeout_s=self.timeout_s, peer_host=self.host)
+            # a member without the plan (its first fetch, or after a failure) gets it, and the
+            # checked transfer, with everyone in its round
+            fresh = any(e.request.fresh for e in entries)
+            snapshot = self._acquire()
+            result = send_snapshot(snapshot, self._plan, group, with_plan=fresh, verify=fresh)
+            self._release(snapshot)
+            snapshot = None
+            with self._lock:
+                self._stats["rounds"] += 1
+                self._stats["transfers"] += len(entries)
+                self._stats["transfer_s"] = result.seconds
+                self._stats["serve_s"] += result.seconds
+                self._stats["bytes_served"] += result.bytes_moved
+                self._known.update(members)
+                # the members may still relay what they received: the trainer's side of the chain
+                # stays open until they had the time to
+                self._lingering.append((time.monotonic() + self.timeout_s, group))
+            group = None
+        except Exception as exc:  # the round's members ask again (a new round)
+            with self._lock:
+                self._known.difference_update(members)
+            self._count_failure(members, exc)
+        finally:
+            if snapshot is not None:  # counted as failed before a waiting publish() goes on
+                self._release(snapshot)
+            drop_group(group)
+            self._end_round(entries, key)
+
+    def _end_round(self, entries: list[_Waiting], key: str) -> None:
         with self._lock:
-            self._retire(pair)
-            if self._pairs.get(pair.member) is pair:
-                del self._pairs[pair.member]
-
-    def _count_transfer(self, result: SyncResult) -> None:
-        with self._lock:
-            self._stats["transfers"] += 1
-            self._stats["transfer_s"] = result.seconds
-            self._stats["bytes_served"] += result.bytes_moved
+            self._in_rounds -= len(entries)
+            self._lock.notify_all()
+        if self._store is None:
+            return
+        table = self._store.table  # keys of a round that ended are never read again
+        for entry in entries:
+            table.delete(presence_key(entry.request.member, entry.request.nonce))
+            table.delete(assignment_key(entry.request.member, entry.request.nonce))
+        if key:
+            table.delete_prefix(f"round/{key}/")
 
     def _count(self, what: str) -> None:
         with self._lock:
             self._stats[what] += 1
 
-    def _count_failure(self, member: str, exc: BaseException) -> None:
+    def _count_failure(self, members: list[str], exc: BaseException) -> None:
         with self._lock:
             self._stats["transfer_failures"] += 1
-            self.last_failure = f"member '{member}': {type(exc).__name__}: {exc}"
-        self._warn.warning("pair", "weight server for '%s': dropped the transfer group of %s", self.prefix,
+            names = ", ".join(f"'{m}'" for m in members)
+            self.last_failure = f"member{'s' if len(members) > 1 else ''} {names}: {type(exc).__name__}: {exc}"
+        self._warn.warning("round", "weight server for '%s': a transfer round failed for %s", self.prefix,
                            self.last_failure)
 
     # reporting / shutdown ----------------------------------------------------------------------
 
     def metrics(self, prefix: str = "sync/") -> dict[str, float]:
-        """``sync/publish_s`` (last publish), ``sync/transfers``, ``sync/transfer_failures``,
-        ``sync/transfer_s`` (last transfer), ``sync/bytes_served``, ``sync/members`` (live pairs),
-        ``sync/published_version``, ``sync/publish_waits_timed_out``, ``sync/idle_drops``."""
+        """``sync/publish_s`` (last publish), ``sync/rounds`` (rounds served), ``sync/transfers``
+        (members served, summed over rounds), ``sync/transfer_failures`` (failed rounds and requests
+        whose member never showed up), ``sync/transfer_s`` (the trainer's send time in the last
+        round), ``sync/serve_s`` (its send time, summed), ``sync/bytes_served`` (bytes that left the
+        trainer: one snapshot per round), ``sync/members`` (waiting or in a round),
+        ``sync/published_version``, ``sync/publish_waits_timed_out``, ``sync/rejected_requests``,
+        ``sync/members_refused``."""
         with self._lock:
             out = {f"{prefix}{k}": float(v) for k, v in self._stats.items()}
-            out[f"{prefix}members"] = float(sum(not p.done for p in self._pairs.values()))
+            out[f"{prefix}members"] = float(len(self._waiting) + self._in_rounds)
         out[f"{prefix}published_version"] = float(self.weight_version if self.weight_version is not None else -1)
         return out
 
     def close(self) -> None:
-        """Stop serving: pending requests get the closing header, the Redis record goes, the store stops."""
+        """Stop serving: rounds under way end (each within its ``timeout_s``), the Redis record goes,
+        the store stops (a member still waiting for its round gets an error)."""
         if self._closed:
             return
         self._closed = True
         with self._lock:
-            pairs = list(self._pairs.values())
-        for pair in pairs:
-            pair.requests.put(_STOP)
-        for pair in pairs:
-            pair.thread.join(timeout=self.timeout_s)
-        if self._dispatcher is not None:
-            self._dispatcher.join(timeout=max(2.0, 2 * self.heartbeat_s))
+            self._waiting.clear()
+            self._lock.wait_for(lambda: self._in_rounds == 0, timeout=self.timeout_s)
+            lingering, self._lingering = self._lingering, []
+        for _, group in lingering:
+            drop_group(group)
+        for thread in (self._dispatcher, self._former):
+            if thread is not None:
+                thread.join(timeout=max(2.0, 2 * self.heartbeat_s))
         if self._redis is not None:
             try:
                 record = decode_record(self._redis.get(server_key(self.prefix)), self._secret, self.prefix)
