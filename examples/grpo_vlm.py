@@ -19,6 +19,12 @@ held out of the training prompts (unset: 10 %), which training then never sees. 
 (``[train] signal_to_handle``) saves a checkpoint when the step in progress ends and stops the run with
 exit status 75; ``train.resume=true`` goes on from it as if never stopped. Ctrl-C stops at once (exit
 status 130, the checkpoints left whole) and prints the command that resumes the run.
+
+``[distillation] enable``: a frozen teacher (``model_name_or_path``, the student's tokenizer) scores
+every sampled token; the per-token advantage is ``-kl_penalty_coef`` x the sampled reverse KL to it,
+summed forward with ``kl_discount_factor`` (rewards bypassed, as cosmos-rl; ``reward_advantages =
+"add"`` adds them). ``[rollout.multi_turn_config] enable``: each sample is an episode of up to
+``max_assistant_turns`` model turns, the ``environment`` callable answering each.
 """
 
 from __future__ import annotations
@@ -40,6 +46,8 @@ from cosmos_primitives.data import (
     collate_rollouts,
     prompt_stream,
 )
+from cosmos_primitives.policy.distill import distill_advantages, load_teacher
+from cosmos_primitives.rollout.episodes import generate_rollouts, load_environment, score_rollouts
 from cosmos_primitives.sync import InProcessSync
 
 
@@ -93,6 +101,7 @@ def main() -> None:
     processor = cp.policy.load_processor(cfg.policy.model_name_or_path)
     policy = cp.policy.build_policy(cfg.policy, mesh, train=cfg.train)
     reference = cp.policy.grpo_reference(cfg, policy, info.device, mesh)  # None without [grpo] kl_beta
+    teacher = load_teacher(cfg, mesh, info.device)  # None without [distillation] enable
     engine, engine_model = cp.rollout.build_rollout_engine(
         rollout, cfg.policy.model_name_or_path, processor, dtype=cfg.policy.dtype, device=info.device,
         seed=cfg.train.seed + info.rank, max_model_len=cfg.policy.model_max_length)
@@ -111,6 +120,7 @@ def main() -> None:
     bad = BadSampleTracker(cfg.train.train_policy.dataset.bad_sample_budget)
     prompts = prompt_stream(dataset, sampler, bad)
     rewards = cp.rewards.RewardSet.from_config(grpo)
+    env = load_environment(cfg)  # None without [rollout.multi_turn_config] enable
     # [grpo] rollouts_per_step splits each generation into that many optimizer steps (cosmos-rl's smaller batches)
     parts = cp.policy.step_slices(grpo.rollout_batch_size * grpo.num_samples_per_prompt, grpo.rollouts_per_step)
     steps_per_epoch = math.ceil(len(sampler) / grpo.rollout_batch_size) * len(parts)
@@ -141,11 +151,12 @@ def main() -> None:
         t0 = time.perf_counter()
         params = SamplingParams.from_config(rollout, grpo.num_samples_per_prompt,
                                             seed=cfg.train.seed * 1_000_003 + step * 1009 + info.rank)
-        groups = engine.generate([next(prompts) for _ in range(grpo.rollout_batch_size)], params)
+        groups = generate_rollouts(engine, processor, [next(prompts) for _ in range(grpo.rollout_batch_size)],
+                                   params, cfg, env)  # episodes of turns with an environment
         times["rollout"] = time.perf_counter() - t0
 
         t0 = time.perf_counter()
-        scored = cp.rewards.score_groups(groups, rewards, grpo, rollout.max_response_length)
+        scored, extra = score_rollouts(groups, rewards, cfg, processor, multi_turn=env is not None)
         times["reward"] = time.perf_counter() - t0
 
         t0 = time.perf_counter()
@@ -155,6 +166,9 @@ def main() -> None:
         batch.completion_mask = batch.completion_mask * scored.keep[:, None].to(batch.completion_mask)
         collate_s = time.perf_counter() - t0
         advantages, first_step = scored.advantages.to(info.device), step
+        if teacher is not None:  # [N, T]: the teacher's per-token signal (teacher_kl and the like in extra)
+            advantages, teacher_metrics = distill_advantages(teacher, batch, advantages, cfg)
+            extra = {**extra, **teacher_metrics}
         for part in parts:  # one optimizer step each (one part unless [grpo] rollouts_per_step is set)
             rows = batch if len(parts) == 1 else batch.subset(part)
             update = cp.policy.grpo_update(policy, reference, optimizer, rows, advantages[part], cfg, dp_group,
@@ -168,7 +182,7 @@ def main() -> None:
             tracker.log_metrics({
                 "reward/mean": float(scored.rewards.mean()), "reward/std": float(scored.rewards.std(unbiased=False)),
                 **{k: v for k, v in scored.batch.metrics.items() if k.startswith("reward/") and k != "reward/total"},
-                **update.metrics,
+                **update.metrics, **extra,
                 "response_length": float(scored.lengths.float().mean()), "grad_norm": update.grad_norm,
                 "lr": scheduler.get_last_lr()[0], "bad_samples": bad.count, **scored.sampling_metrics,
                 **{f"time/{k}": v for k, v in times.items()}, "time/step": sum(times.values()),
