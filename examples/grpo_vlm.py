@@ -104,7 +104,7 @@ def main() -> None:
     teacher = load_teacher(cfg, mesh, info.device)  # None without [distillation] enable
     engine, engine_model = cp.rollout.build_rollout_engine(
         rollout, cfg.policy.model_name_or_path, processor, dtype=cfg.policy.dtype, device=info.device,
-        seed=cfg.train.seed + info.rank, max_model_len=cfg.policy.model_max_length)
+        seed=cfg.train.seed + mesh.dp_rank, max_model_len=cfg.policy.model_max_length)
     if engine_model is not None:  # HF engine: its module's parameters are written (or share storage)
         sync = InProcessSync(policy.hf_model, engine_model, engine=engine)
     else:  # vLLM: tensors go through engine.update_weights under the checkpoint names vLLM loads
@@ -150,7 +150,7 @@ def main() -> None:
         times: dict[str, float] = {}
         t0 = time.perf_counter()
         params = SamplingParams.from_config(rollout, grpo.num_samples_per_prompt,
-                                            seed=cfg.train.seed * 1_000_003 + step * 1009 + info.rank)
+                                            seed=cfg.train.seed * 1_000_003 + step * 1009 + mesh.dp_rank)
         groups = generate_rollouts(engine, processor, [next(prompts) for _ in range(grpo.rollout_batch_size)],
                                    params, cfg, env)  # episodes of turns with an environment
         times["rollout"] = time.perf_counter() - t0
