@@ -19,6 +19,12 @@ held out of the training prompts (unset: 10 %), which training then never sees. 
 (``[train] signal_to_handle``) saves a checkpoint when the step in progress ends and stops the run with
 exit status 75; ``train.resume=true`` goes on from it as if never stopped. Ctrl-C stops at once (exit
 status 130, the checkpoints left whole) and prints the command that resumes the run.
+
+``[distillation] enable``: a frozen teacher (``model_name_or_path``, the student's tokenizer) scores
+every sampled token; the per-token advantage is ``-kl_penalty_coef`` x the sampled reverse KL to it,
+summed forward with ``kl_discount_factor`` (rewards bypassed, as cosmos-rl; ``reward_advantages =
+"add"`` adds them). ``[rollout.multi_turn_config] enable``: each sample is an episode of up to
+``max_assistant_turns`` model turns, the ``environment`` callable answering each.
 """
 
 from __future__ import annotations
@@ -40,6 +46,8 @@ from cosmos_primitives.data import (
     collate_rollouts,
     prompt_stream,
 )
+from cosmos_primitives.policy.distill import distill_advantages, load_teacher
+from cosmos_primitives.rollout.episodes import generate_rollouts, load_environment, score_rollouts
 from cosmos_primitives.sync import InProcessSync
 
 
@@ -94,9 +102,11 @@ def main() -> None:
     policy = cp.policy.build_policy(cfg.policy, mesh, train=cfg.train)
     reference = cp.policy.grpo_reference(policy, info.device, mesh, kl_beta=cfg.grpo.kl_beta, policy_cfg=cfg.policy,
                                          train=cfg.train)  # None without [grpo] kl_beta
+    teacher = load_teacher(cfg.distillation, mesh, info.device, policy_cfg=cfg.policy,
+                           train=cfg.train)  # None without [distillation] enable
     engine, engine_model = cp.rollout.build_rollout_engine(
         rollout, cfg.policy.model_name_or_path, processor, dtype=cfg.policy.dtype, device=info.device,
-        seed=cfg.train.seed + info.rank, max_model_len=cfg.policy.model_max_length)
+        seed=cfg.train.seed + mesh.dp_rank, max_model_len=cfg.policy.model_max_length)
     if engine_model is not None:  # HF engine: its module's parameters are written (or share storage)
         sync = InProcessSync(policy.hf_model, engine_model, engine=engine)
     else:  # vLLM: tensors go through engine.update_weights under the checkpoint names vLLM loads
@@ -113,6 +123,7 @@ def main() -> None:
     bad = BadSampleTracker(cfg.train.train_policy.dataset.bad_sample_budget)
     prompts = prompt_stream(dataset, sampler, bad)
     rewards = cp.rewards.RewardSet.from_config(grpo)
+    env = load_environment(rollout.multi_turn_config)  # None without [rollout.multi_turn_config] enable
     # [grpo] rollouts_per_step splits each generation into that many optimizer steps (cosmos-rl's smaller batches)
     parts = cp.policy.step_slices(grpo.rollout_batch_size * grpo.num_samples_per_prompt, grpo.rollouts_per_step)
     steps_per_epoch = math.ceil(len(sampler) / grpo.rollout_batch_size) * len(parts)
@@ -142,12 +153,15 @@ def main() -> None:
         times: dict[str, float] = {}
         t0 = time.perf_counter()
         params = SamplingParams.from_config(rollout, grpo.num_samples_per_prompt,
-                                            seed=cfg.train.seed * 1_000_003 + step * 1009 + info.rank)
-        groups = engine.generate([next(prompts) for _ in range(grpo.rollout_batch_size)], params)
+                                            seed=cfg.train.seed * 1_000_003 + step * 1009 + mesh.dp_rank)
+        groups = generate_rollouts(engine, processor, [next(prompts) for _ in range(grpo.rollout_batch_size)],
+                                   params, env, multi=rollout.multi_turn_config,
+                                   max_response_length=rollout.max_response_length)  # episodes with an environment
         times["rollout"] = time.perf_counter() - t0
 
         t0 = time.perf_counter()
-        scored = cp.rewards.score_groups(groups, rewards, grpo, rollout.max_response_length)
+        scored, extra = score_rollouts(groups, rewards, grpo, processor,
+                                       max_response_length=rollout.max_response_length, multi_turn=env is not None)
         times["reward"] = time.perf_counter() - t0
 
         t0 = time.perf_counter()
@@ -157,6 +171,12 @@ def main() -> None:
         batch.completion_mask = batch.completion_mask * scored.keep[:, None].to(batch.completion_mask)
         collate_s = time.perf_counter() - t0
         advantages, first_step = scored.advantages.to(info.device), step
+        if teacher is not None:  # [N, T]: the teacher's per-token signal (teacher_kl and the like in extra)
+            settings = cp.policy.GRPOUpdateSettings.from_config(cfg)
+            advantages, teacher_metrics = distill_advantages(teacher, batch, advantages, cfg.distillation,
+                                                             temperature=settings.temperature,
+                                                             chunk_size=settings.logprob_chunk_size)
+            extra = {**extra, **teacher_metrics}
         for part in parts:  # one optimizer step each (one part unless [grpo] rollouts_per_step is set)
             rows = batch if len(parts) == 1 else batch.subset(part)
             update = cp.policy.grpo_update(policy, reference, optimizer, rows, advantages[part],
@@ -171,7 +191,7 @@ def main() -> None:
             tracker.log_metrics({
                 "reward/mean": float(scored.rewards.mean()), "reward/std": float(scored.rewards.std(unbiased=False)),
                 **{k: v for k, v in scored.batch.metrics.items() if k.startswith("reward/") and k != "reward/total"},
-                **update.metrics,
+                **update.metrics, **extra,
                 "response_length": float(scored.lengths.float().mean()), "grad_norm": update.grad_norm,
                 "lr": scheduler.get_last_lr()[0], "bad_samples": bad.count, **scored.sampling_metrics,
                 **{f"time/{k}": v for k, v in times.items()}, "time/step": sum(times.values()),

@@ -119,3 +119,85 @@ def test_cosmos_rl_qwen2_5_grpo_config_runs_with_only_paths_overridden(inputs: t
     assert 3 <= row["response_length"] < 2048, row  # answers ended with <|im_end|>, none ran to the cap
     # optm_lr 1e-6, 20 warmup steps clamped to the run's 4 (as cosmos-rl), from 0: step 2's lr is a third of the peak
     assert row["lr"] == pytest.approx(1e-6 / 3)
+
+
+MULTI_TURN = CONFIG.parent / "qwen2-5-multiturn-3b-p-fsdp1-tp1-r-tp1-pp1-grpo.toml"
+DISTILL = CONFIG.parents[1] / "qwen3" / "qwen3-8b-distill.toml"
+
+
+def _run_to_first_row(config: Path, overrides: list[str], output: str, tmp_path: Path, nproc: int) -> tuple[dict, str]:
+    """Run ``config`` under torchrun with ``overrides`` until its first optimizer step's metrics row."""
+    log = tmp_path / "run.log"
+    proc = launch_recipe(REPO / "examples" / "grpo_vlm.py", config, overrides, log, cwd=tmp_path, nproc=nproc,
+                         torchrun=True)
+    metrics = tmp_path / "outputs" / output
+
+    def first_row() -> dict | None:
+        found = list(metrics.glob("*/metrics.jsonl")) if metrics.is_dir() else []
+        return _first_step_row(found[0]) if found else None
+
+    kill_when(proc, lambda: first_row() is not None, log, "the first optimizer step's metrics row",
+              timeout_s=560, sig=signal.SIGTERM)
+    row = first_row()
+    assert row is not None
+    return row, log.read_text(errors="replace")
+
+
+@pytest.mark.slow
+def test_cosmos_rl_multiturn_config_runs_with_only_paths_overridden(inputs: tuple[Path, Path], tmp_path: Path) -> None:
+    """cosmos-rl's multi-turn file ([rollout.multi_turn_config] enable, tools, 5 assistant turns): with no
+    tool agent, as cosmos-rl's default data packer, each episode ends after the model's first turn."""
+    model, data = inputs
+    row, text = _run_to_first_row(MULTI_TURN, [f"policy.model_name_or_path={model}",
+                                               f"train.train_policy.dataset.name={data}"],
+                                  "qwen2-5-3b-p-fsdp1-tp1-r-tp1-pp1-grpo", tmp_path, nproc=1)
+    assert "128 rollouts per step and rank" in text
+    assert row["episode/turns"] == 1.0 and row["episode/turns_max"] == 1.0, row
+    assert row["episode/env_reward"] == 0.0
+    assert 0.0 < row["reward/mean"] < 1.0 and row["reward/mean"] == pytest.approx(row["reward/boxed_math"]), row
+    assert math.isfinite(row["loss"]) and row["grad_norm"] > 0, row
+
+
+def _tiny_qwen2_for_tp4(seed: int) -> torch.nn.Module:
+    """A tiny Qwen2 whose 4 attention and 4 KV heads split over the file's policy ``tp_size = 4``."""
+    from transformers import Qwen2ForCausalLM
+
+    model = tiny_qwen2(seed=seed)
+    config = model.config
+    config.num_key_value_heads = 4
+    torch.manual_seed(seed)
+    fresh = Qwen2ForCausalLM(config)
+    fresh.generation_config = model.generation_config
+    return fresh
+
+
+@pytest.mark.slow
+def test_cosmos_rl_distill_config_runs_with_only_paths_overridden(tmp_path: Path) -> None:
+    """cosmos-rl's ``configs/qwen3/qwen3-8b-distill.toml`` ([distillation] enable, policy tp_size 4: four
+    ranks) with the policy, teacher and data paths overridden, and the rollout's tp_size (the HF engine
+    of a CPU cannot shard). The student is taught the answer format
+    as the fixture's model is (its heads split four ways); the teacher is a random tiny Qwen2 of the same
+    tokenizer. The step trains on the teacher's per-token reverse KL, the rewards bypassed (as cosmos-rl)."""
+    tokenizer = qwen_tokenizer()
+    rows = _sums(ITEMS)
+    student = _tiny_qwen2_for_tp4(seed=0)
+    _teach_boxed_answers(student, tokenizer, rows, steps=32)
+    for name, model in (("student", student), ("teacher", _tiny_qwen2_for_tp4(seed=1))):
+        model.save_pretrained(tmp_path / name)
+        tokenizer.save_pretrained(tmp_path / name)
+    gsm8k = tmp_path / "gsm8k.jsonl"  # the file's columns: question / answer ("... #### N")
+    gsm8k.write_text("".join(json.dumps({"question": r["prompt"], "answer": "so #### " + r["result"].strip("$")})
+                             + "\n" for r in rows))
+    row, text = _run_to_first_row(DISTILL, [f"policy.model_name_or_path={tmp_path / 'student'}",
+                                            f"distillation.model_name_or_path={tmp_path / 'teacher'}",
+                                            f"train.train_policy.dataset.name={gsm8k}",
+                                            f"validation.dataset.name={gsm8k}",
+                                            # the file's rollout tp_size = 2 needs vLLM (a GPU); the HF
+                                            # engine on a CPU runs one whole model per rank
+                                            "rollout.parallelism.tp_size=1"],
+                                  "qwen3-8b-distillation", tmp_path, nproc=4)
+    assert "world_size=4" in text
+    # a random teacher disagrees with the taught student: a clearly positive sampled reverse KL
+    assert row["teacher_kl"] > 0.5 and math.isfinite(row["teacher_kl"]), row
+    assert row["teacher_kl_advantages"] == pytest.approx(-row["teacher_kl"], rel=1e-4)  # kl_penalty_coef 1
+    assert math.isfinite(row["loss"]) and row["grad_norm"] > 0, row

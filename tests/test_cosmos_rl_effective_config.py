@@ -52,6 +52,10 @@ TRANSLATED: dict[str, Callable[[cp.Config], Any]] = {
 UNSET = (None, "", [])
 
 DELIBERATE: dict[str, tuple[Callable[[Any, Any], bool], str]] = {
+    "train.train_policy.min_filter_prefix_tokens": (
+        lambda theirs, ours: ours is None,
+        "with [distillation] enable it is unset: cosmos-rl bypasses the rewards then, all 0, so its filter "
+        "takes nothing out (qwen3-8b-distill.toml)"),
     "rollout.backend": (
         lambda theirs, ours: theirs == "vllm" or theirs not in ("vllm", "hf"),
         "unset: vLLM where it is installed and a GPU is present, else the HF engine (cosmos-rl: always vLLM); "
@@ -106,7 +110,7 @@ def _load(name: str) -> cp.Config:
 def test_the_fixture_covers_every_vendored_llm_vlm_config_and_every_mapped_key() -> None:
     assert FIXTURE["cosmos_rl_version"] == "0.4.7"
     vendored = {str(p.relative_to(CONFIGS)) for p in CONFIGS.rglob("*.toml") if "cosmos-predict2-5" not in p.parts}
-    assert set(FIXTURE["configs"]) == vendored and len(vendored) == 51
+    assert set(FIXTURE["configs"]) == vendored and len(vendored) == 52
     keys = {key for values in FIXTURE["configs"].values() for key in values}
     mapped = {key for key, rule in RULES.items() if rule.how == "mapped"}
     assert keys <= mapped and len(keys) >= 100  # the rest are keys of no LLM / VLM file's class (custom / lora ones)

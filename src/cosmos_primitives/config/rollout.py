@@ -19,6 +19,21 @@ class SamplingConfig(Section):
     repetition_penalty: float = 1.0
 
 
+class MultiTurnConfig(Section):
+    """``[rollout.multi_turn_config]`` (cosmos-rl's keys, plus ``environment``): each prompt becomes an
+    episode of at most ``max_assistant_turns`` model turns, the environment answering each
+    (``cp.rollout.multi_turn.run_episodes``)."""
+
+    enable: bool = False
+    max_assistant_turns: AtLeastOne = 5
+    # true: the environment's replies enter the chat as tool responses (QWEN_TOOL_REPLY); false: as they are
+    enable_tools: bool = False
+    # "module:function" (or "path/to/file.py:function"): env(episode) -> EnvReply, called after every model
+    # turn; unset: no environment, so an episode ends after its first turn, as cosmos-rl's default data
+    # packer (no tool agent) ends it. cosmos-rl takes tools from the data packer its launcher script builds.
+    environment: str = ""
+
+
 class RolloutConfig(Section):
     """``[rollout]``. The number of samples per prompt lives in ``[grpo]`` (alias ``n_generation``)."""
 
@@ -41,3 +56,4 @@ class RolloutConfig(Section):
     limit_mm_per_prompt: dict[str, int] | None = None
     mm_processor_kwargs: dict[str, Any] | None = None
     sampling_config: SamplingConfig = msgspec.field(default_factory=SamplingConfig)
+    multi_turn_config: MultiTurnConfig = msgspec.field(default_factory=MultiTurnConfig)

@@ -8,6 +8,7 @@ import msgspec
 
 from cosmos_primitives.config.base import Section
 from cosmos_primitives.config.disaggregated import DisaggregatedConfig
+from cosmos_primitives.config.distillation import DistillationConfig
 from cosmos_primitives.config.evaluation import EvalConfig
 from cosmos_primitives.config.grpo import GRPOConfig
 from cosmos_primitives.config.logging import LoggingConfig
@@ -35,6 +36,7 @@ class Config(Section):
     disaggregated: DisaggregatedConfig = msgspec.field(default_factory=DisaggregatedConfig)
     remote_reward: RemoteRewardConfig = msgspec.field(default_factory=RemoteRewardConfig)
     eval: EvalConfig = msgspec.field(default_factory=EvalConfig)
+    distillation: DistillationConfig = msgspec.field(default_factory=DistillationConfig)
     custom: dict[str, Any] = msgspec.field(default_factory=dict)
     # settings of another system's config that cannot be honoured here (key -> what to do instead),
     # filled by the loader (cosmos-rl's refused keys); recipes stop on them (cp.config.check_runnable)
@@ -49,3 +51,11 @@ class Config(Section):
                                  f"(got {self.train.sync_weight_interval})")
             self.grpo.allowed_outdated_steps = self.train.sync_weight_interval - 1
         self.train._validation = self.validation  # train.enable_validation reads it
+        if self.distillation.enable and self.grpo.min_filter_prefix_tokens is not None:
+            if self.distillation.reward_advantages == "add":
+                raise ValueError("grpo.min_filter_prefix_tokens (train_policy.min_filter_prefix_tokens) compares "
+                                 "rewards per row, which distillation.reward_advantages = \"add\" turns into "
+                                 "per-token advantages: remove one of the two")
+            # cosmos-rl bypasses the rewards when distilling: all 0, so no group has differently rewarded
+            # completions whose shared prefix the filter would take out; the same no-op here
+            self.grpo.min_filter_prefix_tokens = None

@@ -14,8 +14,8 @@ The source of truth for cosmos-rl's keys, meanings and defaults is its config cl
   start-up (``cp.config.check_runnable``) with the reason saying what to do instead.
 
 A value among a key's ``noop`` values asks for nothing (``fsdp_offload = false``) and is dropped
-silently. Sections for other kinds of model (``[distillation]``, ``[vla]``, ``[policy.diffusers]``)
-are refused as a whole.
+silently. Sections for other kinds of model (``[vla]``, ``[policy.diffusers]``) are refused as a
+whole.
 
 Everything else is generated from :data:`RULE_LIST`: the aliases the loader moves onto our keys
 (:func:`cosmos_rl_aliases`), the defaults a cosmos-rl file gets (:data:`COSMOS_RL_DEFAULTS`,
@@ -191,7 +191,7 @@ RULE_LIST: tuple[Rule, ...] = (
     ignored('train.train_policy.uncentralized_training', False, 'launcher-only: controller layout'),
     ignored('train.train_policy.outdated_rollout_fetch_batch_size', 0, 'speed-only: queue fetch size'),
     ignored('train.train_policy.max_inflight_steps', None, 'launcher-only: controller scheduling'),
-    mapped('train.train_policy.min_filter_prefix_tokens', None, '(cp.algo.prefix_filter)', to='grpo.min_filter_prefix_tokens'),
+    mapped('train.train_policy.min_filter_prefix_tokens', None, '(cp.algo.prefix_filter; unset with distillation.enable, where cosmos-rl bypasses the rewards, all 0, so its filter takes nothing out)', to='grpo.min_filter_prefix_tokens'),
     ignored('train.train_policy.max_retry_for_on_policy', -1, 'launcher-only: controller retries'),
     refused('train.train_policy.reference_reset_interval', None, 'the KL reference is fixed here; remove the key'),
     ignored('train.train_policy.reset_optimizer_with_reference', True, 'only acts with reference_reset_interval'),
@@ -284,13 +284,13 @@ RULE_LIST: tuple[Rule, ...] = (
     ignored('rollout.sampling_config.use_flashinfer', False, 'speed-only: sampling kernel'),
     ignored('rollout.vllm_use_flashinfer', False, 'speed-only: sampling kernel'),
     mapped('rollout.backend', 'vllm', '("vllm" or "hf"; other engines are refused; unset in any file: "auto", resolved where the engine is built: vLLM when it is installed and a GPU is present, else hf, logged)'),
-    refused('rollout.multi_turn_config.enable', False, 'multi-turn rollouts are not supported; remove [rollout.multi_turn_config]', noop=(False,)),
-    ignored('rollout.multi_turn_config.enable_tools', False, 'only acts with multi-turn rollouts'),
-    ignored('rollout.multi_turn_config.enable_thinking', False, 'only acts with multi-turn rollouts'),
-    ignored('rollout.multi_turn_config.custom_chat_template_path', None, 'only acts with multi-turn rollouts'),
-    ignored('rollout.multi_turn_config.max_assistant_turns', 5, 'only acts with multi-turn rollouts'),
-    ignored('rollout.multi_turn_config.add_generation_prompt', True, 'only acts with multi-turn rollouts'),
-    ignored('rollout.multi_turn_config.continue_final_message', False, 'only acts with multi-turn rollouts'),
+    mapped('rollout.multi_turn_config.enable', False, '(the colocated recipe runs each prompt as an episode of model turns and environment replies, cp.rollout.multi_turn.run_episodes; the reward functions score the last model turn, as cosmos-rl, and the environment\'s turn rewards are added)'),
+    mapped('rollout.multi_turn_config.enable_tools', False, "(true: the environment's replies enter the chat as tool-response turns, QWEN_TOOL_REPLY; false: as plain text. cosmos-rl's tools come from the data packer its launcher script builds; here rollout.multi_turn_config.environment names the environment, module:function; unset: none, so an episode ends after its first turn, as cosmos-rl's default packer ends it)"),
+    ignored('rollout.multi_turn_config.enable_thinking', False, "the prompt is rendered by the dataset (the model's chat template) as in a one-turn run; a Qwen3 thinking switch belongs in a dataset plug-in"),
+    ignored('rollout.multi_turn_config.custom_chat_template_path', None, "the model's own chat template renders the prompt (cosmos-rl too falls back to it when the file is missing); later turns are token ids, never re-rendered"),
+    mapped('rollout.multi_turn_config.max_assistant_turns', 5),
+    ignored('rollout.multi_turn_config.add_generation_prompt', True, 'the prompt always ends with the assistant header here'),
+    ignored('rollout.multi_turn_config.continue_final_message', False, 'each model turn starts after the last reply here'),
     ignored('rollout.mode', 'sync', 'launcher-only: rollout worker mode'),
     ignored('rollout.async_config.max_concurrent_requests', 10, 'launcher-only: rollout worker mode'),
     ignored('rollout.async_r2r_sync', 'disabled', 'launcher-only: rollout-to-rollout weight sync'),
@@ -357,12 +357,35 @@ RULE_LIST: tuple[Rule, ...] = (
     mapped('validation.reward_function', [], '(empty: the training rewards, grpo.reward_function, as cosmos-rl)'),
     refused('validation.use_remote_reward', None, 'use [remote_reward]', noop=(False,)),
     refused('validation.remote_reward', None, 'use [remote_reward]'),
-    refused('distillation', None, 'distillation is not supported here'),
+    mapped('distillation.enable', False, '(the colocated recipe, examples/grpo_vlm.py: a frozen teacher scores each rollout token; the advantage is -kl_penalty_coef x the sampled reverse KL, summed forward with kl_discount_factor; the rewards are bypassed as cosmos-rl bypasses them, or added with distillation.reward_advantages = "add")'),
+    mapped('distillation.model_name_or_path', 'Qwen/Qwen2.5-VL-7B-Instruct', '(the teacher, loaded with the policy loader in policy.dtype; it must share the student\'s tokenizer; ours has no default)', fill=True),
+    mapped('distillation.model_revision', None),
+    mapped('distillation.kl_penalty_coef', 1.0),
+    mapped('distillation.kl_discount_factor', 0.0),
+    mapped('distillation.mini_batch', 1, '(teacher rows per forward)'),
+    refused('distillation.top_k', 0, 'top-k Jensen-Shannon distillation is not wired into the recipe (cp.algo.distillation.topk_jsd_per_token is the math): set top_k = 0, the sampled reverse KL', noop=(0,)),
+    ignored('distillation.jsd_beta', 0.5, 'only acts with top_k > 0'),
+    refused('distillation.include_prompt', False, 'the teacher scores the completion tokens only here; remove the key', noop=(False,)),
+    ignored('distillation.trainer_token_ids_from_teacher', True, 'only acts with top_k > 0'),
+    ignored('distillation.rollout_top_k_recompute', False, 'only acts with top_k > 0'),
+    ignored('distillation.parallelism', None, 'the teacher is sharded as the policy (policy.parallelism) on the same ranks'),
+    ignored('distillation.compile', True, 'speed-only: the frozen teacher is not compiled here'),
+    ignored('distillation.master_dtype', 'float32', 'the teacher is frozen: no master weights'),
+    ignored('distillation.param_dtype', 'bfloat16', 'the teacher is loaded in policy.dtype'),
+    ignored('distillation.logprob_dtype', 'float32', 'teacher log-probs are float32 here'),
+    ignored('distillation.fsdp_reduce_dtype', 'float32', 'the teacher is frozen: no gradients to reduce'),
+    ignored('distillation.fsdp_offload', False, 'speed-only: the teacher is sharded as the policy'),
+    ignored('distillation.fsdp_reshard_after_forward', 'never', 'speed-only: the teacher is sharded as the policy'),
+    ignored('distillation.batch_size_per_replica', 8, 'speed-only: the teacher scores each step\'s rollouts in distillation.mini_batch rows'),
+    ignored('distillation.max_token_len_per_mini_batch', None, 'speed-only: teacher batching'),
+    ignored('distillation.sequence_packing', False, 'speed-only: teacher batching'),
+    ignored('distillation.seed', None, 'the frozen teacher samples nothing'),
+    ignored('distillation.model_max_length', None, "not a key of cosmos-rl 0.4.7's DistillationConfig (configs/qwen3/qwen3-8b-distill.toml sets it; cosmos-rl drops it): the teacher scores the student's sequences, bounded by policy.model_max_length"),
     refused('vla', None, 'vision-language-action training is not supported here'),
     *_parallelism("policy"),
     *_parallelism("rollout"),
 )
-"""Every rule, in the order of the docs table (a whole section for ``profiler``, ``distillation``,
+"""Every rule, in the order of the docs table (a whole section for ``profiler``, ``distillation.parallelism``,
 ``vla``, ``policy.diffusers``, ``train.train_policy.remote_reward``, ``validation.remote_reward``)."""
 
 RULES: dict[str, Rule] = {rule.key: rule for rule in RULE_LIST}
