@@ -53,7 +53,7 @@ from cosmos_primitives.algo.fused_logprob_loss import (
     token_loss_from_hidden,
     weighted_logprobs_from_hidden,
 )
-from cosmos_primitives.algo.grpo_loss import GRPOTokenLoss, grpo_loss, grpo_token_loss
+from cosmos_primitives.algo.grpo_objective import GRPOTokenLoss, grpo_loss, grpo_token_loss
 from cosmos_primitives.algo.kl import kl_k1, kl_k2, kl_k3
 from cosmos_primitives.algo.logprobs import (
     ScoredPositions,
@@ -105,7 +105,7 @@ from cosmos_primitives.algo.sampling_distribution import (
     sampling_keep_mask,
     sampling_logprobs,
 )
-from cosmos_primitives.algo.sft_loss import sft_loss, sft_token_weights, trained_mask
+from cosmos_primitives.algo.sft_objective import sft_loss, sft_token_weights, trained_mask
 
 __all__ = [
     "DataLoss",

@@ -9,7 +9,7 @@ huggingface_hub (extras ``s3`` and ``hub``) are imported only when an upload is 
 
 from __future__ import annotations
 
-from cosmos_primitives.utils.lazy_exports import lazy_exports
+from cosmos_primitives.utils.lazy_module import lazy_exports
 
 _EXPORTS = {
     "CheckpointManager": "cosmos_primitives.checkpoint.manager",

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from cosmos_primitives.utils.lazy_exports import lazy_exports
+from cosmos_primitives.utils.lazy_module import lazy_exports
 
 _EXPORTS = {
     "Prompt": "records",

@@ -2,7 +2,7 @@
 
 from cosmos_primitives.logging.console import get_logger
 from cosmos_primitives.logging.plot import plot_run
-from cosmos_primitives.logging.progress import progress
+from cosmos_primitives.logging.progress_bar import progress
 from cosmos_primitives.logging.samples import save_video_samples
 from cosmos_primitives.logging.tracker import MetricsTracker, metric_series, read_metrics, wandb_run_name
 

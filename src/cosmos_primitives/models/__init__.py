@@ -20,7 +20,7 @@ Names load on first use.
 
 from __future__ import annotations
 
-from cosmos_primitives.utils.lazy_exports import lazy_exports
+from cosmos_primitives.utils.lazy_module import lazy_exports
 
 _EXPORTS = {
     **{n: "name_maps" for n in ("FamilyNameMap", "Fusion", "NameMapError", "UnknownFamilyError", "get_family",

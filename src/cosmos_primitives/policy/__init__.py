@@ -11,7 +11,7 @@ An SFT / GRPO step (``cfg`` from ``cp.load_config``, ``mesh = cp.parallel.Parall
     grad_norm = cp.parallel.clip_grad_norm_(policy.parameters(), cfg.train.optm_grad_norm_clip)
     optimizer.step(); scheduler.step(); optimizer.zero_grad()
 
-(``sft_loss`` is ``cosmos_primitives.algo.sft_loss.sft_loss``.) ``examples/sft.py`` also passes
+(``sft_loss`` is ``cosmos_primitives.algo.sft_objective.sft_loss``.) ``examples/sft.py`` also passes
 ``loss_weights=cp.algo.sft_token_weights(batch["labels"], group=...)`` to ``token_logprobs`` and
 ``weighted_sum=out.weighted_sum`` to ``sft_loss``: the same loss, with its gradient computed in the
 LM head's forward (one GEMM less per chunk). A GRPO update on a rollout batch is
@@ -30,7 +30,7 @@ from cosmos_primitives.policy.diffusion import (
 from cosmos_primitives.policy.diffusion_cp import enable_transformer_context_parallel
 from cosmos_primitives.policy.flow_loading import load_flow_model
 from cosmos_primitives.policy.flow_update import diffusion_nft_update, flow_grpo_update
-from cosmos_primitives.policy.grpo_update import (
+from cosmos_primitives.policy.grpo_step import (
     GRPOUpdate,
     grpo_micro_batch_loss,
     grpo_reference,
@@ -43,8 +43,8 @@ from cosmos_primitives.policy.lora import adapters_disabled, apply_lora
 from cosmos_primitives.policy.nonfinite import NonFiniteError, check_finite
 from cosmos_primitives.policy.optim import WarmupDecayLR, build_lr_scheduler, build_optimizer
 from cosmos_primitives.policy.sft_validation import ValidationLoss, sft_validation_loss, without_labels
-from cosmos_primitives.policy.sft_warmup import sft_warmup
 from cosmos_primitives.policy.trainable import TrainableSummary, apply_trainable_patterns, trainable_summary
+from cosmos_primitives.policy.warmup import sft_warmup
 
 __all__ = [
     "MODEL_INPUT_KEYS",

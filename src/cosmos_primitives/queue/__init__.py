@@ -58,7 +58,7 @@ from cosmos_primitives.queue.record import (
 from cosmos_primitives.queue.redis_queue import REDIS_URL_ENV, RedisRolloutQueue, resolve_redis_url
 from cosmos_primitives.queue.staleness import StalenessFilter, record_staleness
 from cosmos_primitives.queue.throttle import RolloutThrottle, expected_staleness
-from cosmos_primitives.utils.lazy_exports import lazy_exports
+from cosmos_primitives.utils.lazy_module import lazy_exports
 
 __all__ = [
     "REDIS_URL_ENV",

@@ -35,7 +35,7 @@ from cosmos_primitives.rewards.rule_based import (
     format_reward,
     single_choice_reward,
 )
-from cosmos_primitives.utils.lazy_exports import lazy_exports
+from cosmos_primitives.utils.lazy_module import lazy_exports
 
 __all__ = [
     "ANSWER_PATTERN",

@@ -7,7 +7,7 @@ live in ``cp.data``.
 
 from __future__ import annotations
 
-from cosmos_primitives.utils.lazy_exports import lazy_exports
+from cosmos_primitives.utils.lazy_module import lazy_exports
 
 _EXPORTS = {
     "RolloutEngine": "base",

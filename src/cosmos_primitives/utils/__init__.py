@@ -6,7 +6,7 @@ processes such as the reward server) does not import torch.
 
 from __future__ import annotations
 
-from cosmos_primitives.utils.lazy_exports import lazy_exports
+from cosmos_primitives.utils.lazy_module import lazy_exports
 
 _EXPORTS = {
     "MissingExtraError": "cosmos_primitives.utils.extras",
