@@ -23,6 +23,8 @@ _EXPORTS = {
     "restore_rng_state": "cosmos_primitives.utils.seeding",
 }
 
-__all__ = sorted(_EXPORTS)
+__all__ = [  # the public surface (tests/test_public_surface.py); the rest by module path
+    "derived_generator", "derived_seed", "latest_run_dir", "resolve_backend", "seed_everything",
+]
 
 __getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)
