@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import importlib
 import pkgutil
+import re
 import types
+from pathlib import Path
 
 import cosmos_primitives as cp
 
@@ -47,3 +49,14 @@ def test_no_module_is_shadowed_by_a_function() -> None:
                 shadowed.append(f"{package.__name__}.{module.name} ({type(value).__name__})")
     assert not shadowed, (f"a package attribute hides a module of the same name: {shadowed}; "
                           "rename the module (git mv) to say its job, or keep the name out of the package")
+
+
+def test_the_api_doc_surface_table_is_the_packages_all() -> None:
+    """docs/api.md's surface table lists exactly each sub-package's ``__all__``."""
+    doc = (Path(__file__).resolve().parents[1] / "docs" / "api.md").read_text()
+    rows = dict(re.findall(r"^\| `cp\.(\w+)` \| (.*) \|$", doc, flags=re.MULTILINE))
+    documented = {package: set(re.findall(r"`(\w+)`", names)) for package, names in rows.items()
+                  if package != "__version__"}
+    actual = {package.__name__.rsplit(".", 1)[1]: set(getattr(package, "__all__", ())) for package in subpackages()}
+    assert documented == actual, ("docs/api.md 'The public surface' table differs from __all__: "
+                                  f"{ {p: sorted(documented.get(p, set()) ^ actual[p]) for p in actual} }")
