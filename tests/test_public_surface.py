@@ -60,3 +60,19 @@ def test_the_api_doc_surface_table_is_the_packages_all() -> None:
     actual = {package.__name__.rsplit(".", 1)[1]: set(getattr(package, "__all__", ())) for package in subpackages()}
     assert documented == actual, ("docs/api.md 'The public surface' table differs from __all__: "
                                   f"{ {p: sorted(documented.get(p, set()) ^ actual[p]) for p in actual} }")
+
+
+def test_samples_per_prompt_has_one_python_name() -> None:
+    """The trainer's record check takes the ``[grpo]`` key's name; the older keyword warns and still works."""
+    import pytest
+
+    from cosmos_primitives.queue.record_groups import check_trainable
+
+    record = types.SimpleNamespace(num_completions=2)
+    check_trainable(record, None, num_samples_per_prompt=2)
+    with pytest.raises(ValueError, match=r"holds 2 completions; this run samples 3 per prompt"):
+        check_trainable(record, None, num_samples_per_prompt=3)
+    with pytest.warns(FutureWarning, match="num_samples_per_prompt"):
+        check_trainable(record, None, num_completions=2)
+    with pytest.raises(TypeError, match="differ"):
+        check_trainable(record, None, num_samples_per_prompt=2, num_completions=3)
