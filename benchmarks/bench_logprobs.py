@@ -104,7 +104,7 @@ def variant_loss(variant: str, hidden, weight, input_ids, grad_out, chunk_size: 
 
 def _head_loss(head: str, epilogue: str, hidden, weight, input_ids, grad_out, chunk_size: int):
     from cosmos_primitives.algo.fused_logprob_loss import token_loss_from_hidden, weighted_logprobs_from_hidden
-    from cosmos_primitives.algo.grpo_loss import grpo_loss, grpo_token_loss
+    from cosmos_primitives.algo.grpo_objective import grpo_loss, grpo_token_loss
     from cosmos_primitives.algo.logprobs import token_logprobs_from_hidden
     from cosmos_primitives.config.grpo import GRPOConfig
 

@@ -97,7 +97,7 @@ def measure_sft(config, *, seq_len: int, rows: int, steps: int, warmup_steps: in
     from transformers import Qwen2ForCausalLM
 
     import cosmos_primitives as cp
-    from cosmos_primitives.algo.sft_loss import sft_loss, sft_token_weights
+    from cosmos_primitives.algo.sft_objective import sft_loss, sft_token_weights
     from cosmos_primitives.config.policy import ParallelismConfig, PolicyConfig
     from cosmos_primitives.config.train import TrainConfig
 

@@ -201,7 +201,7 @@ def main() -> None:
         t0 = time.perf_counter()
         records, groups = fetch_records(queue, stale, plan.records_per_trainer, trainer_step=step, settings=settings,
                                         bad=bad, timeout_s=dis.get_timeout_s, processor=processor,
-                                        num_completions=grpo.num_samples_per_prompt,
+                                        num_samples_per_prompt=grpo.num_samples_per_prompt,
                                         on_dropped=lambda dropped: regenerate(queue, claims, dropped))
         times["wait"] = time.perf_counter() - t0
         t0 = time.perf_counter()

@@ -28,7 +28,7 @@ import time
 import torch
 
 import cosmos_primitives as cp
-from cosmos_primitives.algo.sft_loss import sft_loss, sft_token_weights, trained_mask
+from cosmos_primitives.algo.sft_objective import sft_loss, sft_token_weights, trained_mask
 from cosmos_primitives.checkpoint import CheckpointManager
 from cosmos_primitives.data import (
     BadSampleBudgetExceeded,

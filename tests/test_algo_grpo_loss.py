@@ -10,7 +10,7 @@ import pytest
 import torch
 
 import cosmos_primitives as cp
-from cosmos_primitives.algo.grpo_loss import resolve_loss_type, resolve_policy_loss
+from cosmos_primitives.algo.grpo_objective import resolve_loss_type, resolve_policy_loss
 from cosmos_primitives.config import GRPOConfig, dump_config, load_config
 
 

@@ -43,7 +43,8 @@ EXCEPTIONS: dict[tuple[str, str], str] = {
 
 def _callables(package: str) -> Iterator[tuple[str, Callable]]:
     module = importlib.import_module(f"cosmos_primitives.{package}")
-    for name in module.__all__:
+    # every name the package gives (its lazy exports too), not only the __all__ of the public surface
+    for name in sorted(n for n in dir(module) if not n.startswith("_")):
         obj = getattr(module, name)
         if inspect.isfunction(obj):
             yield f"{package}.{name}", obj

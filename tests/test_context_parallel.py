@@ -23,7 +23,7 @@ import torch.nn.functional as F
 
 import cosmos_primitives as cp
 from cosmos_primitives import testing as cpt
-from cosmos_primitives.algo.sft_loss import sft_token_weights
+from cosmos_primitives.algo.sft_objective import sft_token_weights
 from cosmos_primitives.data.mrope import MRopeSpec
 from cosmos_primitives.data.packing import collate_packed
 from cosmos_primitives.data.qwen_vl_encoding import encode_conversation
@@ -183,7 +183,7 @@ def test_ulysses_attention_expands_grouped_kv_heads_per_query_head() -> None:
 def _fsdp_cp_worker(text_dir: str) -> dict:
     from torch.distributed.tensor import DTensor
 
-    from cosmos_primitives.algo.sft_loss import sft_loss
+    from cosmos_primitives.algo.sft_objective import sft_loss
     from cosmos_primitives.config.policy import ParallelismConfig, PolicyConfig
 
     parallelism = ParallelismConfig(dp_shard_size=2, cp_size=2)

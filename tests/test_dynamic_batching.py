@@ -25,7 +25,7 @@ from cosmos_primitives.rollout.hf_engine import HFRolloutEngine
 
 REPO = Path(__file__).resolve().parents[1]
 CONFIG = REPO / "examples" / "configs" / "grpo_tiny.toml"
-update_module = importlib.import_module("cosmos_primitives.policy.grpo_update")
+update_module = importlib.import_module("cosmos_primitives.policy.grpo_step")
 
 
 def test_partition_keeps_every_micro_batch_within_the_budget_and_is_deterministic() -> None:

@@ -57,7 +57,7 @@ def _worker(text_dir: str) -> dict:
     from torch.distributed.fsdp import FSDPModule
     from torch.distributed.tensor import DTensor
 
-    from cosmos_primitives.algo.sft_loss import sft_loss
+    from cosmos_primitives.algo.sft_objective import sft_loss
     from cosmos_primitives.parallel.compile import apply_compile
     from cosmos_primitives.policy import build as build_module
 

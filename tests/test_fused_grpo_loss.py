@@ -9,7 +9,7 @@ import pytest
 import torch
 
 import cosmos_primitives as cp
-from cosmos_primitives.algo.grpo_loss import grpo_token_loss
+from cosmos_primitives.algo.grpo_objective import grpo_token_loss
 from cosmos_primitives.algo.registry import register_aggregation
 from cosmos_primitives.config import GRPOConfig
 

@@ -15,7 +15,7 @@ import torch
 import cosmos_primitives as cp
 from cosmos_primitives.algo.fused_logprob_loss import fused_weighted_logprob_sum, weighted_logprobs_from_hidden
 from cosmos_primitives.algo.logprobs import prediction_mask, token_logprobs_from_hidden
-from cosmos_primitives.algo.sft_loss import sft_loss, sft_token_weights
+from cosmos_primitives.algo.sft_objective import sft_loss, sft_token_weights
 from cosmos_primitives.config.policy import PolicyConfig
 from test_logprobs import _LargestTensor
 

@@ -163,7 +163,7 @@ def test_fetch_records_dead_letters_records_that_would_stop_the_collate(mcq_medi
     queue.put_many(records)
     kept, rebuilt = fetch_records(queue, StalenessFilter(allowed_outdated_steps=4), 2, trainer_step=8,
                                   settings=settings, bad=BadSampleTracker(budget=0), timeout_s=5,
-                                  processor=tiny_vl_processor, num_completions=N_SAMPLES)
+                                  processor=tiny_vl_processor, num_samples_per_prompt=N_SAMPLES)
     assert [r.weight_version for r in kept] == [7, 8]
     collate_rollouts(rebuilt, tiny_vl_processor)  # the batch the trainer would have died collating is fine
     reasons = {r.weight_version: why for r, why in queue.rejected}

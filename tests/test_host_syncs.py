@@ -16,7 +16,7 @@ import pytest
 import torch
 
 import cosmos_primitives as cp
-from cosmos_primitives.algo.sft_loss import sft_loss, sft_token_weights
+from cosmos_primitives.algo.sft_objective import sft_loss, sft_token_weights
 from cosmos_primitives.config import GRPOConfig
 from cosmos_primitives.testing.host_sync import HostSyncCounter, HostSyncError
 

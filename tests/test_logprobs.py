@@ -139,7 +139,7 @@ def test_nothing_to_score_gives_zeros_with_a_graph() -> None:
 
 
 def test_sft_loss_is_the_masked_token_mean_and_accepts_masks() -> None:
-    from cosmos_primitives.algo.sft_loss import sft_loss
+    from cosmos_primitives.algo.sft_objective import sft_loss
 
     logprobs = (-torch.arange(1.0, 13.0)).reshape(2, 6).clone().requires_grad_(True)
     labels = torch.full((2, 6), -100)

@@ -112,7 +112,7 @@ def test_episodes_cross_the_queue_with_their_masks_and_turn_rewards(model, qwen_
     assert record.loss_masks == [c.loss_mask for c in groups[0].completions]
     assert record.turn_rewards == [[1.0, 2.0, 3.0]] * 2
     rebuilt = group_from_record(record)
-    check_trainable(record, rebuilt, qwen_tokenizer, num_completions=2)
+    check_trainable(record, rebuilt, qwen_tokenizer, num_samples_per_prompt=2)
     assert collate_rollouts([rebuilt], qwen_tokenizer).completion_mask.tolist() == \
         collate_rollouts(groups, qwen_tokenizer).completion_mask.tolist()
     bad = record_from_group(groups[0], [6.0, 6.0], [0.0, 0.0])

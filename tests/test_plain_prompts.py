@@ -49,7 +49,7 @@ def test_token_ids_through_the_hf_engine_batch_and_queue(qwen_tokenizer) -> None
     assert record.conversation == TEXT and record.media == []
     rebuilt = group_from_record(record)
     assert rebuilt.prompt.conversation == TEXT
-    check_trainable(record, rebuilt, qwen_tokenizer, num_completions=2)
+    check_trainable(record, rebuilt, qwen_tokenizer, num_samples_per_prompt=2)
     assert collate_rollouts([rebuilt], qwen_tokenizer).inputs["input_ids"].tolist() == \
         collate_rollouts(groups[:1], qwen_tokenizer).inputs["input_ids"].tolist()
 

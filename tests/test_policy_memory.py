@@ -22,7 +22,7 @@ import torch
 from torch.distributed.tensor import DTensor
 
 import cosmos_primitives as cp
-from cosmos_primitives.algo.sft_loss import sft_loss
+from cosmos_primitives.algo.sft_objective import sft_loss
 from cosmos_primitives.config.grpo import GRPOConfig
 from cosmos_primitives.config.policy import ParallelismConfig, PolicyConfig
 from cosmos_primitives.config.root import Config

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 import cosmos_primitives as cp
-from cosmos_primitives.algo.sft_loss import sft_loss
+from cosmos_primitives.algo.sft_objective import sft_loss
 from cosmos_primitives.config.policy import PolicyConfig
 from cosmos_primitives.testing.tokenizer import IMAGE_PAD_ID, VISION_END_ID, VISION_START_ID
 

@@ -10,6 +10,7 @@ import pytest
 import torch
 
 import cosmos_primitives as cp
+from cosmos_primitives.algo.rollout_correction import rollout_correction
 from cosmos_primitives.config.grpo import GRPOConfig
 
 
@@ -35,7 +36,7 @@ def reference_weight(mode: str, old: float, rollout: float, cap: float, lower: f
 def test_token_weights_match_reference_formula(mode, cap, lower) -> None:
     old, rollout, mask = shared_inputs()
     cfg = GRPOConfig(rollout_correction=mode, rollout_is_cap=cap, rollout_is_lower=lower)
-    out = cp.algo.rollout_correction(old, rollout, mask, cfg)
+    out = rollout_correction(old, rollout, mask, cfg)
     low = (1.0 / cap) if lower is None else lower
     for b in range(6):
         for t in range(9):
@@ -55,7 +56,7 @@ def test_sequence_rejection_matches_reference(mode) -> None:
     upper, lower = 1.15, 0.9
     cfg = GRPOConfig(rollout_correction="tis", rollout_is_cap=5.0, rollout_rejection=mode,
                      rollout_rejection_upper=upper, rollout_rejection_lower=lower)
-    out = cp.algo.rollout_correction(old, rollout, mask, cfg)
+    out = rollout_correction(old, rollout, mask, cfg)
     expected = []
     for b in range(6):
         logs = [float(old[b, t] - rollout[b, t]) for t in range(9) if mask[b, t]]
@@ -77,7 +78,7 @@ def test_behav_imp_weight_cap_is_mis_from_zero_and_keeps_its_old_weights() -> No
     old, rollout, mask = shared_inputs()
     cfg = GRPOConfig(behav_imp_weight_cap=1.2)
     assert (cfg.rollout_correction, cfg.rollout_is_cap, cfg.rollout_is_lower) == ("mis", 1.2, 0.0)
-    torch.testing.assert_close(cp.algo.rollout_correction(old, rollout, mask, cfg).weights,
+    torch.testing.assert_close(rollout_correction(old, rollout, mask, cfg).weights,
                                cp.algo.behaviour_weights(old, rollout, mask, 1.2))
     with pytest.raises(ValueError, match=r"behav_imp_weight_cap = 1\.2 means rollout_correction = 'mis'"):
         GRPOConfig(behav_imp_weight_cap=1.2, rollout_correction="tis")
@@ -107,7 +108,7 @@ def test_grpo_loss_weights_tokens_and_fused_path_agrees(mode) -> None:
     cfg = GRPOConfig(rollout_correction=mode, rollout_is_cap=1.3)
     loss, _ = cp.algo.grpo_loss(logprobs, old, advantages, mask, cfg=cfg, rollout_logprobs=rollout)
     plain = cp.algo.grpo_loss(logprobs, old, advantages, mask, cfg=GRPOConfig())[0]
-    weights = cp.algo.rollout_correction(old, rollout, mask, cfg).weights
+    weights = rollout_correction(old, rollout, mask, cfg).weights
     per_token = cp.algo.ppo_clip_loss(logprobs, old, advantages, mask, cfg).per_token_loss
     torch.testing.assert_close(loss, (per_token * weights * mask).sum() / mask.sum())
     assert not torch.allclose(loss, plain)
@@ -127,7 +128,7 @@ def test_mismatch_metrics() -> None:
     torch.testing.assert_close(m["rollout_kl_k3"], (lr.exp() - 1 - lr).mean())
     torch.testing.assert_close(m["rollout_ratio_max"], lr.exp().max())
     torch.testing.assert_close(m["rollout_ratio_min"], lr.exp().min())
-    out = cp.algo.rollout_correction(old, rollout, mask, cfg)
+    out = rollout_correction(old, rollout, mask, cfg)
     torch.testing.assert_close(m["rollout_truncated_fraction"], out.truncated.sum() / on.sum())
     torch.testing.assert_close(m["rollout_masked_fraction"], out.masked.sum() / on.sum())
     torch.testing.assert_close(m["rollout_rejected_fraction"], out.rejected.sum() / on.any(-1).sum())

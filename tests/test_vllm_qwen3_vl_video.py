@@ -118,7 +118,7 @@ def test_a_queue_record_in_vllms_form_passes_the_trainers_check(standin_vllm, qw
     engine = VLLMRolloutEngine(qwen3_vl_dir, processor, seed=0, dtype="float32")
     [group] = engine.generate([_video_prompt()], SamplingParams(n=2, temperature=1.0, max_new_tokens=2, seed=0))
     check_trainable(SimpleNamespace(num_completions=2, prompt_token_ids=group.prompt_token_ids), group, processor,
-                    num_completions=2)
+                    num_samples_per_prompt=2)
     changed = list(group.prompt_token_ids)
     changed[-3] = changed[-3] + 1  # a token of the text after the video
     with pytest.raises(ValueError, match="re-encoding its prompt"):

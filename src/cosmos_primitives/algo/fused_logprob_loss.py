@@ -11,7 +11,7 @@ log-probs are:
   :func:`fused_weighted_logprob_sum`, :func:`weighted_logprobs_from_hidden`;
 - any ``token_loss(logprobs [n], entropy [n] | None, rows) -> [n]`` per-token contributions
   (GRPO's PPO-clip, KL, entropy bonus and behaviour weights with a linear aggregation:
-  :func:`cosmos_primitives.algo.grpo_loss.grpo_token_loss`), differentiated per chunk by autograd
+  :func:`cosmos_primitives.algo.grpo_objective.grpo_token_loss`), differentiated per chunk by autograd
   on the chunk's small vectors: :func:`fused_token_loss`, :func:`token_loss_from_hidden`.
 
 The head turns that gradient into the hidden-state and LM-head gradients right there and keeps them
@@ -224,7 +224,7 @@ def weighted_logprobs_from_hidden(
         weight: ``[V, H]`` LM-head weight.
         input_ids: ``[B, T]`` int64 tokens.
         loss_weights: ``[B, T]`` constant weight of each position's log-prob in the loss (e.g.
-            :func:`~cosmos_primitives.algo.sft_loss.sft_token_weights`); unscored positions
+            :func:`~cosmos_primitives.algo.sft_objective.sft_token_weights`); unscored positions
             do not count.
         labels, mask, positions, chunk_size, epilogue: as for ``token_logprobs_from_hidden``.
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from cosmos_primitives.utils.lazy_exports import lazy_exports
+from cosmos_primitives.utils.lazy_module import lazy_exports
 
 _EXPORTS = {
     "Prompt": "records",
@@ -93,28 +93,34 @@ _EXPORTS = {
     "WFMPromptSource": "wfm_prompts",
 }
 
-__all__ = sorted(_EXPORTS)
+__all__ = [  # the public surface (tests/test_public_surface.py); the rest by module path
+    "BadSampleError", "BadSampleTracker", "ColumnPromptDataset", "ConversationSample",
+    "CosmosRLConversationDataset", "MCQPromptDataset", "MediaSettings", "Prompt", "RolloutBatch", "SamplingParams",
+    "WFMPromptSource", "bad_sample_boundary", "build_grpo_datasets", "build_sft_loader", "check_plugins_read",
+    "collate_clips", "collate_rollouts", "load_conversation", "load_image", "make_plugin", "mcq_prompt_text",
+    "negative_prompt_embedding", "prompt_dataset", "prompt_stream", "sample_video",
+]
 
 if TYPE_CHECKING:  # pragma: no cover
-    from cosmos_primitives.data.bad_samples import (  # noqa: F401
+    from cosmos_primitives.data.bad_samples import (
         BadSampleBudgetExceeded,
         BadSampleError,
         BadSampleTracker,
         NoGoodSamplesError,
         bad_sample_boundary,
     )
-    from cosmos_primitives.data.conversation import (  # noqa: F401
+    from cosmos_primitives.data.conversation import (
         ConversationSample,
         load_conversation,
         normalize_conversation,
     )
-    from cosmos_primitives.data.grpo_validation import build_grpo_datasets  # noqa: F401
-    from cosmos_primitives.data.hf_conversations import HFConversationDataset, load_hf_dataset  # noqa: F401
-    from cosmos_primitives.data.mcq import MCQPromptDataset, answer_letter, mcq_choices, mcq_prompt_text  # noqa: F401
-    from cosmos_primitives.data.media import MediaSettings, load_image  # noqa: F401
-    from cosmos_primitives.data.mrope import MRopeSpec, mrope_position_ids  # noqa: F401
-    from cosmos_primitives.data.packing import collate_packed, collate_padded, model_inputs, padding_stats  # noqa: F401
-    from cosmos_primitives.data.plugins import (  # noqa: F401
+    from cosmos_primitives.data.grpo_validation import build_grpo_datasets
+    from cosmos_primitives.data.hf_conversations import HFConversationDataset, load_hf_dataset
+    from cosmos_primitives.data.mcq import MCQPromptDataset, answer_letter, mcq_choices, mcq_prompt_text
+    from cosmos_primitives.data.media import MediaSettings, load_image
+    from cosmos_primitives.data.mrope import MRopeSpec, mrope_position_ids
+    from cosmos_primitives.data.packing import collate_packed, collate_padded, model_inputs, padding_stats
+    from cosmos_primitives.data.plugins import (
         ColumnPromptDataset,
         CosmosRLConversationDataset,
         CosmosRLPromptDataset,
@@ -125,38 +131,34 @@ if TYPE_CHECKING:  # pragma: no cover
         prompt_dataset,
         sft_plugin_dataset,
     )
-    from cosmos_primitives.data.prompt_inputs import encode_prompts, render_prompt, repeat_batch  # noqa: F401
-    from cosmos_primitives.data.prompt_streaming import prompt_stream  # noqa: F401
-    from cosmos_primitives.data.qwen_vl_encoding import (  # noqa: F401
+    from cosmos_primitives.data.prompt_inputs import encode_prompts, render_prompt, repeat_batch
+    from cosmos_primitives.data.prompt_streaming import prompt_stream
+    from cosmos_primitives.data.qwen_vl_encoding import (
         IGNORE_INDEX,
         EncodedSample,
         assistant_labels,
         encode_conversation,
     )
-    from cosmos_primitives.data.records import Completion, Prompt, RolloutGroup, SamplingParams  # noqa: F401
-    from cosmos_primitives.data.rollout_batch import RolloutBatch, collate_rollouts  # noqa: F401
-    from cosmos_primitives.data.sampler import ResumableDistributedSampler  # noqa: F401
-    from cosmos_primitives.data.sft_loader import (  # noqa: F401
+    from cosmos_primitives.data.records import Completion, Prompt, RolloutGroup, SamplingParams
+    from cosmos_primitives.data.rollout_batch import RolloutBatch, collate_rollouts
+    from cosmos_primitives.data.sampler import ResumableDistributedSampler
+    from cosmos_primitives.data.sft_loader import (
         SFTBatchLoader,
         all_ranks_have_batch,
         build_sft_dataset,
         build_sft_loader,
     )
-    from cosmos_primitives.data.sft_validation import (  # noqa: F401
+    from cosmos_primitives.data.sft_validation import (
         IndexedSubset,
         build_sft_datasets,
         build_sft_validation_loader,
         split_validation,
     )
-    from cosmos_primitives.data.text_embeddings import precompute_clip_folder, reason_text_embeddings  # noqa: F401
-    from cosmos_primitives.data.token_budget import (  # noqa: F401
-        pad_micro_batch_count,
-        padded_tokens,
-        token_budget_micro_batches,
-    )
-    from cosmos_primitives.data.video_folder import VideoFolderDataset  # noqa: F401
-    from cosmos_primitives.data.video_sampling import SampledVideo, VideoDecodeError, sample_video  # noqa: F401
-    from cosmos_primitives.data.wfm_prompts import WFMPromptSource  # noqa: F401
-    from cosmos_primitives.data.wfm_webdataset import WebDatasetClips, build_wfm_webdataset, list_shards  # noqa: F401
+    from cosmos_primitives.data.text_embeddings import precompute_clip_folder, reason_text_embeddings
+    from cosmos_primitives.data.token_budget import pad_micro_batch_count, padded_tokens, token_budget_micro_batches
+    from cosmos_primitives.data.video_folder import VideoFolderDataset
+    from cosmos_primitives.data.video_sampling import SampledVideo, VideoDecodeError, sample_video
+    from cosmos_primitives.data.wfm_prompts import WFMPromptSource
+    from cosmos_primitives.data.wfm_webdataset import WebDatasetClips, build_wfm_webdataset, list_shards
 
 __getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)

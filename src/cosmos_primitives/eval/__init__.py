@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from cosmos_primitives.utils.lazy_exports import lazy_exports
+from cosmos_primitives.utils.lazy_module import lazy_exports
 
 _EXPORTS = {
     "BenchmarkFormatError": "benchmark",
@@ -41,18 +41,22 @@ _EXPORTS = {
     "evaluate": "runner",
 }
 
-__all__ = sorted(_EXPORTS)
+__all__ = [  # the public surface (tests/test_public_surface.py); the rest by module path
+    "benchmark_root", "calculate_accuracy", "evaluate", "extract_prediction", "first_sampling_params",
+    "format_accuracy_table", "is_correct", "load_benchmark_dir", "load_eval_engine", "prompt_text",
+    "retry_sampling_params",
+]
 
 if TYPE_CHECKING:  # pragma: no cover
-    from cosmos_primitives.eval.accuracy import accuracy_table, calculate_accuracy, format_accuracy_table  # noqa: F401
-    from cosmos_primitives.eval.benchmark import BenchmarkFormatError, BenchmarkItem, load_benchmark  # noqa: F401
-    from cosmos_primitives.eval.benchmark_dir import benchmark_files, benchmark_root, load_benchmark_dir  # noqa: F401
-    from cosmos_primitives.eval.model_loading import load_eval_engine  # noqa: F401
-    from cosmos_primitives.eval.prompts import prompt_text  # noqa: F401
-    from cosmos_primitives.eval.result_store import ResultStore, run_dir  # noqa: F401
-    from cosmos_primitives.eval.runner import EvalReport, evaluate  # noqa: F401
-    from cosmos_primitives.eval.sampling import first_sampling_params, retry_sampling_params  # noqa: F401
-    from cosmos_primitives.eval.scoring import (  # noqa: F401
+    from cosmos_primitives.eval.accuracy import accuracy_table, calculate_accuracy, format_accuracy_table
+    from cosmos_primitives.eval.benchmark import BenchmarkFormatError, BenchmarkItem, load_benchmark
+    from cosmos_primitives.eval.benchmark_dir import benchmark_files, benchmark_root, load_benchmark_dir
+    from cosmos_primitives.eval.model_loading import load_eval_engine
+    from cosmos_primitives.eval.prompts import prompt_text
+    from cosmos_primitives.eval.result_store import ResultStore, run_dir
+    from cosmos_primitives.eval.runner import EvalReport, evaluate
+    from cosmos_primitives.eval.sampling import first_sampling_params, retry_sampling_params
+    from cosmos_primitives.eval.scoring import (
         extract_letter,
         extract_prediction,
         extract_reasoning,

@@ -29,7 +29,7 @@ from cosmos_primitives.eval.result_store import ResultStore, run_dir
 from cosmos_primitives.eval.sampling import first_sampling_params, retry_sampling_params
 from cosmos_primitives.eval.scoring import extract_prediction, extract_reasoning, is_correct
 from cosmos_primitives.logging.console import get_logger
-from cosmos_primitives.logging.progress import progress
+from cosmos_primitives.logging.progress_bar import progress
 from cosmos_primitives.rollout.base import RolloutEngine
 
 # settings that change what a prediction is; saved with it and compared on re-runs

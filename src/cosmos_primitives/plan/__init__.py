@@ -12,12 +12,6 @@ from cosmos_primitives.plan.estimate import MemoryEstimate, activation_bytes_per
 from cosmos_primitives.plan.shape import ModelShape, read_hf_config
 from cosmos_primitives.plan.startup import log_memory_plan, plan_for_config
 
-__all__ = [
-    "MemoryEstimate",
-    "ModelShape",
-    "activation_bytes_per_token",
-    "estimate_memory",
+__all__ = [  # the public surface (tests/test_public_surface.py); the rest by module path
     "log_memory_plan",
-    "plan_for_config",
-    "read_hf_config",
 ]

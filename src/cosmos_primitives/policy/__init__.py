@@ -11,7 +11,7 @@ An SFT / GRPO step (``cfg`` from ``cp.load_config``, ``mesh = cp.parallel.Parall
     grad_norm = cp.parallel.clip_grad_norm_(policy.parameters(), cfg.train.optm_grad_norm_clip)
     optimizer.step(); scheduler.step(); optimizer.zero_grad()
 
-(``sft_loss`` is ``cosmos_primitives.algo.sft_loss.sft_loss``.) ``examples/sft.py`` also passes
+(``sft_loss`` is ``cosmos_primitives.algo.sft_objective.sft_loss``.) ``examples/sft.py`` also passes
 ``loss_weights=cp.algo.sft_token_weights(batch["labels"], group=...)`` to ``token_logprobs`` and
 ``weighted_sum=out.weighted_sum`` to ``sft_loss``: the same loss, with its gradient computed in the
 LM head's forward (one GEMM less per chunk). A GRPO update on a rollout batch is
@@ -30,7 +30,7 @@ from cosmos_primitives.policy.diffusion import (
 from cosmos_primitives.policy.diffusion_cp import enable_transformer_context_parallel
 from cosmos_primitives.policy.flow_loading import load_flow_model
 from cosmos_primitives.policy.flow_update import diffusion_nft_update, flow_grpo_update
-from cosmos_primitives.policy.grpo_update import (
+from cosmos_primitives.policy.grpo_step import (
     GRPOUpdate,
     GRPOUpdateSettings,
     grpo_micro_batch_loss,
@@ -44,47 +44,13 @@ from cosmos_primitives.policy.lora import adapters_disabled, apply_lora
 from cosmos_primitives.policy.nonfinite import NonFiniteError, check_finite
 from cosmos_primitives.policy.optim import WarmupDecayLR, build_lr_scheduler, build_optimizer
 from cosmos_primitives.policy.sft_validation import ValidationLoss, sft_validation_loss, without_labels
-from cosmos_primitives.policy.sft_warmup import sft_warmup
 from cosmos_primitives.policy.trainable import TrainableSummary, apply_trainable_patterns, trainable_summary
+from cosmos_primitives.policy.warmup import sft_warmup
 
-__all__ = [
-    "MODEL_INPUT_KEYS",
-    "CausalLMPolicy",
-    "DiffusionPolicy",
-    "GRPOUpdate",
-    "GRPOUpdateSettings",
-    "NonFiniteError",
-    "TrainableSummary",
-    "ValidationLoss",
-    "WarmupDecayLR",
-    "adapters_disabled",
-    "apply_lora",
-    "apply_trainable_patterns",
-    "build_lr_scheduler",
-    "build_optimizer",
-    "build_policy",
-    "check_finite",
-    "check_text_width",
-    "diffusion_nft_update",
-    "enable_transformer_context_parallel",
-    "flow_grpo_update",
-    "grpo_micro_batch_loss",
-    "grpo_reference",
-    "grpo_update",
-    "has_lora",
-    "is_vision_language",
-    "load_flow_model",
-    "load_hf_model",
-    "load_processor",
-    "merge_lora_state_dict",
-    "resolve_dtype",
-    "sft_validation_loss",
-    "sft_warmup",
-    "shard_transformer",
-    "step_slices",
-    "text_width",
-    "token_logprobs",
-    "trainable_summary",
-    "transformer_blocks",
+__all__ = [  # the public surface (tests/test_public_surface.py); the rest by module path
+    "CausalLMPolicy", "DiffusionPolicy", "GRPOUpdate", "GRPOUpdateSettings", "apply_lora", "build_lr_scheduler",
+    "build_optimizer", "build_policy", "check_finite", "check_text_width", "diffusion_nft_update",
+    "enable_transformer_context_parallel", "flow_grpo_update", "grpo_reference", "grpo_update", "load_flow_model",
+    "load_processor", "resolve_dtype", "sft_validation_loss", "sft_warmup", "step_slices", "token_logprobs",
     "without_labels",
 ]

@@ -2,7 +2,7 @@
 
 cosmos-rl's SFT validation averages per-batch token-mean losses weighted by batch size
 (``val/avg_loss``); here the value is the mean over every trained token of the split, the same
-definition as the training ``loss`` (:func:`cosmos_primitives.algo.sft_loss.sft_loss`), so the two
+definition as the training ``loss`` (:func:`cosmos_primitives.algo.sft_objective.sft_loss`), so the two
 curves compare directly and the value does not depend on how the items were batched.
 """
 
@@ -14,7 +14,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from cosmos_primitives.algo.sft_loss import trained_mask
+from cosmos_primitives.algo.sft_objective import trained_mask
 from cosmos_primitives.policy.lm_policy import token_logprobs
 
 

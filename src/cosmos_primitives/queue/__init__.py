@@ -58,32 +58,11 @@ from cosmos_primitives.queue.record import (
 from cosmos_primitives.queue.redis_queue import REDIS_URL_ENV, RedisRolloutQueue, resolve_redis_url
 from cosmos_primitives.queue.staleness import StalenessFilter, record_staleness
 from cosmos_primitives.queue.throttle import RolloutThrottle, expected_staleness
-from cosmos_primitives.utils.lazy_exports import lazy_exports
+from cosmos_primitives.utils.lazy_module import lazy_exports
 
-__all__ = [
-    "REDIS_URL_ENV",
-    "InMemoryRolloutQueue",
-    "MalformedRecordError",
-    "QueueConnectionError",
-    "QueueError",
-    "QueueFullError",
-    "RedisRolloutQueue",
-    "RolloutQueue",
-    "RolloutRecord",
-    "RolloutThrottle",
-    "StalenessFilter",
-    "check_record",
-    "check_record_size",
-    "check_token_range",
-    "decode_record",
-    "encode_record",
-    "expected_staleness",
-    "media_references",
-    "record_byte_limit",
-    "record_from_group",
-    "record_staleness",
-    "resolve_redis_url",
-    "wait_for_weight_version",
+__all__ = [  # the public surface (tests/test_public_surface.py); the rest by module path
+    "PromptClaims", "RedisRolloutQueue", "RolloutThrottle", "StalenessFilter", "fetch_records",
+    "record_advantages", "records_from_scores", "resolve_redis_url",
 ]
 
 # Names that import torch (and the media readers) load on first use, so that a process that only
@@ -102,7 +81,5 @@ _LAZY = {
     "record_rewards": "record_groups",
     "records_from_scores": "record_groups",
 }
-
-__all__ += sorted(_LAZY)
 
 __getattr__, __dir__ = lazy_exports(__name__, _LAZY, eager=tuple(__all__))

@@ -10,6 +10,7 @@ also checks that the re-encoded prompt gives the token ids the engine generated 
 from __future__ import annotations
 
 import contextlib
+import warnings
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -92,8 +93,20 @@ def group_from_record(record: RolloutRecord, settings: MediaSettings | None = No
                         weight_version=record.weight_version)
 
 
+
+def _renamed_samples_per_prompt(value: int | None, old: int | None, where: str) -> int | None:
+    """``num_samples_per_prompt``, taking the older keyword ``num_completions`` with a ``FutureWarning``."""
+    if old is None:
+        return value
+    if value is not None and value != old:
+        raise TypeError(f"{where}: num_samples_per_prompt={value} and num_completions={old} differ; "
+                        "pass num_samples_per_prompt only")
+    warnings.warn(f"{where}(num_completions=...) is now num_samples_per_prompt=... (the [grpo] key's name)",
+                  FutureWarning, stacklevel=3)
+    return old
+
 def check_trainable(record: RolloutRecord, group: RolloutGroup, processor: Any = None,
-                    num_completions: int | None = None) -> None:
+                    num_samples_per_prompt: int | None = None, *, num_completions: int | None = None) -> None:
     """Check what :func:`collate_rollouts` needs of one record beyond :func:`check_record`.
 
     Args:
@@ -101,15 +114,17 @@ def check_trainable(record: RolloutRecord, group: RolloutGroup, processor: Any =
         processor: when given, the prompt is re-encoded alone (one extra processor pass) and must
             give the record's ``prompt_token_ids``, up to where vision blocks open and close (as
             :func:`collate_rollouts` allows: vLLM's Qwen3-VL video prompts lack the template's outer pair).
-        num_completions: when given, the record must hold this many completions (one batch holds
-            groups of one size).
+        num_samples_per_prompt: when given (``[grpo] num_samples_per_prompt``), the record must hold
+            this many completions (one batch holds groups of one size).
+        num_completions: the older name of ``num_samples_per_prompt`` (``FutureWarning``).
 
     Raises:
         ValueError: naming what differs.
     """
-    if num_completions is not None and record.num_completions != num_completions:
-        raise ValueError(f"it holds {record.num_completions} completions; this run samples {num_completions} "
-                         "per prompt ([grpo] num_samples_per_prompt)")
+    num_samples_per_prompt = _renamed_samples_per_prompt(num_samples_per_prompt, num_completions, "check_trainable")
+    if num_samples_per_prompt is not None and record.num_completions != num_samples_per_prompt:
+        raise ValueError(f"it holds {record.num_completions} completions; this run samples "
+                         f"{num_samples_per_prompt} per prompt ([grpo] num_samples_per_prompt)")
     if processor is not None:
         encoded = encode_prompts(processor, [group.prompt])
         ids = encoded["input_ids"][0][encoded["attention_mask"][0].bool()].tolist()
@@ -122,8 +137,9 @@ def check_trainable(record: RolloutRecord, group: RolloutGroup, processor: Any =
 
 def fetch_records(queue: RolloutQueue, stale: StalenessFilter, want: int, *, trainer_step: int,
                   settings: MediaSettings, bad: BadSampleTracker, timeout_s: float, processor: Any = None,
-                  num_completions: int | None = None,
+                  num_samples_per_prompt: int | None = None,
                   on_dropped: Callable[[list[RolloutRecord]], None] | None = None,
+                  num_completions: int | None = None,
                   ) -> tuple[list[RolloutRecord], list[RolloutGroup]]:
     """``want`` records to train on at ``trainer_step``, and their groups rebuilt with ``settings``.
 
@@ -133,7 +149,8 @@ def fetch_records(queue: RolloutQueue, stale: StalenessFilter, want: int, *, tra
     counted apart by the queue and by ``stale``); records
     whose media cannot be re-read (e.g. deleted since the rollout) are recorded in ``bad`` and
     acknowledged; records that cannot be trained on (``ValueError`` of :func:`group_from_record`
-    or :func:`check_trainable` with ``processor`` / ``num_completions``) are dead-lettered with
+    or :func:`check_trainable` with ``processor`` / ``num_samples_per_prompt``; ``num_completions`` is
+    its older name) are dead-lettered with
     that reason (``queue.reject``), so that one of them cannot stop the trainer when the batch is
     collated. The kept records are not acknowledged: ack them after the step.
 
@@ -142,6 +159,7 @@ def fetch_records(queue: RolloutQueue, stale: StalenessFilter, want: int, *, tra
             ``[disaggregated] get_timeout_s``).
         BadSampleBudgetExceeded: from ``bad``, past its budget.
     """
+    num_samples_per_prompt = _renamed_samples_per_prompt(num_samples_per_prompt, num_completions, "fetch_records")
     records: list[RolloutRecord] = []
     groups: list[RolloutGroup] = []
     while len(records) < want:
@@ -157,7 +175,7 @@ def fetch_records(queue: RolloutQueue, stale: StalenessFilter, want: int, *, tra
         for record in kept:
             try:
                 group = group_from_record(record, settings)
-                check_trainable(record, group, processor, num_completions)
+                check_trainable(record, group, processor, num_samples_per_prompt)
             except BadSampleError as error:
                 bad.record(error, sample=record.record_id)
                 queue.ack([record])

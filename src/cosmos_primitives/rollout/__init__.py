@@ -7,7 +7,7 @@ live in ``cp.data``.
 
 from __future__ import annotations
 
-from cosmos_primitives.utils.lazy_exports import lazy_exports
+from cosmos_primitives.utils.lazy_module import lazy_exports
 
 _EXPORTS = {
     "RolloutEngine": "base",
@@ -27,6 +27,10 @@ _EXPORTS = {
     "video_to_uint8": "flow_vae",
 }
 
-__all__ = sorted(_EXPORTS)
+__all__ = [  # the public surface (tests/test_public_surface.py); the rest by module path
+    "HFRolloutEngine", "RolloutEngine", "VLLMRolloutEngine", "build_rollout_engine", "decode_video",
+    "encode_video", "flow_sigmas", "sample_flow", "sde_window", "sliding_sde_window", "sync_layout",
+    "video_to_uint8",
+]
 
 __getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)

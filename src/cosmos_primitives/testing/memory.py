@@ -37,7 +37,7 @@ from torch.multiprocessing.reductions import StorageWeakRef
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
-from cosmos_primitives.algo.sft_loss import sft_loss
+from cosmos_primitives.algo.sft_objective import sft_loss
 from cosmos_primitives.config.policy import PolicyConfig
 from cosmos_primitives.config.train import TrainConfig
 from cosmos_primitives.parallel.grad_norm import clip_grad_norm_

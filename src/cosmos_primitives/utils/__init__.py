@@ -6,7 +6,7 @@ processes such as the reward server) does not import torch.
 
 from __future__ import annotations
 
-from cosmos_primitives.utils.lazy_exports import lazy_exports
+from cosmos_primitives.utils.lazy_module import lazy_exports
 
 _EXPORTS = {
     "MissingExtraError": "cosmos_primitives.utils.extras",
@@ -23,6 +23,8 @@ _EXPORTS = {
     "restore_rng_state": "cosmos_primitives.utils.seeding",
 }
 
-__all__ = sorted(_EXPORTS)
+__all__ = [  # the public surface (tests/test_public_surface.py); the rest by module path
+    "derived_generator", "derived_seed", "latest_run_dir", "resolve_backend", "seed_everything",
+]
 
 __getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)

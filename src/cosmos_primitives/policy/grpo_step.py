@@ -21,7 +21,7 @@ import attrs
 import torch
 
 from cosmos_primitives.algo.aggregation import dp_mean_token_count
-from cosmos_primitives.algo.grpo_loss import grpo_loss, grpo_token_loss, resolve_loss_type
+from cosmos_primitives.algo.grpo_objective import grpo_loss, grpo_token_loss, resolve_loss_type
 from cosmos_primitives.algo.logprobs import ScoredPositions, TokenLogProbs, scored_positions
 from cosmos_primitives.algo.prefix_filter import mask_shared_prefixes
 from cosmos_primitives.algo.rollout_correction import rollout_mismatch_metrics
