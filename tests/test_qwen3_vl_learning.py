@@ -14,7 +14,7 @@ import pytest
 
 from test_grpo_learning import learned, run
 
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(1800)]
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(2700)]
 
 
 def test_qwen3_vl_quickstart_learns(tmp_path: Path) -> None:
