@@ -20,11 +20,12 @@ from __future__ import annotations
 import asyncio
 import inspect
 from collections.abc import Awaitable, Callable, Sequence
-from typing import Any, Protocol
+from typing import Any
 
 import attrs
 
 from cosmos_primitives.data.records import Completion, Prompt, RolloutGroup, SamplingParams
+from cosmos_primitives.rollout.base import RolloutEngine
 
 
 @attrs.define
@@ -70,8 +71,23 @@ IMAGE_PLACEHOLDER = "<|vision_start|><|image_pad|><|vision_end|>"
 Environment = Callable[[Episode], "EnvReply | Awaitable[EnvReply]"]
 
 
-class RolloutEngine(Protocol):
-    def generate(self, prompts: Sequence[Prompt], params: SamplingParams) -> list[RolloutGroup]: ...
+def continue_generations(engine: RolloutEngine, prompts: Sequence[Prompt], budgets: Sequence[int],
+                         params: SamplingParams, seed_offset: int) -> list[tuple[Completion, int]]:
+    """One completion for each prompt (given as token ids: ``Prompt.token_ids``) of at most
+    ``budgets[i]`` new tokens: one ``generate`` per distinct budget (usually one), sampled as
+    ``params`` with ``n = 1`` and, when ``params.seed`` is set, seed ``params.seed + seed_offset``.
+
+    Returns:
+        ``(completion, weight_version)`` per prompt, in prompt order.
+    """
+    out: list[tuple[Completion, int] | None] = [None] * len(prompts)
+    for limit in sorted(set(budgets)):
+        picked = [i for i, b in enumerate(budgets) if b == limit]
+        turn = attrs.evolve(params, n=1, max_new_tokens=limit,
+                            seed=None if params.seed is None else params.seed + seed_offset)
+        for i, group in zip(picked, engine.generate([prompts[i] for i in picked], turn)):
+            out[i] = (group.completions[0], group.weight_version)
+    return out
 
 
 def _replies(env: Environment, episodes: Sequence[Episode]) -> list[EnvReply]:
@@ -138,13 +154,8 @@ def run_episodes(engine: RolloutEngine, tokenizer: Any, prompts: Sequence[Prompt
         budget = [params.max_new_tokens if max_tokens is None else min(params.max_new_tokens,
                                                                         max_tokens - len(e.token_ids))
                   for e in running]
-        outputs = []
-        for limit in sorted(set(budget)):  # one generate call per distinct turn budget (usually one)
-            batch = [e for e, b in zip(running, budget) if b == limit]
-            turn_params = attrs.evolve(params, n=1, max_new_tokens=limit,
-                                       seed=None if params.seed is None else params.seed + turn)
-            groups = engine.generate([_continuation(e) for e in batch], turn_params)
-            outputs += [(e, g.completions[0], g.weight_version) for e, g in zip(batch, groups)]
+        more = continue_generations(engine, [_continuation(e) for e in running], budget, params, turn)
+        outputs = [(e, c, version) for e, (c, version) in zip(running, more)]
     return [RolloutGroup(prompt=g.prompt, prompt_token_ids=list(g.prompt_token_ids),
                          completions=[_completion(e, tokenizer) for e in group],
                          weight_version=min(e.weight_version for e in group))

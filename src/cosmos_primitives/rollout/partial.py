@@ -11,13 +11,13 @@ from collections.abc import Callable, Sequence
 import attrs
 
 from cosmos_primitives.data.records import Completion, Prompt, RolloutGroup, SamplingParams
-from cosmos_primitives.rollout.multi_turn import RolloutEngine
+from cosmos_primitives.rollout.base import RolloutEngine
+from cosmos_primitives.rollout.multi_turn import continue_generations
 
 
 @attrs.define
 class _Pending:
     group: int
-    sample: int
     prompt: Prompt
     prompt_token_ids: list[int]
     completion: Completion
@@ -48,8 +48,7 @@ def generate_in_chunks(engine: RolloutEngine, prompts: Sequence[Prompt], params:
     total = params.max_new_tokens
     first = engine.generate(prompts, attrs.evolve(params, max_new_tokens=min(chunk_tokens, total)))
     versions = [g.weight_version for g in first]
-    pending = [_Pending(i, k, g.prompt, list(g.prompt_token_ids), c)
-               for i, g in enumerate(first) for k, c in enumerate(g.completions)]
+    pending = [_Pending(i, g.prompt, list(g.prompt_token_ids), c) for i, g in enumerate(first) for c in g.completions]
     continued: list[_Pending] = []
     chunk = 0
     while True:
@@ -60,21 +59,16 @@ def generate_in_chunks(engine: RolloutEngine, prompts: Sequence[Prompt], params:
         if between_chunks is not None:
             between_chunks()
         chunk += 1
+        if chunk == 1:  # every completion continued later is among these (the pending ones only shrink)
+            continued = list(pending)
         budgets = [min(chunk_tokens, total - len(p.completion.token_ids)) for p in pending]
-        for budget in sorted(set(budgets)):
-            batch = [p for p, b in zip(pending, budgets) if b == budget]
-            prompts_now = [attrs.evolve(p.prompt, token_ids=p.prompt_token_ids + p.completion.token_ids)
-                           for p in batch]
-            turn = attrs.evolve(params, n=1, max_new_tokens=budget,
-                                seed=None if params.seed is None else params.seed + chunk)
-            for p, g in zip(batch, engine.generate(prompts_now, turn)):
-                more = g.completions[0]
-                p.completion.token_ids += more.token_ids
-                p.completion.logprobs += more.logprobs
-                p.completion.text += more.text
-                p.completion.finish_reason = more.finish_reason
-                versions[p.group] = min(versions[p.group], g.weight_version)
-                continued.append(p)
+        prompts_now = [attrs.evolve(p.prompt, token_ids=p.prompt_token_ids + p.completion.token_ids) for p in pending]
+        for p, (more, version) in zip(pending, continue_generations(engine, prompts_now, budgets, params, chunk)):
+            p.completion.token_ids += more.token_ids
+            p.completion.logprobs += more.logprobs
+            p.completion.text += more.text
+            p.completion.finish_reason = more.finish_reason
+            versions[p.group] = min(versions[p.group], version)
     tokenizer = getattr(engine, "tokenizer", None)
     for p in continued if tokenizer is not None else ():  # decoded whole: a character may span two chunks
         ids = p.completion.token_ids[:-1] if p.completion.finish_reason == "stop" else p.completion.token_ids
