@@ -64,15 +64,17 @@ echo "redis-server at $URL; run $RUN; logs in $LOGS"
 : > "$LOGS/pids"
 # one job on the GPUs of a comma-separated list (torchrun over them when there are several), else on
 # whatever it sees; torchrun wants --run-name (its own --run-path makes --run ambiguous)
+# Always called in a subshell (`&` or a pipeline): `exec` makes the job that subshell, so the pid in
+# $LOGS/pids is the job's own and `kill -9` of it stops the job, not only a waiting shell.
 job() {
     local gpus=$1 script=$2
     shift 2
     if [ -z "$gpus" ]; then
-        "$PYTHON" "examples/$script" --config "$CONFIG" --run "$RUN" "$@"
+        exec "$PYTHON" "examples/$script" --config "$CONFIG" --run "$RUN" "$@"
     else
         local ranks
         ranks=$(tr ',' '\n' <<< "$gpus" | grep -c .)
-        CUDA_VISIBLE_DEVICES=$gpus "$PYTHON" -m torch.distributed.run --standalone --nproc_per_node "$ranks" \
+        CUDA_VISIBLE_DEVICES=$gpus exec "$PYTHON" -m torch.distributed.run --standalone --nproc_per_node "$ranks" \
             "examples/$script" --config "$CONFIG" --run-name "$RUN" "$@"
     fi
 }

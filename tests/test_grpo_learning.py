@@ -3,14 +3,13 @@
 1. The README's main job, ``examples/quickstart.py``, run as a user runs it: SFT of a random tiny
    Qwen2.5-VL must teach the answer format, then GRPO from the SFT export must raise held-out
    accuracy (greedy decoding) by at least 15 points or to at least 90 %.
-2. The independent jobs started by one launch (``examples/run_jobs_local.sh 1``: a private
-   redis-server, one trainer job, one rollout job, weights sent back every step) from the same SFT
-   export and data must meet the same held-out bar and end with a training reward within 0.1 of the
-   colocated run's.
-3. Independent jobs (``examples/grpo_trainer_job.py`` and ``examples/grpo_rollout_job.py``, each its own
-   process tree, joined by a real redis-server and a run name): two rollout jobs start before the
-   trainer, one is SIGKILLed mid-run and a new one started; the trainer must never stop, train every
-   record within the staleness bound and no prompt group twice, and meet the same held-out bar.
+2. The independent jobs started by one launch (``examples/run_jobs_local.sh 2``: a private
+   redis-server, one trainer job, two rollout jobs, weights sent back every step) from the same SFT
+   export and data, one rollout job SIGKILLed mid-run: the trainer must never stop, train every record
+   within the staleness bound and no prompt group twice, meet the same held-out bar and end with a
+   training reward within 0.1 of the colocated run's. (One run holds what were two: the one-launch
+   learning run and the killed-job learning run of separately started jobs; the jobs are the same
+   processes either way, and test_grpo_jobs.py starts them separately.)
 """
 
 from __future__ import annotations
@@ -20,6 +19,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -27,7 +27,7 @@ import pytest
 import cosmos_primitives as cp
 from cosmos_primitives.config import EvalConfig
 from cosmos_primitives.logging.tracker import read_metrics
-from test_grpo_jobs import check_jobs_run, read_jsonl, run_jobs_with_a_kill
+from test_grpo_jobs import job_id_in, read_jsonl
 
 # the module fixture runs the whole quickstart (SFT, evaluation, GRPO) in the first test: ~8-10 min on two
 # quiet cores, up to twice that beside another worker's module on a loaded machine (a suite run under xdist)
@@ -130,38 +130,74 @@ def assert_reaches_the_colocated_outcome(quickstart: dict, run_dir: Path, rows: 
     assert final_reward(rows) >= final_reward(colocated_rows) - 0.1
 
 
-def test_disaggregated_grpo_reaches_the_colocated_outcome(quickstart: dict, tmp_path: Path) -> None:
-    """The single-allocation case: one launch (``examples/run_jobs_local.sh``) starts a private redis-server,
-    the trainer job and one rollout job from one config."""
+def _descendants(pid: int) -> list[int]:
+    """``pid``'s child processes, their children and so on (from ``/proc``)."""
+    try:
+        children = Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
+    except OSError:
+        return []
+    return [d for c in map(int, children) for d in (c, *_descendants(c))]
+
+
+def test_one_launch_learns_through_a_killed_rollout_job(quickstart: dict, tmp_path: Path) -> None:
+    """The independent jobs as one launch starts them (``examples/run_jobs_local.sh 2``: a private
+    redis-server, the trainer job and two rollout jobs from one config, the SFT export and the quickstart's
+    data). Once the trainer has trained 8 steps, some on rollout job 1's records, that job is SIGKILLed
+    (by the pid the launch wrote); its claimed prompts go to job 2 after ``claim_ttl_s``. The trainer
+    must never stop, train every record within the staleness bound and no prompt group twice, and reach
+    the colocated outcome."""
     out = quickstart["out"]
-    dis_out = out / "grpo_disaggregated"
+    dis_out = out / "grpo_jobs"
+    logs = tmp_path / "logs"
     overrides = [f"policy.model_name_or_path={quickstart['sft_model']}", f"train.output_dir={dis_out}",
-                 f"train.train_policy.dataset.name={out / 'data' / 'train.jsonl'}", "custom={}"]
+                 f"train.train_policy.dataset.name={out / 'data' / 'train.jsonl'}", "custom={}",
+                 "disaggregated.claim_ttl_s=10"]
     cfg = cp.load_config(REPO / "examples" / "configs" / "grpo_tiny_jobs.toml", overrides)
-    launch = {"PYTHON": sys.executable, "RUN": "learning_one_launch", "LOGS": str(tmp_path / "logs"),
-              "CONFIG": "examples/configs/grpo_tiny_jobs.toml"}
-    run(["bash", "examples/run_jobs_local.sh", "1", *overrides], out / "disaggregated.log", launch)
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", "COSMOS_REDIS_URL": "", "PYTHON": sys.executable,
+           "RUN": "learning_one_launch", "LOGS": str(logs), "CONFIG": "examples/configs/grpo_tiny_jobs.toml"}
+    log_path = out / "one_launch.log"
+    with log_path.open("wb") as log:
+        launch = subprocess.Popen(["bash", "examples/run_jobs_local.sh", "2", *overrides], cwd=REPO, env=env,
+                                  stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        deadline = time.monotonic() + RUN_TIMEOUT_S
+        killed_at = None
+        while killed_at is None:
+            assert launch.poll() is None, f"the launch exited with {launch.returncode} before the kill:\n" \
+                                          f"{log_path.read_text(errors='replace')[-4000:]}"
+            assert time.monotonic() < deadline, "the trainer never trained 8 steps on rollout job 1's records"
+            job_1 = job_id_in(logs / "rollout_1.log")
+            runs = list(dis_out.glob("*/records.jsonl"))
+            trained = read_jsonl(runs[0]) if runs else []
+            if trained and trained[-1]["step"] >= 8 and any(r["producer"] == job_1 for r in trained):
+                killed_at = trained[-1]["step"]
+                pids = dict(line.split() for line in (logs / "pids").read_text().splitlines())
+                os.kill(int(pids["rollout_1"]), signal.SIGKILL)
+            time.sleep(0.2)
+        launch.wait(timeout=max(1.0, deadline - time.monotonic()))
+    finally:
+        if launch.poll() is None:
+            os.killpg(launch.pid, signal.SIGKILL)
+            launch.wait()
+        for pid in _descendants(launch.pid):  # nothing of the launch may outlive the test
+            os.kill(pid, signal.SIGKILL)
+    log = log_path.read_text(errors="replace")
+    assert launch.returncode == 0, f"the launch exited with {launch.returncode}:\n{log[-5000:]}"
+
     run_dir = cp.utils.latest_run_dir(dis_out)
     rows = read_metrics(run_dir)
-    assert [r["step"] for r in rows] == list(range(1, cfg.train.max_steps + 1))
+    assert [r["step"] for r in rows] == list(range(1, cfg.train.max_steps + 1))  # the trainer never stopped
     trained = read_jsonl(run_dir / "records.jsonl")
     lags = [r["step"] - 1 - r["weight_version"] for r in trained]
     assert min(lags) >= 0 and max(lags) <= cfg.grpo.allowed_outdated_steps, sorted(set(lags))
+    record_ids = [r["record_id"] for r in trained]  # fixed by (epoch, prompt): no group trained twice
+    assert len(record_ids) == len(set(record_ids)), [i for i in record_ids if record_ids.count(i) > 1]
+    job_1, job_2 = job_id_in(logs / "rollout_1.log"), job_id_in(logs / "rollout_2.log")
+    assert not any(r["producer"] == job_1 and r["step"] > killed_at + cfg.grpo.allowed_outdated_steps + 1
+                   for r in trained), "records of the killed job after its kill"
+    assert any(r["producer"] == job_2 and r["step"] > killed_at + 1 for r in trained)
+    assert f"[rollout] {job_2}: stopping (trainer finished at step {cfg.train.max_steps})" in \
+        (logs / "rollout_2.log").read_text(errors="replace")
 
-    assert_reaches_the_colocated_outcome(quickstart, run_dir, rows, "disaggregated GRPO")
-
-
-def test_independent_jobs_survive_a_killed_rollout_job(quickstart: dict, redis_url: str) -> None:
-    out = quickstart["out"]
-    jobs_out = out / "grpo_jobs"
-    overrides = [f"policy.model_name_or_path={quickstart['sft_model']}",
-                 f"train.train_policy.dataset.name={out / 'data' / 'train.jsonl'}", "custom={}",
-                 # the killed job's claimed prompts go to another job within the run
-                 "disaggregated.claim_ttl_s=10"]
-    cfg = cp.load_config(REPO / "examples" / "configs" / "grpo_tiny_jobs.toml", overrides)
-    result = run_jobs_with_a_kill(overrides, jobs_out, redis_url, "learning", kill_after_step=8,
-                                  timeout_s=RUN_TIMEOUT_S)
-    rows = check_jobs_run(result, steps=cfg.train.max_steps, bound=cfg.grpo.allowed_outdated_steps)
-
-    print(f"rollout job a killed after step {result['killed_at']}")
-    assert_reaches_the_colocated_outcome(quickstart, result["run_dir"], rows, "independent jobs")
+    print(f"rollout job 1 killed after step {killed_at}")
+    assert_reaches_the_colocated_outcome(quickstart, run_dir, rows, "independent jobs")
