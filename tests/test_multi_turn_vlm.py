@@ -121,7 +121,9 @@ def test_an_image_from_the_environment_on_the_vllm_standin(tiny_vl_model, tiny_v
     pad = processor.tokenizer.convert_tokens_to_ids("<|image_pad|>")
     sent = [r for r in standin_vllm.REQUESTS if r.get("prompt_token_ids") is not None]
     assert len(sent) == 2 and all("image" in r["multi_modal_data"] for r in sent)
-    assert all(r["prompt_token_ids"].count(pad) == 1 for r in sent)  # one placeholder per image, as vLLM wants
+    video_pad = processor.tokenizer.convert_tokens_to_ids("<|video_pad|>")
+    # one placeholder per image and per video (Qwen3-VL: the clip's timestamped blocks made one triple again)
+    assert all(r["prompt_token_ids"].count(pad) == 1 == r["prompt_token_ids"].count(video_pad) for r in sent)
     for c in groups[0].completions:
         assert c.turn_rewards == [0.5, 1.0] and len(c.images) == 1 and c.loss_mask[-1] == 1
         pads = [i for i, t in enumerate(c.token_ids) if t == pad]

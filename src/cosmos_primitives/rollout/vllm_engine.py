@@ -66,6 +66,10 @@ Second pass (issue 29), per vLLM's source:
   refused with an error on 0.20 - 0.30.
 - ``finish_reason`` ``"repetition"`` is a finished completion; ``"abort"`` / ``"error"`` completions are
   dropped (counted in a warning and in :attr:`VLLMRolloutEngine.dropped`), never trained on.
+- A prompt given as token ids with media (a multi-turn episode's next turn: the prompt's media plus the
+  images the environment returned) goes as ``{"prompt_token_ids", "multi_modal_data"}`` with each
+  expanded run of pads collapsed to one placeholder (:func:`vllm_token_prompt`: vLLM expands the
+  placeholders of a token prompt itself and would read already expanded runs wrong).
 - The worker extension reaches the model through ``model_runner.get_model()`` (``model_runner.model`` is
   the CUDA-graph wrapper unless ``enforce_eager``); the first-sync checksums reduce in float64 chunks
   of :data:`CHECKSUM_CHUNK` elements instead of a float64 copy of each tensor.

@@ -59,8 +59,16 @@ models the documented behaviours the adapter depends on, as vLLM 0.20 - 0.33 has
   ``t * h * w / merge**2`` image pads. ``RequestOutput.prompt_token_ids`` is that expanded prompt, and
   the model runs it with the media. (transformers 5's ``Qwen3VLProcessor`` keeps the template's outer
   ``<|vision_start|>`` / ``<|vision_end|>`` around a video: its prompt is two tokens longer per video.)
-  A prompt with media is not prefix-cached here (vLLM keys such blocks by the media's hash). Qwen2.5-VL
-  and text models take the prompt text alone, media ignored, as before.
+  A prompt with media is not prefix-cached here (vLLM keys such blocks by the media's hash).
+- Qwen2.5-VL media (``qwen2_vl.py`` ``_get_prompt_updates``, which Qwen2.5-VL uses): each
+  ``<|image_pad|>`` / ``<|video_pad|>`` becomes ``t * h * w / merge**2`` pads; a video is processed at
+  the fps its metadata gives (``second_per_grid_ts = temporal_patch_size / fps``; 24 fps before 0.31,
+  below). Text models take the prompt alone.
+- token prompts with media (``{"prompt_token_ids": ..., "multi_modal_data": ...}``): placeholders are
+  matched as ``vllm/multimodal/processing/processor.py`` ``_apply_matches`` does for text and token
+  prompts alike (vLLM never lets the HF processor expand a token prompt): item ``k`` takes the first
+  target at or after item ``k - 1``'s; placeholder tokens left over would be embedded as text by vLLM,
+  and the stand-in refuses them (already expanded runs of pads in the ids, say).
 
 Second pass (issue 29); behaviours that change between releases follow :data:`__version__` (set it
 in a test to model an older release; :func:`reset` puts back the newest):
