@@ -105,12 +105,62 @@ def test_a_text_tokenizer_cannot_take_an_image_reply(tiny_qwen2_model, qwen_toke
                      max_turns=2)
 
 
-def test_the_vllm_adapter_refuses_token_ids_with_media() -> None:
+def test_an_image_from_the_environment_on_the_vllm_standin(tiny_vl_model, tiny_vl_processor, standin_vllm,
+                                                           tmp_path) -> None:
+    """The same episode on VLLMRolloutEngine (against tests/standins/vllm, not real vLLM): the second turn
+    goes to vLLM as token ids plus the clip and the returned frame; the trainer reproduces its log-probs
+    and the turn after the frame depends on it."""
     from cosmos_primitives.rollout.vllm_engine import VLLMRolloutEngine
 
-    continuation = Prompt(conversation="", prompt_id="clip", token_ids=[1, 2, 3], images=[CLIP[6]])
-    with pytest.raises(ValueError, match=r"gives token_ids and media.*run multi-turn episodes .* with HFRolloutEngine"):
-        VLLMRolloutEngine._request("", continuation)
+    model, processor = tiny_vl_model, tiny_vl_processor
+    model.save_pretrained(tmp_path)
+    processor.save_pretrained(tmp_path)
+    engine = VLLMRolloutEngine(str(tmp_path), processor, dtype="float32")
+    groups = run_episodes(engine, processor, [clip_prompt()], PARAMS, look_again(6), max_turns=2,
+                          reply_template=QWEN_TOOL_REPLY)
+    pad = processor.tokenizer.convert_tokens_to_ids("<|image_pad|>")
+    sent = [r for r in standin_vllm.REQUESTS if r.get("prompt_token_ids") is not None]
+    assert len(sent) == 2 and all("image" in r["multi_modal_data"] for r in sent)
+    video_pad = processor.tokenizer.convert_tokens_to_ids("<|video_pad|>")
+    # one placeholder per image and per video (Qwen3-VL: the clip's timestamped blocks made one triple again)
+    assert all(r["prompt_token_ids"].count(pad) == 1 == r["prompt_token_ids"].count(video_pad) for r in sent)
+    for c in groups[0].completions:
+        assert c.turn_rewards == [0.5, 1.0] and len(c.images) == 1 and c.loss_mask[-1] == 1
+        pads = [i for i, t in enumerate(c.token_ids) if t == pad]
+        assert len(pads) == image_pads(processor, CLIP[6]) > 1
+        assert all(c.loss_mask[i] == 0 and c.logprobs[i] == 0.0 for i in pads)
+    batch = collate_rollouts(groups, processor)
+    mask = batch.completion_mask.bool()
+    trained = teacher_logprobs(model, batch)
+    torch.testing.assert_close(trained[mask], batch.rollout_logprobs[mask], atol=1e-4, rtol=1e-4)
+    ids, types = batch.inputs["input_ids"], batch.inputs["mm_token_type_ids"]
+    assert int((types == 1).sum()) == 2 * image_pads(processor, CLIP[6]) and bool((types[ids == pad] == 1).all())
+
+    # the second turn depends on the frame: scored with another frame in its place, the tokens after it
+    # change and the first turn's stay bit for bit the same
+    swapped = [attrs.evolve(groups[0], completions=[attrs.evolve(c, images=[CLIP[1]])
+                                                    for c in groups[0].completions])]
+    other = teacher_logprobs(model, collate_rollouts(swapped, processor))
+    first_pad = int((types[0] == 1).nonzero()[0])
+    before, after = mask.clone(), mask.clone()
+    before[:, first_pad:] = False
+    after[:, :first_pad] = False
+    assert torch.equal(other[before], trained[before]) and int(before.sum()) > 0
+    assert float((other[after] - trained[after]).abs().max()) > 1e-5
+
+
+def test_the_vllm_adapter_collapses_expanded_image_pads(tiny_vl_processor) -> None:
+    """vLLM expands each placeholder of a token prompt itself, so a continuation's expanded runs of image
+    pads go to it as one pad per image; a run count that differs from the images given is named."""
+    from cosmos_primitives.rollout.vllm_engine import vllm_token_prompt
+
+    tok = tiny_vl_processor.tokenizer
+    start, pad, end = (tok.convert_tokens_to_ids(t) for t in ("<|vision_start|>", "<|image_pad|>", "<|vision_end|>"))
+    ids = [7, start, pad, pad, pad, pad, end, 8, 9, start, pad, pad, end, 10]
+    prompt = Prompt(conversation="", prompt_id="ep", token_ids=ids, images=[CLIP[1], CLIP[2]])
+    assert vllm_token_prompt(prompt, tok, "qwen2_5_vl") == [7, start, pad, end, 8, 9, start, pad, end, 10]
+    with pytest.raises(ValueError, match=r"prompt 'ep'.* 2 runs of <\|image_pad\|> .* 3 images"):
+        vllm_token_prompt(attrs.evolve(prompt, images=[CLIP[1]] * 3), tok, "qwen2_5_vl")
 
 
 def test_a_queue_record_refuses_an_episode_with_environment_images(tiny_vl_model, tiny_vl_processor) -> None:

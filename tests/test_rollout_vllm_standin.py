@@ -44,9 +44,12 @@ def tiny_model(variant: str, seed: int):
 
 
 def save_tiny(variant: str, path: Path, seed: int) -> Path:
-    """:func:`tiny_model` and the Qwen tokenizer in ``path`` (what the stand-in loads)."""
+    """:func:`tiny_model` and the Qwen tokenizer in ``path`` (what the stand-in loads); a Qwen2.5-VL
+    variant with its processor (the stand-in processes its media)."""
     tiny_model(variant, seed).save_pretrained(path)
     cpt.qwen_tokenizer().save_pretrained(path)
+    if variant == "qwen2_5_vl":
+        cpt.tiny_qwen2_5_vl_processor().save_pretrained(path)
     return path
 
 
@@ -279,20 +282,20 @@ FRAMES = np.zeros((4, 28, 28, 3), dtype=np.uint8)
 
 
 def _video_prompt(fps: float = 2.0) -> Prompt:
-    return Prompt(conversation=[{"role": "user", "content": "what happens?"}], prompt_id="v", videos=[FRAMES],
-                  video_fps=[fps])
+    content = [{"type": "video"}, {"type": "text", "text": "what happens?"}]
+    return Prompt(conversation=[{"role": "user", "content": content}], prompt_id="v", videos=[FRAMES], video_fps=[fps])
 
 
 @pytest.mark.parametrize("release", ["0.30.0", "0.31.0"])
 def test_qwen2_5_vl_video_fps_reaches_the_processor_or_is_refused(release: str, standin_vllm, tiny_dirs,
-                                                                  qwen_tokenizer) -> None:
+                                                                  tiny_vl_processor) -> None:
     """Defect a: before vLLM 0.31 Qwen2.5-VL's parser drops the video metadata and transformers takes 24 fps,
     so rollout positions would differ from the trainer's: the engine refuses videos there, and from 0.31
     each video is processed at its own fps."""
     from cosmos_primitives.rollout.vllm_engine import VLLMRolloutEngine
 
     standin_vllm.__version__ = release
-    engine = VLLMRolloutEngine(tiny_dirs("qwen2_5_vl", 0), qwen_tokenizer, dtype="float32")
+    engine = VLLMRolloutEngine(tiny_dirs("qwen2_5_vl", 0), tiny_vl_processor, dtype="float32")
     params = SamplingParams(n=1, max_new_tokens=2, seed=1)
     if release == "0.30.0":
         with pytest.raises(ValueError, match=r"0\.31"):
@@ -303,23 +306,24 @@ def test_qwen2_5_vl_video_fps_reaches_the_processor_or_is_refused(release: str, 
         assert [c[1] for c in standin_vllm.CALLS if c[0] == "video_fps"] == [[[4.0]]]
 
 
-def test_weight_update_resets_the_encoder_cache(standin_vllm, tiny_dirs, qwen_tokenizer) -> None:
+def test_weight_update_resets_the_encoder_cache(standin_vllm, tiny_dirs, tiny_vl_processor) -> None:
     """Defect b: with sleep_level = 0 a repeated image is embedded again after an update, with the new
     weights (the stand-in's encoder cache keys on the image only, as vLLM's mm_hash)."""
     from cosmos_primitives.rollout.vllm_engine import VLLMRolloutEngine
 
-    seen = Prompt(conversation=[{"role": "user", "content": "what is it?"}], prompt_id="i", images=[IMAGE])
+    content = [{"type": "image"}, {"type": "text", "text": "what is it?"}]
+    seen = Prompt(conversation=[{"role": "user", "content": content}], prompt_id="i", images=[IMAGE])
     params = SamplingParams(n=1, max_new_tokens=2, seed=1)
 
     def embedded_with(engine) -> list[list[float]]:
         engine.generate([seen], params)
         return [c[1] for c in standin_vllm.CALLS if c[0] == "encoder_outputs"][-1]
 
-    engine = VLLMRolloutEngine(tiny_dirs("qwen2_5_vl", 0), qwen_tokenizer, dtype="float32")
+    engine = VLLMRolloutEngine(tiny_dirs("qwen2_5_vl", 0), tiny_vl_processor, dtype="float32")
     old = embedded_with(engine)
     engine.update_weights(tiny_model("qwen2_5_vl", seed=5).state_dict().items(), version=1)
     after = embedded_with(engine)
-    fresh = embedded_with(VLLMRolloutEngine(tiny_dirs("qwen2_5_vl", 5), qwen_tokenizer, dtype="float32"))
+    fresh = embedded_with(VLLMRolloutEngine(tiny_dirs("qwen2_5_vl", 5), tiny_vl_processor, dtype="float32"))
     assert after == fresh and after != old
 
 

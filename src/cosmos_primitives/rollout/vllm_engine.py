@@ -66,6 +66,10 @@ Second pass (issue 29), per vLLM's source:
   refused with an error on 0.20 - 0.30.
 - ``finish_reason`` ``"repetition"`` is a finished completion; ``"abort"`` / ``"error"`` completions are
   dropped (counted in a warning and in :attr:`VLLMRolloutEngine.dropped`), never trained on.
+- A prompt given as token ids with media (a multi-turn episode's next turn: the prompt's media plus the
+  images the environment returned) goes as ``{"prompt_token_ids", "multi_modal_data"}`` with each
+  expanded run of pads collapsed to one placeholder (:func:`vllm_token_prompt`: vLLM expands the
+  placeholders of a token prompt itself and would read already expanded runs wrong).
 - The worker extension reaches the model through ``model_runner.get_model()`` (``model_runner.model`` is
   the CUDA-graph wrapper unless ``enforce_eager``); the first-sync checksums reduce in float64 chunks
   of :data:`CHECKSUM_CHUNK` elements instead of a float64 copy of each tensor.
@@ -81,6 +85,7 @@ from collections import Counter
 from collections.abc import Iterable, Sequence
 from typing import Any
 
+import attrs
 import torch
 
 from cosmos_primitives.data.prompt_inputs import render_prompt
@@ -337,14 +342,10 @@ class VLLMRolloutEngine:
         Qwen3-VL (vLLM's ``Qwen3VLProcessingInfo._get_video_second_idx``) takes each frame's timestamp
         text as ``frames_indices[i] / fps`` and, without ``do_sample_frames`` in the metadata or the
         processor kwargs, does not sample again: frames sampled at ``fps`` get times ``i / fps``."""
-        if prompt.token_ids is not None:  # vLLM's TokensPrompt: a multi-turn episode's tokens so far
-            if prompt.images or prompt.videos:
-                raise ValueError(f"prompt {prompt.prompt_id!r} gives token_ids and media: this adapter sends a prompt "
-                                 "given as token ids to vLLM text only (media with token ids are not supported "
-                                 "here); run multi-turn episodes whose environment returns images with "
-                                 "HFRolloutEngine")
-            return {"prompt_token_ids": list(prompt.token_ids)}
-        request: dict[str, Any] = {"prompt": text}
+        # vLLM's TokensPrompt (a multi-turn continuation): ids with one placeholder per media item
+        # (vllm_token_prompt), vLLM expands them
+        request: dict[str, Any] = {"prompt": text} if prompt.token_ids is None else {
+            "prompt_token_ids": list(prompt.token_ids)}
         media: dict[str, Any] = {}
         if prompt.images:
             media["image"] = prompt.images if len(prompt.images) > 1 else prompt.images[0]
@@ -359,6 +360,13 @@ class VLLMRolloutEngine:
         if media:
             request["multi_modal_data"] = media
         return request
+
+    def _collapsed(self, prompt: Prompt) -> Prompt:
+        """A prompt given as token ids, with its media's expanded placeholders collapsed for vLLM."""
+        if not (prompt.images or prompt.videos):
+            return prompt
+        tokenizer = getattr(self.processor, "tokenizer", self.processor)
+        return attrs.evolve(prompt, token_ids=vllm_token_prompt(prompt, tokenizer, self.model_type))
 
     def _per_request(self, prompts: Sequence[Prompt], params: SamplingParams, rank: int) -> list[Any]:
         """One ``SamplingParams`` per prompt, each with its own :func:`request_seed` (None: unseeded)."""
@@ -402,8 +410,8 @@ class VLLMRolloutEngine:
     def generate(self, prompts: Sequence[Prompt], params: SamplingParams) -> list[RolloutGroup]:
         everything, sampling, start = self._group_requests(prompts, params)
         self._check_video_timing(everything)
-        requests = [self._request(render_prompt(self.processor, p) if p.token_ids is None else "", p)
-                    for p in everything]
+        requests = [self._request(render_prompt(self.processor, p), p) if p.token_ids is None else
+                    self._request("", self._collapsed(p)) for p in everything]
         self._wake("weights")
         self._wake("kv_cache")
         outputs = self.llm.generate(requests, sampling, use_tqdm=False)
@@ -539,6 +547,101 @@ def _group_seed(seed: int, group: Any) -> int:
     box = [seed]
     dist.broadcast_object_list(box, src=dist.get_process_group_ranks(group)[0], group=group)
     return int(box[0])
+
+
+_TIMESTAMP = re.compile(r"<\d+(\.\d+)? seconds>")  # Qwen3-VL's text before each temporal patch of a video
+
+
+def vllm_token_prompt(prompt: Prompt, tokenizer: Any, model_type: str | None) -> list[int]:
+    """``prompt.token_ids`` (``[L]``, a multi-turn episode's tokens so far: its media already expanded
+    by a processor into runs of pads) in the form vLLM takes a token prompt with media: ONE placeholder
+    per image / video, which vLLM expands itself.
+
+    Why, per vLLM's source (``vllm/multimodal/processing/processor.py``): for a prompt given as token
+    ids ``BaseMultiModalProcessor._apply_hf_processor_main`` returns ``is_update_applied=False`` (only
+    a text prompt may let the HF processor expand placeholders), so ``_maybe_apply_prompt_updates``
+    calls ``_apply_prompt_updates`` -> ``apply_token_matches`` / ``_apply_matches``: item ``k`` of a
+    modality replaces the FIRST match of its target at or after the end of item ``k - 1``'s match
+    with its full expansion. The targets (``_get_prompt_updates`` of ``qwen2_vl.py``, which
+    Qwen2.5-VL uses, and of ``qwen3_vl.py``) are one ``<|image_pad|>`` per image (expanded to
+    ``t * h * w / merge**2`` pads), one ``<|video_pad|>`` per Qwen2.5-VL video, and the triple
+    ``<|vision_start|><|video_pad|><|vision_end|>`` per Qwen3-VL video (expanded to one
+    ``<t seconds><|vision_start|>pads<|vision_end|>`` block per temporal patch). Ids that already
+    hold a run of N pads would get the first pad expanded to N and keep N - 1 stray pads after it
+    (a second image's expansion would land inside the first image's run): the placeholders found
+    then (``_find_mm_placeholders``) do not cover the stray pads, so vLLM would embed them as text.
+    Each run (Qwen3-VL: each video's block of patches) is therefore collapsed to one placeholder.
+
+    Raises:
+        ValueError: the runs found differ in number from the prompt's images / videos, or the model
+            type has no known placeholders.
+    """
+    ids = list(prompt.token_ids or [])
+    if model_type not in ("qwen2_5_vl", "qwen3_vl"):
+        raise ValueError(f"prompt {prompt.prompt_id!r} gives token_ids and media, but this adapter knows the "
+                         f"media placeholders of Qwen2.5-VL and Qwen3-VL only, not of {model_type!r}")
+    start, image, video, end = (tokenizer.convert_tokens_to_ids(t) for t in
+                                ("<|vision_start|>", "<|image_pad|>", "<|video_pad|>", "<|vision_end|>"))
+    ids, images = _collapse_runs(ids, image)
+    if model_type == "qwen3_vl":
+        ids, videos = _collapse_qwen3_videos(ids, tokenizer, start, video, end)
+    else:
+        ids, videos = _collapse_runs(ids, video)
+    for name, found, given in (("<|image_pad|>", images, len(prompt.images)),
+                               ("<|video_pad|>", videos, len(prompt.videos))):
+        if found != given:
+            raise ValueError(f"prompt {prompt.prompt_id!r}: its token_ids hold {found} runs of {name} but it gives "
+                             f"{given} {name[2:7]}s; vLLM pairs each placeholder with one item, in order")
+    return ids
+
+
+def _collapse_runs(ids: list[int], pad: int) -> tuple[list[int], int]:
+    """``ids`` with every run of ``pad`` made one ``pad``, and the number of runs."""
+    out: list[int] = []
+    runs = 0
+    for i, tok in enumerate(ids):
+        if tok == pad and i and ids[i - 1] == pad:
+            continue
+        runs += tok == pad
+        out.append(tok)
+    return out, runs
+
+
+def _collapse_qwen3_videos(ids: list[int], tokenizer: Any, start: int, pad: int, end: int) -> tuple[list[int], int]:
+    """Each Qwen3-VL video block (``<t seconds>`` + start + pads + end, once per temporal patch) made
+    ``start, pad, end`` again, and the number of videos."""
+    def timestamp_before(i: int, floor: int) -> int:  # where the timestamp text ending at i begins, or -1
+        for k in range(1, min(16, i - floor) + 1):
+            if _TIMESTAMP.fullmatch(tokenizer.decode(ids[i - k:i])):
+                return i - k
+        return -1
+
+    out: list[int] = []
+    videos, i = 0, 0
+    while i < len(ids):
+        if not (ids[i] == start and i + 1 < len(ids) and ids[i + 1] == pad):
+            out.append(ids[i])
+            i += 1
+            continue
+        head = timestamp_before(i, 0)
+        if head >= 0 and out[len(out) - (i - head):] == ids[head:i]:
+            del out[len(out) - (i - head):]
+        while i < len(ids) and ids[i] == start and i + 1 < len(ids) and ids[i + 1] == pad:
+            j = i + 1
+            while j < len(ids) and ids[j] == pad:
+                j += 1
+            if j >= len(ids) or ids[j] != end:
+                raise ValueError("a run of <|video_pad|> not closed by <|vision_end|>")
+            i = j + 1
+            k = i
+            while k < len(ids) and k - i < 16 and ids[k] != start:
+                k += 1
+            if k < len(ids) and ids[k] == start and timestamp_before(k, i) == i and k + 1 < len(ids) \
+                    and ids[k + 1] == pad:
+                i = k  # the video's next temporal patch
+        out += [start, pad, end]
+        videos += 1
+    return out, videos
 
 
 def _video_metadata(num_frames: int, fps: float, metadata: dict[str, Any] | None = None) -> dict[str, Any]:

@@ -59,8 +59,16 @@ models the documented behaviours the adapter depends on, as vLLM 0.20 - 0.33 has
   ``t * h * w / merge**2`` image pads. ``RequestOutput.prompt_token_ids`` is that expanded prompt, and
   the model runs it with the media. (transformers 5's ``Qwen3VLProcessor`` keeps the template's outer
   ``<|vision_start|>`` / ``<|vision_end|>`` around a video: its prompt is two tokens longer per video.)
-  A prompt with media is not prefix-cached here (vLLM keys such blocks by the media's hash). Qwen2.5-VL
-  and text models take the prompt text alone, media ignored, as before.
+  A prompt with media is not prefix-cached here (vLLM keys such blocks by the media's hash).
+- Qwen2.5-VL media (``qwen2_vl.py`` ``_get_prompt_updates``, which Qwen2.5-VL uses): each
+  ``<|image_pad|>`` / ``<|video_pad|>`` becomes ``t * h * w / merge**2`` pads; a video is processed at
+  the fps its metadata gives (``second_per_grid_ts = temporal_patch_size / fps``; 24 fps before 0.31,
+  below). Text models take the prompt alone.
+- token prompts with media (``{"prompt_token_ids": ..., "multi_modal_data": ...}``): placeholders are
+  matched as ``vllm/multimodal/processing/processor.py`` ``_apply_matches`` does for text and token
+  prompts alike (vLLM never lets the HF processor expand a token prompt): item ``k`` takes the first
+  target at or after item ``k - 1``'s; placeholder tokens left over would be embedded as text by vLLM,
+  and the stand-in refuses them (already expanded runs of pads in the ids, say).
 
 Second pass (issue 29); behaviours that change between releases follow :data:`__version__` (set it
 in a test to model an older release; :func:`reset` puts back the newest):
@@ -112,6 +120,7 @@ _LLM_KWARGS = {
 }
 _LOGPROBS_MODES = {"raw_logprobs", "raw_logits", "processed_logprobs", "processed_logits"}
 CALLS: list[tuple[str, Any]] = []
+REQUESTS: list[dict[str, Any]] = []  # every prompt dict LLM.generate was given, in order
 SERIALIZED: list[tuple[str, int]] = []  # (collective_rpc method, tensor bytes copied through the serializer)
 GPU = {"total_bytes": 80 << 30, "used_by_others": 0}
 ABORT_AFTER_TOKENS: int | None = None  # test knob: requests still running after this many tokens are aborted
@@ -122,6 +131,7 @@ TRANSFORMERS_FALLBACK_FPS = 24.0  # transformers.video_utils.VideoMetadata.sampl
 
 def reset() -> None:
     CALLS.clear()
+    REQUESTS.clear()
     SERIALIZED.clear()
     RPC_TENSOR_BYTES.clear()
     FORCE_FINISH.clear()
@@ -528,16 +538,26 @@ class LLM:
             self._processor = AutoProcessor.from_pretrained(self._model_path)
         return self._processor
 
-    def _qwen3_vl_inputs(self, request: dict[str, Any], prompt_ids: list[int]) -> tuple[list[int], dict[str, Any]]:
-        """``prompt_ids`` with the media placeholders expanded as vLLM's Qwen3-VL processor expands them,
-        and the model's media inputs (``pixel_values`` / ``image_grid_thw``, ``pixel_values_videos`` /
-        ``video_grid_thw``, ``mm_token_type_ids`` ``[1, P]``); unchanged ids and no inputs otherwise."""
+    def _vl_inputs(self, request: dict[str, Any], prompt_ids: list[int]) -> tuple[list[int], dict[str, Any]]:
+        """``prompt_ids`` with the media placeholders expanded as vLLM's Qwen2.5-VL / Qwen3-VL processor
+        expands them, and the model's media inputs (``pixel_values`` / ``image_grid_thw``,
+        ``pixel_values_videos`` / ``video_grid_thw`` (/ ``second_per_grid_ts``), ``mm_token_type_ids``
+        ``[1, P]``); unchanged ids and no inputs for a text model or a request without media.
+
+        The placeholders are matched as ``_apply_matches`` (``vllm/multimodal/processing/processor.py``)
+        matches them, whether the prompt is text or token ids (a token prompt is never expanded by the HF
+        processor: ``_apply_hf_processor_main`` returns ``is_update_applied=False`` for it): item ``k``
+        takes the first target at or after the end of item ``k - 1``'s; placeholders left over once every
+        item has its match are not placeholders of any item (``_find_mm_placeholders`` does not cover
+        them), so vLLM would embed them as text tokens. The stand-in refuses such a prompt instead of
+        running it as vLLM would, misread (e.g. token ids that hold already expanded runs of pads)."""
         data = request.get("multi_modal_data") or {}
         config = self.hf_model.config
-        if config.model_type != "qwen3_vl" or not data:
+        if config.model_type not in ("qwen2_5_vl", "qwen3_vl") or not data:
             return prompt_ids, {}
         from transformers.video_utils import VideoMetadata
 
+        qwen3 = config.model_type == "qwen3_vl"
         processor, merge = self.processor, config.vision_config.spatial_merge_size ** 2
         inputs: dict[str, Any] = {}
         images = data.get("image")
@@ -550,8 +570,17 @@ class LLM:
         videos = data.get("video")
         videos = [] if videos is None else videos if isinstance(videos, list) else [videos]
         video_blocks: list[list[int]] = []
-        pixels, grids = [], []
-        for item in videos:
+        pixels, grids, seconds_per_grid = [], [], []
+        for item, fps in zip(videos, self._video_fps(request)):
+            if not qwen3:
+                frames = item[0] if isinstance(item, tuple) else item
+                out = processor.video_processor(videos=[frames], do_sample_frames=False, return_tensors="pt")
+                grid = out["video_grid_thw"][0]
+                video_blocks.append([config.video_token_id] * (int(grid.prod()) // merge))
+                seconds_per_grid.append(processor.video_processor.temporal_patch_size / float(fps))
+                pixels.append(out["pixel_values_videos"])
+                grids.append(out["video_grid_thw"])
+                continue
             if not isinstance(item, tuple):
                 raise ValueError("Qwen3-VL needs each video as (frames, metadata): its processor reads the frame "
                                  "timestamps from the metadata (video_needs_metadata=True)")
@@ -578,31 +607,43 @@ class LLM:
             grids.append(out["video_grid_thw"])
         if videos:
             inputs["pixel_values_videos"], inputs["video_grid_thw"] = torch.cat(pixels), torch.cat(grids)
-        triple = [config.vision_start_token_id, config.video_token_id, config.vision_end_token_id]
+            if not qwen3:
+                inputs["second_per_grid_ts"] = torch.tensor(seconds_per_grid)
+        # the targets of each family's _get_prompt_updates: Qwen3-VL replaces a video's whole triple
+        video_target = ([config.vision_start_token_id, config.video_token_id, config.vision_end_token_id]
+                        if qwen3 else [config.video_token_id])
         expanded: list[int] = []
         images_left, videos_left = iter(image_blocks), iter(video_blocks)
+        stray = {"image": 0, "video": 0}
         i = 0
         while i < len(prompt_ids):
-            if prompt_ids[i:i + 3] == triple:
-                expanded += next(videos_left, None) or self._missing("video", len(video_blocks))
-                i += 3
-                continue
-            if prompt_ids[i] == config.image_token_id:
-                expanded += next(images_left, None) or self._missing("image", len(image_blocks))
+            if prompt_ids[i:i + len(video_target)] == video_target:
+                block = next(videos_left, None)
+                if block is not None:
+                    expanded += block
+                    i += len(video_target)
+                    continue
+            if prompt_ids[i] in (config.image_token_id, config.video_token_id):
+                kind = "image" if prompt_ids[i] == config.image_token_id else "video"
+                block = next(images_left, None) if kind == "image" else None
+                if block is None:
+                    stray[kind] += 1
+                expanded += block if block is not None else [prompt_ids[i]]
             else:
                 expanded.append(prompt_ids[i])
             i += 1
         if next(images_left, None) is not None or next(videos_left, None) is not None:
             raise ValueError(f"the prompt has fewer placeholders than the {len(image_blocks)} images and "
                              f"{len(video_blocks)} videos given")
+        if any(stray.values()):
+            raise ValueError(f"the prompt holds {stray['image']} <|image_pad|> and {stray['video']} <|video_pad|> "
+                             f"tokens beyond one placeholder per item ({len(image_blocks)} images, "
+                             f"{len(video_blocks)} videos given): vLLM expands the first placeholder of each item "
+                             "and would embed the rest as text (give one placeholder per item, not expanded runs)")
         ids = torch.tensor(expanded)
         inputs["mm_token_type_ids"] = ((ids == config.image_token_id).long()
                                        + 2 * (ids == config.video_token_id).long())[None]
         return expanded, inputs
-
-    @staticmethod
-    def _missing(kind: str, given: int) -> list[int]:
-        raise ValueError(f"the prompt has more {kind} placeholders than the {given} {kind}s given")
 
     def collective_rpc(self, method: str, timeout: float | None = None, args: tuple = (), kwargs: dict | None = None):
         CALLS.append(("collective_rpc", method))
@@ -735,7 +776,8 @@ class LLM:
         for i, (request, sampling_params) in enumerate(zip(prompts, params)):
             eos = set(sampling_params.stop_token_ids or []) | {self.tokenizer.convert_tokens_to_ids("<|im_end|>")}
             given = request.get("prompt_token_ids")  # a TokensPrompt: the ids as they are
-            prompt_ids, media = self._qwen3_vl_inputs(
+            REQUESTS.append(request)
+            prompt_ids, media = self._vl_inputs(
                 request, list(given) if given is not None else self.tokenizer(request["prompt"])["input_ids"])
             outs = []
             for k in range(sampling_params.n):
