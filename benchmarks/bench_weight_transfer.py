@@ -24,7 +24,11 @@ then every member fetches at once (one round: the members form a relay chain wit
 Reported per ``k`` (median over ``--repeats`` versions): the trainer's ``publish`` time, the
 trainer's send time for the version (``sync/serve_s``), the time until the last member holds it
 (the chain: each member passes the buckets on), the bytes that left the trainer for the version
-(``sync/bytes_served``, measured), and each against ``k = 1``.
+(``sync/bytes_served``, measured), the trainer's own CPU seconds for the version (its serving
+threads' ``time.thread_time()``, ``sync/serve_cpu_s``; and the whole trainer process's
+``time.process_time()`` from publish until every member holds it, publish and serving included),
+and each against ``k = 1``. The CPU seconds are what the trainer itself spends: unlike the wall
+times, member processes sharing its cores do not inflate them.
 """
 
 from __future__ import annotations
@@ -117,9 +121,12 @@ def _bench_members(url: str, total_mb: float, repeats: int, bucket_mb: int, thre
         client.fetch()  # plan + check, not timed
     times: dict[str, list[float]] = {"publish": [], "trainer sends": [], "all members hold it": []}
     sent: list[float] = []
+    serve_cpu: list[float] = []  # the trainer's serving threads' CPU seconds for the version
+    process_cpu: list[float] = []  # the trainer process's CPU seconds from publish until all members hold it
     for version in range(1, repeats + 1):
         dist.barrier()
         start = time.perf_counter()
+        cpu_start = time.process_time()
         if rank == 0:
             server.publish(version)
             before = server.metrics()
@@ -130,9 +137,13 @@ def _bench_members(url: str, total_mb: float, repeats: int, bucket_mb: int, thre
             assert client.fetch().version == version
         times["all members hold it"].append(_slowest(time.perf_counter() - start))
         serve_s = 0.0
-        if rank == 0:  # measured on the trainer: its send time and the bytes that left it for this version
-            after = server.metrics()
+        if rank == 0:  # measured on the trainer: its send time, CPU time and the bytes that left it for this version
+            process_cpu.append(time.process_time() - cpu_start)
+            deadline = time.monotonic() + 60  # a member can hold the version before the trainer counted it
+            while (after := server.metrics())["sync/rounds"] == before["sync/rounds"] and time.monotonic() < deadline:
+                time.sleep(0.005)
             serve_s = after["sync/serve_s"] - before["sync/serve_s"]
+            serve_cpu.append(after["sync/serve_cpu_s"] - before["sync/serve_cpu_s"])
             sent.append(after["sync/bytes_served"] - before["sync/bytes_served"])
         times["trainer sends"].append(_slowest(serve_s))
     dist.barrier()
@@ -141,7 +152,7 @@ def _bench_members(url: str, total_mb: float, repeats: int, bucket_mb: int, thre
     dist.barrier()
     if rank == 0:
         server.close()
-    return {"times": times, "sent": sent}
+    return {"times": times, "sent": sent, "serve_cpu": serve_cpu, "process_cpu": process_cpu}
 
 
 def main() -> None:
@@ -181,16 +192,18 @@ def members_scaling(args: argparse.Namespace) -> None:
           f"intra-op thread(s) per process, gloo over loopback, {os.cpu_count()} CPUs ({cpu}), load average "
           f"{os.getloadavg()[0]:.1f}, {time.strftime('%Y-%m-%d %H:%M %Z')}")
     base = {key: statistics.median(v) for key, v in rows[args.members[0]]["times"].items()}
-    base_sent = statistics.median(rows[args.members[0]]["sent"])
+    base_sent, base_serve_cpu, base_process_cpu = (statistics.median(rows[args.members[0]][key])
+                                                   for key in ("sent", "serve_cpu", "process_cpu"))
     print(f"{'members':>7}  {'publish s':>9} {'x':>5}  {'trainer sends s':>15} {'x':>5}  {'all hold it s':>13} "
-          f"{'x':>5}  {'trainer sent MB':>15} {'x':>5}")
+          f"{'x':>5}  {'trainer sent MB':>15} {'x':>5}  {'serving CPU s':>13} {'x':>5}  {'trainer CPU s':>13} {'x':>5}")
     for k, row in rows.items():
         publish, sends, held = (statistics.median(row["times"][key])
                                 for key in ("publish", "trainer sends", "all members hold it"))
-        sent = statistics.median(row["sent"])
+        sent, serve_cpu, process_cpu = (statistics.median(row[key]) for key in ("sent", "serve_cpu", "process_cpu"))
         print(f"{k:>7}  {publish:9.3f} {publish / base['publish']:5.2f}  {sends:15.3f} "
               f"{sends / base['trainer sends']:5.2f}  {held:13.3f} {held / base['all members hold it']:5.2f}  "
-              f"{sent / 1e6:15.1f} {sent / base_sent:5.2f}")
+              f"{sent / 1e6:15.1f} {sent / base_sent:5.2f}  {serve_cpu:13.3f} {serve_cpu / base_serve_cpu:5.2f}  "
+              f"{process_cpu:13.3f} {process_cpu / base_process_cpu:5.2f}")
 
 
 if __name__ == "__main__":

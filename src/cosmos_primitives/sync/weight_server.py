@@ -174,7 +174,7 @@ class WeightServer:
         self._digests: dict[int, list[str]] = {}
         self._closed = False
         self._stats = {"publish_s": 0.0, "transfers": 0.0, "transfer_failures": 0.0, "transfer_s": 0.0,
-                       "bytes_served": 0.0, "serve_s": 0.0, "rounds": 0.0,
+                       "bytes_served": 0.0, "serve_s": 0.0, "serve_cpu_s": 0.0, "rounds": 0.0,
                        "publish_waits_timed_out": 0.0, "rejected_requests": 0.0, "members_refused": 0.0}
         self.last_failure: str | None = None
         self._dispatcher: threading.Thread | None = None
@@ -382,6 +382,7 @@ class WeightServer:
         """Form the relay chain of the trainer and ``entries``' members and send the newest snapshot
         down it: each bucket leaves the trainer once, whatever the number of members."""
         members = [e.request.member for e in entries]
+        cpu_start = time.thread_time()
         key = uuid.uuid4().hex
         group = None
         snapshot: WeightSnapshot | None = None
@@ -409,6 +410,7 @@ class WeightServer:
                 self._stats["transfer_s"] = result.seconds
                 self._stats["serve_s"] += result.seconds
                 self._stats["bytes_served"] += result.bytes_moved
+                self._stats["serve_cpu_s"] += time.thread_time() - cpu_start
                 self._known.update(members)
                 # the members may still relay what they received: the trainer's side of the chain
                 # stays open until they had the time to
@@ -455,7 +457,9 @@ class WeightServer:
         """``sync/publish_s`` (last publish), ``sync/rounds`` (rounds served), ``sync/transfers``
         (members served, summed over rounds), ``sync/transfer_failures`` (failed rounds and requests
         whose member never showed up), ``sync/transfer_s`` (the trainer's send time in the last
-        round), ``sync/serve_s`` (its send time, summed), ``sync/bytes_served`` (bytes that left the
+        round), ``sync/serve_s`` (its send time, summed), ``sync/serve_cpu_s`` (the CPU time of the
+        threads that served the rounds, group set-up included, summed; a transport's own I/O threads,
+        gloo's, are not in it: the trainer process's CPU time covers those), ``sync/bytes_served`` (bytes that left the
         trainer: one snapshot per round), ``sync/members`` (waiting or in a round),
         ``sync/published_version``, ``sync/publish_waits_timed_out``, ``sync/rejected_requests``,
         ``sync/members_refused``."""

@@ -18,8 +18,9 @@ Each key is ``mapped`` (the note starts with our key and says how), ``ignored`` 
 that trains, or a difference docs/from_cosmos_rl.md states with its reason) or ``refused`` (the
 file loads, the value goes to ``Config.unsupported`` and ``examples/wfm_rl.py`` stops at start-up
 with the note saying what to do), as in ``config/compat/cosmos_rl.py``. A value among a key's ``noop``
-values asks for nothing. cosmos-rl's defaults (the table's second column, checked against its own
-classes by ``tests/test_cosmos_rl_wfm.py``) fill the keys a file leaves out, so a file means the
+values asks for nothing. The rules are the ``"cosmos"`` and ``"diffusers"`` families of the one typed
+list, ``config/compat/rules.py``'s ``RULE_LIST``. cosmos-rl's defaults (the rules' ``default``, checked
+against its own classes by ``tests/test_cosmos_rl_wfm.py``) fill the keys a file leaves out, so a file means the
 same whichever keys it happens to spell. A diffusers file's keys that are not world-model specific
 (``train.optm_lr``, ``train.ckpt.*``, ...) follow ``config/compat/cosmos_rl.py``'s table.
 """
@@ -28,271 +29,18 @@ from __future__ import annotations
 
 import math
 import os
-import sys
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from cosmos_primitives.config.compat import cosmos_rl
-from cosmos_primitives.config.compat.rules import RULE_LIST
+from cosmos_primitives.config.compat.rules import Rule, rules_of
 
-if sys.version_info >= (3, 11):
-    import tomllib
-else:  # pragma: no cover
-    import tomli as tomllib
-
-How = Literal["mapped", "ignored", "refused"]
 Kind = Literal["cosmos", "diffusers"]
 
 
-@dataclass(frozen=True)
-class WorldModelRule:
-    """How one key of a cosmos-rl world-model file is read; ``default``: cosmos-rl's (None: none)."""
-
-    key: str
-    default: Any
-    how: How
-    note: str
-    noop: tuple[Any, ...] = ()
-
-
-# key | cosmos-rl default (TOML, "-" = none) | how | values asking for nothing (TOML array, "-") | note.
-# A rule on a table covers every key inside it unless a longer rule names one.
-_COSMOS = r"""
-model.tokenizer | - | ignored | - | the VAE is the model folder's vae/ (its temporal window and chunking are its own)
-model.conditioner | - | ignored | - | the transformer's inputs (fps, padding mask, text, condition flag) are fed as the diffusers model takes them; a text dropout_rate (caption dropout, which cosmos-rl applies to the DDRL data term) is not applied here
-model.text_encoder_class | "T5" | mapped | - | wfm.data.text_dim ("T5": 1024; "reason1_7B": Cosmos-Reason1-7B's hidden states combined by embedding_concat_strategy, 100352 wide with full_concat)
-model.text_encoder_config.compute_online | false | mapped | - | wfm.data.text_encoder ("none": the embeddings are computed ahead of the run here, by the same encoder and prompt: python -m cosmos_primitives.data.precompute_text_embeddings DATASET --encoder nvidia/Cosmos-Reason1-7B --max-tokens 512, into the clip folder's text_embedding/)
-model.text_encoder_config.embedding_concat_strategy | "mean_pooling" | mapped | ["full_concat"] | wfm.data.text_dim (the precompute step writes full_concat; another strategy with compute_online is refused: precompute those embeddings yourself)
-model.text_encoder_config.n_layers_per_group | 5 | ignored | - | only acts with embedding_concat_strategy = "pool_every_n_layers_and_concat"
-model.text_encoder_config.ckpt_path | "nvidia/Cosmos-Reason1-7B" | ignored | - | the text encoder of the precompute step (its --encoder)
-model.text_encoder_config.tokenizer_type | "Qwen/Qwen2-VL-2B-Instruct" | ignored | - | the text encoder's tokenizer comes with its checkpoint
-model.text_encoder_config.encoder_model_config | - | ignored | - | the text encoder's architecture comes with its checkpoint
-model.net.sac_config.mode | "block_wise" | mapped | - | policy.model_gradient_checkpointing (true unless "none": activation checkpointing of the transformer blocks)
-model.net.sac_config.every_n_blocks | 1 | ignored | - | speed-only: which blocks recompute (every block here)
-model.net | - | ignored | - | the network's architecture is the model folder's transformer/config.json
-model.ema | - | ignored | - | EMA weights are not kept here (cosmos-rl keeps them for its every_n_sample_ema samples and validation; rollouts and training use the regular weights in both)
-model.sde | - | ignored | - | cosmos-rl's EDM noise levels (rollout start sigma_max, data-term sigma draws); here the flow model's own sigma grid (docs/from_cosmos_rl.md)
-model.fsdp_shard_size | 8 | mapped | - | policy.parallelism.dp_shard_size
-model.dp_replicate_size | 1 | ignored | - | not read by cosmos-rl (its replicas are world size / (fsdp_shard_size x context_parallel_size)); policy.parallelism.dp_replicate_size = -1 infers them the same way here
-model.sigma_data | 1.0 | ignored | - | EDM parameterisation of cosmos-rl's network (the diffusers model predicts the flow velocity)
-model.precision | "bfloat16" | mapped | - | policy.dtype
-model.input_data_key | "video" | ignored | - | batch key names of cosmos-rl's loaders
-model.input_caption_key | "ai_caption" | ignored | - | batch key names of cosmos-rl's loaders
-model.input_image_key | "images" | ignored | - | batch key names of cosmos-rl's loaders
-model.loss_reduce | "mean" | refused | ["mean"] | the losses are means here; remove the key
-model.loss_scale | 10.0 | mapped | - | wfm.loss_scale (the loss is multiplied by it before backward; it changes what the gradient-norm clip sees)
-model.use_torch_compile | false | ignored | - | speed-only: torch.compile of the network
-model.adjust_video_noise | true | ignored | - | EDM training-noise scaling of cosmos-rl's network
-model.state_ch | 16 | ignored | - | the latent shape comes from the model folder's VAE
-model.state_t | 24 | ignored | - | the latent shape comes from the model folder's VAE
-model.resolution | "480" | ignored | - | the clip size is dataloader_train's (video_size, or the mock data's resolution)
-model.scaling | "rectified_flow" | ignored | - | the diffusers model is a rectified-flow model
-model.rectified_flow_t_scaling_factor | 1.0 | ignored | - | parameterisation of cosmos-rl's network
-model.rectified_flow_loss_weight_uniform | true | ignored | - | parameterisation of cosmos-rl's network
-model.resize_online | true | ignored | - | the clips are resized when read
-model.min_num_conditional_frames | 1 | ignored | - | the RL step takes the number of condition frames from model.rl
-model.max_num_conditional_frames | 2 | ignored | - | the RL step takes the number of condition frames from model.rl
-model.sigma_conditional | 0.0001 | ignored | - | the condition frames are clean here (cosmos-rl adds noise of this sigma to them)
-model.conditioning_strategy | "frame_replace" | refused | ["frame_replace"] | the condition frames replace the first latent frames here; remove the key
-model.denoise_replace_gt_frames | true | ignored | - | the condition frames are replaced in every step here
-model.high_sigma_strategy | "LOGUNIFORM200_100000" | ignored | - | EDM sigma draws of cosmos-rl's pre-training loss
-model.high_sigma_ratio | 0.05 | ignored | - | EDM sigma draws of cosmos-rl's pre-training loss
-model.low_sigma_ratio | 0.05 | ignored | - | EDM sigma draws of cosmos-rl's pre-training loss
-model.use_rf_ckpts | false | ignored | - | the diffusers checkpoint is a rectified-flow one
-model.rl.enabled | true | refused | [true] | world-model SFT (model.rl.enabled = false) has no recipe here
-model.rl.update_ref_every_iter | 16 | mapped | - | wfm.reference_update_interval (only acts with kl_beta > 0)
-model.rl.num_rollout | 8 | mapped | - | wfm.num_samples_per_prompt, wfm.group_ranks (the group is spread over that many data-parallel ranks, one rollout each per prompt)
-model.rl.sample_steps | 10 | mapped | - | wfm.num_inference_steps
-model.rl.train_on | [0, 1, 2, 3, 4, 5, 6, 7] | mapped | - | wfm.train_steps (-1: a random step not listed)
-model.rl.on_policy | true | refused | [true] | rollouts come from the current policy here (on_policy = false rolls out with the reference); remove the key
-model.rl.solver_option | "2ab" | ignored | - | differs: cosmos-rl's EDM multistep solver with churn; here the Flow-GRPO SDE on the flow model's sigma grid ([wfm.sampler]; docs/from_cosmos_rl.md)
-model.rl.s_churn | 1.0 | ignored | - | differs: the churn of cosmos-rl's solver; here [wfm.sampler] noise_level sets the SDE noise
-model.rl.s_t_max | inf | ignored | - | differs: the churn window of cosmos-rl's solver; here every step is stochastic (sde_window_size = 0)
-model.rl.s_t_min | 0.0 | ignored | - | differs: the churn window of cosmos-rl's solver; here every step is stochastic (sde_window_size = 0)
-model.rl.s_noise | 1.0 | ignored | - | differs: the churn noise scale of cosmos-rl's solver; here [wfm.sampler] noise_level
-model.rl.guidance | 0.0 | mapped | - | wfm.guidance_scale (wfm.guidance_convention = "cosmos": cond + g (cond - uncond), 0 = none)
-model.rl.min_num_conditional_frames | 1 | mapped | - | wfm.min_num_conditional_frames, wfm.conditioning (0 = text-to-world, 1 = image, more = video; a range is drawn per step)
-model.rl.max_num_conditional_frames | 1 | mapped | - | wfm.num_conditional_frames, wfm.conditioning
-model.rl.clip_ratio | 0.0001 | mapped | - | wfm.clip_range
-model.rl.kl_beta | 0.01 | mapped | - | wfm.kl_beta (the KL is the Gaussian's here, cosmos-rl takes the squared mean difference: docs/from_cosmos_rl.md)
-model.rl.data_beta | 0.0 | mapped | - | wfm.data_beta, wfm.algorithm ("ddrl" when data_beta > 0, else "flow_grpo")
-model.rl.use_rl_sigma_and_noise | true | mapped | - | wfm.ddrl_rollout_noise, wfm.ddrl_rollout_sigma
-model.rl.data_on_first_only | false | refused | [false] | the DDRL data term is taken at every trained step here; remove the key
-model.rl.use_same_seed | true | mapped | - | wfm.shared_initial_noise
-model.rl.exp_reward | false | mapped | - | wfm.advantage_transform ("neg_exp" when true)
-model.rl.reward_config.ALL_REWARD_MODELS | - | ignored | - | the list of reward kinds cosmos-rl knows
-model.rl.reward_config.adv_clip_max | 5.0 | mapped | - | wfm.adv_clip_max
-model.rl.reward_config.adv_clip_min | -5.0 | refused | [-5.0] | advantages are clipped symmetrically here (+-adv_clip_max); make adv_clip_min = -adv_clip_max
-model.rl.reward_config.aesthetic.enabled | false | refused | [false] | reward models run in the reward service here ([remote_reward])
-model.rl.reward_config.aesthetic.model_path | - | ignored | - | only acts with aesthetic.enabled
-model.rl.reward_config.image_reward.enabled | false | refused | [false] | reward models run in the reward service here ([remote_reward])
-model.rl.reward_config.image_reward.model_path | "ImageReward-v1.0" | ignored | - | only acts with image_reward.enabled
-model.rl.reward_config.fake_reward.enabled | false | refused | [false] | a constant reward trains nothing; use a reward of the service ([remote_reward])
-model.rl.reward_config.fake_reward.reward_fn | "fake_reward" | ignored | - | only acts with fake_reward.enabled
-model.rl.reward_config.fake_reward.scale | 1.0 | ignored | - | only acts with fake_reward.enabled
-model.rl.reward_config.remote_reward.enabled | true | mapped | - | remote_reward.rewards (one reward, weight 1)
-model.rl.reward_config.remote_reward.score_key | "overall_reward" | mapped | - | remote_reward.rewards.score_key
-model.rl.reward_config.remote_reward.scale | 1.0 | mapped | - | remote_reward.scale
-model.rl.reward_config.remote_reward.reward_fn | "dance_grpo" | mapped | - | remote_reward.rewards.name
-model.rl.reward_config.remote_reward.reward_clip_min | -5.0 | mapped | - | remote_reward.rewards.clip (low end; the score is clipped before the scale, as there)
-model.rl.reward_config.remote_reward.reward_clip_max | 5.0 | mapped | - | remote_reward.rewards.clip (high end)
-model.rl.reward_config.remote_reward.token | "" | refused | [""] | tokens do not belong in config files: export WFM_REWARD_TOKEN (read by both)
-model.rl.reward_config.remote_reward.enqueue_url | "" | mapped | - | remote_reward.enqueue_url (empty: WFM_REWARD_ENQUEUE_URL, as there)
-model.rl.reward_config.remote_reward.fetch_url | "" | mapped | - | remote_reward.fetch_url (empty: WFM_REWARD_FETCH_URL, as there)
-optimizer.optim_type | "fusedadam" | mapped | - | train.optm_name ("fusedadam" and "adamw" are both AdamW)
-optimizer.lr | 1e-5 | mapped | - | train.optm_lr (x scheduler.f_max)
-optimizer.weight_decay | 0.0001 | mapped | - | train.optm_weight_decay (cosmos-rl decays every weight; here not biases and norm scales)
-optimizer.betas | [0.9, 0.99] | mapped | - | train.optm_betas
-optimizer.eps | 1e-8 | mapped | - | train.optm_eps
-optimizer.master_weights | true | mapped | - | train.master_dtype ("float32"; false: "bfloat16")
-optimizer.capturable | true | ignored | - | speed-only: CUDA-graph capturable optimizer state
-scheduler.scheduler_type | "lambda_linear" | refused | ["lambda_linear"] | the schedule is linear warmup then constant or linear decay here; use lambda_linear
-scheduler.verbosity_interval | 0 | ignored | - | logging of the schedule
-scheduler.warm_up_steps | [1000] | mapped | - | train.optm_warmup_steps (one cycle; more are refused)
-scheduler.cycle_lengths | [10000000000000] | mapped | - | train.optm_decay_type ("constant" when f_min = f_max; a decay to f_min is refused unless its cycle ends at trainer.max_iter)
-scheduler.f_start | [1e-6] | ignored | - | differs: cosmos-rl's warmup starts at f_start x lr, here at 0 (1e-6 x lr is no step at all)
-scheduler.f_max | [1.0] | mapped | - | train.optm_lr (lr x f_max)
-scheduler.f_min | [1.0] | mapped | - | train.optm_decay_type, train.optm_min_lr_factor (f_min / f_max)
-trainer.callbacks | - | mapped | - | train.optm_grad_norm_clip, wfm.eval_num_inference_steps, wfm.eval_freq, logging.logger (grad_clip: clip_norm, none: 0, no clipping; every_n_sample_reg with guidance values: num_sampling_step and every_n, none: no evaluation rollouts; wandb: W&B; the others only log, time or collect garbage, listed as ignored)
-trainer.use_s3 | false | ignored | - | launcher-only: S3 output of cosmos-rl's callbacks
-trainer.distributed_parallelism | "fsdp" | ignored | - | the weights are FSDP2-sharded over [policy.parallelism] here (DDP gives the same updates)
-trainer.ddp | - | ignored | - | only acts with distributed_parallelism = "ddp"
-trainer.cudnn | - | ignored | - | speed-only: cuDNN flags
-trainer.seed | 0 | mapped | - | train.seed
-trainer.grad_scaler_args | - | ignored | - | bf16 training needs no gradient scaler
-trainer.max_iter | 25 | mapped | - | train.max_steps (an iteration is one optimizer step)
-trainer.max_val_iter | - | ignored | - | only acts with run_validation
-trainer.logging_iter | 2 | mapped | - | logging.log_freq
-trainer.run_validation | false | refused | [false] | the loss on dataloader_val is not computed here; evaluation rollouts score fixed prompts ([wfm] eval_freq)
-trainer.validation_iter | 100 | ignored | - | only acts with run_validation
-trainer.timeout_period | 999999999 | ignored | - | launcher-only: hang detection
-trainer.memory_format | "preserve_format" | ignored | - | speed-only: tensor memory layout
-trainer.grad_accum_iter | 1 | refused | [1] | one optimizer step per rollout batch here; raise dataloader batch_size instead
-trainer.straggler_detection | - | ignored | - | speed-only: straggler detection
-trainer.profiling | - | ignored | - | speed-only: profiling (use torch.profiler around a step)
-dataloader_train.type | "web" | mapped | - | wfm.data.kind ("local": "clip_folder"; "web" with dataset len_t5: "mock", cosmos-rl's random mock data; "web" otherwise is refused)
-dataloader_train.video_dataloader.type | "video" | ignored | - | the local loader's kind
-dataloader_train.video_dataloader.ratio | - | ignored | [1] | the video loader trains here (a ratio of 0 is refused)
-dataloader_train.video_dataloader.dataset_dir | - | mapped | - | wfm.data.path (videos/*.mp4, metas/*.txt)
-dataloader_train.video_dataloader.num_frames | - | mapped | - | wfm.data.num_frames
-dataloader_train.video_dataloader.video_size | - | mapped | - | wfm.data.height, wfm.data.width ((height, width) as cosmos-rl's resize reads it, so [768, 432] trains 768-high, 432-wide clips there and here)
-dataloader_train.video_dataloader.offline_text_embedding | false | mapped | - | wfm.data.text_encoder ("none": every clip needs its precomputed embedding)
-dataloader_train.video_dataloader.text_encoder_type | "t5_xxl" | mapped | - | wfm.data.embedding_dir ("t5_xxl": t5_xxl/, cosmos-rl's folder of offline T5 embeddings)
-dataloader_train.video_dataloader.batch_size | - | mapped | - | wfm.data.prompts_per_step (prompts per data-parallel rank and step; also train.train_policy.mini_batch: a rank's rollouts go through one forward)
-dataloader_train.video_dataloader.dataloader.batch_size | - | mapped | - | wfm.data.prompts_per_step (prompts per data-parallel rank and step)
-dataloader_train.video_dataloader.dataloader.dataset.num_video_frames | - | mapped | - | wfm.data.num_frames
-dataloader_train.video_dataloader.dataloader.dataset.resolution | - | mapped | - | wfm.data.height, wfm.data.width (cosmos-rl's mock video size of that resolution: "480" is 432 x 768)
-dataloader_train.video_dataloader.dataloader.dataset.len_t5 | - | mapped | - | wfm.data.max_tokens
-dataloader_train.video_dataloader.dataloader.dataset.t5_dim | - | mapped | - | wfm.data.text_dim
-dataloader_train.video_dataloader.dataloader.dataset | - | ignored | - | cosmos-rl's web-dataset registry (caption and embedding kinds, decoders, augmentors)
-dataloader_train.video_dataloader.dataloader | - | ignored | - | speed-only: loader workers, pinning, prefetching and replay caching
-dataloader_train.video_dataloader | - | ignored | - | speed-only: loader workers, pinning, prefetching, shuffling (the sampler shuffles, seeded by [train] seed)
-dataloader_train.image_dataloader.ratio | - | refused | [0] | image batches are not trained here (the world-model recipe trains video); set the image ratio to 0
-dataloader_train.image_dataloader | - | ignored | - | only acts with an image ratio > 0
-dataloader_val | - | ignored | - | only read with trainer.run_validation
-job.project | "cosmos_wfm_v2" | mapped | - | logging.project_name, train.output_dir ($COSMOS_OUTPUT_DIR or ./outputs, then project/group/name, as there)
-job.group | "official_runs_vid2vid_debug" | mapped | - | train.output_dir (W&B groups are not set here)
-job.name | - | mapped | - | logging.experiment_name, train.output_dir
-job.wandb_mode | "online" | mapped | - | logging.logger ("disabled" drops wandb; "offline": set WANDB_MODE=offline)
-job.timestamp | - | mapped | - | train.resume (a run folder to go on in: resume the newest run under output_dir)
-model_parallel.context_parallel_size | 1 | mapped | - | policy.parallelism.cp_size
-model_parallel.tensor_model_parallel_size | 1 | refused | [1] | the world-model recipe has no tensor parallelism; use context_parallel_size / fsdp_shard_size
-model_parallel.pipeline_model_parallel_size | 1 | refused | [1] | pipeline parallelism is not implemented; remove the key
-model_parallel | - | ignored | - | Megatron settings that cosmos-rl's world-model trainer does not read (it reads the tensor / pipeline / context sizes)
-checkpoint.type | - | ignored | - | checkpoints are DCP (sharded) here either way
-checkpoint.load_path | "" | mapped | - | policy.model_name_or_path (a Hub repo or folder in diffusers layout here, transformer/ vae/ scheduler/; empty, a network of [model.net] with random weights, is refused unless policy.model_name_or_path is given)
-checkpoint.model_id | - | refused | - | an imaginaire .pt checkpoint is not read here: give policy.model_name_or_path a diffusers folder of the same weights (diffusers' scripts/convert_cosmos_to_diffusers.py converts the .pt) and, for a Hub repo, policy.model_revision
-checkpoint.save_iter | 1000 | mapped | - | train.ckpt.save_freq, train.ckpt.enable_checkpoint, train.ckpt.max_keep (true and -1: cosmos-rl always saves and keeps every checkpoint)
-checkpoint.dcp_async_mode_enabled | false | mapped | - | train.ckpt.save_mode ("async" when true, else "sync")
-checkpoint.save_to_object_store.enabled | false | refused | [false] | set train.ckpt.upload_s3 and s3_bucket (the AWS_* variables) instead
-checkpoint.load_from_object_store.enabled | false | refused | [false] | download the weights and point policy.model_name_or_path at them
-checkpoint.save_to_object_store | - | ignored | - | only acts with save_to_object_store.enabled
-checkpoint.load_from_object_store | - | ignored | - | only acts with load_from_object_store.enabled
-checkpoint | - | ignored | - | resume details of cosmos-rl's checkpointer (what to restore, strictness, JIT export, logging)
-"""
-
-
-# The keys of a diffusers file that are world-model specific; the rest follow config/compat/cosmos_rl.py's table.
-_DIFFUSERS = r"""
-mode | "disaggregated" | ignored | - | launcher-only: one process group rolls out and trains here
-policy.is_diffusers | false | ignored | [true] | the file is read as a world-model file
-policy.model_revision | - | mapped | - | = (the Hub branch of the diffusers weights)
-policy.diffusers.dtype | "float32" | ignored | - | the weights load in float32 and compute in [policy] dtype (train.param_dtype there)
-policy.diffusers.is_video | false | refused | [true] | image diffusion models have no recipe here
-policy.diffusers.max_prompt_length | 300 | mapped | - | wfm.data.max_tokens
-policy.diffusers.weighting_scheme | "logit_normal" | ignored | - | read by cosmos-rl's diffusion SFT trainer only
-policy.diffusers.train_flow_shift | 3.0 | ignored | - | read by cosmos-rl's diffusion SFT trainer only
-policy.diffusers.offload | true | ignored | - | speed-only: host offload of model parts
-policy.diffusers.logit_mean | 0.0 | ignored | - | read by cosmos-rl's diffusion SFT trainer only
-policy.diffusers.logit_std | 1.0 | ignored | - | read by cosmos-rl's diffusion SFT trainer only
-policy.diffusers.inference_size | [1024, 1024] | mapped | - | wfm.data.height, wfm.data.width ([height, width])
-policy.diffusers.inference_frames | 41 | ignored | - | not read by the DiffusionNFT rollout (train_frames is)
-policy.diffusers.train_frames | 41 | mapped | - | wfm.data.num_frames
-policy.diffusers.timesteps_fraction | 1.0 | mapped | - | wfm.nft_num_timesteps, wfm.nft_timesteps (int(sample.num_steps x timesteps_fraction) points per sample, "sampler": the sampler's timesteps in a random order per sample, as there)
-policy.diffusers.timestep_fraction | - | ignored | - | not a cosmos-rl key (it spells timesteps_fraction): cosmos-rl ignores it and trains with timesteps_fraction = 1.0; so does this library
-policy.diffusers.nft_beta | 1.0 | mapped | - | wfm.nft_beta
-policy.diffusers.weight_copy_decay_type | 0 | ignored | - | differs: cosmos-rl rolls out with an "old" adapter copied from the trained one with this decay schedule; here the rollout and v_old are the policy at the start of the step (the same as decay type 0)
-policy.diffusers.lora | - | refused | - | set [policy.lora] (cosmos-rl reads that one for the transformer)
-policy.diffusers.sample.num_steps | 40 | mapped | - | wfm.num_inference_steps
-policy.diffusers.sample.eval_num_steps | 40 | mapped | - | wfm.eval_num_inference_steps (with validation.enable; else 0, no evaluation rollouts)
-policy.diffusers.sample.guidance_scale | 4.5 | mapped | [1.0] | wfm.guidance_scale (DiffusionNFT here is guidance-free: a value above 1 is refused)
-policy.diffusers.sample.global_std | true | ignored | - | not read by cosmos-rl (its remote-reward advantages use the prompt group's std)
-policy.diffusers.sample.noise_level | 1.0 | ignored | - | only acts with stochastic sampling (DiffusionNFT rolls out with deterministic steps)
-policy.diffusers.sample.deterministic_sampling | false | refused | [true] | DiffusionNFT rolls out with deterministic (ODE) steps here; set it true
-policy.diffusers.sample.solver | "dpm2" | ignored | - | differs: cosmos-rl's DPM-Solver-2 steps; here Euler steps on the same sigma grid
-policy.diffusers.tokenizer | - | ignored | - | the VAE is the model folder's vae/
-policy.lora.lora_names | ["default"] | ignored | [["default"], ["default", "old"]] | one adapter is trained here; DiffusionNFT's "old" adapter is the policy at the start of the step
-rollout.backend | "vllm" | ignored | - | the world-model recipe samples with its own flow sampler
-rollout.n_generation | 16 | mapped | - | wfm.num_samples_per_prompt
-rollout.parallelism | - | ignored | - | the same ranks roll out and train here
-rollout.batch_size | 1 | ignored | - | speed-only: prompts per rollout call
-rollout.n_generation_mini_batch | - | ignored | - | speed-only: rollout micro-batching
-train.train_policy.trainer_type | "sft" | mapped | - | wfm.algorithm ("diffusion_nft"; another diffusers trainer is refused)
-train.train_policy.type | - | refused | ["grpo"] | diffusion SFT has no recipe here
-train.train_policy.kl_beta | 0.0 | mapped | - | wfm.kl_beta (the velocity KL to the base model)
-train.train_policy.mini_batch | 2 | mapped | - | train.train_policy.mini_batch (samples per forward / backward)
-train.train_policy.batch_size_per_optimize | - | mapped | - | wfm.num_minibatches (rollouts per rank / it)
-train.train_policy.advantage_low | -5.0 | refused | [-5.0] | advantages are clipped symmetrically here (+-adv_clip_max); make advantage_low = -advantage_high
-train.train_policy.advantage_high | 5.0 | mapped | - | wfm.adv_clip_max
-train.train_policy.mu_iterations | 1 | refused | [1] | one pass over each rollout batch here; remove the key
-train.train_policy.use_remote_reward | false | mapped | - | remote_reward.rewards (the reward service; without it a world model has no reward here)
-train.train_policy.remote_reward.scale | 1.0 | mapped | - | remote_reward.scale
-train.train_policy.remote_reward.reward_fns | - | mapped | - | remote_reward.rewards (name, weight, score_key, clip = [clip_min, clip_max])
-train.train_policy.remote_reward.reward_clip_min | -5.0 | ignored | - | the per-reward clips apply here (clip_min / clip_max of each reward_fns entry)
-train.train_policy.remote_reward.reward_clip_max | 5.0 | ignored | - | the per-reward clips apply here (clip_min / clip_max of each reward_fns entry)
-train.train_policy.remote_reward.batch_size | 1 | ignored | - | speed-only: reward requests are batched per step here
-train.train_policy.dataset.name | "" | mapped | - | wfm.data.path (cosmos-rl's prompt-list datasets such as "pickscore" are not read here: give wfm.data.path a clip folder, whose captions are the prompts)
-train.train_policy.dataset.split | "" | ignored | - | the clip folder is the training set
-train.train_policy.uncentralized_training | false | ignored | - | launcher-only: controller layout
-train.train_batch_per_replica | 8 | mapped | - | wfm.data.prompts_per_step (rollouts per replica / data-parallel ranks / n_generation)
-train.ema_enable | false | ignored | - | differs: EMA weights are not kept here (cosmos-rl evaluates and exports the EMA weights with it; here the trained ones)
-train.ema_decay | 0.9999 | ignored | - | only acts with ema_enable
-train.ema_update_step_interval | 0 | ignored | - | only acts with ema_enable
-train.non_text | false | ignored | - | launcher-only: non-text trainers
-train.compile | true | ignored | - | speed-only: the world-model recipe does not compile the transformer
-logging.multi_modal_log_interval | - | ignored | - | the evaluation rollouts write videos here ([wfm] eval_freq)
-validation.enable | false | mapped | - | wfm.eval_num_inference_steps (0 without validation: no evaluation rollouts)
-validation.freq | 20 | mapped | - | wfm.eval_freq
-validation.dataset | - | ignored | - | evaluation prompts are fixed items of the training data here
-"""
-
-
-def _toml_value(text: str) -> Any:
-    return None if text == "-" else tomllib.loads(f"v = {text}")["v"]
-
-
-def _parse(table: str) -> dict[str, WorldModelRule]:
-    rules = {}
-    for line in filter(None, table.strip().splitlines()):
-        key, default, how, noop, note = (part.strip() for part in line.split(" | ", 4))
-        assert how in ("mapped", "ignored", "refused"), line
-        rules[key] = WorldModelRule(key, _toml_value(default), how, note, tuple(_toml_value(noop) or ()))  # type: ignore[arg-type]
-    return rules
-
-
-COSMOS_RULES: dict[str, WorldModelRule] = _parse(_COSMOS)
+COSMOS_RULES: dict[str, Rule] = rules_of("cosmos")
 """Every key of cosmos-rl's Cosmos-Predict2.5 trainer config (``CosmosVisionGenConfig``) -> its rule."""
-DIFFUSERS_RULES: dict[str, WorldModelRule] = _parse(_DIFFUSERS)
+DIFFUSERS_RULES: dict[str, Rule] = rules_of("diffusers")
 """The world-model keys of a cosmos-rl diffusers file -> their rule (others: ``cosmos_rl.RULES``)."""
 
 _COSMOS_TABLES = ("model", "model_parallel", "trainer", "optimizer", "scheduler", "dataloader_train",
@@ -379,7 +127,7 @@ class WorldModelReading:
         return ". ".join(parts)
 
 
-def rule_for(path: str, kind: Kind = "cosmos") -> WorldModelRule | cosmos_rl.KeyRule | None:
+def rule_for(path: str, kind: Kind = "cosmos") -> Rule | None:
     """The rule of ``path`` (or of the table it lies in) in a world-model file of ``kind``."""
     rules = COSMOS_RULES if kind == "cosmos" else DIFFUSERS_RULES
     parts = path.split(".")
@@ -408,7 +156,7 @@ def _leaves(tree: dict[str, Any], kind: Kind, prefix: str = "") -> list[tuple[st
 class _File:
     """A parsed file with cosmos-rl's defaults: :meth:`get` gives the file's value or the table's default."""
 
-    def __init__(self, tree: dict[str, Any], rules: dict[str, WorldModelRule]) -> None:
+    def __init__(self, tree: dict[str, Any], rules: dict[str, Rule]) -> None:
         self.tree, self.rules = tree, rules
 
     def has(self, key: str) -> bool:
@@ -429,12 +177,13 @@ class _File:
         return node
 
 
-def targets(rule: WorldModelRule | cosmos_rl.KeyRule) -> tuple[str, str]:
-    """``(our keys, the rest of the note)`` of a mapped rule: its note is ``"key[, key...][ (why)]"``
-    (``"="``: the same key)."""
-    head, _, rest = rule.note.partition(" (")
-    ours = rule.key if head == "=" else head
-    return ours, rest[:-1] if rest.endswith(")") else rest
+def targets(rule: Rule) -> tuple[str, str]:
+    """``(our keys, how)`` of a mapped rule: its typed ``target`` (comma-separated where one cosmos-rl
+    key sets several of ours) and its reason without the parentheses."""
+    reason = rule.reason
+    if reason.startswith("(") and reason.endswith(")"):
+        reason = reason[1:-1]
+    return str(rule.target), reason
 
 
 def _classify(tree: dict[str, Any], kind: Kind, reading: WorldModelReading) -> None:
@@ -747,7 +496,7 @@ _SHARED_READ = (
     "logging.logger", "logging.project_name", "policy.model_gradient_checkpointing", "policy.dtype",
     "policy.parallelism.dp_shard_size", "policy.parallelism.dp_replicate_size", "policy.model_name_or_path",
 )
-_SHARED_DEFAULTS = {rule.target: rule.cosmos_rl_value() for rule in RULE_LIST
+_SHARED_DEFAULTS = {rule.target: rule.cosmos_rl_value() for rule in cosmos_rl.RULES.values()
                     if rule.how == "mapped" and rule.target in _SHARED_READ}
 if set(_SHARED_DEFAULTS) != set(_SHARED_READ):  # pragma: no cover - a key the rule list does not map
     raise ValueError(f"config/compat/cosmos_rl_wfm.py: no mapped rule for {set(_SHARED_READ) - set(_SHARED_DEFAULTS)}")

@@ -26,6 +26,7 @@ rewritten by ``python -m cosmos_primitives.config.compat.docs_table --write``).
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -33,6 +34,10 @@ from typing import Any, Literal
 from cosmos_primitives.config.grpo import reward_function_as_dict
 
 How = Literal["mapped", "ignored", "refused"]
+Family = Literal["llm", "cosmos", "diffusers"]
+"""Which cosmos-rl files a rule reads: ``"llm"`` its LLM / VLM config class (``[policy]``, ``[train]``,
+...); ``"cosmos"`` its Cosmos-Predict2.5 world-model trainer files (``[model]``, ``[trainer]``, ...);
+``"diffusers"`` the world-model keys of its diffusers files (their other keys follow the ``"llm"`` rules)."""
 
 
 @dataclass(frozen=True)
@@ -42,7 +47,9 @@ class Rule:
     ``default``: cosmos-rl's (None where it has none); ``reason``: for ``mapped`` how it is read
     (may be empty), for ``ignored`` why, for ``refused`` what to do; ``target``: our key (``mapped``
     only); ``transform``: cosmos-rl's value -> ours (None: the same); ``fill``: a cosmos-rl file that
-    leaves the key unset gets ``transform(default)`` on ``target``; ``noop``: values asking for nothing.
+    leaves the key unset gets ``transform(default)`` on ``target``; ``noop``: values asking for nothing;
+    ``family``: which files the rule reads (:data:`Family`). A world-model rule's ``target`` may name
+    several of our keys, comma-separated, when one cosmos-rl key sets them together.
     """
 
     key: str
@@ -53,6 +60,7 @@ class Rule:
     transform: Callable[[Any], Any] | None = None
     fill: bool = False
     noop: tuple[Any, ...] = ()
+    family: Family = "llm"
 
     def __post_init__(self) -> None:
         if (self.how == "mapped") != (self.target is not None) or (self.fill and self.how != "mapped"):
@@ -76,19 +84,20 @@ KeyRule = Rule  # the name the loader and the migration report used before the r
 
 
 def mapped(key: str, default: Any, reason: str = "", *, to: str | None = None,
-           transform: Callable[[Any], Any] | None = None, fill: bool = False) -> Rule:
+           transform: Callable[[Any], Any] | None = None, fill: bool = False, noop: tuple[Any, ...] = (),
+           family: Family = "llm") -> Rule:
     """A key read as ``to`` (default: the same key)."""
-    return Rule(key, default, "mapped", reason, to or key, transform, fill)
+    return Rule(key, default, "mapped", reason, to or key, transform, fill, noop, family)
 
 
-def ignored(key: str, default: Any, why: str, noop: tuple[Any, ...] = ()) -> Rule:
+def ignored(key: str, default: Any, why: str, noop: tuple[Any, ...] = (), family: Family = "llm") -> Rule:
     """A key accepted that changes nothing here."""
-    return Rule(key, default, "ignored", why, noop=noop)
+    return Rule(key, default, "ignored", why, noop=noop, family=family)
 
 
-def refused(key: str, default: Any, what_to_do: str, noop: tuple[Any, ...] = ()) -> Rule:
+def refused(key: str, default: Any, what_to_do: str, noop: tuple[Any, ...] = (), family: Family = "llm") -> Rule:
     """A key whose values (other than ``noop``) this library cannot do."""
-    return Rule(key, default, "refused", what_to_do, noop=noop)
+    return Rule(key, default, "refused", what_to_do, noop=noop, family=family)
 
 
 def _bool_as(if_true: str, if_false: str) -> Callable[[Any], Any]:
@@ -121,6 +130,228 @@ def _parallelism(s: str) -> tuple[Rule, ...]:
         ignored(f"{s}.parallelism.pp_layers_per_stage", 2, 'only acts with pp_size > 1'),
         ignored(f"{s}.parallelism.cp_rotate_method", None, 'only acts with cp_size > 1'),
     )
+
+
+# cosmos-rl's world-model files (config/compat/cosmos_rl_wfm.py reads them). A rule on a table covers
+# every key inside it unless a longer rule names one; the defaults are checked against cosmos-rl's own
+# classes by tests/test_cosmos_rl_wfm.py.
+_COSMOS_WFM: tuple[Rule, ...] = (
+    ignored('model.tokenizer', None, "the VAE is the model folder's vae/ (its temporal window and chunking are its own)", family='cosmos'),
+    ignored('model.conditioner', None, "the transformer's inputs (fps, padding mask, text, condition flag) are fed as the diffusers model takes them; a text dropout_rate (caption dropout, which cosmos-rl applies to the DDRL data term) is not applied here", family='cosmos'),
+    mapped('model.text_encoder_class', 'T5', '("T5": 1024; "reason1_7B": Cosmos-Reason1-7B\'s hidden states combined by embedding_concat_strategy, 100352 wide with full_concat)', to='wfm.data.text_dim', family='cosmos'),
+    mapped('model.text_encoder_config.compute_online', False, '("none": the embeddings are computed ahead of the run here, by the same encoder and prompt: python -m cosmos_primitives.data.precompute_text_embeddings DATASET --encoder nvidia/Cosmos-Reason1-7B --max-tokens 512, into the clip folder\'s text_embedding/)', to='wfm.data.text_encoder', family='cosmos'),
+    mapped('model.text_encoder_config.embedding_concat_strategy', 'mean_pooling', '(the precompute step writes full_concat; another strategy with compute_online is refused: precompute those embeddings yourself)', to='wfm.data.text_dim', noop=('full_concat',), family='cosmos'),
+    ignored('model.text_encoder_config.n_layers_per_group', 5, 'only acts with embedding_concat_strategy = "pool_every_n_layers_and_concat"', family='cosmos'),
+    ignored('model.text_encoder_config.ckpt_path', 'nvidia/Cosmos-Reason1-7B', 'the text encoder of the precompute step (its --encoder)', family='cosmos'),
+    ignored('model.text_encoder_config.tokenizer_type', 'Qwen/Qwen2-VL-2B-Instruct', "the text encoder's tokenizer comes with its checkpoint", family='cosmos'),
+    ignored('model.text_encoder_config.encoder_model_config', None, "the text encoder's architecture comes with its checkpoint", family='cosmos'),
+    mapped('model.net.sac_config.mode', 'block_wise', '(true unless "none": activation checkpointing of the transformer blocks)', to='policy.model_gradient_checkpointing', family='cosmos'),
+    ignored('model.net.sac_config.every_n_blocks', 1, 'speed-only: which blocks recompute (every block here)', family='cosmos'),
+    ignored('model.net', None, "the network's architecture is the model folder's transformer/config.json", family='cosmos'),
+    ignored('model.ema', None, 'EMA weights are not kept here (cosmos-rl keeps them for its every_n_sample_ema samples and validation; rollouts and training use the regular weights in both)', family='cosmos'),
+    ignored('model.sde', None, "cosmos-rl's EDM noise levels (rollout start sigma_max, data-term sigma draws); here the flow model's own sigma grid (docs/from_cosmos_rl.md)", family='cosmos'),
+    mapped('model.fsdp_shard_size', 8, '', to='policy.parallelism.dp_shard_size', family='cosmos'),
+    ignored('model.dp_replicate_size', 1, 'not read by cosmos-rl (its replicas are world size / (fsdp_shard_size x context_parallel_size)); policy.parallelism.dp_replicate_size = -1 infers them the same way here', family='cosmos'),
+    ignored('model.sigma_data', 1.0, "EDM parameterisation of cosmos-rl's network (the diffusers model predicts the flow velocity)", family='cosmos'),
+    mapped('model.precision', 'bfloat16', '', to='policy.dtype', family='cosmos'),
+    ignored('model.input_data_key', 'video', "batch key names of cosmos-rl's loaders", family='cosmos'),
+    ignored('model.input_caption_key', 'ai_caption', "batch key names of cosmos-rl's loaders", family='cosmos'),
+    ignored('model.input_image_key', 'images', "batch key names of cosmos-rl's loaders", family='cosmos'),
+    refused('model.loss_reduce', 'mean', 'the losses are means here; remove the key', noop=('mean',), family='cosmos'),
+    mapped('model.loss_scale', 10.0, '(the loss is multiplied by it before backward; it changes what the gradient-norm clip sees)', to='wfm.loss_scale', family='cosmos'),
+    ignored('model.use_torch_compile', False, 'speed-only: torch.compile of the network', family='cosmos'),
+    ignored('model.adjust_video_noise', True, "EDM training-noise scaling of cosmos-rl's network", family='cosmos'),
+    ignored('model.state_ch', 16, "the latent shape comes from the model folder's VAE", family='cosmos'),
+    ignored('model.state_t', 24, "the latent shape comes from the model folder's VAE", family='cosmos'),
+    ignored('model.resolution', '480', "the clip size is dataloader_train's (video_size, or the mock data's resolution)", family='cosmos'),
+    ignored('model.scaling', 'rectified_flow', 'the diffusers model is a rectified-flow model', family='cosmos'),
+    ignored('model.rectified_flow_t_scaling_factor', 1.0, "parameterisation of cosmos-rl's network", family='cosmos'),
+    ignored('model.rectified_flow_loss_weight_uniform', True, "parameterisation of cosmos-rl's network", family='cosmos'),
+    ignored('model.resize_online', True, 'the clips are resized when read', family='cosmos'),
+    ignored('model.min_num_conditional_frames', 1, 'the RL step takes the number of condition frames from model.rl', family='cosmos'),
+    ignored('model.max_num_conditional_frames', 2, 'the RL step takes the number of condition frames from model.rl', family='cosmos'),
+    ignored('model.sigma_conditional', 0.0001, 'the condition frames are clean here (cosmos-rl adds noise of this sigma to them)', family='cosmos'),
+    refused('model.conditioning_strategy', 'frame_replace', 'the condition frames replace the first latent frames here; remove the key', noop=('frame_replace',), family='cosmos'),
+    ignored('model.denoise_replace_gt_frames', True, 'the condition frames are replaced in every step here', family='cosmos'),
+    ignored('model.high_sigma_strategy', 'LOGUNIFORM200_100000', "EDM sigma draws of cosmos-rl's pre-training loss", family='cosmos'),
+    ignored('model.high_sigma_ratio', 0.05, "EDM sigma draws of cosmos-rl's pre-training loss", family='cosmos'),
+    ignored('model.low_sigma_ratio', 0.05, "EDM sigma draws of cosmos-rl's pre-training loss", family='cosmos'),
+    ignored('model.use_rf_ckpts', False, 'the diffusers checkpoint is a rectified-flow one', family='cosmos'),
+    refused('model.rl.enabled', True, 'world-model SFT (model.rl.enabled = false) has no recipe here', noop=(True,), family='cosmos'),
+    mapped('model.rl.update_ref_every_iter', 16, '(only acts with kl_beta > 0)', to='wfm.reference_update_interval', family='cosmos'),
+    mapped('model.rl.num_rollout', 8, '(the group is spread over that many data-parallel ranks, one rollout each per prompt)', to='wfm.num_samples_per_prompt, wfm.group_ranks', family='cosmos'),
+    mapped('model.rl.sample_steps', 10, '', to='wfm.num_inference_steps', family='cosmos'),
+    mapped('model.rl.train_on', [0, 1, 2, 3, 4, 5, 6, 7], '(-1: a random step not listed)', to='wfm.train_steps', family='cosmos'),
+    refused('model.rl.on_policy', True, 'rollouts come from the current policy here (on_policy = false rolls out with the reference); remove the key', noop=(True,), family='cosmos'),
+    ignored('model.rl.solver_option', '2ab', "differs: cosmos-rl's EDM multistep solver with churn; here the Flow-GRPO SDE on the flow model's sigma grid ([wfm.sampler]; docs/from_cosmos_rl.md)", family='cosmos'),
+    ignored('model.rl.s_churn', 1.0, "differs: the churn of cosmos-rl's solver; here [wfm.sampler] noise_level sets the SDE noise", family='cosmos'),
+    ignored('model.rl.s_t_max', math.inf, "differs: the churn window of cosmos-rl's solver; here every step is stochastic (sde_window_size = 0)", family='cosmos'),
+    ignored('model.rl.s_t_min', 0.0, "differs: the churn window of cosmos-rl's solver; here every step is stochastic (sde_window_size = 0)", family='cosmos'),
+    ignored('model.rl.s_noise', 1.0, "differs: the churn noise scale of cosmos-rl's solver; here [wfm.sampler] noise_level", family='cosmos'),
+    mapped('model.rl.guidance', 0.0, '(wfm.guidance_convention = "cosmos": cond + g (cond - uncond), 0 = none)', to='wfm.guidance_scale', family='cosmos'),
+    mapped('model.rl.min_num_conditional_frames', 1, '(0 = text-to-world, 1 = image, more = video; a range is drawn per step)', to='wfm.min_num_conditional_frames, wfm.conditioning', family='cosmos'),
+    mapped('model.rl.max_num_conditional_frames', 1, '', to='wfm.num_conditional_frames, wfm.conditioning', family='cosmos'),
+    mapped('model.rl.clip_ratio', 0.0001, '', to='wfm.clip_range', family='cosmos'),
+    mapped('model.rl.kl_beta', 0.01, "(the KL is the Gaussian's here, cosmos-rl takes the squared mean difference: docs/from_cosmos_rl.md)", to='wfm.kl_beta', family='cosmos'),
+    mapped('model.rl.data_beta', 0.0, '("ddrl" when data_beta > 0, else "flow_grpo")', to='wfm.data_beta, wfm.algorithm', family='cosmos'),
+    mapped('model.rl.use_rl_sigma_and_noise', True, '', to='wfm.ddrl_rollout_noise, wfm.ddrl_rollout_sigma', family='cosmos'),
+    refused('model.rl.data_on_first_only', False, 'the DDRL data term is taken at every trained step here; remove the key', noop=(False,), family='cosmos'),
+    mapped('model.rl.use_same_seed', True, '', to='wfm.shared_initial_noise', family='cosmos'),
+    mapped('model.rl.exp_reward', False, '("neg_exp" when true)', to='wfm.advantage_transform', family='cosmos'),
+    ignored('model.rl.reward_config.ALL_REWARD_MODELS', None, 'the list of reward kinds cosmos-rl knows', family='cosmos'),
+    mapped('model.rl.reward_config.adv_clip_max', 5.0, '', to='wfm.adv_clip_max', family='cosmos'),
+    refused('model.rl.reward_config.adv_clip_min', -5.0, 'advantages are clipped symmetrically here (+-adv_clip_max); make adv_clip_min = -adv_clip_max', noop=(-5.0,), family='cosmos'),
+    refused('model.rl.reward_config.aesthetic.enabled', False, 'reward models run in the reward service here ([remote_reward])', noop=(False,), family='cosmos'),
+    ignored('model.rl.reward_config.aesthetic.model_path', None, 'only acts with aesthetic.enabled', family='cosmos'),
+    refused('model.rl.reward_config.image_reward.enabled', False, 'reward models run in the reward service here ([remote_reward])', noop=(False,), family='cosmos'),
+    ignored('model.rl.reward_config.image_reward.model_path', 'ImageReward-v1.0', 'only acts with image_reward.enabled', family='cosmos'),
+    refused('model.rl.reward_config.fake_reward.enabled', False, 'a constant reward trains nothing; use a reward of the service ([remote_reward])', noop=(False,), family='cosmos'),
+    ignored('model.rl.reward_config.fake_reward.reward_fn', 'fake_reward', 'only acts with fake_reward.enabled', family='cosmos'),
+    ignored('model.rl.reward_config.fake_reward.scale', 1.0, 'only acts with fake_reward.enabled', family='cosmos'),
+    mapped('model.rl.reward_config.remote_reward.enabled', True, '(one reward, weight 1)', to='remote_reward.rewards', family='cosmos'),
+    mapped('model.rl.reward_config.remote_reward.score_key', 'overall_reward', '', to='remote_reward.rewards.score_key', family='cosmos'),
+    mapped('model.rl.reward_config.remote_reward.scale', 1.0, '', to='remote_reward.scale', family='cosmos'),
+    mapped('model.rl.reward_config.remote_reward.reward_fn', 'dance_grpo', '', to='remote_reward.rewards.name', family='cosmos'),
+    mapped('model.rl.reward_config.remote_reward.reward_clip_min', -5.0, '(low end; the score is clipped before the scale, as there)', to='remote_reward.rewards.clip', family='cosmos'),
+    mapped('model.rl.reward_config.remote_reward.reward_clip_max', 5.0, '(high end)', to='remote_reward.rewards.clip', family='cosmos'),
+    refused('model.rl.reward_config.remote_reward.token', '', 'tokens do not belong in config files: export WFM_REWARD_TOKEN (read by both)', noop=('',), family='cosmos'),
+    mapped('model.rl.reward_config.remote_reward.enqueue_url', '', '(empty: WFM_REWARD_ENQUEUE_URL, as there)', to='remote_reward.enqueue_url', family='cosmos'),
+    mapped('model.rl.reward_config.remote_reward.fetch_url', '', '(empty: WFM_REWARD_FETCH_URL, as there)', to='remote_reward.fetch_url', family='cosmos'),
+    mapped('optimizer.optim_type', 'fusedadam', '("fusedadam" and "adamw" are both AdamW)', to='train.optm_name', family='cosmos'),
+    mapped('optimizer.lr', 1e-05, '(x scheduler.f_max)', to='train.optm_lr', family='cosmos'),
+    mapped('optimizer.weight_decay', 0.0001, '(cosmos-rl decays every weight; here not biases and norm scales)', to='train.optm_weight_decay', family='cosmos'),
+    mapped('optimizer.betas', [0.9, 0.99], '', to='train.optm_betas', family='cosmos'),
+    mapped('optimizer.eps', 1e-08, '', to='train.optm_eps', family='cosmos'),
+    mapped('optimizer.master_weights', True, '("float32"; false: "bfloat16")', to='train.master_dtype', family='cosmos'),
+    ignored('optimizer.capturable', True, 'speed-only: CUDA-graph capturable optimizer state', family='cosmos'),
+    refused('scheduler.scheduler_type', 'lambda_linear', 'the schedule is linear warmup then constant or linear decay here; use lambda_linear', noop=('lambda_linear',), family='cosmos'),
+    ignored('scheduler.verbosity_interval', 0, 'logging of the schedule', family='cosmos'),
+    mapped('scheduler.warm_up_steps', [1000], '(one cycle; more are refused)', to='train.optm_warmup_steps', family='cosmos'),
+    mapped('scheduler.cycle_lengths', [10000000000000], '("constant" when f_min = f_max; a decay to f_min is refused unless its cycle ends at trainer.max_iter)', to='train.optm_decay_type', family='cosmos'),
+    ignored('scheduler.f_start', [1e-06], "differs: cosmos-rl's warmup starts at f_start x lr, here at 0 (1e-6 x lr is no step at all)", family='cosmos'),
+    mapped('scheduler.f_max', [1.0], '(lr x f_max)', to='train.optm_lr', family='cosmos'),
+    mapped('scheduler.f_min', [1.0], '(f_min / f_max)', to='train.optm_decay_type, train.optm_min_lr_factor', family='cosmos'),
+    mapped('trainer.callbacks', None, '(grad_clip: clip_norm, none: 0, no clipping; every_n_sample_reg with guidance values: num_sampling_step and every_n, none: no evaluation rollouts; wandb: W&B; the others only log, time or collect garbage, listed as ignored)', to='train.optm_grad_norm_clip, wfm.eval_num_inference_steps, wfm.eval_freq, logging.logger', family='cosmos'),
+    ignored('trainer.use_s3', False, "launcher-only: S3 output of cosmos-rl's callbacks", family='cosmos'),
+    ignored('trainer.distributed_parallelism', 'fsdp', 'the weights are FSDP2-sharded over [policy.parallelism] here (DDP gives the same updates)', family='cosmos'),
+    ignored('trainer.ddp', None, 'only acts with distributed_parallelism = "ddp"', family='cosmos'),
+    ignored('trainer.cudnn', None, 'speed-only: cuDNN flags', family='cosmos'),
+    mapped('trainer.seed', 0, '', to='train.seed', family='cosmos'),
+    ignored('trainer.grad_scaler_args', None, 'bf16 training needs no gradient scaler', family='cosmos'),
+    mapped('trainer.max_iter', 25, '(an iteration is one optimizer step)', to='train.max_steps', family='cosmos'),
+    ignored('trainer.max_val_iter', None, 'only acts with run_validation', family='cosmos'),
+    mapped('trainer.logging_iter', 2, '', to='logging.log_freq', family='cosmos'),
+    refused('trainer.run_validation', False, 'the loss on dataloader_val is not computed here; evaluation rollouts score fixed prompts ([wfm] eval_freq)', noop=(False,), family='cosmos'),
+    ignored('trainer.validation_iter', 100, 'only acts with run_validation', family='cosmos'),
+    ignored('trainer.timeout_period', 999999999, 'launcher-only: hang detection', family='cosmos'),
+    ignored('trainer.memory_format', 'preserve_format', 'speed-only: tensor memory layout', family='cosmos'),
+    refused('trainer.grad_accum_iter', 1, 'one optimizer step per rollout batch here; raise dataloader batch_size instead', noop=(1,), family='cosmos'),
+    ignored('trainer.straggler_detection', None, 'speed-only: straggler detection', family='cosmos'),
+    ignored('trainer.profiling', None, 'speed-only: profiling (use torch.profiler around a step)', family='cosmos'),
+    mapped('dataloader_train.type', 'web', '("local": "clip_folder"; "web" with dataset len_t5: "mock", cosmos-rl\'s random mock data; "web" otherwise is refused)', to='wfm.data.kind', family='cosmos'),
+    ignored('dataloader_train.video_dataloader.type', 'video', "the local loader's kind", family='cosmos'),
+    ignored('dataloader_train.video_dataloader.ratio', None, 'the video loader trains here (a ratio of 0 is refused)', noop=(1,), family='cosmos'),
+    mapped('dataloader_train.video_dataloader.dataset_dir', None, '(videos/*.mp4, metas/*.txt)', to='wfm.data.path', family='cosmos'),
+    mapped('dataloader_train.video_dataloader.num_frames', None, '', to='wfm.data.num_frames', family='cosmos'),
+    mapped('dataloader_train.video_dataloader.video_size', None, "((height, width) as cosmos-rl's resize reads it, so [768, 432] trains 768-high, 432-wide clips there and here)", to='wfm.data.height, wfm.data.width', family='cosmos'),
+    mapped('dataloader_train.video_dataloader.offline_text_embedding', False, '("none": every clip needs its precomputed embedding)', to='wfm.data.text_encoder', family='cosmos'),
+    mapped('dataloader_train.video_dataloader.text_encoder_type', 't5_xxl', '("t5_xxl": t5_xxl/, cosmos-rl\'s folder of offline T5 embeddings)', to='wfm.data.embedding_dir', family='cosmos'),
+    mapped('dataloader_train.video_dataloader.batch_size', None, "(prompts per data-parallel rank and step; also train.train_policy.mini_batch: a rank's rollouts go through one forward)", to='wfm.data.prompts_per_step', family='cosmos'),
+    mapped('dataloader_train.video_dataloader.dataloader.batch_size', None, '(prompts per data-parallel rank and step)', to='wfm.data.prompts_per_step', family='cosmos'),
+    mapped('dataloader_train.video_dataloader.dataloader.dataset.num_video_frames', None, '', to='wfm.data.num_frames', family='cosmos'),
+    mapped('dataloader_train.video_dataloader.dataloader.dataset.resolution', None, '(cosmos-rl\'s mock video size of that resolution: "480" is 432 x 768)', to='wfm.data.height, wfm.data.width', family='cosmos'),
+    mapped('dataloader_train.video_dataloader.dataloader.dataset.len_t5', None, '', to='wfm.data.max_tokens', family='cosmos'),
+    mapped('dataloader_train.video_dataloader.dataloader.dataset.t5_dim', None, '', to='wfm.data.text_dim', family='cosmos'),
+    ignored('dataloader_train.video_dataloader.dataloader.dataset', None, "cosmos-rl's web-dataset registry (caption and embedding kinds, decoders, augmentors)", family='cosmos'),
+    ignored('dataloader_train.video_dataloader.dataloader', None, 'speed-only: loader workers, pinning, prefetching and replay caching', family='cosmos'),
+    ignored('dataloader_train.video_dataloader', None, 'speed-only: loader workers, pinning, prefetching, shuffling (the sampler shuffles, seeded by [train] seed)', family='cosmos'),
+    refused('dataloader_train.image_dataloader.ratio', None, 'image batches are not trained here (the world-model recipe trains video); set the image ratio to 0', noop=(0,), family='cosmos'),
+    ignored('dataloader_train.image_dataloader', None, 'only acts with an image ratio > 0', family='cosmos'),
+    ignored('dataloader_val', None, 'only read with trainer.run_validation', family='cosmos'),
+    mapped('job.project', 'cosmos_wfm_v2', '($COSMOS_OUTPUT_DIR or ./outputs, then project/group/name, as there)', to='logging.project_name, train.output_dir', family='cosmos'),
+    mapped('job.group', 'official_runs_vid2vid_debug', '(W&B groups are not set here)', to='train.output_dir', family='cosmos'),
+    mapped('job.name', None, '', to='logging.experiment_name, train.output_dir', family='cosmos'),
+    mapped('job.wandb_mode', 'online', '("disabled" drops wandb; "offline": set WANDB_MODE=offline)', to='logging.logger', family='cosmos'),
+    mapped('job.timestamp', None, '(a run folder to go on in: resume the newest run under output_dir)', to='train.resume', family='cosmos'),
+    mapped('model_parallel.context_parallel_size', 1, '', to='policy.parallelism.cp_size', family='cosmos'),
+    refused('model_parallel.tensor_model_parallel_size', 1, 'the world-model recipe has no tensor parallelism; use context_parallel_size / fsdp_shard_size', noop=(1,), family='cosmos'),
+    refused('model_parallel.pipeline_model_parallel_size', 1, 'pipeline parallelism is not implemented; remove the key', noop=(1,), family='cosmos'),
+    ignored('model_parallel', None, "Megatron settings that cosmos-rl's world-model trainer does not read (it reads the tensor / pipeline / context sizes)", family='cosmos'),
+    ignored('checkpoint.type', None, 'checkpoints are DCP (sharded) here either way', family='cosmos'),
+    mapped('checkpoint.load_path', '', '(a Hub repo or folder in diffusers layout here, transformer/ vae/ scheduler/; empty, a network of [model.net] with random weights, is refused unless policy.model_name_or_path is given)', to='policy.model_name_or_path', family='cosmos'),
+    refused('checkpoint.model_id', None, "an imaginaire .pt checkpoint is not read here: give policy.model_name_or_path a diffusers folder of the same weights (diffusers' scripts/convert_cosmos_to_diffusers.py converts the .pt) and, for a Hub repo, policy.model_revision", family='cosmos'),
+    mapped('checkpoint.save_iter', 1000, '(true and -1: cosmos-rl always saves and keeps every checkpoint)', to='train.ckpt.save_freq, train.ckpt.enable_checkpoint, train.ckpt.max_keep', family='cosmos'),
+    mapped('checkpoint.dcp_async_mode_enabled', False, '("async" when true, else "sync")', to='train.ckpt.save_mode', family='cosmos'),
+    refused('checkpoint.save_to_object_store.enabled', False, 'set train.ckpt.upload_s3 and s3_bucket (the AWS_* variables) instead', noop=(False,), family='cosmos'),
+    refused('checkpoint.load_from_object_store.enabled', False, 'download the weights and point policy.model_name_or_path at them', noop=(False,), family='cosmos'),
+    ignored('checkpoint.save_to_object_store', None, 'only acts with save_to_object_store.enabled', family='cosmos'),
+    ignored('checkpoint.load_from_object_store', None, 'only acts with load_from_object_store.enabled', family='cosmos'),
+    ignored('checkpoint', None, "resume details of cosmos-rl's checkpointer (what to restore, strictness, JIT export, logging)", family='cosmos'),
+)
+# The keys of a diffusers file that are world-model specific; its other keys follow the "llm" rules.
+_DIFFUSERS_WFM: tuple[Rule, ...] = (
+    ignored('mode', 'disaggregated', 'launcher-only: one process group rolls out and trains here', family='diffusers'),
+    ignored('policy.is_diffusers', False, 'the file is read as a world-model file', noop=(True,), family='diffusers'),
+    mapped('policy.model_revision', None, '(the Hub branch of the diffusers weights)', family='diffusers'),
+    ignored('policy.diffusers.dtype', 'float32', 'the weights load in float32 and compute in [policy] dtype (train.param_dtype there)', family='diffusers'),
+    refused('policy.diffusers.is_video', False, 'image diffusion models have no recipe here', noop=(True,), family='diffusers'),
+    mapped('policy.diffusers.max_prompt_length', 300, '', to='wfm.data.max_tokens', family='diffusers'),
+    ignored('policy.diffusers.weighting_scheme', 'logit_normal', "read by cosmos-rl's diffusion SFT trainer only", family='diffusers'),
+    ignored('policy.diffusers.train_flow_shift', 3.0, "read by cosmos-rl's diffusion SFT trainer only", family='diffusers'),
+    ignored('policy.diffusers.offload', True, 'speed-only: host offload of model parts', family='diffusers'),
+    ignored('policy.diffusers.logit_mean', 0.0, "read by cosmos-rl's diffusion SFT trainer only", family='diffusers'),
+    ignored('policy.diffusers.logit_std', 1.0, "read by cosmos-rl's diffusion SFT trainer only", family='diffusers'),
+    mapped('policy.diffusers.inference_size', [1024, 1024], '([height, width])', to='wfm.data.height, wfm.data.width', family='diffusers'),
+    ignored('policy.diffusers.inference_frames', 41, 'not read by the DiffusionNFT rollout (train_frames is)', family='diffusers'),
+    mapped('policy.diffusers.train_frames', 41, '', to='wfm.data.num_frames', family='diffusers'),
+    mapped('policy.diffusers.timesteps_fraction', 1.0, '(int(sample.num_steps x timesteps_fraction) points per sample, "sampler": the sampler\'s timesteps in a random order per sample, as there)', to='wfm.nft_num_timesteps, wfm.nft_timesteps', family='diffusers'),
+    ignored('policy.diffusers.timestep_fraction', None, 'not a cosmos-rl key (it spells timesteps_fraction): cosmos-rl ignores it and trains with timesteps_fraction = 1.0; so does this library', family='diffusers'),
+    mapped('policy.diffusers.nft_beta', 1.0, '', to='wfm.nft_beta', family='diffusers'),
+    ignored('policy.diffusers.weight_copy_decay_type', 0, 'differs: cosmos-rl rolls out with an "old" adapter copied from the trained one with this decay schedule; here the rollout and v_old are the policy at the start of the step (the same as decay type 0)', family='diffusers'),
+    refused('policy.diffusers.lora', None, 'set [policy.lora] (cosmos-rl reads that one for the transformer)', family='diffusers'),
+    mapped('policy.diffusers.sample.num_steps', 40, '', to='wfm.num_inference_steps', family='diffusers'),
+    mapped('policy.diffusers.sample.eval_num_steps', 40, '(with validation.enable; else 0, no evaluation rollouts)', to='wfm.eval_num_inference_steps', family='diffusers'),
+    mapped('policy.diffusers.sample.guidance_scale', 4.5, '(DiffusionNFT here is guidance-free: a value above 1 is refused)', to='wfm.guidance_scale', noop=(1.0,), family='diffusers'),
+    ignored('policy.diffusers.sample.global_std', True, "not read by cosmos-rl (its remote-reward advantages use the prompt group's std)", family='diffusers'),
+    ignored('policy.diffusers.sample.noise_level', 1.0, 'only acts with stochastic sampling (DiffusionNFT rolls out with deterministic steps)', family='diffusers'),
+    refused('policy.diffusers.sample.deterministic_sampling', False, 'DiffusionNFT rolls out with deterministic (ODE) steps here; set it true', noop=(True,), family='diffusers'),
+    ignored('policy.diffusers.sample.solver', 'dpm2', "differs: cosmos-rl's DPM-Solver-2 steps; here Euler steps on the same sigma grid", family='diffusers'),
+    ignored('policy.diffusers.tokenizer', None, "the VAE is the model folder's vae/", family='diffusers'),
+    ignored('policy.lora.lora_names', ['default'], 'one adapter is trained here; DiffusionNFT\'s "old" adapter is the policy at the start of the step', noop=(['default'], ['default', 'old']), family='diffusers'),
+    ignored('rollout.backend', 'vllm', 'the world-model recipe samples with its own flow sampler', family='diffusers'),
+    mapped('rollout.n_generation', 16, '', to='wfm.num_samples_per_prompt', family='diffusers'),
+    ignored('rollout.parallelism', None, 'the same ranks roll out and train here', family='diffusers'),
+    ignored('rollout.batch_size', 1, 'speed-only: prompts per rollout call', family='diffusers'),
+    ignored('rollout.n_generation_mini_batch', None, 'speed-only: rollout micro-batching', family='diffusers'),
+    mapped('train.train_policy.trainer_type', 'sft', '("diffusion_nft"; another diffusers trainer is refused)', to='wfm.algorithm', family='diffusers'),
+    refused('train.train_policy.type', None, 'diffusion SFT has no recipe here', noop=('grpo',), family='diffusers'),
+    mapped('train.train_policy.kl_beta', 0.0, '(the velocity KL to the base model)', to='wfm.kl_beta', family='diffusers'),
+    mapped('train.train_policy.mini_batch', 2, '(samples per forward / backward)', family='diffusers'),
+    mapped('train.train_policy.batch_size_per_optimize', None, '(rollouts per rank / it)', to='wfm.num_minibatches', family='diffusers'),
+    refused('train.train_policy.advantage_low', -5.0, 'advantages are clipped symmetrically here (+-adv_clip_max); make advantage_low = -advantage_high', noop=(-5.0,), family='diffusers'),
+    mapped('train.train_policy.advantage_high', 5.0, '', to='wfm.adv_clip_max', family='diffusers'),
+    refused('train.train_policy.mu_iterations', 1, 'one pass over each rollout batch here; remove the key', noop=(1,), family='diffusers'),
+    mapped('train.train_policy.use_remote_reward', False, '(the reward service; without it a world model has no reward here)', to='remote_reward.rewards', family='diffusers'),
+    mapped('train.train_policy.remote_reward.scale', 1.0, '', to='remote_reward.scale', family='diffusers'),
+    mapped('train.train_policy.remote_reward.reward_fns', None, '(name, weight, score_key, clip = [clip_min, clip_max])', to='remote_reward.rewards', family='diffusers'),
+    ignored('train.train_policy.remote_reward.reward_clip_min', -5.0, 'the per-reward clips apply here (clip_min / clip_max of each reward_fns entry)', family='diffusers'),
+    ignored('train.train_policy.remote_reward.reward_clip_max', 5.0, 'the per-reward clips apply here (clip_min / clip_max of each reward_fns entry)', family='diffusers'),
+    ignored('train.train_policy.remote_reward.batch_size', 1, 'speed-only: reward requests are batched per step here', family='diffusers'),
+    mapped('train.train_policy.dataset.name', '', '(cosmos-rl\'s prompt-list datasets such as "pickscore" are not read here: give wfm.data.path a clip folder, whose captions are the prompts)', to='wfm.data.path', family='diffusers'),
+    ignored('train.train_policy.dataset.split', '', 'the clip folder is the training set', family='diffusers'),
+    ignored('train.train_policy.uncentralized_training', False, 'launcher-only: controller layout', family='diffusers'),
+    mapped('train.train_batch_per_replica', 8, '(rollouts per replica / data-parallel ranks / n_generation)', to='wfm.data.prompts_per_step', family='diffusers'),
+    ignored('train.ema_enable', False, 'differs: EMA weights are not kept here (cosmos-rl evaluates and exports the EMA weights with it; here the trained ones)', family='diffusers'),
+    ignored('train.ema_decay', 0.9999, 'only acts with ema_enable', family='diffusers'),
+    ignored('train.ema_update_step_interval', 0, 'only acts with ema_enable', family='diffusers'),
+    ignored('train.non_text', False, 'launcher-only: non-text trainers', family='diffusers'),
+    ignored('train.compile', True, 'speed-only: the world-model recipe does not compile the transformer', family='diffusers'),
+    ignored('logging.multi_modal_log_interval', None, 'the evaluation rollouts write videos here ([wfm] eval_freq)', family='diffusers'),
+    mapped('validation.enable', False, '(0 without validation: no evaluation rollouts)', to='wfm.eval_num_inference_steps', family='diffusers'),
+    mapped('validation.freq', 20, '', to='wfm.eval_freq', family='diffusers'),
+    ignored('validation.dataset', None, 'evaluation prompts are fixed items of the training data here', family='diffusers'),
+)
+
 
 
 RULE_LIST: tuple[Rule, ...] = (
@@ -384,14 +615,24 @@ RULE_LIST: tuple[Rule, ...] = (
     refused('vla', None, 'vision-language-action training is not supported here'),
     *_parallelism("policy"),
     *_parallelism("rollout"),
+    *_COSMOS_WFM,
+    *_DIFFUSERS_WFM,
 )
-"""Every rule, in the order of the docs table (a whole section for ``profiler``, ``distillation.parallelism``,
+"""Every rule, of every :data:`Family`, in the order of the docs tables (a whole section for ``profiler``, ``distillation.parallelism``,
 ``vla``, ``policy.diffusers``, ``train.train_policy.remote_reward``, ``validation.remote_reward``)."""
 
-RULES: dict[str, Rule] = {rule.key: rule for rule in RULE_LIST}
-"""cosmos-rl dotted key -> :class:`Rule`."""
-if len(RULES) != len(RULE_LIST):  # pragma: no cover - a duplicated key would shadow a rule silently
-    raise ValueError("config/compat/rules.py: a cosmos-rl key has two rules")
+
+
+def rules_of(family: Family) -> dict[str, Rule]:
+    """cosmos-rl dotted key -> :class:`Rule`, for the files of ``family``."""
+    found = {rule.key: rule for rule in RULE_LIST if rule.family == family}
+    if len(found) != sum(rule.family == family for rule in RULE_LIST):  # pragma: no cover - a duplicated key would shadow a rule silently
+        raise ValueError(f"config/compat/rules.py: a cosmos-rl key has two {family!r} rules")
+    return found
+
+
+RULES: dict[str, Rule] = rules_of("llm")
+"""cosmos-rl dotted key of its LLM / VLM config class -> :class:`Rule`."""
 
 
 def rule_for(path: str) -> Rule | None:
@@ -406,20 +647,20 @@ def rule_for(path: str) -> Rule | None:
 
 def cosmos_rl_aliases() -> dict[str, tuple[str, Callable[[Any], Any] | None]]:
     """cosmos-rl's spellings of keys that exist here under another name: alias -> (our key, transform)."""
-    return {rule.key: (rule.target, rule.transform) for rule in RULE_LIST
+    return {rule.key: (rule.target, rule.transform) for rule in RULES.values()
             if rule.how == "mapped" and rule.target != rule.key}  # type: ignore[misc]
 
 
 # keys inside a table a file may leave out whole: their defaults are given only when the table is there
 _OPTIONAL_TABLE = "policy.lora."
 
-COSMOS_RL_DEFAULTS: dict[str, Any] = {rule.target: rule.cosmos_rl_value() for rule in RULE_LIST  # type: ignore[misc]
+COSMOS_RL_DEFAULTS: dict[str, Any] = {rule.target: rule.cosmos_rl_value() for rule in RULES.values()  # type: ignore[misc]
                                       if rule.fill and not rule.target.startswith(_OPTIONAL_TABLE)}  # type: ignore[union-attr]
 """cosmos-rl's defaults that differ from ours (our keys), given to a cosmos-rl style file for the keys
 it leaves unset; generated from the rules marked ``fill``."""
 
 COSMOS_RL_LORA_DEFAULTS: dict[str, Any] = {
-    rule.target[len(_OPTIONAL_TABLE):]: rule.cosmos_rl_value() for rule in RULE_LIST  # type: ignore[index]
+    rule.target[len(_OPTIONAL_TABLE):]: rule.cosmos_rl_value() for rule in RULES.values()  # type: ignore[index]
     if rule.fill and rule.target.startswith(_OPTIONAL_TABLE)}  # type: ignore[union-attr]
 """The same, for the keys of a ``[policy.lora]`` table a file has."""
 
@@ -433,9 +674,10 @@ def _shown(value: Any) -> str:
 
 
 def render_table() -> str:
-    """The markdown table of :data:`RULE_LIST` that ``docs/from_cosmos_rl.md`` carries (a test checks they agree)."""
+    """The markdown table of the ``"llm"`` rules of :data:`RULE_LIST` that ``docs/from_cosmos_rl.md``
+    carries (a test checks they agree; the world-model rules: ``cosmos_rl_wfm.render_tables``)."""
     lines = ["| cosmos-rl key | cosmos-rl default | here | what it becomes / why / what to do |", "|---|---|---|---|"]
-    for rule in RULE_LIST:
+    for rule in RULES.values():
         note = rule.note.replace("|", "\\|")
         lines.append(f"| `{rule.key}` | `{_shown(rule.default)}` | {rule.how} | {note} |")
     return "\n".join(lines) + "\n"
