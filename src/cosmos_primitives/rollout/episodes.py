@@ -47,10 +47,13 @@ def generate_rollouts(engine: Any, processor: Any, prompts: Sequence[Prompt], pa
                       max_response_length: int) -> list[RolloutGroup]:
     """One step's rollouts: ``engine.generate`` without an environment; with one, ``params.n``
     episodes per prompt of at most ``multi.max_assistant_turns`` model turns, ``max_response_length``
-    (``[rollout]``) tokens each (model and environment tokens together), the replies entering
-    the chat as tool responses with ``enable_tools`` (:data:`QWEN_TOOL_REPLY`)."""
+    (``[rollout]``) tokens each (model and environment tokens together), a turn at most
+    ``multi.max_tokens_per_turn`` of them when set, the replies entering the chat as tool responses
+    with ``enable_tools`` (:data:`QWEN_TOOL_REPLY`)."""
     if env is None:
         return engine.generate(prompts, params)
+    if multi.max_tokens_per_turn:
+        params = attrs.evolve(params, max_new_tokens=min(params.max_new_tokens, multi.max_tokens_per_turn))
     tokenizer = getattr(processor, "tokenizer", processor)
     return run_episodes(engine, tokenizer, prompts, params, env, max_turns=multi.max_assistant_turns,
                         max_tokens=max_response_length,
