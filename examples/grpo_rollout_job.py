@@ -56,6 +56,7 @@ from cosmos_primitives.queue.prompt_claims import PromptClaims
 from cosmos_primitives.queue.record_metrics import PRODUCER_KEY
 from cosmos_primitives.queue.run_control import RunControl
 from cosmos_primitives.rollout.episodes import generate_rollouts, load_environment, score_rollouts
+from cosmos_primitives.rollout.partial import take_newer_weights
 from cosmos_primitives.sync import WeightClient, WeightTransferError
 from cosmos_primitives.sync.run_auth import RunSecret
 
@@ -151,9 +152,10 @@ def main() -> None:
     tp = cfg.rollout.parallelism.tp_size if vllm and info.world_size > 1 else 1
     lead = info.rank % tp == 0  # the engine's first rank: it registers, claims, puts, and decides for its group
     multi = cfg.rollout.multi_turn_config
-    if multi.enable and tp > 1:  # an episode's turns are generate calls the other ranks cannot foresee
-        raise ValueError("[rollout.multi_turn_config] enable = true runs with [rollout.parallelism] tp_size = 1 in "
-                         f"the rollout job (got {tp}); use engines of one rank, or the colocated examples/grpo_vlm.py")
+    partial = cfg.rollout.partial_rollout_chunk_tokens
+    if (multi.enable or partial) and tp > 1:  # turns / chunks are generate calls the other ranks cannot foresee
+        raise ValueError("[rollout.multi_turn_config] enable and [rollout] partial_rollout_chunk_tokens run with "
+                         f"[rollout.parallelism] tp_size = 1 in the rollout job (got {tp}): use engines of one rank")
     # The trainer writes the demo assets (tiny configs) before it publishes: wait first, then check paths.
     waited = wait_for_trainer(queue, control, dis.wait_for_trainer_s, log, resuming=bool(cfg.train.resume))
     if tp > 1:  # the engines are built by every rank of the job or by none
@@ -259,7 +261,9 @@ def main() -> None:
         records = []
         if params is not None:
             groups = generate_rollouts(engine, processor, prompts, params, env, multi=multi,
-                                       max_response_length=cfg.rollout.max_response_length)
+                                       max_response_length=cfg.rollout.max_response_length, chunk_tokens=partial,
+                                       between_chunks=lambda: counts.update(  # partial rollouts
+                                           weight_version=take_newer_weights(client, log)))
             if lead:  # an episode's record carries its loss masks (model tokens 1) and turn rewards
                 scored, episodes = score_rollouts(groups, rewards, grpo, processor, multi_turn=env is not None,
                                                   max_response_length=cfg.rollout.max_response_length)

@@ -58,5 +58,9 @@ class RolloutConfig(Section):
     max_num_batched_tokens: AtLeastOne | None = None
     limit_mm_per_prompt: dict[str, int] | None = None
     mm_processor_kwargs: dict[str, Any] | None = None
+    # partial rollouts (ours; slime's --partial-rollout, cosmos-rl has none): > 0, the rollout job generates in
+    # chunks of this many new tokens and takes a newer published weight version between chunks; a cut
+    # completion goes on under it, each token keeping the log-prob of the weights that sampled it. 0: off
+    partial_rollout_chunk_tokens: NonNegativeInt = 0
     sampling_config: SamplingConfig = msgspec.field(default_factory=SamplingConfig)
     multi_turn_config: MultiTurnConfig = msgspec.field(default_factory=MultiTurnConfig)
