@@ -63,8 +63,7 @@ def generate_rollouts(engine: Any, processor: Any, prompts: Sequence[Prompt], pa
         return engine.generate(prompts, params)
     if multi.max_tokens_per_turn:
         params = attrs.evolve(params, max_new_tokens=min(params.max_new_tokens, multi.max_tokens_per_turn))
-    tokenizer = getattr(processor, "tokenizer", processor)
-    return run_episodes(engine, tokenizer, prompts, params, env, max_turns=multi.max_assistant_turns,
+    return run_episodes(engine, processor, prompts, params, env, max_turns=multi.max_assistant_turns,
                         max_tokens=max_response_length,
                         reply_template=QWEN_TOOL_REPLY if multi.enable_tools else "{text}")
 
