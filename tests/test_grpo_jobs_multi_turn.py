@@ -89,6 +89,8 @@ def test_the_rollout_job_puts_episodes_and_the_trainer_trains_only_model_tokens(
     try:
         deadline = time.monotonic() + 600
         while trainer.poll() is None and time.monotonic() < deadline:  # records live until they are trained
+            if rollout.poll() not in (None, 0):  # a failed rollout job would leave the trainer waiting
+                raise AssertionError((logs / "rollout.log").read_text(errors="replace")[-4000:])
             for entry_id, fields in client.xrange(run_stream("episodes")):
                 if entry_id not in seen and b"record" in fields:
                     seen[entry_id] = decode_record(queue._verified(fields[b"record"], entry_id.decode()))

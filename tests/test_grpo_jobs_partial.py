@@ -62,6 +62,8 @@ def test_a_rollout_job_takes_new_weights_mid_generation_and_continues_the_cut_co
         alive = True
         while alive and time.monotonic() < deadline:  # records live until trained; the last ones outlive the run
             alive = trainer.poll() is None or rollout.poll() is None
+            if rollout.poll() not in (None, 0):  # a failed rollout job would leave the trainer waiting
+                raise AssertionError((logs / "rollout.log").read_text(errors="replace")[-4000:])
             for entry_id, fields in client.xrange(run_stream("partial")):
                 if entry_id not in seen and b"record" in fields:
                     seen[entry_id] = decode_record(queue._verified(fields[b"record"], entry_id.decode()))
