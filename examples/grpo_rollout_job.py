@@ -28,6 +28,9 @@ when told (each a ``WeightClient`` member ``<job>-tp<r>``; the group fetches unt
 and call ``generate`` with no prompts of their own (the engine gathers the group's, so every rank submits
 the first rank's). Untested on real vLLM (the stand-in in ``tests/standins/vllm`` only).
 
+With ``[rollout.multi_turn_config] enable`` each sample is an episode of model turns and environment
+replies (``cp.rollout.episodes``, as in ``examples/grpo_vlm.py``); its record keeps the loss masks.
+
 It stops when the trainer sets the run's stop flag, handing back the claims it holds. Records of a
 range in flight when the job dies are never put (a record is one Redis entry: whole or absent).
 """
@@ -52,6 +55,8 @@ from cosmos_primitives.queue.job_registry import JobRegistry
 from cosmos_primitives.queue.prompt_claims import PromptClaims
 from cosmos_primitives.queue.record_metrics import PRODUCER_KEY
 from cosmos_primitives.queue.run_control import RunControl
+from cosmos_primitives.rollout.episodes import generate_rollouts, load_environment, score_rollouts
+from cosmos_primitives.rollout.partial import take_newer_weights
 from cosmos_primitives.sync import WeightClient, WeightTransferError
 from cosmos_primitives.sync.run_auth import RunSecret
 
@@ -146,6 +151,11 @@ def main() -> None:
     vllm = cp.utils.resolve_backend(cfg.rollout.backend, log=False) == "vllm"  # "auto": decided on this machine
     tp = cfg.rollout.parallelism.tp_size if vllm and info.world_size > 1 else 1
     lead = info.rank % tp == 0  # the engine's first rank: it registers, claims, puts, and decides for its group
+    multi = cfg.rollout.multi_turn_config
+    partial = cfg.rollout.partial_rollout_chunk_tokens
+    if (multi.enable or partial) and tp > 1:  # turns / chunks are generate calls the other ranks cannot foresee
+        raise ValueError("[rollout.multi_turn_config] enable and [rollout] partial_rollout_chunk_tokens run with "
+                         f"[rollout.parallelism] tp_size = 1 in the rollout job (got {tp}): use engines of one rank")
     # The trainer writes the demo assets (tiny configs) before it publishes: wait first, then check paths.
     waited = wait_for_trainer(queue, control, dis.wait_for_trainer_s, log, resuming=bool(cfg.train.resume))
     if tp > 1:  # the engines are built by every rank of the job or by none
@@ -205,6 +215,7 @@ def main() -> None:
         rewards = cp.rewards.RewardSet.from_config(grpo)
         throttle = RolloutThrottle.from_config(queue, grpo, plan.records_per_step)
         claims.start_renewal(job_id)  # a daemon thread: the claims expire when the job dies
+    env = load_environment(multi)  # None without [rollout.multi_turn_config] enable: one model turn
     waited_s, trainer_lost = 0.0, False
     while True:
         # one broadcast per step; the other ranks of a TP engine pass no prompts of their own to generate
@@ -249,9 +260,13 @@ def main() -> None:
         t0 = time.perf_counter()
         records = []
         if params is not None:
-            groups = engine.generate(prompts, params)
-            if lead:
-                scored = cp.rewards.score_groups(groups, rewards, grpo, cfg.rollout.max_response_length)
+            groups = generate_rollouts(engine, processor, prompts, params, env, multi=multi,
+                                       max_response_length=cfg.rollout.max_response_length, chunk_tokens=partial,
+                                       between_chunks=lambda: counts.update(  # partial rollouts
+                                           weight_version=take_newer_weights(client, log)))
+            if lead:  # an episode's record carries its loss masks (model tokens 1) and turn rewards
+                scored, episodes = score_rollouts(groups, rewards, grpo, processor, multi_turn=env is not None,
+                                                  max_response_length=cfg.rollout.max_response_length)
                 records = records_from_scores(groups, scored, list(grpo.reward_function), record_ids=ids,
                                               meta={PRODUCER_KEY: job_id})
                 queue.put_many(records)
@@ -262,6 +277,7 @@ def main() -> None:
         counts["ranges"] += 1
         log.info(f"[rollout] {job_id}: epoch {claim.epoch} range {claim.range_id}: {len(records)} records with "
                  f"weight version {client.weight_version}, {time.perf_counter() - t0:.1f}s"
+                 f"{''.join(f', {k} {v:.2f}' for k, v in episodes.items()) if records else ''}"
                  f"{' (claim had expired: duplicates are trained once)' if late else ''}; "
                  f"waited {waited_s:.1f}s for the trainer so far")
     closeables = [client, control, queue]

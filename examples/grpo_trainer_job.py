@@ -159,7 +159,8 @@ def main() -> None:
     vocab_size = policy.hf_model.get_input_embeddings().weight.shape[0]
     queue = RedisRolloutQueue(cfg.redis, url=url, consumer=f"trainer-{info.rank}", vocab_size=vocab_size,
                               max_tokens=cfg.policy.model_max_length,
-                              max_bytes=record_byte_limit(cfg.policy.model_max_length, grpo.num_samples_per_prompt),
+                              max_bytes=record_byte_limit(cfg.policy.model_max_length, grpo.num_samples_per_prompt,
+                                                          episode_images=cfg.rollout.multi_turn_config.enable),
                               secret=secret)  # records not signed with the run secret are dead-lettered
     control = RunControl(queue, secret)
     stale = StalenessFilter.from_config(grpo)

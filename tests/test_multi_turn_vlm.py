@@ -163,10 +163,58 @@ def test_the_vllm_adapter_collapses_expanded_image_pads(tiny_vl_processor) -> No
         vllm_token_prompt(attrs.evolve(prompt, images=[CLIP[1]] * 3), tok, "qwen2_5_vl")
 
 
-def test_a_queue_record_refuses_an_episode_with_environment_images(tiny_vl_model, tiny_vl_processor) -> None:
-    from cosmos_primitives.queue.record import record_from_group
+def text_only(group):
+    """``group`` with its prompt's clip out of the conversation: a record holds references, not arrays."""
+    conversation = [{"role": "user", "content": [{"type": "text", "text": "What moves?"}]}]
+    return attrs.evolve(group, prompt=attrs.evolve(group.prompt, conversation=conversation))
+
+
+def test_environment_images_travel_in_the_queue_record_and_train_as_in_the_process_that_ran_them(
+        tiny_vl_model, tiny_vl_processor) -> None:
+    """A record carries the images an environment returned as PNG bytes (lossless): the trainer's group
+    rebuilt from the decoded record collates to the same batch, and its forward reproduces the
+    engine's log-probs on the model's tokens."""
+    from cosmos_primitives.queue.record import decode_record, encode_record, record_byte_limit, record_from_group
+    from cosmos_primitives.queue.record_groups import group_from_record
+
+    model, processor = tiny_vl_model, tiny_vl_processor
+    groups = run_episodes(HFRolloutEngine(model, processor), processor, [clip_prompt()], PARAMS, look_again(6),
+                          max_turns=2, reply_template=QWEN_TOOL_REPLY)
+    data = encode_record(record_from_group(text_only(groups[0]), [1.0, 1.0], [0.5, -0.5]))
+    record = decode_record(data, max_bytes=record_byte_limit(512, 2, episode_images=True))
+    assert [len(images) for images in record.episode_images] == [1, 1]
+    group = group_from_record(record)
+    for c in group.completions:
+        assert np.array_equal(c.images[0], CLIP[6])
+    rebuilt = attrs.evolve(group, prompt=groups[0].prompt)  # the clip is re-read from its reference in a job
+    before, after = collate_rollouts(groups, processor), collate_rollouts([rebuilt], processor)
+    for key, value in before.inputs.items():
+        torch.testing.assert_close(after.inputs[key], value, msg=key)
+    mask = after.completion_mask.bool()
+    torch.testing.assert_close(teacher_logprobs(model, after)[mask], after.rollout_logprobs[mask], atol=1e-4,
+                               rtol=1e-4)
+
+
+def test_episode_images_are_bounded_and_checked(tiny_vl_model, tiny_vl_processor) -> None:
+    import msgspec
+
+    from cosmos_primitives.queue import MalformedRecordError
+    from cosmos_primitives.queue.record import MAX_EPISODE_IMAGE_BYTES, decode_record, encode_record, record_from_group
+    from cosmos_primitives.queue.record_groups import group_from_record
 
     groups = run_episodes(HFRolloutEngine(tiny_vl_model, tiny_vl_processor), tiny_vl_processor, [clip_prompt()],
                           PARAMS, look_again(6), max_turns=2, reply_template=QWEN_TOOL_REPLY)
-    with pytest.raises(ValueError, match="images the environment returned"):
-        record_from_group(groups[0], [1.0, 1.0], [0.0, 0.0], media=["clip.mp4"])
+    record = record_from_group(text_only(groups[0]), [1.0, 1.0], [0.0, 0.0])
+    fields = msgspec.structs.asdict(record)
+    noise = np.random.default_rng(0).integers(0, 256, (1800, 1800, 3), dtype=np.uint8)  # ~9.7 MB as PNG
+    big = [attrs.evolve(c, images=[noise]) for c in groups[0].completions]
+    with pytest.raises(ValueError, match=f"over the bound of {MAX_EPISODE_IMAGE_BYTES}"):
+        record_from_group(attrs.evolve(text_only(groups[0]), completions=big), [1.0, 1.0], [0.0, 0.0])
+    forged = msgspec.msgpack.encode({**fields, "episode_images": [[b"GIF89a..."], []]})
+    with pytest.raises(MalformedRecordError, match=r"episode_images\[0\]\[0\] is not PNG bytes"):
+        decode_record(forged)
+    truncated = [[images[0][:40]] for images in record.episode_images]
+    broken = decode_record(msgspec.msgpack.encode({**fields, "episode_images": truncated}))
+    with pytest.raises(ValueError, match=r"record \S+ \(prompt 'clip'\): episode_images\[0\]\[0\] cannot be decoded"):
+        group_from_record(broken)
+    assert decode_record(encode_record(record)).episode_images == record.episode_images

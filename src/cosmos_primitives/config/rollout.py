@@ -6,7 +6,7 @@ from typing import Any, Literal
 
 import msgspec
 
-from cosmos_primitives.config.base import AtLeastOne, Fraction, NonNegative, Section
+from cosmos_primitives.config.base import AtLeastOne, Fraction, NonNegative, NonNegativeInt, Section
 from cosmos_primitives.config.policy import ParallelismConfig
 
 
@@ -32,6 +32,9 @@ class MultiTurnConfig(Section):
     # turn; unset: no environment, so an episode ends after its first turn, as cosmos-rl's default data
     # packer (no tool agent) ends it. cosmos-rl takes tools from the data packer its launcher script builds.
     environment: str = ""
+    # new tokens of one model turn at most (ours; 0: [rollout] max_response_length, the whole episode's
+    # budget, as cosmos-rl): a smaller value leaves room in the episode for the replies and later turns
+    max_tokens_per_turn: NonNegativeInt = 0
 
 
 class RolloutConfig(Section):
@@ -55,5 +58,9 @@ class RolloutConfig(Section):
     max_num_batched_tokens: AtLeastOne | None = None
     limit_mm_per_prompt: dict[str, int] | None = None
     mm_processor_kwargs: dict[str, Any] | None = None
+    # partial rollouts (ours; slime's --partial-rollout, cosmos-rl has none): > 0, the rollout job generates in
+    # chunks of this many new tokens and takes a newer published weight version between chunks; a cut
+    # completion goes on under it, each token keeping the log-prob of the weights that sampled it. 0: off
+    partial_rollout_chunk_tokens: NonNegativeInt = 0
     sampling_config: SamplingConfig = msgspec.field(default_factory=SamplingConfig)
     multi_turn_config: MultiTurnConfig = msgspec.field(default_factory=MultiTurnConfig)

@@ -1,8 +1,10 @@
 """The rollout record that travels through the queue, and its msgpack encoding.
 
 One record is one GRPO group: the ``n`` completions of one prompt, sampled with one weight version,
-with their rewards and group advantages already computed on the rollout side. Media travel as
-references (paths / URIs), never as bytes: the trainer re-reads them.
+with their rewards and group advantages already computed on the rollout side. The prompt's media
+travel as references (paths / URIs): the trainer re-reads them. The one exception is the images an
+environment returned during a multi-turn episode (they exist nowhere else): PNG bytes, bounded in
+size (:data:`MAX_EPISODE_IMAGE_BYTES`).
 """
 
 from __future__ import annotations
@@ -38,6 +40,12 @@ FLOAT32_MAX = 3.4028234663852886e38
 BYTES_PER_TOKEN = 64
 RECORD_BYTES_OVERHEAD = 64 << 10
 
+# images an environment returned during a record's episodes: PNG bytes, at most this many bytes in all
+# (record_byte_limit(..., episode_images=True) allows for them) and this many pixels a side
+MAX_EPISODE_IMAGE_BYTES = 8 << 20
+MAX_EPISODE_IMAGE_SIDE = 4096
+PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
+
 _JSON_SCALARS = (str, int, float, bool, type(None))
 
 
@@ -68,7 +76,9 @@ class RolloutRecord(msgspec.Struct, kw_only=True):
     - ``rewards``, ``advantages``: ``[n]`` float.
     - ``loss_masks``: a multi-turn episode's ``n`` lists ``[L_i]`` of 1 (the model's tokens, trained) and
       0 (the environment's, context); empty: every token trained. ``turn_rewards``: ``n`` lists of the
-      environment's reward after each model turn; empty for single-turn records.
+      environment's reward after each model turn; empty for single-turn records. ``episode_images``:
+      ``n`` lists of the images the environment returned in each episode, in order, as PNG bytes
+      (:func:`encode_episode_image`; :data:`MAX_EPISODE_IMAGE_BYTES` in all); empty: none.
     - ``media``: references (paths / URIs) of the prompt's images and videos, in placeholder order.
     - ``conversation``: the prompt conversation, JSON-like (media parts hold references), or the
       prompt's plain text (a ``str``, used without a chat template).
@@ -92,6 +102,7 @@ class RolloutRecord(msgspec.Struct, kw_only=True):
     advantages: list[float]
     loss_masks: list[list[int]] = msgspec.field(default_factory=list)
     turn_rewards: list[list[float]] = msgspec.field(default_factory=list)
+    episode_images: list[list[bytes]] = msgspec.field(default_factory=list)
     media: list[str] = msgspec.field(default_factory=list)
     conversation: list[dict[str, Any]] | str = msgspec.field(default_factory=list)
     meta: dict[str, str | int | float | bool] = msgspec.field(default_factory=dict)
@@ -113,7 +124,7 @@ class RolloutRecord(msgspec.Struct, kw_only=True):
 def _check_episodes(record: RolloutRecord, n: int) -> None:
     """The multi-turn fields: one 0 / 1 loss mask per completion, as long as its tokens, training at
     least one token, and finite turn rewards."""
-    for name in ("loss_masks", "turn_rewards"):
+    for name in ("loss_masks", "turn_rewards", "episode_images"):
         got = len(getattr(record, name))
         if got not in (0, n):
             raise ValueError(f"{name} has {got} entries but there are {n} completions (or give none)")
@@ -122,6 +133,14 @@ def _check_episodes(record: RolloutRecord, n: int) -> None:
             raise ValueError(f"loss_masks[{i}] has {len(mask)} entries for {len(ids)} token ids")
         if not set(mask) <= {0, 1}:
             raise ValueError(f"loss_masks[{i}] holds {sorted(set(mask) - {0, 1})}; a loss mask is 0 or 1 per token")
+    total = sum(len(image) for images in record.episode_images for image in images)
+    if total > MAX_EPISODE_IMAGE_BYTES:
+        raise ValueError(f"episode_images hold {total} bytes, over the bound of {MAX_EPISODE_IMAGE_BYTES} "
+                         "(MAX_EPISODE_IMAGE_BYTES); have the environment return smaller images")
+    for i, images in enumerate(record.episode_images):
+        for k, image in enumerate(images):
+            if not image.startswith(PNG_SIGNATURE):
+                raise ValueError(f"episode_images[{i}][{k}] is not PNG bytes; make records with record_from_group")
     for i, values in enumerate(record.turn_rewards):
         bad = [v for v in values if not abs(v) <= FLOAT32_MAX]
         if bad:
@@ -188,15 +207,51 @@ def check_record(record: RolloutRecord, vocab_size: int | None = None) -> None:
                          "media parts")
 
 
-def record_byte_limit(max_tokens: int, num_completions: int) -> int:
+def record_byte_limit(max_tokens: int, num_completions: int, *, episode_images: bool = False) -> int:
     """The largest encoded record (bytes) a trainer accepts: :data:`BYTES_PER_TOKEN` for each of the
     ``max_tokens`` a sequence may hold, for the prompt and each of the ``num_completions`` completions,
-    plus :data:`RECORD_BYTES_OVERHEAD`. With ``[policy] model_max_length = 4096`` and 8 completions:
-    2.4 MB; a record above it cannot fit the trainer's sequences whatever its content."""
+    plus :data:`RECORD_BYTES_OVERHEAD`, plus :data:`MAX_EPISODE_IMAGE_BYTES` with ``episode_images``
+    (multi-turn runs). With ``[policy] model_max_length = 4096`` and 8 completions: 2.4 MB; a record
+    above it cannot fit the trainer's sequences whatever its content."""
     if max_tokens < 1 or num_completions < 1:
         raise ValueError(f"record_byte_limit(max_tokens={max_tokens}, num_completions={num_completions}): both "
                          "must be >= 1")
-    return BYTES_PER_TOKEN * max_tokens * (num_completions + 1) + RECORD_BYTES_OVERHEAD
+    images = MAX_EPISODE_IMAGE_BYTES if episode_images else 0
+    return BYTES_PER_TOKEN * max_tokens * (num_completions + 1) + RECORD_BYTES_OVERHEAD + images
+
+
+def encode_episode_image(image: Any) -> bytes:
+    """PNG bytes (lossless) of an image an environment returned: a ``[H, W, 3]`` uint8 array or a PIL image."""
+    import io
+
+    import numpy as np
+    from PIL import Image
+
+    picture = image if isinstance(image, Image.Image) else Image.fromarray(np.asarray(image, dtype=np.uint8))
+    out = io.BytesIO()
+    picture.convert("RGB").save(out, format="PNG")
+    return out.getvalue()
+
+
+def decode_episode_image(data: bytes, where: str) -> Any:
+    """The ``[H, W, 3]`` uint8 array of PNG ``data``; ``where`` names it in the ``ValueError`` for bytes
+    that are not a PNG image or whose sides exceed :data:`MAX_EPISODE_IMAGE_SIDE` (checked before the
+    pixels are decoded)."""
+    import io
+
+    import numpy as np
+    from PIL import Image
+
+    try:
+        with Image.open(io.BytesIO(data), formats=["PNG"]) as picture:
+            if max(picture.size) > MAX_EPISODE_IMAGE_SIDE:
+                raise ValueError(f"{where} is {picture.size[0]}x{picture.size[1]} pixels, over "
+                                 f"{MAX_EPISODE_IMAGE_SIDE} a side (MAX_EPISODE_IMAGE_SIDE)")
+            return np.asarray(picture.convert("RGB"))
+    except ValueError:
+        raise
+    except Exception as exc:  # hostile bytes: any decoder failure is the record's fault
+        raise ValueError(f"{where} cannot be decoded as a PNG image ({type(exc).__name__}: {exc})") from exc
 
 
 def check_record_size(record: RolloutRecord, max_tokens: int) -> None:
@@ -370,17 +425,11 @@ def record_from_group(
             when it is set.
 
     Raises:
-        ValueError: rewards / advantages of the wrong length, decoded media in the conversation, a
-            multi-turn episode holding images its environment returned (``Completion.images``: a
-            record carries media as references, not pixels), or any failed :func:`check_record`
-            (the record would be refused by the trainer).
+        ValueError: rewards / advantages of the wrong length, decoded media in the conversation,
+            episode images over :data:`MAX_EPISODE_IMAGE_BYTES` in all (``Completion.images``, the
+            images the environment returned: carried as PNG bytes), or any failed
+            :func:`check_record` (the record would be refused by the trainer).
     """
-    with_images = [k for k, c in enumerate(group.completions) if c.images]
-    if with_images:
-        raise ValueError(f"prompt {group.prompt.prompt_id!r}: completions {with_images} hold images the environment "
-                         "returned during the episode; a queue record carries media only as references to files, "
-                         "not pixels: train such episodes in the process that ran them (collate_rollouts), or have "
-                         "the environment return text")
     n = len(group.completions)
     prompt = group.prompt
     conversation = prompt.conversation if isinstance(prompt.conversation, str) else list(prompt.conversation)
@@ -404,6 +453,8 @@ def record_from_group(
                     for c in group.completions] if any(c.loss_mask is not None for c in group.completions) else [],
         turn_rewards=[[float(r) for r in c.turn_rewards] for c in group.completions]
         if any(c.turn_rewards for c in group.completions) else [],
+        episode_images=[[encode_episode_image(image) for image in c.images] for c in group.completions]
+        if any(c.images for c in group.completions) else [],
         media=refs,
         conversation=conversation,
         meta=extras,

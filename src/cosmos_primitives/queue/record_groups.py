@@ -30,7 +30,7 @@ from cosmos_primitives.data.rollout_batch import (
 )
 from cosmos_primitives.policy.nonfinite import NonFiniteError
 from cosmos_primitives.queue.base import RolloutQueue
-from cosmos_primitives.queue.record import RolloutRecord, record_from_group
+from cosmos_primitives.queue.record import RolloutRecord, decode_episode_image, record_from_group
 from cosmos_primitives.queue.staleness import StalenessFilter
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -83,11 +83,15 @@ def group_from_record(record: RolloutRecord, settings: MediaSettings | None = No
     n = len(record.completions)
     masks = record.loss_masks or [None] * n
     turns = record.turn_rewards or [[] for _ in range(n)]
+    pictures = [[decode_episode_image(data, f"record {record.record_id} (prompt {record.prompt_id!r}): "
+                                            f"episode_images[{i}][{k}]") for k, data in enumerate(images)]
+                for i, images in enumerate(record.episode_images or [[] for _ in range(n)])]
     completions = [
         Completion(text=text, token_ids=list(ids), logprobs=list(lps), finish_reason=reason,
-                   loss_mask=None if mask is None else list(mask), turn_rewards=list(turn))
-        for text, ids, lps, reason, mask, turn in zip(record.completions, record.completion_token_ids,
-                                                      record.logprobs, record.finish_reasons, masks, turns)
+                   loss_mask=None if mask is None else list(mask), turn_rewards=list(turn), images=images)
+        for text, ids, lps, reason, mask, turn, images in zip(record.completions, record.completion_token_ids,
+                                                              record.logprobs, record.finish_reasons, masks, turns,
+                                                              pictures)
     ]
     return RolloutGroup(prompt=prompt, prompt_token_ids=list(record.prompt_token_ids), completions=completions,
                         weight_version=record.weight_version)

@@ -3,7 +3,7 @@ step (one model turn, or episodes of model turns and environment replies), and t
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 import attrs
@@ -13,6 +13,7 @@ from cosmos_primitives.algo.advantages import compute_advantages
 from cosmos_primitives.data.plugins import load_plugin
 from cosmos_primitives.rewards.group_scores import GroupScores, score_groups
 from cosmos_primitives.rollout.multi_turn import QWEN_TOOL_REPLY, Environment, EnvReply, Episode, run_episodes
+from cosmos_primitives.rollout.partial import generate_in_chunks
 
 if TYPE_CHECKING:  # pragma: no cover
     from cosmos_primitives.config.grpo import GRPOConfig
@@ -44,15 +45,25 @@ def load_environment(multi: MultiTurnConfig) -> Environment | None:
 
 def generate_rollouts(engine: Any, processor: Any, prompts: Sequence[Prompt], params: SamplingParams,
                       env: Environment | None, *, multi: MultiTurnConfig,
-                      max_response_length: int) -> list[RolloutGroup]:
+                      max_response_length: int, chunk_tokens: int = 0,
+                      between_chunks: Callable[[], None] | None = None) -> list[RolloutGroup]:
     """One step's rollouts: ``engine.generate`` without an environment; with one, ``params.n``
     episodes per prompt of at most ``multi.max_assistant_turns`` model turns, ``max_response_length``
-    (``[rollout]``) tokens each (model and environment tokens together), the replies entering
-    the chat as tool responses with ``enable_tools`` (:data:`QWEN_TOOL_REPLY`)."""
+    (``[rollout]``) tokens each (model and environment tokens together), a turn at most
+    ``multi.max_tokens_per_turn`` of them when set, the replies entering the chat as tool responses
+    with ``enable_tools`` (:data:`QWEN_TOOL_REPLY`). ``chunk_tokens > 0`` (``[rollout]
+    partial_rollout_chunk_tokens``, one model turn only): :func:`~cosmos_primitives.rollout.partial.generate_in_chunks`
+    with ``between_chunks`` (e.g. the rollout job's fetch of newer weights)."""
+    if env is not None and chunk_tokens:
+        raise ValueError(f"[rollout] partial_rollout_chunk_tokens = {chunk_tokens} with [rollout.multi_turn_config] "
+                         "enable = true: partial rollouts continue one model turn; set one of them off")
+    if chunk_tokens:
+        return generate_in_chunks(engine, prompts, params, chunk_tokens=chunk_tokens, between_chunks=between_chunks)
     if env is None:
         return engine.generate(prompts, params)
-    tokenizer = getattr(processor, "tokenizer", processor)
-    return run_episodes(engine, tokenizer, prompts, params, env, max_turns=multi.max_assistant_turns,
+    if multi.max_tokens_per_turn:
+        params = attrs.evolve(params, max_new_tokens=min(params.max_new_tokens, multi.max_tokens_per_turn))
+    return run_episodes(engine, processor, prompts, params, env, max_turns=multi.max_assistant_turns,
                         max_tokens=max_response_length,
                         reply_template=QWEN_TOOL_REPLY if multi.enable_tools else "{text}")
 

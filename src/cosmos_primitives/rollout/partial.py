@@ -6,7 +6,9 @@ trainer's rollout correction (``[grpo] rollout_correction``) sees the true behav
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Sequence
+from typing import Any
 
 import attrs
 
@@ -74,3 +76,29 @@ def generate_in_chunks(engine: RolloutEngine, prompts: Sequence[Prompt], params:
         ids = p.completion.token_ids[:-1] if p.completion.finish_reason == "stop" else p.completion.token_ids
         p.completion.text = tokenizer.decode(ids, skip_special_tokens=False)
     return [attrs.evolve(g, weight_version=v) for g, v in zip(first, versions)]
+
+
+def take_newer_weights(client: Any, log: Any, *, attempts: int = 3) -> int:
+    """Between two chunks of a partial rollout: load the newer weights ``client`` (a
+    :class:`~cosmos_primitives.sync.WeightClient`) sees published into its engine, if any; returns the
+    version held after. A failed fetch that left the held weights whole is warned about and the
+    generation goes on under them; one that broke off part way (the engine may hold two versions,
+    ``weight_version`` -1) is retried up to ``attempts`` times, then raised."""
+    from cosmos_primitives.sync import WeightTransferError  # the sync package imports the engines
+
+    for attempt in range(1, attempts + 1):
+        try:
+            if client.refresh() is not None:
+                log.info(f"[rollout] {client.member_id}: took weight version {client.weight_version} between chunks; "
+                         "the cut completions go on under it (partial rollout)")
+            return client.weight_version
+        except WeightTransferError as error:
+            if client.weight_version >= 0:
+                log.warning(f"[rollout] {client.member_id}: weight fetch between chunks failed ({error}); going on "
+                            f"under version {client.weight_version}")
+                return client.weight_version
+            if attempt == attempts:
+                raise
+            log.warning(f"[rollout] {client.member_id}: weight fetch between chunks broke off ({error}); retrying")
+            time.sleep(1.0)
+    return client.weight_version
