@@ -356,3 +356,31 @@ def test_a_redis_url_holder_cannot_inject_records(redis_url):
         assert sum("signature does not match" in r for r in reasons) == 2, reasons
     client.delete(stream, other_stream, *client.keys(f"{stream}:*"), *client.keys(f"{other_stream}:*"))
     client.close()
+
+
+def test_a_redis_url_holder_cannot_set_the_weight_version(redis_url, caplog):
+    """Issue 30 item 1, run state: the trainer signs ``S:weight_version``; rollout jobs ignore a value
+    not signed with the run secret (a plain huge or negative number, an envelope signed with another
+    secret, a signed version moved from another run's key) and keep the last signed one, so a forger
+    can neither hold back nor unthrottle them; the trainer's next publish is read again."""
+    from cosmos_primitives.sync.run_auth import RunSecret
+
+    stream = f"{PREFIX}:version-{uuid.uuid4().hex[:6]}"
+    other = RunSecret("another-runs-secret-" + "3" * 32)
+    client = redis.Redis.from_url(redis_url)
+    secret = RunSecret(SECRET)
+    with RedisRolloutQueue(RedisConfig(stream=stream), url=redis_url, secret=secret) as trainer, \
+            RedisRolloutQueue(RedisConfig(stream=stream), url=redis_url, secret=secret) as rollout:
+        trainer.publish_weight_version(3)
+        assert rollout.weight_version() == 3
+        forged = [b"1000000", b"-5", other.sign(trainer.version_key, b"1000000"),
+                  secret.sign(f"{stream}-other:weight_version", b"1000000")]
+        with caplog.at_level(logging.WARNING, logger="cosmos.queue"):
+            for value in forged:
+                client.set(trainer.version_key, value)
+                assert rollout.weight_version() == 3, value
+        assert "not signed with this run's secret" in caplog.text
+        trainer.publish_weight_version(4)
+        assert rollout.weight_version() == 4
+    client.delete(*client.keys(f"{stream}*"))
+    client.close()

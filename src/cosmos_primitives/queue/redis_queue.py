@@ -54,7 +54,7 @@ from cosmos_primitives.queue import redis_scripts
 from cosmos_primitives.queue.base import wait_for_weight_version
 from cosmos_primitives.queue.errors import MalformedRecordError, QueueConnectionError, QueueFullError
 from cosmos_primitives.queue.record import RolloutRecord, decode_record, encode_record
-from cosmos_primitives.sync.run_auth import RunSecret
+from cosmos_primitives.sync.run_auth import AuthError, RateLimitedLog, RunSecret
 
 REDIS_URL_ENV = "COSMOS_REDIS_URL"
 RECORD_FIELD = b"record"
@@ -148,6 +148,8 @@ class RedisRolloutQueue:
                  max_bytes: int | None = None, secret: RunSecret | None = None) -> None:
         self.config = config or RedisConfig()
         self._secret = secret
+        self._unsigned_log = RateLimitedLog(log)
+        self._last_signed_version: int | None = None
         _check_config(self.config)
         self.url = resolve_redis_url(url, self.config)
         self.safe_url = redact_url(self.url)
@@ -257,7 +259,7 @@ class RedisRolloutQueue:
         # process published (NX: a persisted or newer value wins).
         if self._published_version is not None:
             self._call("republish weight version",
-                       lambda: self._redis.set(self.version_key, self._published_version, nx=True))
+                       lambda: self._redis.set(self.version_key, self._version_value(self._published_version), nx=True))
 
     def _create_group(self, recreating: bool = False) -> None:
         # Starting at id 0 hands the group every record already in the stream, including those put
@@ -615,19 +617,36 @@ class RedisRolloutQueue:
     def publish_weight_version(self, version: int) -> None:
         """Trainer side: store ``version`` under ``<stream>:weight_version`` for rollout workers to read."""
         version = int(version)
-        self._call("publish weight version", lambda: self._redis.set(self.version_key, version))
+        self._call("publish weight version", lambda: self._redis.set(self.version_key, self._version_value(version)))
         self._published_version = version
 
+    def _version_value(self, version: int) -> bytes | int:
+        """What is stored under ``version_key``: the version, signed when the queue has the run secret."""
+        return version if self._secret is None else self._secret.sign(self.version_key, str(version).encode())
+
     def weight_version(self) -> int | None:
-        """The trainer's last published weight version, None if none was published (since a restart)."""
+        """The trainer's last published weight version, None if none was published (since a restart).
+
+        With the run secret, a value not signed with it (written by someone holding only the Redis
+        URL) is ignored with a rate-limited warning, and the last signed value read is returned."""
         raw = self._call("read weight version", lambda: self._redis.get(self.version_key))
         if raw is None:
             return None
+        if self._secret is not None:
+            try:  # lives as long as the run: no age bound
+                raw = self._secret.open(self.version_key, raw, max_age_s=None)
+            except AuthError as exc:
+                self._unsigned_log.warning("version", "ignoring the weight version under %r: not signed with this "
+                                           "run's secret (%s)", self.version_key, exc)
+                return self._last_signed_version
         try:
-            return int(raw)
+            version = int(raw)
         except ValueError as exc:
             raise ValueError(f"Redis key {self.version_key!r} at {self.safe_url} holds {raw!r}, not an integer "
                              "weight version; only publish_weight_version() should write it") from exc
+        if self._secret is not None:
+            self._last_signed_version = version
+        return version
 
     def wait_for_weight_version(self, min_version: int, timeout: float | None = None) -> int:
         """Block until the published version is ``>= min_version``; see :func:`wait_for_weight_version`."""

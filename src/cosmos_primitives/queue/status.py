@@ -27,17 +27,23 @@ from cosmos_primitives.queue.prompt_claims import claim_keys, read_position, sto
 from cosmos_primitives.queue.redis_queue import REDIS_URL_ENV, resolve_redis_url
 
 
-def _stop_reason(raw: Any) -> str:
-    """The stop flag's reason; a flag the trainer signed with the run secret shows its reason marked
-    "(signed)" (this command holds no secret, so it does not verify the signature)."""
+def _signed_body(raw: Any) -> str:
+    """The body of a value the trainer signed with the run secret (the stop flag, the weight version),
+    or the value itself when it is not signed. This command holds no secret: it does not verify."""
     text = _text(raw)
     try:
         message = json.loads(text)
     except ValueError:
         return text
     if isinstance(message, dict) and {"body", "mac"} <= message.keys():
-        return f"{message['body']} (signed)"
+        return str(message["body"])
     return text
+
+
+def _stop_reason(raw: Any) -> str:
+    """The stop flag's reason, marked "(signed)" when the trainer signed it (not verified here)."""
+    body = _signed_body(raw)
+    return f"{body} (signed)" if body != _text(raw) else body
 
 
 def _text(value: Any) -> str:
@@ -101,7 +107,7 @@ def collect_status(client: redis.Redis, stream: str, dead: int = 5) -> dict[str,
             "rolled_back": stats.get("rolled_back", 0),
             "double_acked": stats.get("double_acked", 0),
         },
-        "weight_version": None if version is None else stored_int(version, f"{stream}:weight_version"),
+        "weight_version": None if version is None else stored_int(_signed_body(version), f"{stream}:weight_version"),
         "stop_requested": None if stop is None else _stop_reason(stop),
         "claims": claims,
         "dead_letters": {"count": int(client.xlen(dead_key)) if client.exists(dead_key) else 0, "last": last_dead},
