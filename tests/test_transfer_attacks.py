@@ -384,3 +384,31 @@ def test_a_redis_url_holder_cannot_set_the_weight_version(redis_url, caplog):
         assert rollout.weight_version() == 4
     client.delete(*client.keys(f"{stream}*"))
     client.close()
+
+
+def test_a_redis_url_holder_cannot_forge_or_alter_a_live_job(redis_url, caplog):
+    """Issue 30 item 1, run state: with the run secret each job's registry fields carry an HMAC bound to
+    the job's key. A trainer entry written by hand (which would make a fresh start refuse the run) and
+    a real rollout job's fields altered in place (its ``records_per_step`` feeds the throttle) are left
+    out of the live jobs, with a warning; the altered job is back after its next heartbeat."""
+    from cosmos_primitives.queue.job_registry import JobRegistry, refuse_live_trainer
+
+    prefix = f"{PREFIX}:jobs-{uuid.uuid4().hex[:6]}"
+    client = redis.Redis.from_url(redis_url)
+    with JobRegistry(redis_url, prefix, ttl_s=30) as registry:
+        job = registry.join("rollout", records_per_step=8)
+        assert set(registry.live()) == {job}
+        # a forged live trainer, written as JobRegistry's Lua script writes one
+        client.hset(f"{prefix}:jobs:trainer-forged", mapping={"role": '"trainer"', "host": '"x"', "pid": "1",
+                                                              "last_seen": str(time.time())})
+        client.expire(f"{prefix}:jobs:trainer-forged", 30)
+        client.sadd(f"{prefix}:jobs", "trainer-forged")
+        client.hset(registry.job_key(job), "records_per_step", "100000")  # altered in place
+        with caplog.at_level(logging.WARNING, logger="cosmos.queue"):
+            assert registry.live() == {}
+            refuse_live_trainer(registry)  # the forged trainer holds nothing
+        assert "not signed with this run's secret" in caplog.text
+        registry.heartbeat(job)
+        assert registry.live()[job]["records_per_step"] == 8
+    client.delete(*client.keys(f"{prefix}*"))
+    client.close()

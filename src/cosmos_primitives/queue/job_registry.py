@@ -7,6 +7,7 @@ of expired ones when read. Times (``started``, ``last_seen``) come from the Redi
 
 from __future__ import annotations
 
+import hmac
 import json
 import logging
 import os
@@ -19,6 +20,7 @@ from typing import Any
 from cosmos_primitives.config.redis import RedisConfig
 from cosmos_primitives.queue.periodic import Periodic
 from cosmos_primitives.queue.redis_link import RedisLink
+from cosmos_primitives.sync.run_auth import RateLimitedLog, RunSecret
 
 log = logging.getLogger("cosmos.queue")
 
@@ -44,6 +46,18 @@ redis.call('PEXPIRE', KEYS[1], ARGV[1])
 redis.call('SADD', KEYS[2], ARGV[3])
 return 1
 """
+
+# the fields the Lua script sets itself, and the MAC over the others (not part of what it signs)
+_SERVER_FIELDS = ("started", "last_seen")
+MAC_FIELD = "mac"
+
+
+def _fields_mac(secret: RunSecret, key: str, fields: dict[str, Any]) -> str:
+    """``HMAC(secret, "job" | key | canonical JSON of fields)``, hex: binds a job's fields to its key."""
+    body = json.dumps({k: v for k, v in fields.items() if k not in (*_SERVER_FIELDS, MAC_FIELD)},
+                      sort_keys=True, separators=(",", ":")).encode()
+    return secret.mac(b"job", key.encode(), body).hex()
+
 
 # KEYS[1] the set of job ids. ARGV[1] the prefix of the jobs' hashes.
 # Drops ids whose hash expired; returns {server time (s), {id, flat hash}...}.
@@ -71,11 +85,14 @@ def _text(value: Any) -> str:
     return value.decode() if isinstance(value, bytes) else str(value)
 
 
-def read_live_jobs(client: Any, prefix: str, role: str | None = None) -> tuple[float, dict[str, dict[str, Any]]]:
+def read_live_jobs(client: Any, prefix: str, role: str | None = None, secret: RunSecret | None = None,
+                   forged: list[str] | None = None) -> tuple[float, dict[str, dict[str, Any]]]:
     """``(server time, {job id: fields})`` of the live jobs under ``prefix`` read with a redis-py client.
 
     Fields are JSON-decoded and include ``role``, ``host``, ``pid``, ``started``, ``last_seen``
-    (Unix seconds, server clock) and ``age_s`` (seconds since the last heartbeat).
+    (Unix seconds, server clock) and ``age_s`` (seconds since the last heartbeat). With ``secret``,
+    an entry whose fields are not signed with it (written by someone holding only the Redis URL, or
+    altered) is left out, and its id appended to ``forged``.
     """
     reply = client.register_script(_LIVE)(keys=[jobs_key(prefix)], args=[f"{jobs_key(prefix)}:"])
     now = float(_text(reply[0]))
@@ -88,6 +105,13 @@ def read_live_jobs(client: Any, prefix: str, role: str | None = None) -> tuple[f
                 fields[_text(flat[i])] = json.loads(text)
             except ValueError:  # written by something other than JobRegistry: show it as it is
                 fields[_text(flat[i])] = text
+        job_key = f"{jobs_key(prefix)}:{_text(raw_id)}"
+        if secret is not None and not hmac.compare_digest(str(fields.get(MAC_FIELD, "")),
+                                                          _fields_mac(secret, job_key, fields)):
+            if forged is not None:
+                forged.append(_text(raw_id))
+            continue
+        fields.pop(MAC_FIELD, None)
         if role is not None and fields.get("role") != role:
             continue
         fields["age_s"] = max(0.0, now - float(fields.get("last_seen", now)))
@@ -121,9 +145,14 @@ class JobRegistry:
         prefix: the run's stream name (:func:`~cosmos_primitives.config.run_stream`).
         ttl_s: seconds a job stays alive after its last heartbeat.
         config: ``[redis]`` for the reconnect and socket settings.
+        secret: the run secret (default: from ``$COSMOS_RUN_SECRET`` / ``$COSMOS_RUN_SECRET_FILE``
+            when set). With it each job's fields carry an HMAC bound to the job's key, and
+            :meth:`live` leaves out entries not signed with it (a forged live trainer, altered fields),
+            with a rate-limited warning. Deleting entries remains possible to a Redis-URL holder.
     """
 
-    def __init__(self, redis_url: str, prefix: str, *, ttl_s: float = 15.0, config: RedisConfig | None = None) -> None:
+    def __init__(self, redis_url: str, prefix: str, *, ttl_s: float = 15.0, config: RedisConfig | None = None,
+                 secret: RunSecret | str | None = None) -> None:
         if not ttl_s > 0:
             raise ValueError(f"JobRegistry ttl_s = {ttl_s} must be > 0 (seconds)")
         if not prefix:
@@ -136,6 +165,8 @@ class JobRegistry:
         self._beat = self._link.client.register_script(_BEAT)
         self._joined: dict[str, dict[str, Any]] = {}  # job id -> the fields it joined with
         self._beaters: dict[str, Periodic] = {}
+        self._secret = RunSecret.resolve(secret) if secret is not None else RunSecret.from_env(required=False)
+        self._forged_log = RateLimitedLog(log)
         self.rejoins = 0
 
     def job_key(self, job_id: str) -> str:
@@ -143,6 +174,9 @@ class JobRegistry:
 
     def _write(self, mode: str, job_id: str, fields: dict[str, Any]) -> bool:
         args: list[Any] = [max(1, round(1000 * self.ttl_s)), mode, job_id]
+        if self._secret is not None:  # a beat then carries every field, so the MAC covers what is stored
+            fields = {**self._joined.get(job_id, {}), **fields} if mode == "beat" else fields
+            fields = {**fields, MAC_FIELD: _fields_mac(self._secret, self.job_key(job_id), fields)}
         for name, value in fields.items():
             args += [name, json.dumps(value)]
         return bool(self._link.call(f"{mode} job {job_id}", lambda: self._beat(
@@ -168,6 +202,8 @@ class JobRegistry:
             ValueError: the job's key expired and this object did not join it (nothing to join again with).
         """
         if self._write("beat", job_id, fields):
+            if job_id in self._joined:
+                self._joined[job_id] = {**self._joined[job_id], **fields}
             return
         base = self._joined.get(job_id)
         if base is None:
@@ -207,7 +243,13 @@ class JobRegistry:
         """Job id -> fields of every live job (of ``role`` if given): the heartbeat fields plus ``role``,
         ``host``, ``pid``, ``started`` and ``last_seen`` (Unix seconds, Redis server clock) and
         ``age_s`` (seconds since the last heartbeat)."""
-        return self._link.call("list live jobs", lambda: read_live_jobs(self._link.client, self.prefix, role))[1]
+        forged: list[str] = []
+        live = self._link.call("list live jobs", lambda: read_live_jobs(self._link.client, self.prefix, role,
+                                                                        self._secret, forged))[1]
+        if forged:
+            self._forged_log.warning("jobs", "ignoring job entries %s under %r: not signed with this run's secret",
+                                     sorted(forged), self.index_key)
+        return live
 
     def close(self) -> None:
         """Stop every heartbeat thread and close the connection; joined jobs expire ``ttl_s`` later."""
