@@ -174,8 +174,9 @@ def _tiny_qwen2_for_tp4(seed: int) -> torch.nn.Module:
 @pytest.mark.slow
 def test_cosmos_rl_distill_config_runs_with_only_paths_overridden(tmp_path: Path) -> None:
     """cosmos-rl's ``configs/qwen3/qwen3-8b-distill.toml`` ([distillation] enable, policy tp_size 4: four
-    ranks) with the policy, teacher and data paths overridden, and the rollout's tp_size (the HF engine
-    of a CPU cannot shard). The student is taught the answer format
+    ranks) with only the policy, teacher and data paths overridden: the file's rollout tp_size = 2 is
+    vLLM's, and backend "auto" picks the HF engine on a CPU, which warns and runs one whole model per
+    rank. The student is taught the answer format
     as the fixture's model is (its heads split four ways); the teacher is a random tiny Qwen2 of the same
     tokenizer. The step trains on the teacher's per-token reverse KL, the rewards bypassed (as cosmos-rl)."""
     tokenizer = qwen_tokenizer()
@@ -191,12 +192,10 @@ def test_cosmos_rl_distill_config_runs_with_only_paths_overridden(tmp_path: Path
     row, text = _run_to_first_row(DISTILL, [f"policy.model_name_or_path={tmp_path / 'student'}",
                                             f"distillation.model_name_or_path={tmp_path / 'teacher'}",
                                             f"train.train_policy.dataset.name={gsm8k}",
-                                            f"validation.dataset.name={gsm8k}",
-                                            # the file's rollout tp_size = 2 needs vLLM (a GPU); the HF
-                                            # engine on a CPU runs one whole model per rank
-                                            "rollout.parallelism.tp_size=1"],
+                                            f"validation.dataset.name={gsm8k}"],
                                   "qwen3-8b-distillation", tmp_path, nproc=4)
     assert "world_size=4" in text
+    assert "tp_size = 2 is vLLM's engine split" in text
     # a random teacher disagrees with the taught student: a clearly positive sampled reverse KL
     assert row["teacher_kl"] > 0.5 and math.isfinite(row["teacher_kl"]), row
     assert row["teacher_kl_advantages"] == pytest.approx(-row["teacher_kl"], rel=1e-4)  # kl_penalty_coef 1

@@ -185,3 +185,16 @@ def test_a_signed_stop_flag_shows_its_reason(redis_url: str) -> None:
         control.request_stop("trainer finished at step 7")
     done = status("--redis", redis_url, "--run", "status-signed-stop", "--json")
     assert json.loads(done.stdout)["stop_requested"] == "trainer finished at step 7 (signed)", done.stdout
+
+
+def test_a_signed_weight_version_shows_its_number(redis_url: str) -> None:
+    """With the run secret the trainer signs ``<stream>:weight_version``: status (which holds no
+    secret) shows the number, not an error about a non-integer key."""
+    from cosmos_primitives.sync.run_auth import RunSecret
+
+    stream = run_stream("status-signed-version")
+    with RedisRolloutQueue(RedisConfig(stream=stream), url=redis_url,
+                           secret=RunSecret("status-test-run-secret-" + "3" * 32)) as queue:
+        queue.publish_weight_version(5)
+    done = status("--redis", redis_url, "--run", "status-signed-version", "--json")
+    assert json.loads(done.stdout)["weight_version"] == 5, done.stdout + done.stderr

@@ -3,6 +3,8 @@ vLLM's documented call shapes; the real vLLM cannot run here) checked by checksu
 
 from __future__ import annotations
 
+import logging
+
 import pytest
 import torch
 
@@ -44,6 +46,18 @@ def test_rollout_tensor_parallel_refusals(standin_vllm, tiny_qwen2_dir, qwen_tok
     with pytest.raises(ValueError, match=r"pp_size = 2 with backend = \"vllm\""):
         cp.rollout.build_rollout_engine(cfg_pp, str(tiny_qwen2_dir), qwen_tokenizer)
     assert standin_vllm.CALLS == []  # refused before vLLM was started
+
+
+def test_auto_choosing_hf_runs_a_vllm_tp_size_unsharded_with_a_warning(tiny_qwen2_dir, qwen_tokenizer, caplog,
+                                                                          monkeypatch) -> None:
+    """A cosmos-rl file's rollout tp_size is vLLM's split: where ``backend = "auto"`` picks the HF engine
+    (no vLLM or no GPU) the engine runs whole with a warning, instead of refusing the file."""
+    monkeypatch.setattr("cosmos_primitives.utils.engine_choice.default_backend", lambda: ("hf", "test"))
+    cfg = cp.load_config(overrides=["rollout.backend=auto", "rollout.parallelism.tp_size=2"]).rollout
+    with caplog.at_level(logging.WARNING, logger="cosmos"):
+        engine, model = cp.rollout.build_rollout_engine(cfg, str(tiny_qwen2_dir), qwen_tokenizer)
+    assert isinstance(engine, cp.rollout.HFRolloutEngine) and model is not None
+    assert "tp_size = 2 is vLLM's engine split" in caplog.text
 
 
 def test_in_process_sync_into_vllm_is_checked_by_checksums(standin_vllm, tiny_qwen2_dir, qwen_tokenizer) -> None:

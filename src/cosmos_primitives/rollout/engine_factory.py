@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Sequence
 from typing import Any
 
@@ -39,14 +40,19 @@ def build_rollout_engine(cfg: RolloutConfig, model_path: str, processor: Any, *,
     (``dp_shard_size`` takes the rest: the independent engines).
 
     Raises:
-        ValueError: ``tp_size > 1`` with ``backend = "hf"``; ``[rollout.parallelism]`` pp / cp /
+        ValueError: ``tp_size > 1`` with ``backend = "hf"`` (with ``"auto"`` choosing HF, as on a
+            machine without vLLM or a GPU, a warning says tp_size is not used); ``[rollout.parallelism]`` pp / cp /
             dp sizes that vLLM's layout cannot take; ``backend = "vllm"`` on only some ranks of the
             job, or a ``tp_size`` that does not divide it (see
             :func:`~cosmos_primitives.rollout.vllm_engine.launcher_settings`).
     """
     tp = cfg.parallelism.tp_size
     if resolve_backend(cfg.backend) == "hf":
-        if tp > 1:
+        if tp > 1 and cfg.backend == "auto":  # a file written for vLLM, run where vLLM cannot run
+            logging.getLogger("cosmos").warning(
+                f"[rollout.parallelism] tp_size = {tp} is vLLM's engine split; backend = \"auto\" chose the HF "
+                "engine on this machine, which runs one whole model per rank: tp_size is not used")
+        elif tp > 1:
             raise ValueError(
                 f"[rollout.parallelism] tp_size = {tp} with [rollout] backend = \"hf\": the HF engine runs one "
                 "whole model per rank and cannot shard it. Use backend = \"vllm\" (install the vLLM extra: "
