@@ -19,12 +19,13 @@ import time
 from pathlib import Path
 
 import pytest
+import redis
 
 import cosmos_primitives as cp
 from cosmos_primitives.checkpoint import PREEMPTED_EXIT_CODE, find_latest_checkpoint
 from cosmos_primitives.config import GRPOConfig, run_stream
 from cosmos_primitives.data.records import Completion, Prompt, RolloutGroup
-from cosmos_primitives.queue import decode_record, encode_record, records_from_scores
+from cosmos_primitives.queue import RedisRolloutQueue, decode_record, encode_record, records_from_scores
 from cosmos_primitives.queue.disaggregated_plan import plan_jobs
 from cosmos_primitives.queue.record_metrics import (
     ProducerShare,
@@ -34,6 +35,7 @@ from cosmos_primitives.queue.record_metrics import (
     record_metrics,
     share_metrics,
 )
+from cosmos_primitives.sync.run_auth import RunSecret
 from cosmos_primitives.testing.recipe_runs import finish, kill_tree, kill_when, launch_recipe, only_run_dir
 
 REPO = Path(__file__).resolve().parents[1]
@@ -472,3 +474,43 @@ def test_a_lora_trainer_of_two_ranks_checkpoints_and_resumes_with_the_queue_kept
         for proc in procs:
             if proc.poll() is None:
                 kill_tree(proc)
+
+
+def run_job_pair_reading_records(common: list[str], tmp_path: Path, redis_url: str, run: str, secret: str, *,
+                                 until_rollout_exits: bool = False) -> tuple[dict, Path]:
+    """A rollout job and a trainer job of ``CONFIG`` with the arguments ``common`` (the trainer writes under
+    ``tmp_path / "trainer"``), each record read off run ``run``'s stream while it waits to be trained
+    (verified with ``secret``), until the trainer exits (or both jobs do, ``until_rollout_exits``: the
+    last records outlive the trainer). Returns ``({entry id: RolloutRecord}, logs folder)``; an
+    AssertionError with the rollout job's log when that job fails."""
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    rollout = launch_recipe(REPO / "examples" / "grpo_rollout_job.py", CONFIG, common, logs / "rollout.log",
+                            cwd=REPO, new_session=True)
+    trainer = launch_recipe(REPO / "examples" / "grpo_trainer_job.py", CONFIG,
+                            [*common, f"train.output_dir={tmp_path / 'trainer'}"], logs / "trainer.log", cwd=REPO,
+                            new_session=True)
+    client = redis.Redis.from_url(redis_url)
+    cfg, _ = cp.config.load_recipe_config(None, jobs=True, argv=["--config", str(CONFIG), *common])
+    queue = RedisRolloutQueue(cfg.redis, url=redis_url, secret=RunSecret(secret))
+    seen = {}
+    try:
+        deadline = time.monotonic() + 600
+        alive = True
+        while alive and time.monotonic() < deadline:  # records live until they are trained
+            alive = trainer.poll() is None or (until_rollout_exits and rollout.poll() is None)
+            if rollout.poll() not in (None, 0):  # a failed rollout job would leave the trainer waiting
+                raise AssertionError((logs / "rollout.log").read_text(errors="replace")[-4000:])
+            for entry_id, fields in client.xrange(run_stream(run)):
+                if entry_id not in seen and b"record" in fields:
+                    seen[entry_id] = decode_record(queue._verified(fields[b"record"], entry_id.decode()))
+            time.sleep(0.05)
+        finish(trainer, logs / "trainer.log", timeout_s=60)
+        finish(rollout, logs / "rollout.log", timeout_s=120)
+    finally:
+        for proc in (rollout, trainer):
+            if proc.poll() is None:
+                kill_tree(proc)
+        client.close()
+        queue.close()
+    return seen, logs

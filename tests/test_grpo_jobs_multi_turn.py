@@ -5,20 +5,16 @@
 from __future__ import annotations
 
 import json
-import time
 from pathlib import Path
 
 import pytest
-import redis
 
 import cosmos_primitives as cp
-from cosmos_primitives.config import run_stream
 from cosmos_primitives.data import Prompt, SamplingParams
-from cosmos_primitives.queue import RedisRolloutQueue, decode_record
 from cosmos_primitives.rollout.episodes import generate_rollouts
 from cosmos_primitives.rollout.multi_turn import EnvReply
-from cosmos_primitives.sync.run_auth import RunSecret
-from cosmos_primitives.testing.recipe_runs import finish, kill_tree, launch_recipe, only_run_dir
+from cosmos_primitives.testing.recipe_runs import only_run_dir
+from test_grpo_jobs import run_job_pair_reading_records
 
 REPO = Path(__file__).resolve().parents[1]
 CONFIG = REPO / "examples" / "configs" / "grpo_tiny_jobs.toml"
@@ -75,34 +71,7 @@ def test_the_rollout_job_puts_episodes_and_the_trainer_trains_only_model_tokens(
              "rollout.multi_turn_config.max_tokens_per_turn=4",
              f"rollout.multi_turn_config.environment={tmp_path / 'look_env.py'}:{env}"]
     common = ["--run-name", "episodes", "--redis", redis_url, *grpo_assets(CONFIG), *small]
-    logs = tmp_path / "logs"
-    logs.mkdir()
-    rollout = launch_recipe(REPO / "examples" / "grpo_rollout_job.py", CONFIG, common, logs / "rollout.log",
-                            cwd=REPO, new_session=True)
-    trainer = launch_recipe(REPO / "examples" / "grpo_trainer_job.py", CONFIG,
-                            [*common, f"train.output_dir={tmp_path / 'trainer'}"], logs / "trainer.log", cwd=REPO,
-                            new_session=True)
-    client = redis.Redis.from_url(redis_url)
-    cfg, _ = cp.config.load_recipe_config(None, jobs=True, argv=["--config", str(CONFIG), *common])
-    queue = RedisRolloutQueue(cfg.redis, url=redis_url, secret=RunSecret(SECRET))
-    seen = {}
-    try:
-        deadline = time.monotonic() + 600
-        while trainer.poll() is None and time.monotonic() < deadline:  # records live until they are trained
-            if rollout.poll() not in (None, 0):  # a failed rollout job would leave the trainer waiting
-                raise AssertionError((logs / "rollout.log").read_text(errors="replace")[-4000:])
-            for entry_id, fields in client.xrange(run_stream("episodes")):
-                if entry_id not in seen and b"record" in fields:
-                    seen[entry_id] = decode_record(queue._verified(fields[b"record"], entry_id.decode()))
-            time.sleep(0.05)
-        finish(trainer, logs / "trainer.log", timeout_s=60)
-        finish(rollout, logs / "rollout.log", timeout_s=120)
-    finally:
-        for proc in (rollout, trainer):
-            if proc.poll() is None:
-                kill_tree(proc)
-        client.close()
-        queue.close()
+    seen, logs = run_job_pair_reading_records(common, tmp_path, redis_url, "episodes", SECRET)
     assert seen, "no record was read off the queue"
     for record in seen.values():
         assert len(record.loss_masks) == 2 and len(record.turn_rewards) == 2, record
