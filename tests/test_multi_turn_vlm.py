@@ -51,6 +51,24 @@ def image_pads(processor, image) -> int:
     return int(grid.prod()) // processor.image_processor.merge_size ** 2
 
 
+def assert_the_turn_after_the_image_depends_on_it(model, processor, groups, trained: torch.Tensor,
+                                                  mask: torch.Tensor, types: torch.Tensor) -> None:
+    """Scored again with another frame (``CLIP[1]``) returned in place of the environment's image, the
+    tokens before the image's first pad keep their log-probs bit for bit and those after it change (the
+    tiny random model's logits are near uniform, so the change is small, but an unseen image would
+    leave them bit for bit equal too). ``trained`` / ``mask`` / ``types``: ``[B, T]`` of the batch
+    collated from ``groups``."""
+    swapped = [attrs.evolve(groups[0], completions=[attrs.evolve(c, images=[CLIP[1]])
+                                                    for c in groups[0].completions])]
+    other = teacher_logprobs(model, collate_rollouts(swapped, processor))
+    first_pad = int((types[0] == 1).nonzero()[0])
+    before, after = mask.clone(), mask.clone()
+    before[:, first_pad:] = False
+    after[:, :first_pad] = False
+    assert torch.equal(other[before], trained[before]) and int(before.sum()) > 0
+    assert float((other[after] - trained[after]).abs().max()) > 1e-5
+
+
 def test_an_image_from_the_environment_is_context_the_trainer_and_the_next_turn_see(
         tiny_vl_model, tiny_vl_processor) -> None:
     model, processor = tiny_vl_model, tiny_vl_processor
@@ -74,18 +92,7 @@ def test_an_image_from_the_environment_is_context_the_trainer_and_the_next_turn_
     trained = teacher_logprobs(model, batch)
     torch.testing.assert_close(trained[mask], batch.rollout_logprobs[mask], atol=1e-4, rtol=1e-4)
 
-    # the same tokens with another frame returned: the turn before the image is scored bit for bit the
-    # same, the turn after it differently (the tiny random model's logits are near uniform, so the
-    # difference is small, but an unseen image would leave them bit for bit equal too)
-    swapped = [attrs.evolve(groups[0], completions=[attrs.evolve(c, images=[CLIP[1]])
-                                                    for c in groups[0].completions])]
-    other = teacher_logprobs(model, collate_rollouts(swapped, processor))
-    first_pad = int((types[0] == 1).nonzero()[0])
-    before, after = mask.clone(), mask.clone()
-    before[:, first_pad:] = False
-    after[:, :first_pad] = False
-    assert torch.equal(other[before], trained[before]) and int(before.sum()) > 0
-    assert float((other[after] - trained[after]).abs().max()) > 1e-5
+    assert_the_turn_after_the_image_depends_on_it(model, processor, groups, trained, mask, types)
 
 
 def test_a_reply_whose_placeholders_do_not_match_its_images_is_named(tiny_vl_model, tiny_vl_processor) -> None:
@@ -136,17 +143,7 @@ def test_an_image_from_the_environment_on_the_vllm_standin(tiny_vl_model, tiny_v
     ids, types = batch.inputs["input_ids"], batch.inputs["mm_token_type_ids"]
     assert int((types == 1).sum()) == 2 * image_pads(processor, CLIP[6]) and bool((types[ids == pad] == 1).all())
 
-    # the second turn depends on the frame: scored with another frame in its place, the tokens after it
-    # change and the first turn's stay bit for bit the same
-    swapped = [attrs.evolve(groups[0], completions=[attrs.evolve(c, images=[CLIP[1]])
-                                                    for c in groups[0].completions])]
-    other = teacher_logprobs(model, collate_rollouts(swapped, processor))
-    first_pad = int((types[0] == 1).nonzero()[0])
-    before, after = mask.clone(), mask.clone()
-    before[:, first_pad:] = False
-    after[:, :first_pad] = False
-    assert torch.equal(other[before], trained[before]) and int(before.sum()) > 0
-    assert float((other[after] - trained[after]).abs().max()) > 1e-5
+    assert_the_turn_after_the_image_depends_on_it(model, processor, groups, trained, mask, types)
 
 
 def test_the_vllm_adapter_collapses_expanded_image_pads(tiny_vl_processor) -> None:
