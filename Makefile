@@ -4,6 +4,11 @@ PY := .venv/bin/python
 # a time (module fixtures that train are built once), in the order tests/conftest.py gives (longest
 # first). PYTEST_PARALLEL= runs it in one process.
 PYTEST_PARALLEL ?= -n auto --maxprocesses=4 --dist loadfile --no-loadscope-reorder
+# glibc gives every freed allocation over its mmap threshold (the tiny models' 150k-vocabulary logits,
+# 30-250 MB each) back to the kernel and page-faults it in again on the next step: a third of the suite's
+# CPU time was that page-fault work (sys). These tunables keep freed memory in the heap for reuse (the
+# processes and everything they start inherit them). tests/test_suite_allocator.py checks they take.
+SUITE_MALLOC ?= glibc.malloc.mmap_threshold=2147483647:glibc.malloc.trim_threshold=4294967296
 
 .PHONY: setup demo test lint lock check-latest
 setup:
@@ -14,7 +19,7 @@ demo: setup
 
 test: setup
 	.venv/bin/ruff check .
-	$(PY) -m pytest $(PYTEST_PARALLEL)
+	GLIBC_TUNABLES=$(SUITE_MALLOC) $(PY) -m pytest $(PYTEST_PARALLEL)
 
 lint: setup
 	.venv/bin/ruff check .
