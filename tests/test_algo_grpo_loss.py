@@ -160,7 +160,7 @@ def test_policy_loss_and_loss_type_resolution() -> None:
     [
         (GRPOConfig(policy_loss="nope"), {}, r"unknown policy loss 'nope'.*registered: .*aipo.*gspo.*ppo_clip"),
         (GRPOConfig(policy_loss="ppo_clip", aipo_rho=2.0), {}, "aipo_rho = 2.0 selects the AIPO loss"),
-        (GRPOConfig(loss_type="token-sum"), {}, r"unknown aggregation 'token-sum'.*seq-mean-token-mean"),
+        (GRPOConfig(loss_type="token-max"), {}, r"unknown aggregation 'token-max'.*seq-mean-token-mean.*token-sum"),
         (GRPOConfig(unbiased_loss_max_tokens=64), {}, "unbiased_loss_max_tokens = 64 only applies"),
         (GRPOConfig(kl_beta=0.1), {}, "kl_beta = 0.1 needs ref_logprobs"),
         (GRPOConfig(kl_beta=0.1, kl_estimator="k9"), {}, "unknown kl estimator 'k9'"),
