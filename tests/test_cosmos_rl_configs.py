@@ -318,3 +318,19 @@ def test_every_distillation_file_starts_with_only_model_and_data_paths_overridde
         assert cfg.validation.top_p == 0.95
     if "test_size = 0.01" in text:
         assert cfg.validation.dataset.test_size == 0.01
+
+
+def test_top_k_distillation_stops_at_start_up_naming_the_key_and_what_runs(tmp_path: Path) -> None:
+    """cosmos-rl's top-k form trains through the student's top-k log-probs inside its advantage (their
+    gradient kept), which a per-token advantage cannot carry: the file loads, and the recipes stop on it,
+    naming the key, why, and the forms that do run."""
+    path = tmp_path / "topk.toml"
+    text = (DATA / "cosmos-rl/configs/qwen3/qwen3-8b-distill-deepmath.toml").read_text()
+    path.write_text(text.replace("top_k = 0\n", "top_k = 16\n").replace("jsd_beta = 1\n", "jsd_beta = 0.5\n"))
+    cfg = load_quietly(path, ["validation.top_p=1.0"])
+    with pytest.raises(ConfigError) as info:
+        check_runnable(cfg, str(path))
+    (problem,) = [p for p in info.value.problems if "distillation.top_k" in p]
+    assert f"{path}: key 'distillation.top_k' = 16:" in problem
+    assert "gradient" in problem and "set top_k = 0 (the sampled reverse KL" in problem
+    assert "topk_jsd_per_token" in problem and "jsd_beta" in problem

@@ -36,12 +36,11 @@ from cosmos_primitives.config.validation import (
     validation_item_count,
     validation_max_response_length,
     validation_rewards,
-    validation_sampling,
 )
 from cosmos_primitives.config.wfm import WFMConfig, WFMDataConfig, WFMSamplerConfig
 
 __all__ = [  # the public surface (tests/test_public_surface.py); the rest by module path
     "Config", "ConfigError", "EvalConfig", "ParallelismConfig", "check_runnable", "config_to_dict", "load_config",
     "load_recipe_config", "redact_url", "register_alias", "run_stream", "sampler_settings",
-    "validation_item_count", "validation_max_response_length", "validation_rewards", "validation_sampling",
+    "validation_item_count", "validation_max_response_length", "validation_rewards",
 ]

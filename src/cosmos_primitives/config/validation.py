@@ -2,15 +2,12 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import msgspec
 
 from cosmos_primitives.config.base import AtLeastOne, Section
 from cosmos_primitives.config.dataset import DatasetConfig
-
-if TYPE_CHECKING:  # pragma: no cover
-    from cosmos_primitives.data.records import SamplingParams
 
 
 class ValidationConfig(Section):
@@ -36,8 +33,8 @@ class ValidationConfig(Section):
     distillation launch scripts (``countdown_distill.py``, ``deepmath_distill.py``) read it: a fraction
     ``f`` of ``N`` prompts is ``int(f * N)`` of them (rounded down, to none for ``f * N < 1``), a count
     ``n`` is ``min(n, N)``. ``max_items`` caps the items used (None: all).
-    :func:`validation_rewards` / :func:`validation_max_response_length` / :func:`validation_sampling` /
-    :func:`validation_item_count` resolve these defaults.
+    :func:`validation_rewards` / :func:`validation_max_response_length` / :func:`validation_item_count`
+    (and ``cp.data.SamplingParams.for_validation``) resolve these defaults.
     """
 
     enable: bool = False
@@ -60,18 +57,6 @@ def validation_rewards(config: Any) -> dict[str, float]:
 def validation_max_response_length(config: Any) -> int:
     """``[validation] max_response_length``, or ``[rollout] max_response_length`` when unset."""
     return config.validation.max_response_length or config.rollout.max_response_length
-
-
-def validation_sampling(config: Any) -> SamplingParams:
-    """How GRPO validation samples (one completion per item): ``[validation]`` ``temperature``,
-    ``top_p`` (None: ``[rollout.sampling_config] top_p``) and :func:`validation_max_response_length`,
-    seeded with ``[train] seed``."""
-    from cosmos_primitives.data.records import SamplingParams
-
-    val = config.validation
-    top_p = val.top_p if val.top_p is not None else config.rollout.sampling_config.top_p
-    return SamplingParams(n=1, temperature=val.temperature, top_p=top_p,
-                          max_new_tokens=validation_max_response_length(config), seed=config.train.seed)
 
 
 def validation_item_count(config: Any, available: int) -> int:

@@ -594,7 +594,7 @@ RULE_LIST: tuple[Rule, ...] = (
     mapped('distillation.kl_penalty_coef', 1.0),
     mapped('distillation.kl_discount_factor', 0.0),
     mapped('distillation.mini_batch', 1, '(teacher rows per forward)'),
-    refused('distillation.top_k', 0, 'top-k Jensen-Shannon distillation is not wired into the recipe (cp.algo.distillation.topk_jsd_per_token is the math): set top_k = 0, the sampled reverse KL', noop=(0,)),
+    refused('distillation.top_k', 0, "top-k generalised Jensen-Shannon distillation (jsd_beta 0: forward KL, 1: reverse KL) is not run: cosmos-rl puts the student's top-k log-probs inside the advantage with their gradient kept, a term the per-token advantage here does not carry; set top_k = 0 (the sampled reverse KL, as all three of cosmos-rl's distillation files); the divergence itself is cp.algo.distillation.topk_jsd_per_token, equal to cosmos-rl's on shared inputs", noop=(0,)),
     ignored('distillation.jsd_beta', 0.5, 'only acts with top_k > 0'),
     refused('distillation.include_prompt', False, 'the teacher scores the completion tokens only here; remove the key', noop=(False,)),
     ignored('distillation.trainer_token_ids_from_teacher', True, 'only acts with top_k > 0'),
