@@ -56,15 +56,12 @@ def validate(engine, dataset: MCQPromptDataset, cfg: cp.config.Config, mesh: cp.
     """``[validation]``: one completion per held-out item (this rank's share), scored with
     ``[validation] reward_function`` (empty: the training rewards); means over every rank's items, as
     ``validation/*`` metrics."""
-    val = cfg.validation
     rewards = cp.rewards.RewardSet(cp.config.validation_rewards(cfg))
     names = list(cp.config.validation_rewards(cfg))
-    count = len(dataset) if val.max_items is None else min(val.max_items, len(dataset))
+    count = cp.config.validation_item_count(cfg, len(dataset))
     mine = list(range(mesh.dp_rank, count, mesh.dp_size))
     sums = torch.zeros(len(names) + 2, dtype=torch.float64)  # per reward, total, items
-    params = SamplingParams(n=1, temperature=val.temperature,
-                            max_new_tokens=cp.config.validation_max_response_length(cfg),
-                            seed=cfg.train.seed)
+    params = SamplingParams.for_validation(cfg)
     for start in range(0, len(mine), cfg.rollout.batch_size):
         prompts = []
         for index in mine[start:start + cfg.rollout.batch_size]:

@@ -75,6 +75,28 @@ def test_ppo_clip_matches_loop_reference_values_and_gradients(eps_low, eps_high,
     torch.testing.assert_close(got_grad, want_grad)
 
 
+@pytest.mark.parametrize(("eps_low", "eps_high", "c"), [(-1.0, -1.0, 100.0), (-1.0, 0.28, 3.0), (0.2, -1.0, 0.0)])
+def test_a_negative_epsilon_leaves_that_side_unclipped_as_in_cosmos_rl(eps_low, eps_high, c) -> None:
+    """cosmos-rl's GRPO loss clamps the ratio at ``1 - epsilon_low`` only when ``epsilon_low >= 0`` and at
+    ``1 + epsilon_high`` only when ``epsilon_high >= 0`` (its distillation files set both to -1)."""
+    logprobs, old, adv, mask = batch(1)  # advantages of both signs
+    cfg = GRPOConfig(epsilon_low=eps_low, epsilon_high=eps_high, dual_clip_c=c)
+    got, got_grad = grad_of(cp.algo.ppo_clip_loss, logprobs, old, adv, mask, cfg)
+    # an absent bound is one no ratio reaches (ratios are exp of a log-ratio clamped to [-20, 20])
+    low, high = (eps_low if eps_low >= 0 else 2.0), (eps_high if eps_high >= 0 else math.exp(21.0))
+    want, want_grad = grad_of(reference_ppo, logprobs, old, adv, mask, low, high, c)
+    torch.testing.assert_close(got, want)
+    torch.testing.assert_close(got_grad, want_grad)
+    out = cp.algo.ppo_clip_loss(logprobs, old, adv, mask, cfg)
+    ratio_low, ratio_high = out.ratio < 1.0, out.ratio > 1.0
+    if eps_low < 0 and eps_high < 0:
+        assert not out.clipped.any()
+    if eps_low < 0:
+        assert not (out.clipped & ratio_low).any()
+    if eps_high < 0:
+        assert not (out.clipped & ratio_high).any()
+
+
 def test_ppo_clip_hand_worked_tokens_with_dual_clip() -> None:
     # eps 0.2, c = 3. Token by token (A, rho) -> loss, d loss / d logp:
     #  (+1, 1.1): unclipped          -> -1.1, grad -rho*A = -1.1

@@ -102,17 +102,21 @@ def test_recipe_with_a_wrong_model_path_stops_before_creating_anything(tmp_path:
 
 def test_validation_settings_no_recipe_reads_are_refused_at_start_up(tmp_path: Path) -> None:
     """SFT and GRPO validation run on a held-out part of the training data (train.train_policy.dataset.
-    test_size); a validation.dataset.test_size would be silently ignored, so it stops the run."""
+    test_size); SFT does not read a validation.dataset.test_size, so it stops the run there. GRPO reads it
+    as cosmos-rl's distillation scripts do (the first items of the validation prompts)."""
     path = tmp_path / "sft.toml"
     for kind in ("sft", "grpo"):
         path.write_text(f"[train.train_policy]\ntype = '{kind}'\ndataset.test_size = 0.2\n"
                         "[validation]\nenable = true\n")
         cp.config.check_runnable(load_config(path), str(path))
     path.write_text("[train.train_policy]\ntype = 'grpo'\n[validation]\nenable = true\ndataset.test_size = 5\n")
+    cp.config.check_runnable(load_config(path), str(path))
+    path.write_text("[train.train_policy]\ntype = 'sft'\ndataset.test_size = 0.2\n"
+                    "[validation]\nenable = true\ndataset.test_size = 5\n")
     with pytest.raises(ConfigError) as info:
         cp.config.check_runnable(load_config(path), str(path))
     (problem,) = (p.split(": key ")[1] for p in info.value.problems)
-    assert problem.startswith("'validation.dataset.test_size' = 5 is not read")
+    assert problem.startswith("'validation.dataset.test_size' = 5 is not read by SFT")
 
 
 def test_recipe_command_line_loads_overrides_and_plugins(tmp_path: Path) -> None:

@@ -200,3 +200,45 @@ def test_cosmos_rl_distill_config_runs_with_only_paths_overridden(tmp_path: Path
     assert row["teacher_kl"] > 0.5 and math.isfinite(row["teacher_kl"]), row
     assert row["teacher_kl_advantages"] == pytest.approx(-row["teacher_kl"], rel=1e-4)  # kl_penalty_coef 1
     assert math.isfinite(row["loss"]) and row["grad_norm"] > 0, row
+
+
+COUNTDOWN = CONFIG.parent / "qwen2-5-1.5b-distill-countdown.toml"
+
+
+def _question_rows(n: int) -> str:
+    """JSONL of ``n`` sums in the distillation files' prompt column, ``question``."""
+    return "".join(json.dumps({"question": r["prompt"], "answer": r["result"].strip("$")}) + "\n" for r in _sums(n))
+
+
+@pytest.mark.slow
+def test_cosmos_rl_countdown_distill_config_runs_with_only_paths_overridden(inputs: tuple[Path, Path],
+                                                                           tmp_path: Path) -> None:
+    """cosmos-rl's ``configs/qwen2-5/qwen2-5-1.5b-distill-countdown.toml`` with only the student, teacher
+    and data paths overridden: four FSDP ranks (dp_shard_size 4), ``optm_name = "Adam"``, both clip
+    bounds off (``epsilon_low`` / ``epsilon_high = -1``, dual clip at 100), ``optm_decay_ratio = 0.0``,
+    and validation before training and after every step on the first ``int(0.01 x N)`` validation
+    prompts (``validation.dataset.test_size``, as its launch script reads it). The deepmath file takes
+    the same paths (its validation ``top_p`` aside, checked at start-up by
+    ``test_every_distillation_file_starts_with_only_model_and_data_paths_overridden``)."""
+    student, _ = inputs
+    tokenizer = qwen_tokenizer()
+    teacher = tiny_qwen2(seed=1)
+    teacher.save_pretrained(tmp_path / "teacher")
+    tokenizer.save_pretrained(tmp_path / "teacher")
+    (tmp_path / "train.jsonl").write_text(_question_rows(ITEMS))
+    (tmp_path / "val.jsonl").write_text(_question_rows(250))  # int(250 x 0.01) = 2 prompts scored
+    row, text = _run_to_first_row(COUNTDOWN, [f"policy.model_name_or_path={student}",
+                                              f"distillation.model_name_or_path={tmp_path / 'teacher'}",
+                                              f"train.train_policy.dataset.name={tmp_path / 'train.jsonl'}",
+                                              f"validation.dataset.name={tmp_path / 'val.jsonl'}"],
+                                  "qwen3-8b-distillation-countdown", tmp_path, nproc=4)
+    assert "world_size=4" in text
+    assert "32 rollouts per step and rank" in text  # 128 per replica over dp_shard_size 4
+    assert "optm_decay_type = 'constant'" in text
+    assert row["teacher_kl"] > 0.5 and math.isfinite(row["teacher_kl"]), row
+    assert row["teacher_kl_advantages"] == pytest.approx(-row["teacher_kl"], rel=1e-4)
+    assert math.isfinite(row["loss"]) and row["grad_norm"] > 0, row
+    assert row["lr"] == pytest.approx(1e-4)  # no warmup, no decay
+    validations = [json.loads(line) for path in (tmp_path / "outputs").glob("*/*/metrics.jsonl")
+                   for line in path.read_text().splitlines() if "validation/items" in line]
+    assert validations and all(v["validation/items"] == 2.0 for v in validations), validations

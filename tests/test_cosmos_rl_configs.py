@@ -35,8 +35,9 @@ def load_quietly(path: Path, overrides: list[str] | None = None) -> cp.Config:
 
 
 def test_every_vendored_config_loads(tmp_path: Path) -> None:
-    # cosmos-rl's 31 (qwen3-8b-distill: [distillation]), Reason1's 4, Reason2's 3, the cookbook's 11, its tests' 5
-    assert len(CONFIGS) == 52
+    # cosmos-rl's 33 (its three distillation files: [distillation]), Reason1's 4, Reason2's 3, the cookbook's 11,
+    # its tests' 5
+    assert len(CONFIGS) == 54
     for i, path in enumerate(CONFIGS):
         cfg = load_quietly(path)
         # the resolved config (cosmos-rl meanings translated) is written to the run folder and loads back
@@ -287,3 +288,49 @@ def test_unset_backend_is_vllm_only_with_vllm_and_a_gpu(tmp_path: Path, monkeypa
     path.write_text("[rollout]\nbackend = 'hf'\n")
     monkeypatch.setattr(backend_choice, "_gpu_present", lambda: True)
     assert resolve_backend(load_config(path).rollout.backend) == "hf"
+
+
+DISTILLATION = sorted(p for p in CONFIGS if "distill" in p.name)
+
+
+@pytest.mark.parametrize("path", DISTILLATION, ids=lambda p: p.name)
+def test_every_distillation_file_starts_with_only_model_and_data_paths_overridden(path: Path, tmp_path: Path) -> None:
+    """cosmos-rl's three distillation files pass the recipes' start-up checks with only the student, teacher
+    and data paths overridden, each key read as cosmos-rl (and the file's launcher script) reads it."""
+    for name in ("student", "teacher"):
+        (tmp_path / name).mkdir()
+    data = tmp_path / "rows.jsonl"
+    data.write_text('{"question": "1 + 1?", "answer": "2"}\n')
+    cfg = load_quietly(path, [f"policy.model_name_or_path={tmp_path / 'student'}",
+                              f"distillation.model_name_or_path={tmp_path / 'teacher'}",
+                              f"train.train_policy.dataset.name={data}", f"validation.dataset.name={data}"])
+    cfg = check_runnable(cfg, str(path))  # raises ConfigError listing every key that stops a recipe
+    assert cfg.distillation.enable and cfg.unsupported == {}
+    text = path.read_text()
+    if 'optm_name = "Adam"' in text:
+        assert cfg.train.optm_name == "Adam"
+    if "epsilon_low = -1.0" in text:
+        assert (cfg.grpo.epsilon_low, cfg.grpo.epsilon_high, cfg.grpo.dual_clip_c) == (-1.0, -1.0, 100.0)
+    if "optm_decay_ratio = 0.0" in text:
+        # cosmos-rl: 0 decay steps, the learning rate stays at its peak after the warmup whatever the decay type
+        assert cfg.train.optm_decay_type == "constant"
+    if "top_p = 0.95" in text:
+        assert cfg.validation.top_p == 0.95
+    if "test_size = 0.01" in text:
+        assert cfg.validation.dataset.test_size == 0.01
+
+
+def test_top_k_distillation_stops_at_start_up_naming_the_key_and_what_runs(tmp_path: Path) -> None:
+    """cosmos-rl's top-k form trains through the student's top-k log-probs inside its advantage (their
+    gradient kept), which a per-token advantage cannot carry: the file loads, and the recipes stop on it,
+    naming the key, why, and the forms that do run."""
+    path = tmp_path / "topk.toml"
+    text = (DATA / "cosmos-rl/configs/qwen3/qwen3-8b-distill-deepmath.toml").read_text()
+    path.write_text(text.replace("top_k = 0\n", "top_k = 16\n").replace("jsd_beta = 1\n", "jsd_beta = 0.5\n"))
+    cfg = load_quietly(path)
+    with pytest.raises(ConfigError) as info:
+        check_runnable(cfg, str(path))
+    (problem,) = [p for p in info.value.problems if "distillation.top_k" in p]
+    assert f"{path}: key 'distillation.top_k' = 16:" in problem
+    assert "gradient" in problem and "set top_k = 0 (the sampled reverse KL" in problem
+    assert "topk_jsd_per_token" in problem and "jsd_beta" in problem

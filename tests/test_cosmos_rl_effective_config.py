@@ -110,7 +110,7 @@ def _load(name: str) -> cp.Config:
 def test_the_fixture_covers_every_vendored_llm_vlm_config_and_every_mapped_key() -> None:
     assert FIXTURE["cosmos_rl_version"] == "0.4.7"
     vendored = {str(p.relative_to(CONFIGS)) for p in CONFIGS.rglob("*.toml") if "cosmos-predict2-5" not in p.parts}
-    assert set(FIXTURE["configs"]) == vendored and len(vendored) == 52
+    assert set(FIXTURE["configs"]) == vendored and len(vendored) == 54
     keys = {key for values in FIXTURE["configs"].values() for key in values}
     mapped = {key for key, rule in RULES.items() if rule.how == "mapped"}
     assert keys <= mapped and len(keys) >= 100  # the rest are keys of no LLM / VLM file's class (custom / lora ones)

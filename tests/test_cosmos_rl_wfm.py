@@ -564,8 +564,8 @@ def test_a_group_spread_over_two_ranks_trains_as_one_rank(tmp_path: Path) -> Non
 
 def test_no_llm_or_vlm_file_is_taken_for_a_world_model_file() -> None:
     others = [p for p in (DATA / "cosmos_rl_configs").rglob("*.toml") if "cosmos-predict2-5" not in p.parts]
-    # 52 LLM / VLM files: tests/data/cosmos_rl_configs/README.md lists them (qwen3-8b-distill.toml the newest)
-    assert len(others) == 52 and not [p for p in others if world_model_kind(read_toml(p))]
+    # 54 LLM / VLM files: tests/data/cosmos_rl_configs/README.md lists them (the distillation files the newest)
+    assert len(others) == 54 and not [p for p in others if world_model_kind(read_toml(p))]
 
 
 @pytest.mark.parametrize(("extra", "refused"), [

@@ -193,3 +193,23 @@ def test_select_cuts_rows_to_their_longest_and_keeps_their_media(tiny_vl_model, 
     dynamic = run_update(tiny_vl_model, batch, *common, f"train.train_policy.max_token_len_per_mini_batch={budget}")
     assert_same_update(fixed, dynamic, tiny_vl_model)
 
+
+
+def test_token_sum_is_cosmos_rl_s_per_mini_batch_token_sum_scaled_by_its_share_of_the_rows(tiny_qwen2_model) -> None:
+    """cosmos-rl's ``loss_type = "token-sum"`` (its countdown / deepmath distillation files): each
+    mini-batch's per-token losses summed, times ``rows in it / rows in the step`` (its
+    ``loss_scaling_factor``); with mini-batches of ``m`` of ``N`` rows that is ``m / N`` x the sum over
+    every token, i.e. ``m / N x tokens`` x the ``token-mean`` loss, and so its gradient. It depends on
+    the grouping, so a token budget refuses it."""
+    batch = uneven_text_batch(tiny_qwen2_model.config.vocab_size)
+    start = dict(tiny_qwen2_model.named_parameters())
+    mean = run_update(tiny_qwen2_model, batch, "grpo.loss_type=token-mean", "train.train_policy.mini_batch=4")
+    summed = run_update(tiny_qwen2_model, batch, "grpo.loss_type=token-sum", "train.train_policy.mini_batch=4")
+    factor = 4 / len(batch) * float(batch.completion_mask.sum())
+    assert summed[0]["losses"][0] == pytest.approx(factor * mean[0]["losses"][0], rel=1e-4)
+    for k, weight in mean[1].items():  # SGD with lr 1: the step is the gradient
+        torch.testing.assert_close(summed[1][k] - start[k].detach(), factor * (weight - start[k].detach()),
+                                   atol=1e-5, rtol=1e-4, msg=k)
+    with pytest.raises(ValueError, match="loss_type 'token-sum' is not one whose loss is known not to depend"):
+        run_update(tiny_qwen2_model, batch, "grpo.loss_type=token-sum", "train.train_policy.mini_batch=4",
+                   "train.train_policy.max_token_len_per_mini_batch=64")

@@ -59,3 +59,27 @@ def test_a_named_validation_dataset_leaves_the_training_prompts_whole(rows: Path
     train, val = _datasets(_config(rows, "validation.enable=true", f"validation.dataset.name={other}",
                                              "train.train_policy.dataset.test_size=3"))
     assert len(train) == 10 and _texts(val) == ["held elsewhere"]
+
+
+@pytest.mark.parametrize(("test_size", "max_items", "available", "count"), [
+    (None, None, 250, 250),
+    (0.01, None, 250, 2),    # int(250 * 0.01): cosmos-rl's countdown / deepmath scripts' __len__
+    (0.01, None, 99, 0),     # rounded down, to nothing, as there
+    (7, None, 250, 7), (700, None, 250, 250),  # an item count, at most the dataset
+    (0.5, 40, 250, 40), (None, 3, 250, 3),     # max_items caps either
+])
+def test_validation_dataset_test_size_takes_the_first_items_as_cosmos_rl_s_distillation_scripts(
+        test_size, max_items, available, count) -> None:
+    overrides = [] if test_size is None else [f"validation.dataset.test_size={test_size}"]
+    overrides += [] if max_items is None else [f"validation.max_items={max_items}"]
+    cfg = cp.load_config(None, ["train.train_policy.type=grpo", *overrides])
+    assert cp.config.validation_item_count(cfg, available) == count
+
+
+def test_validation_top_p_unset_is_the_rollout_s_as_cosmos_rl(rows: Path) -> None:
+    cfg = _config(rows, "rollout.sampling_config.top_p=0.9")
+    assert cp.data.SamplingParams.for_validation(cfg).top_p == 0.9
+    cfg = _config(rows, "rollout.sampling_config.top_p=0.9", "validation.top_p=0.95", "validation.temperature=0.6",
+                  "validation.max_response_length=33", "train.seed=5")
+    params = cp.data.SamplingParams.for_validation(cfg)
+    assert (params.n, params.top_p, params.temperature, params.max_new_tokens, params.seed) == (1, 0.95, 0.6, 33, 5)

@@ -6,6 +6,7 @@ import copy
 import itertools
 import math
 
+import msgspec
 import pytest
 import torch
 
@@ -208,6 +209,46 @@ def test_optm_impl_picks_the_adamw_kernels_and_they_take_the_same_steps(impl: st
     _run(reference, torch.optim.AdamW(cp.policy.optim.optimizer_param_groups(reference, 0.1), lr=1e-2), grads)
     for a, b in zip(model.parameters(), reference.parameters()):
         torch.testing.assert_close(a, b, rtol=1e-6, atol=1e-7)
+
+
+def _adam_l2_by_hand(model: torch.nn.Module, grads: list[list[torch.Tensor]], lr: float, betas: tuple[float, float],
+                     eps: float, decay: float) -> None:
+    """Adam with L2 weight decay (Kingma & Ba; the decay added to the gradient), one formula per tensor;
+    1-D tensors (biases, norm scales) undecayed as this library groups them."""
+    b1, b2 = betas
+    state = [(torch.zeros_like(p), torch.zeros_like(p)) for p in model.parameters()]
+    with torch.no_grad():
+        for t, step_grads in enumerate(grads, start=1):
+            for p, grad, (m, v) in zip(model.parameters(), step_grads, state):
+                g = grad + (decay if p.ndim >= 2 else 0.0) * p
+                m.mul_(b1).add_((1 - b1) * g)
+                v.mul_(b2).add_((1 - b2) * g * g)
+                p.sub_(lr * (m / (1 - b1 ** t)) / ((v / (1 - b2 ** t)).sqrt() + eps))
+
+
+@pytest.mark.parametrize("impl", ["fused", "foreach", "for-loop"])
+def test_optm_name_adam_is_adam_with_l2_weight_decay_as_cosmos_rl_builds_it(impl: str) -> None:
+    """cosmos-rl's ``optm_name = "Adam"`` (its distillation files) is ``torch.optim.Adam``: the weight decay
+    enters the gradient (and the moments), unlike AdamW's decoupled decay."""
+    train = TrainConfig(optm_name="Adam", optm_lr=1e-2, optm_weight_decay=0.1, optm_betas=[0.9, 0.95], optm_impl=impl)
+    model, reference, adamw = _model(), _model(), _model()
+    grads = _grads(model, 4)
+    _run(model, cp.policy.build_optimizer(model, train), grads)
+    _adam_l2_by_hand(reference, grads, 1e-2, (0.9, 0.95), 1e-8, 0.1)
+    for a, b in zip(model.parameters(), reference.parameters()):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+    _run(adamw, cp.policy.build_optimizer(adamw, msgspec.structs.replace(train, optm_name="AdamW")), grads)
+    assert not torch.allclose(adamw[0].weight, model[0].weight)  # the two decays differ
+
+
+def test_optm_name_adam_with_bfloat16_master_weights() -> None:
+    # without weight decay Adam and AdamW are one update: BFloat16AdamW serves it; with decay it stops, naming the keys
+    train = TrainConfig(optm_name="Adam", optm_weight_decay=0.0, master_dtype="bfloat16")
+    assert isinstance(cp.policy.build_optimizer(_model().to(torch.bfloat16), train), BFloat16AdamW)
+    with pytest.raises(ValueError, match=r'optm_name = "Adam" with optm_weight_decay = 0.1 and master_dtype = '
+                                         r'"bfloat16"'):
+        cp.policy.build_optimizer(_model().to(torch.bfloat16),
+                                  msgspec.structs.replace(train, optm_weight_decay=0.1))
 
 
 def test_fused_where_torch_has_the_kernels_foreach_elsewhere() -> None:

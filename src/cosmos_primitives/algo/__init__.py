@@ -19,6 +19,7 @@ from cosmos_primitives.algo.aggregation import (
     seq_mean_token_sum,
     seq_mean_token_sum_norm,
     token_mean,
+    token_sum,
 )
 from cosmos_primitives.algo.dapo import (
     DynamicSamplingResult,

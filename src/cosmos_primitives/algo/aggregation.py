@@ -10,11 +10,14 @@ tokens), and the keywords ``token_count`` and ``max_tokens`` (each uses what it 
 - ``seq-mean-token-mean``: mean over sequences of each sequence's token mean.
 - ``seq-mean-token-sum-norm`` (Dr.GRPO): mean over sequences of ``token sum / max_tokens``, i.e.
   ``sum(values * mask) / (B * max_tokens)`` with a constant ``max_tokens``.
+- ``token-sum`` (cosmos-rl's): ``sum(values * mask)``, no normaliser; the GRPO update scales each
+  micro-batch's sum by its share of the step's rows, as cosmos-rl scales each mini-batch's
+  (``cp.policy.grpo_update``).
 
 Sequence means count every row of the batch (rows without tokens add 0). They need no token count
 under data parallelism as long as ranks hold equally many sequences.
 
-All four are linear in ``values`` with weights fixed by the mask: :func:`aggregation_weights` gives
+All five are linear in ``values`` with weights fixed by the mask: :func:`aggregation_weights` gives
 them, so that a loss made of per-token terms can be summed token by token (the fused LM head of
 ``cp.algo.grpo_token_loss``).
 """
@@ -77,6 +80,19 @@ def seq_mean_token_mean(
     return (values.sum(-1) / mask.sum(-1).clamp(min=1.0)).mean()
 
 
+@register_aggregation("token-sum")
+def token_sum(
+    values: torch.Tensor,
+    mask: torch.Tensor,
+    *,
+    token_count: float | torch.Tensor | None = None,
+    max_tokens: int | None = None,
+) -> torch.Tensor:
+    """``sum_{i, t} values[i, t] * mask[i, t]``."""
+    values, _ = _masked(values, mask)
+    return values.sum()
+
+
 def _check_max_tokens(max_tokens: int | None) -> None:
     if max_tokens is None or max_tokens <= 0:
         raise ValueError(
@@ -123,6 +139,11 @@ def _seq_mean_token_sum_weights(mask: torch.Tensor, token_count: float | torch.T
     return mask.new_full(mask.shape, 1.0 / mask.shape[0])
 
 
+def _token_sum_weights(mask: torch.Tensor, token_count: float | torch.Tensor | None,
+                       max_tokens: int | None) -> torch.Tensor:
+    return torch.ones_like(mask)
+
+
 def _seq_mean_token_mean_weights(mask: torch.Tensor, token_count: float | torch.Tensor | None,
                                  max_tokens: int | None) -> torch.Tensor:
     return ((1.0 / mask.shape[0]) / mask.sum(-1, keepdim=True).clamp(min=1.0)).expand_as(mask)
@@ -139,6 +160,7 @@ _LINEAR_WEIGHTS = {
     seq_mean_token_sum: _seq_mean_token_sum_weights,
     seq_mean_token_mean: _seq_mean_token_mean_weights,
     seq_mean_token_sum_norm: _seq_mean_token_sum_norm_weights,
+    token_sum: _token_sum_weights,
 }
 
 
@@ -153,7 +175,7 @@ def aggregation_weights(
     """``[B, T]`` constants ``w`` with ``aggregate(values, mask) == sum(w * values)`` for any ``values``.
 
     ``w`` is 0 where ``mask == 0``; ``token_count`` / ``max_tokens`` as for the aggregation. None
-    when ``loss_type``'s registered function is not one of the four built in here (a custom or
+    when ``loss_type``'s registered function is not one of the five built in here (a custom or
     overriding aggregation need not be linear). No host sync: the counts stay on ``mask``'s device.
     """
     weights_of = _LINEAR_WEIGHTS.get(get_aggregation(loss_type))

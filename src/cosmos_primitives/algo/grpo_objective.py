@@ -90,10 +90,6 @@ def check_grpo_config(cfg: GRPOConfig) -> None:
         KL_ESTIMATORS.get(cfg.kl_estimator)
     if cfg.rollout_correction is not None:
         ROLLOUT_CORRECTIONS.get(cfg.rollout_correction)
-    if cfg.epsilon_low < 0 or cfg.epsilon_high < 0:
-        raise ValueError(
-            f"[grpo] epsilon_low / epsilon_high must be >= 0; got {cfg.epsilon_low} / {cfg.epsilon_high}"
-        )
     if cfg.dual_clip_c != 0 and cfg.dual_clip_c <= 1.0:
         raise ValueError(
             f"[grpo] dual_clip_c (lower_bound_ratio) must be > 1 (3 is usual) or 0 to disable; got {cfg.dual_clip_c}"

@@ -70,9 +70,16 @@ def sequence_mean(values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
 def _clipped_surrogate(
     ratio: torch.Tensor, adv: torch.Tensor, eps_low: float, eps_high: float
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """``-min(rho A, clamp(rho, 1-eps_low, 1+eps_high) A)`` and where the clamped term won."""
+    """``-min(rho A, clamp(rho, 1-eps_low, 1+eps_high) A)`` and where the clamped term won.
+
+    A negative ``eps_low`` / ``eps_high`` drops that bound (cosmos-rl's meaning: its distillation
+    files set both to -1, so the ratio is not clipped at all)."""
     unclipped = ratio * adv
-    clipped = torch.clamp(ratio, 1.0 - eps_low, 1.0 + eps_high) * adv
+    low = 1.0 - eps_low if eps_low >= 0 else None
+    high = 1.0 + eps_high if eps_high >= 0 else None
+    if low is None and high is None:
+        return -unclipped, torch.zeros_like(unclipped, dtype=torch.bool)
+    clipped = torch.clamp(ratio, low, high) * adv
     return -torch.minimum(unclipped, clipped), clipped < unclipped
 
 
@@ -87,8 +94,9 @@ def ppo_clip_loss(
     """PPO-clip with asymmetric eps and dual-clip for negative advantages (GRPO, DAPO clip-higher).
 
     ``d_t = logp - logp_old``, ``rho_t = exp(clamp(d_t, -20, 20))``,
-    ``L_t = -min(rho_t A, clamp(rho_t, 1 - eps_low, 1 + eps_high) A)``; where ``A < 0`` and
-    ``cfg.dual_clip_c = c`` is not 0, ``L_t = min(-c A, L_t)`` (at most ``c |A|``, no gradient there).
+    ``L_t = -min(rho_t A, clamp(rho_t, 1 - eps_low, 1 + eps_high) A)`` (a negative eps drops that
+    bound, as cosmos-rl); where ``A < 0`` and ``cfg.dual_clip_c = c`` is not 0, ``L_t = min(-c A, L_t)``
+    (at most ``c |A|``, no gradient there).
     """
     cfg = cfg or GRPOConfig()
     _check_shapes(logprobs, mask, old_logprobs=old_logprobs)

@@ -33,6 +33,7 @@ from cosmos_primitives.config.seed import resolve_seed
 from cosmos_primitives.config.train import TrainConfig
 from cosmos_primitives.config.validation import (
     ValidationConfig,
+    validation_item_count,
     validation_max_response_length,
     validation_rewards,
 )
@@ -41,5 +42,5 @@ from cosmos_primitives.config.wfm import WFMConfig, WFMDataConfig, WFMSamplerCon
 __all__ = [  # the public surface (tests/test_public_surface.py); the rest by module path
     "Config", "ConfigError", "EvalConfig", "ParallelismConfig", "check_runnable", "config_to_dict", "load_config",
     "load_recipe_config", "redact_url", "register_alias", "run_stream", "sampler_settings",
-    "validation_max_response_length", "validation_rewards",
+    "validation_item_count", "validation_max_response_length", "validation_rewards",
 ]

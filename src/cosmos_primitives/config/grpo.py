@@ -80,8 +80,9 @@ class GRPOConfig(Section):
     advantage_epsilon: float = 1e-6
 
     # policy loss
-    epsilon_low: NonNegative = 0.2
-    epsilon_high: NonNegative = 0.2
+    # a negative value drops that bound of the clip (cosmos-rl's meaning; its distillation files set -1)
+    epsilon_low: float = 0.2
+    epsilon_high: float = 0.2
     # dual-clip bound for negative advantages: the per-token loss is capped at ``c * |A|``; 0 disables it
     dual_clip_c: float = 3.0
     aipo_rho: float | None = None

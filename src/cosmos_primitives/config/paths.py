@@ -80,7 +80,7 @@ def resolve_demo_paths(config: Config) -> Config:
 def check_runnable(config: Config, source: str) -> Config:
     """What a recipe calls at start-up: :func:`check_input_paths` plus the settings the loader
     refused (``config.unsupported``, e.g. cosmos-rl keys asking for FP8 or expert parallelism),
-    a ``[validation.dataset] test_size`` (no recipe reads it), a held-out validation split of 0 items,
+    a ``[validation.dataset] test_size`` in SFT (which does not read it), a held-out validation split of 0 items,
     a response column without a prompt column, and a ``[custom.dataset]`` the built-in readers cannot
     read (a Cosmos-Reason example script's, ``config/compat/cosmos_rl_custom.py``) with neither a dataset
     name nor a plug-in. Returns the config with ``demo:`` dropped and an
@@ -95,11 +95,11 @@ def check_runnable(config: Config, source: str) -> Config:
         problems.append(f"{source}: key 'train.train_policy.dataset.test_size' = 0 holds nothing out, and "
                         "validation.enable with no validation.dataset.name validates on what it holds out: "
                         "set test_size (an item count or a fraction) or validation.dataset.name")
-    if config.validation.dataset.test_size is not None:
+    if config.validation.dataset.test_size is not None and policy.type == "sft":
         problems.append(f"{source}: key 'validation.dataset.test_size' = {config.validation.dataset.test_size!r} is "
-                        "not read (cosmos-rl's trainers do not read it either): the held-out part of the training "
-                        "data is train.train_policy.dataset.test_size; to score part of a validation dataset, "
-                        "set validation.max_items (GRPO) or point validation.dataset at a smaller split")
+                        "not read by SFT (cosmos-rl's trainers do not read it either): the held-out part of the "
+                        "training data is train.train_policy.dataset.test_size; to validate on part of a "
+                        "validation dataset, point validation.dataset at a smaller split")
     if policy.response_column_name and not policy.prompt_column_name and not policy.dataset.plugin:
         problems.append(f"{source}: key 'train.train_policy.response_column_name' is set without "
                         "prompt_column_name: name the prompt column too (or give a dataset plug-in)")

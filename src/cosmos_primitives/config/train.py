@@ -27,7 +27,9 @@ class TrainConfig(Section, dict=True):
     ``enable_validation`` (read-only): ``[validation] enable``, where cosmos-rl's older configs (and the
     dataset scripts of Cosmos-Reason1 that read ``config.train.enable_validation``) have it.
 
-    Optimizer (``cp.policy.build_optimizer`` / ``build_lr_scheduler``): AdamW with ``optm_lr``
+    Optimizer (``cp.policy.build_optimizer`` / ``build_lr_scheduler``): ``optm_name`` ``"AdamW"``
+    (decoupled weight decay) or ``"Adam"`` (``torch.optim.Adam``: the weight decay is added to the
+    gradient, L2, as cosmos-rl builds it; its distillation files ask for it) with ``optm_lr``
     (peak), ``optm_betas``, ``optm_eps``, ``optm_weight_decay`` (not on biases / norm scales);
     ``optm_warmup_steps`` of linear warmup from 0 (a float <= 1.0: that fraction of all steps;
     clamped to the run's steps), then ``optm_decay_type`` ``"cosine"`` / ``"linear"`` / ``"sqrt"``
@@ -92,7 +94,7 @@ class TrainConfig(Section, dict=True):
     resume: bool | str = False
     seed: int | None = 42
     train_batch_per_replica: AtLeastOne = 8
-    optm_name: Literal["AdamW"] = "AdamW"
+    optm_name: Literal["AdamW", "Adam"] = "AdamW"
     optm_lr: NonNegative = 1e-5
     optm_weight_decay: NonNegative = 0.01
     optm_betas: list[float] = msgspec.field(default_factory=lambda: [0.9, 0.999])

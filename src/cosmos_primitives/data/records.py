@@ -35,6 +35,17 @@ class SamplingParams:
                    repetition_penalty=sampling.repetition_penalty, max_new_tokens=rollout.max_response_length,
                    seed=seed)
 
+    @classmethod
+    def for_validation(cls, config: Any) -> SamplingParams:
+        """GRPO validation's sampling (one completion per item) from a whole config: ``[validation]``
+        ``temperature``, ``top_p`` (None: ``[rollout.sampling_config] top_p``, cosmos-rl's fallback) and
+        ``max_response_length`` (None: ``[rollout] max_response_length``), seeded with ``[train] seed``."""
+        val = config.validation
+        top_p = val.top_p if val.top_p is not None else config.rollout.sampling_config.top_p
+        return cls(n=1, temperature=val.temperature, top_p=top_p,
+                   max_new_tokens=val.max_response_length or config.rollout.max_response_length,
+                   seed=config.train.seed)
+
 
 @attrs.define
 class Prompt:

@@ -136,14 +136,17 @@ def _micro_batches(batch: RolloutBatch, advantages: torch.Tensor, settings: GRPO
     whatever the grouping; the sequence means average over a micro-batch's rows, so a micro-batch of
     ``R`` rows is scaled by ``R / mini_batch``: every row weighs ``1 / mini_batch``, as in
     micro-batches of ``mini_batch`` rows (exactly when ``mini_batch`` divides the batch).
+    ``token-sum`` (cosmos-rl's) scales each micro-batch of ``R`` of the ``N`` rows by ``R / N``, as
+    cosmos-rl scales each mini-batch; it depends on the grouping, so a token budget refuses it.
     """
     micro = max(1, settings.mini_batch)
     budget = settings.max_token_len_per_mini_batch
+    loss_type = resolve_loss_type(settings.grpo)
     if budget is None:
         parts = [batch.subset(slice(i, min(i + micro, len(batch)))) for i in range(0, len(batch), micro)]
         advantages_of = [advantages[i : i + micro] for i in range(0, len(batch), micro)]
-        return parts, advantages_of, [1.0] * len(parts), [False] * len(parts)
-    loss_type = resolve_loss_type(settings.grpo)
+        scales = [len(p) / len(batch) if loss_type == "token-sum" else 1.0 for p in parts]
+        return parts, advantages_of, scales, [False] * len(parts)
     if loss_type not in _ROW_MEAN_LOSSES and loss_type != "token-mean":
         raise ValueError(f"[train.train_policy] max_token_len_per_mini_batch: [grpo] loss_type '{loss_type}' is not "
                          f"one whose loss is known not to depend on the micro-batching (token-mean, "

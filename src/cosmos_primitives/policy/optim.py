@@ -318,6 +318,8 @@ def build_optimizer(model: torch.nn.Module, train: TrainConfig) -> torch.optim.O
     """AdamW over the trainable parameters from ``[train]``: ``optm_lr``, ``optm_betas``,
     ``optm_weight_decay`` (not applied to 1-D tensors), ``optm_eps``: ``torch.optim.AdamW``, or
     :class:`BFloat16AdamW` (float32 moments, stochastic rounding) with ``master_dtype = "bfloat16"``.
+    ``optm_name = "Adam"`` gives ``torch.optim.Adam`` (weight decay added to the gradient, as
+    cosmos-rl's "Adam"); without weight decay it is the AdamW update and takes the path above.
 
     ``optm_impl`` picks the kernels: ``"fused"`` gives ``torch.optim.AdamW(fused=True)`` when
     :func:`fused_supported` (else ``"foreach"``, logged), ``"foreach"`` the multi-tensor kernels,
@@ -328,8 +330,10 @@ def build_optimizer(model: torch.nn.Module, train: TrainConfig) -> torch.optim.O
 
     Build it after ``apply_fsdp`` so that it holds the sharded parameters.
     """
-    if train.optm_name != "AdamW":
-        raise ValueError(f"[train] optm_name = {train.optm_name!r} is not supported; use 'AdamW'")
+    if train.optm_name not in ("AdamW", "Adam"):
+        raise ValueError(f"[train] optm_name = {train.optm_name!r} is not supported; use 'AdamW' or 'Adam'")
+    # without weight decay the two are one update, so the AdamW kernels serve "Adam" too
+    adam_l2 = train.optm_name == "Adam" and train.optm_weight_decay != 0
     if len(train.optm_betas) != 2:
         raise ValueError(f"[train] optm_betas must hold two numbers, got {train.optm_betas}")
     if train.optm_impl not in OPTIMIZER_IMPLS:
@@ -337,6 +341,11 @@ def build_optimizer(model: torch.nn.Module, train: TrainConfig) -> torch.optim.O
     groups = optimizer_param_groups(model, train.optm_weight_decay)
     betas = (float(train.optm_betas[0]), float(train.optm_betas[1]))
     if train.master_dtype == "bfloat16":
+        if adam_l2:
+            raise ValueError(
+                f'[train] optm_name = "Adam" with optm_weight_decay = {train.optm_weight_decay} and master_dtype = '
+                '"bfloat16": the bfloat16 master-weight optimizer decays as AdamW does; set optm_name = "AdamW", '
+                'optm_weight_decay = 0 or master_dtype = "float32"')
         return _resharding_before_step(model, BFloat16AdamW(groups, lr=train.optm_lr, betas=betas, eps=train.optm_eps,
                                                             weight_decay=train.optm_weight_decay,
                                                             seed=0 if train.seed is None else train.seed,
@@ -347,8 +356,9 @@ def build_optimizer(model: torch.nn.Module, train: TrainConfig) -> torch.optim.O
         kinds = sorted({f"{p.dtype} on {p.device.type}" for p in params})
         log.info(f"[train] optm_impl = 'fused': torch has no fused AdamW for {', '.join(kinds)}; using 'foreach'")
     foreach = train.optm_impl != "for-loop" and not fused
-    optimizer = torch.optim.AdamW(groups, lr=train.optm_lr, betas=betas, eps=train.optm_eps,
-                                  weight_decay=train.optm_weight_decay, fused=fused, foreach=foreach)
+    optimizer_cls = torch.optim.Adam if adam_l2 else torch.optim.AdamW
+    optimizer = optimizer_cls(groups, lr=train.optm_lr, betas=betas, eps=train.optm_eps,
+                              weight_decay=train.optm_weight_decay, fused=fused, foreach=foreach)
 
     def keep_implementation(opt: torch.optim.Optimizer) -> None:
         # a loaded state brings its groups' fused / foreach flags, and torch places each step counter

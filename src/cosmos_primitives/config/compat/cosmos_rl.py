@@ -220,6 +220,13 @@ def read_cosmos_rl(tree: dict[str, Any], is_ours: Callable[[str], bool],
         reading.refused["rollout.backend"] = (f"= {backend!r}: the engines here are 'vllm' and 'hf'; "
                                               "set rollout.backend to one of them, or to 'auto' (vLLM where it is "
                                               "installed and a GPU is present, else hf, chosen when the engine is built)")
+    decay_ratio = train.get("optm_decay_ratio")
+    if isinstance(decay_ratio, (int, float)) and not isinstance(decay_ratio, bool) and decay_ratio == 0:
+        # cosmos-rl: round(steps x 0) = 0 decay steps, so the lr holds its peak after warmup whatever the decay type
+        train.pop("optm_decay_ratio")
+        train["optm_decay_type"] = "constant"
+        reading.translated.append("train.optm_decay_ratio = 0.0 (no decay steps, the peak held after warmup) is "
+                                  "train.optm_decay_type = 'constant' here")
     tables = cosmos_rl_tables()
     for path, value in leaves(tree):
         rule = rule_for(path)
