@@ -237,7 +237,12 @@ def main() -> None:
                     ids.append(claims.record_id(claim, index))
                 except BadSampleError as error:
                     bad.record(error, sample=index)
-            if prompts and claims.holds(claim):  # else the claim expired and went to another job while we waited
+            try:
+                held = claims.holds(claim)
+            except ValueError as error:  # claims keys damaged: putting anyway only risks duplicates, trained once
+                log.error(f"[rollout] {job_id}: {error}")
+                held = True
+            if prompts and held:  # else the claim expired and went to another job while we waited
                 params = SamplingParams.from_config(cfg.rollout, grpo.num_samples_per_prompt,
                                                     seed=cfg.train.seed * 1_000_003 + claim.range_id * 1009)
         if group is not None:

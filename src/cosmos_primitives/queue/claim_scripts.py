@@ -145,11 +145,19 @@ end
 return n
 """
 
-# KEYS[1] deadlines, KEYS[2] owners, KEYS[3] stats. ARGV[1] the furthest a deadline may lie ahead (ms).
-# The trainer's sweep of what it did not write: members that are not range ids are removed, and a
-# deadline further ahead than any renewal sets (it would hold its range forever) is set to 0, so the
-# range is re-issued. Returns {range ids in flight, how many removed, how many deadlines reset}.
+# KEYS[1] deadlines, KEYS[2] owners, KEYS[3] stats, KEYS[4] meta, KEYS[5] next. ARGV[1] the furthest a
+# deadline may lie ahead (ms). The trainer's sweep of what it did not write: a key of another type is an
+# error naming it; members that are not range ids are removed, and a deadline further ahead than any
+# renewal sets (it would hold its range forever) is set to 0, so the range is re-issued.
+# Returns {range ids in flight, how many removed, how many deadlines reset}.
 SWEEP = """
+local kinds = {'zset', 'hash', 'hash', 'hash', 'string'}
+for i = 1, 5 do
+  local kind = redis.call('TYPE', KEYS[i])['ok']
+  if kind ~= 'none' and kind ~= kinds[i] then
+    return redis.error_reply('key ' .. KEYS[i] .. ' is a ' .. kind .. ', not a ' .. kinds[i])
+  end
+end
 local t = redis.call('TIME')
 local horizon = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000) + tonumber(ARGV[1])
 local all = redis.call('ZRANGE', KEYS[1], 0, -1, 'WITHSCORES')

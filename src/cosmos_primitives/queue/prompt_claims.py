@@ -378,7 +378,7 @@ class PromptClaims:
         ``2 * claim_ttl_s`` (no renewal sets one) is set to 0 so that its range is re-issued. Each is
         logged as an error."""
         ids, removed, reset = self._script("sweep claims in flight", lambda: self._sweep_script(
-            keys=[self.keys["deadlines"], self.keys["owners"], self.keys["stats"]], args=[2 * self._ttl_ms]))
+            keys=[self.keys[k] for k in ("deadlines", "owners", "stats", "meta", "next")], args=[2 * self._ttl_ms]))
         if int(removed) or int(reset):
             log.error("prompt claims %s at %s: removed %d members that are not range ids and re-issued %d ranges "
                       "whose deadline lay further ahead than any renewal sets: not written by PromptClaims (someone "
