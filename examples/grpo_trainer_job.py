@@ -247,6 +247,9 @@ def main() -> None:
         trained_prompts.mark(record_id for record_id, _, _ in trained)
         if info.is_rank0:  # re-issue what the claims lost or skipped; reset claims keys holding garbage
             trained_prompts.audit(claims, grace_steps=audit_grace)
+        given_up = cp.parallel.broadcast_object(trained_prompts.last_given_up if info.is_rank0 else None)
+        if not info.is_rank0:  # every rank keeps the same account
+            trained_prompts.give_up(given_up)
         if trained_log is not None:
             for record_id, producer, version in trained:
                 trained_log.write(json.dumps({"step": step, "record_id": record_id, "producer": producer,

@@ -446,15 +446,18 @@ def test_the_trainers_audit_reissues_a_lost_range_then_gives_it_up_naming_its_pr
     first = claims.claim("job")
     claims.complete(first)  # its records never come
     account = TrainedPrompts(dataset_size=8, range_size=4, seed=7)
+    other_rank = TrainedPrompts(dataset_size=8, range_size=4, seed=7)
     reissued = []
     with caplog.at_level(logging.WARNING, logger="cosmos.queue"):
         for _ in range(8):
             reissued += account.audit(claims, grace_steps=2, max_reissues=2)
+            other_rank.give_up(account.last_given_up)  # what the trainer broadcasts from rank 0
             again = claims.claim("job")
             if again is not None and again.range_id == first.range_id:
                 claims.complete(again)
     assert reissued == [first.range_id, first.range_id]
     assert account.abandoned == 4 and account.untrained_ranges(0) == [1]
+    assert other_rank.state_dict() == account.state_dict()
     assert f"prompt range {first.range_id} of epoch 0 still has untrained prompts" in caplog.text
     assert all(f"e0-i{i}" in caplog.text for i in first.indices)
     claims.close()

@@ -48,6 +48,8 @@ class TrainedPrompts:
     Attributes:
         low: the lowest epoch with an untrained prompt; the epochs before it are fully trained.
         abandoned: prompts given up by :meth:`audit` (never trained, each named in an error log).
+        last_given_up: the record ids the last :meth:`audit` gave up (apply them on the other ranks
+            with :meth:`give_up`).
     """
 
     def __init__(self, *, dataset_size: int, range_size: int, seed: int, first_epoch: int = 0,
@@ -67,6 +69,7 @@ class TrainedPrompts:
         self._position_behind = position_behind
         self._reissued: dict[int, int] = {}  # range id -> times audit re-issued it
         self.abandoned = 0
+        self.last_given_up: list[str] = []
 
     def _parse(self, record_id: str) -> tuple[int, int] | None:
         match = _RECORD_ID.fullmatch(record_id)
@@ -123,9 +126,16 @@ class TrainedPrompts:
         order = epoch_permutation(self.dataset_size, self.seed, epoch)
         ids = [f"e{epoch}-i{i}" for i in order[position * self.range_size:(position + 1) * self.range_size]
                if not self.is_trained(f"e{epoch}-i{i}")]
-        self.abandoned += len(ids)
-        self.mark(ids)
+        self.give_up(ids)
+        self.last_given_up += ids
         return ids
+
+    def give_up(self, record_ids: list[str]) -> None:
+        """Count ``record_ids`` as settled without training (counted in :attr:`abandoned`): what
+        :meth:`audit` gave up on one rank (:attr:`last_given_up`), applied on the other ranks so that
+        every rank keeps the same account."""
+        self.abandoned += sum(1 for r in record_ids if not self.is_trained(r))
+        self.mark(record_ids)
 
     def audit(self, claims: PromptClaims, grace_steps: int, max_reissues: int = 3) -> list[int]:
         """Check the claims against this account and repair them; call it once a step on one rank.
@@ -152,6 +162,7 @@ class TrainedPrompts:
                              f"{self.seed}) audits PromptClaims made with other settings ({claims.dataset_size}, "
                              f"{claims.range_size}, {claims.seed}): give both the run's settings")
         self._audits += 1
+        self.last_given_up = []
         start = self.low * self.ranges_per_epoch
         try:
             position = claims.position()
