@@ -30,7 +30,11 @@ checkpoint also holds the claims position, put back when Redis lost it). The rec
 the checkpoint it resumes from are trained again (``cp.queue.rollback``: their training is taken back
 and their prompt ranges handed out again), and a record this job drops (sampled with weights newer
 than its own, or older than the staleness bound) is returned and its prompt generated again, so that
-every prompt of an epoch is trained once across kills and resumes.
+every prompt of an epoch is trained once across kills and resumes. The prompt claims in Redis are not
+signed (Lua cannot hold the secret): this job keeps its own account of the prompts it trained, in its
+checkpoints, skips a record it trained before and re-issues the ranges the claims lost or skipped
+(``cp.queue.trained_prompts``), so a writer holding only the Redis URL can waste or stall generation but
+not make a prompt of an epoch go untrained or be trained twice.
 ``python -m cosmos_primitives.queue.status --redis URL --run NAME`` shows the live jobs, the queue, the
 weight versions and the dead letters. Failure semantics: ``docs/disaggregated.md``. A SIGTERM or
 SIGUSR1 (``[train] signal_to_handle``) saves a checkpoint (with the claims position) when the step in
@@ -65,6 +69,7 @@ from cosmos_primitives.queue.record_metrics import (
 )
 from cosmos_primitives.queue.rollback import regenerate, roll_back_to
 from cosmos_primitives.queue.run_control import RunControl
+from cosmos_primitives.queue.trained_prompts import TrainedPrompts
 from cosmos_primitives.sync import WeightServer
 from cosmos_primitives.sync.run_auth import RunSecret
 
@@ -146,10 +151,20 @@ def main() -> None:
     # The epoch position lives in Redis with the claims; checkpoints keep a copy for a Redis that lost it.
     # Every rank hands the ranges of records it cannot train out again; rank 0 keeps the position.
     claims = PromptClaims(url, cfg.redis.stream, dataset_size=dataset_size, range_size=plan.prompts_per_rollout,
-                          seed=cfg.train.seed)
+                          seed=cfg.train.seed, claim_ttl_s=dis.claim_ttl_s)
     saved_position = state.extra.get("claims_next_range") if state else None
     if info.is_rank0 and saved_position is not None and claims.restore(int(saved_position)):
         log.info(f"Redis had lost the run's prompt position: restored range {saved_position} from the checkpoint")
+    # The trainer's own account of the prompts it trained, kept in its checkpoints: the claims in Redis are
+    # unsigned, so this decides what is re-issued and what was trained already (cp.queue.trained_prompts).
+    # A checkpoint from before this account trusts the claims for the epoch it was saved in.
+    trained_prompts = TrainedPrompts(dataset_size=dataset_size, range_size=plan.prompts_per_rollout,
+                                     seed=cfg.train.seed, position_behind=saved_position is not None,
+                                     first_epoch=-(-int(saved_position or 0) // claims.ranges_per_epoch))
+    if state and "trained_prompts" in state.extra:
+        trained_prompts.load_state_dict(state.extra["trained_prompts"])
+    # a finished range's records may wait in the queue until the trainer has taken what is ahead of them
+    audit_grace = -(-cfg.redis.max_pending // plan.records_per_step) + 2
     tracker = cp.logging.MetricsTracker(run_dir, cfg.logging, run_config=cp.config.config_to_dict(cfg),
                                         total_steps=total_steps, prefix="[GRPO] ")
 
@@ -192,7 +207,8 @@ def main() -> None:
     def claims_extra() -> dict:
         """What a checkpoint keeps of the prompt claims (collective: the same on every rank)."""
         return {"claims_next_range": cp.parallel.broadcast_object(
-            claims.position()["next_range"] if info.is_rank0 else None)}
+            claims.position()["next_range"] if info.is_rank0 else None),
+                "trained_prompts": trained_prompts.state_dict()}
 
     # a SIGTERM / SIGUSR1 ([train] signal_to_handle) saves the step in progress once it ends, then stops
     # this job alone: the rollout jobs wait for the restarted trainer (train.resume=true)
@@ -203,7 +219,8 @@ def main() -> None:
         records, groups = fetch_records(queue, stale, plan.records_per_trainer, trainer_step=step, settings=settings,
                                         bad=bad, timeout_s=dis.get_timeout_s, processor=processor,
                                         num_samples_per_prompt=grpo.num_samples_per_prompt,
-                                        on_dropped=lambda dropped: regenerate(queue, claims, dropped))
+                                        on_dropped=lambda dropped: regenerate(queue, claims, dropped),
+                                        already_trained=trained_prompts.is_trained)
         times["wait"] = time.perf_counter() - t0
         t0 = time.perf_counter()
         batch = collate_rollouts(groups, processor).to(info.device)
@@ -227,6 +244,12 @@ def main() -> None:
         # every trainer rank's records, for the producer summary and records.jsonl
         trained = [row for rows in cp.parallel.all_gather_object([provenance(r) for r in records]) for row in rows]
         shares = producer_shares(trained, step - 1)  # lag against the weights that trained them
+        trained_prompts.mark(record_id for record_id, _, _ in trained)
+        if info.is_rank0:  # re-issue what the claims lost or skipped; reset claims keys holding garbage
+            trained_prompts.audit(claims, grace_steps=audit_grace)
+        given_up = cp.parallel.broadcast_object(trained_prompts.last_given_up if info.is_rank0 else None)
+        if not info.is_rank0:  # every rank keeps the same account
+            trained_prompts.give_up(given_up)
         if trained_log is not None:
             for record_id, producer, version in trained:
                 trained_log.write(json.dumps({"step": step, "record_id": record_id, "producer": producer,

@@ -152,6 +152,23 @@ def test_fetch_records_keeps_fresh_readable_records_and_acks_the_others(mcq_medi
         fetch_records(queue, stale, 1, trainer_step=8, settings=settings, bad=bad, timeout_s=0.1)
 
 
+def test_fetch_records_skips_records_the_trainer_trained_before(mcq_media, tiny_vl_processor, caplog) -> None:
+    """Issue 30, prompt claims: the trainer's own account (``already_trained``) decides what it trained,
+    whatever the queue's Redis state says: such records are acknowledged and never returned."""
+    _, settings, prompts = mcq_media
+    records = through_the_queue(make_groups(prompts, tiny_vl_processor))  # weight versions 5, 6, 7, 8
+    queue = InMemoryRolloutQueue()
+    queue.put_many(records)
+    before = {records[1].record_id, records[2].record_id}
+    with caplog.at_level("WARNING", logger="cosmos.queue"):
+        kept, _ = fetch_records(queue, StalenessFilter(allowed_outdated_steps=2), 1, trainer_step=8,
+                                settings=settings, bad=BadSampleTracker(budget=5), timeout_s=5,
+                                already_trained=before.__contains__)
+    assert [r.weight_version for r in kept] == [8]
+    assert queue.pending() == 1  # versions 6 and 7 acknowledged as trained before, 5 dropped as stale
+    assert caplog.text.count("delivered records whose prompts this trainer trained before") == 2
+
+
 def test_fetch_records_dead_letters_records_that_would_stop_the_collate(mcq_media, tiny_vl_processor) -> None:
     _, settings, prompts = mcq_media
     groups = make_groups(prompts, tiny_vl_processor)  # weight versions 5, 6, 7, 8

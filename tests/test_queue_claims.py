@@ -388,3 +388,76 @@ def test_records_from_lost_weights_are_returned_and_their_prompts_generated_agai
         again = trainer.get(2, timeout=2)
         assert sorted(r.record_id for r in again) == sorted(future) and {r.weight_version for r in again} == {2}
     claims.close()
+
+
+def test_the_trainers_account_of_trained_prompts_survives_a_checkpoint_and_refuses_another_runs() -> None:
+    """The trainer's own account (issue 30, prompt claims) lives in its checkpoint: a JSON round trip
+    keeps which prompts were trained and the epoch it is on; an account of other settings or with
+    damaged bits is refused, naming why."""
+    from cosmos_primitives.queue.trained_prompts import TrainedPrompts
+
+    account = TrainedPrompts(dataset_size=10, range_size=4, seed=7)
+    account.mark([f"e0-i{i}" for i in range(10)] + ["e1-i3", "e1-i3", "rec-9", "e1-i99"])
+    assert account.low == 1 and account.is_trained("e0-i5") and account.is_trained("e1-i3")
+    assert not account.is_trained("e1-i4") and not account.is_trained("rec-9")
+    resumed = TrainedPrompts(dataset_size=10, range_size=4, seed=7)
+    resumed.load_state_dict(json.loads(json.dumps(account.state_dict())))
+    assert resumed.low == 1 and resumed.is_trained("e1-i3") and not resumed.is_trained("e1-i4")
+    assert resumed.untrained_ranges(1) == [3, 4, 5]
+    resumed.mark([f"e1-i{i}" for i in range(10)])
+    assert resumed.low == 2
+    with pytest.raises(ValueError, match=r"dataset_size, range_size, seed \[10, 4, 7\].*\[11, 4, 7\]"):
+        TrainedPrompts(dataset_size=11, range_size=4, seed=7).load_state_dict(account.state_dict())
+    damaged = account.state_dict()
+    damaged["epochs"]["1"] = "AAAA"
+    with pytest.raises(ValueError, match="epoch 1 hold 3 bytes, not 2"):
+        TrainedPrompts(dataset_size=10, range_size=4, seed=7).load_state_dict(damaged)
+
+
+def test_the_trainers_audit_moves_a_position_behind_its_epoch_forward_unless_resumed_from_an_older_checkpoint(
+        redis_url: str) -> None:
+    """A claims position behind the epoch the trainer is on (an attacker reset it) is moved forward:
+    the epochs before are all trained. A trainer resumed from a checkpoint without the account starts
+    it at the next epoch and leaves the claims' partly handed-out epoch alone."""
+    from cosmos_primitives.queue.trained_prompts import TrainedPrompts
+
+    claims = make_claims(redis_url)  # 23 prompts in ranges of 4: 6 ranges an epoch
+    for _ in range(3):
+        claims.complete(claims.claim("job"))
+    legacy = TrainedPrompts(dataset_size=23, range_size=4, seed=7, first_epoch=1, position_behind=True)
+    assert legacy.audit(claims, grace_steps=1) == []
+    assert claims.position()["next_range"] == 3  # ranges 3-5 of epoch 0 are still handed out
+    account = TrainedPrompts(dataset_size=23, range_size=4, seed=7, first_epoch=1)
+    assert account.audit(claims, grace_steps=1) == []
+    assert claims.position()["next_range"] == 6
+    claims.close()
+
+
+def test_the_trainers_audit_reissues_a_lost_range_then_gives_it_up_naming_its_prompts(redis_url: str,
+                                                                                        caplog) -> None:
+    """A range handed out and completed whose records never reach the trainer (lost claims, or prompts
+    the rollout side skips) is re-issued after ``grace_steps`` audits, at most ``max_reissues`` times;
+    then its prompts are given up with an error naming them, so that the epoch can end."""
+    import logging
+
+    from cosmos_primitives.queue.trained_prompts import TrainedPrompts
+
+    claims = make_claims(redis_url, dataset_size=8, range_size=4)  # 2 ranges an epoch
+    first = claims.claim("job")
+    claims.complete(first)  # its records never come
+    account = TrainedPrompts(dataset_size=8, range_size=4, seed=7)
+    other_rank = TrainedPrompts(dataset_size=8, range_size=4, seed=7)
+    reissued = []
+    with caplog.at_level(logging.WARNING, logger="cosmos.queue"):
+        for _ in range(8):
+            reissued += account.audit(claims, grace_steps=2, max_reissues=2)
+            other_rank.give_up(account.last_given_up)  # what the trainer broadcasts from rank 0
+            again = claims.claim("job")
+            if again is not None and again.range_id == first.range_id:
+                claims.complete(again)
+    assert reissued == [first.range_id, first.range_id]
+    assert account.abandoned == 4 and account.untrained_ranges(0) == [1]
+    assert other_rank.state_dict() == account.state_dict()
+    assert f"prompt range {first.range_id} of epoch 0 still has untrained prompts" in caplog.text
+    assert all(f"e0-i{i}" in caplog.text for i in first.indices)
+    claims.close()

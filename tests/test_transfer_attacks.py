@@ -412,3 +412,128 @@ def test_a_redis_url_holder_cannot_forge_or_alter_a_live_job(redis_url, caplog):
         assert registry.live()[job]["records_per_step"] == 8
     client.delete(*client.keys(f"{prefix}*"))
     client.close()
+
+
+def _claims_producer(redis_url: str, stream: str, job: str, stop: threading.Event, errors: list, crashes: list,
+                     **sizes) -> None:
+    """A rollout job's claim loop (examples/grpo_rollout_job.py) reduced to its claims and puts: a claims
+    call that fails on damaged claims keys is logged and the loop goes on, as the job does."""
+    from cosmos_primitives.queue.prompt_claims import PromptClaims
+    from cosmos_primitives.sync.run_auth import RunSecret
+    from test_queue_redis import make_record
+
+    try:
+        with PromptClaims(redis_url, stream, claim_ttl_s=2.0, **sizes) as claims, \
+                RedisRolloutQueue(RedisConfig(stream=stream, max_pending=12, put_timeout_s=0.5), url=redis_url,
+                                  secret=RunSecret(SECRET)) as queue:
+            claims.start_renewal(job, interval_s=0.3)
+            while not stop.is_set():
+                try:
+                    claim = claims.claim(job)
+                except ValueError as error:  # damaged claims keys: the trainer repairs them
+                    errors.append(str(error))
+                    time.sleep(0.05)
+                    continue
+                if claim is None:
+                    time.sleep(0.05)
+                    continue
+                records = [msgspec.structs.replace(make_record(i), record_id=claims.record_id(claim, i))
+                           for i in claim.indices]
+                while not stop.is_set():
+                    try:
+                        if not claims.holds(claim):
+                            break
+                    except ValueError as error:  # as the job: put anyway (a duplicate is trained once)
+                        errors.append(str(error))
+                    try:
+                        queue.put_many(records)
+                        break
+                    except Exception as error:  # queue full: the trainer is behind
+                        if "max_pending" not in str(error):
+                            raise
+                try:
+                    claims.complete(claim)
+                except ValueError as error:  # as the job: the trainer re-issues what it did not train
+                    errors.append(str(error))
+    except Exception as error:  # the test reports it
+        crashes.append(repr(error))
+
+
+def _int_or_zero(value: bytes | None) -> int:
+    return int(value) if value is not None and value.isdigit() else 0
+
+
+def test_a_redis_url_holder_cannot_make_a_prompt_be_skipped_or_trained_twice_through_the_claims(redis_url, caplog):
+    """Issue 30 item 1, prompt claims: the claims are unsigned Lua state, so the trainer is their
+    authority. Two rollout producers claim ranges of a 24-prompt dataset while a trainer loop takes
+    their signed records; mid-epoch an attacker holding only the Redis URL deletes the claims position
+    (epoch reset) and adds garbage and trained ranges to the re-issue list, writes garbage into the
+    position, replaces the holders' hash with a string, skips the position two epochs forward,
+    deletes the claims in flight (marks them done), and hands the claims then in flight to a ghost
+    job with a deadline that never comes. Every prompt of epoch 0 is still trained exactly once,
+    no record id is trained twice, no producer crashes, and the damage is logged."""
+    from cosmos_primitives.queue.prompt_claims import PromptClaims, claim_keys
+    from cosmos_primitives.queue.trained_prompts import TrainedPrompts
+    from cosmos_primitives.sync.run_auth import RunSecret
+
+    stream = f"{PREFIX}:claims-{uuid.uuid4().hex[:6]}"
+    sizes = {"dataset_size": 24, "range_size": 3, "seed": 5}
+    keys = claim_keys(stream)
+    client = redis.Redis.from_url(redis_url)
+    stop = threading.Event()
+    errors: list[str] = []
+    crashes: list[str] = []
+    trained: dict[str, int] = {}
+    attacks = [  # (epoch-0 prompts trained before it, what the attacker does)
+        (3, lambda: (client.delete(keys["next"]),
+                     client.zadd(keys["deadlines"], {"abc": 0, "-3": 0, "0": 0}))),
+        (6, lambda: client.set(keys["next"], "zzz")),
+        (8, lambda: (client.delete(keys["owners"]), client.set(keys["owners"], "x"))),  # a key of another type
+        (10, lambda: client.set(keys["next"], _int_or_zero(client.get(keys["next"])) + 2 * 8)),
+        (13, lambda: client.delete(keys["deadlines"], keys["owners"])),
+        (16, lambda: [(client.zadd(keys["deadlines"], {m: 1e15}), client.hset(keys["owners"], m, "ghost"))
+                      for m in client.zrange(keys["deadlines"], 0, -1)]),  # held forever by nobody
+    ]
+    with PromptClaims(redis_url, stream, **sizes) as claims, \
+            RedisRolloutQueue(RedisConfig(stream=stream, max_pending=12), url=redis_url, secret=RunSecret(SECRET),
+                              consumer="trainer-0") as queue, caplog.at_level(logging.WARNING):
+        ledger = TrainedPrompts(**sizes)
+        producers = [threading.Thread(target=_claims_producer, args=(redis_url, stream, f"job-{k}", stop, errors,
+                                                                     crashes), kwargs=sizes, daemon=True)
+                     for k in range(2)]
+        for producer in producers:
+            producer.start()
+        deadline = time.monotonic() + 35
+        step = 0
+        try:
+            while sum(rid.startswith("e0-") for rid in trained) < 24 and time.monotonic() < deadline:
+                got = queue.get(4, timeout=0.3)
+                repeated = [r for r in got if ledger.is_trained(r.record_id)]
+                if repeated:
+                    queue.ack(repeated)
+                fresh = [r for r in got if not ledger.is_trained(r.record_id)]
+                for record in fresh:
+                    trained[record.record_id] = trained.get(record.record_id, 0) + 1
+                if fresh:
+                    step += 1
+                    queue.ack(fresh, step=step)
+                    ledger.mark([r.record_id for r in fresh])
+                done = sum(rid.startswith("e0-") for rid in trained)
+                if attacks and done >= attacks[0][0]:  # one a step: the trainer sees each
+                    attacks.pop(0)[1]()
+                ledger.audit(claims, grace_steps=3)
+        finally:
+            stop.set()
+            for producer in producers:
+                producer.join(timeout=10)
+    epoch0 = sorted(rid for rid in trained if rid.startswith("e0-"))
+    assert not attacks, f"the run ended before every attack was made: {len(attacks)} left"
+    never = sorted({f"e0-i{i}" for i in range(24)} - set(epoch0))
+    assert len(epoch0) == 24, f"prompts of epoch 0 never trained: {never}"
+    assert all(n == 1 for n in trained.values()), {rid: n for rid, n in trained.items() if n > 1}
+    assert not crashes, crashes
+    assert all("not written by PromptClaims" in e for e in errors), errors  # clear errors, never Lua's own
+    assert "hold what cosmos_primitives never writes" in caplog.text, caplog.text[-2000:]  # the garbage position
+    assert "handed out again" in caplog.text, caplog.text[-2000:]  # the ranges skipped or marked done
+    client.delete(*client.keys(f"{stream}*"))
+    client.close()

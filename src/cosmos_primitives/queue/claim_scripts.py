@@ -25,21 +25,36 @@ CHECK_META = _META_CHECK + "return {'ok'}\n"
 # ARGV[1..3] as CHECK_META, ARGV[4] job id, ARGV[5] claim ttl (ms), ARGV[6] range ids in the run
 # (-1: no end). The claim whose deadline passed longest ago goes first (a released one has
 # deadline 0), then the next new range. Returns {'reissued', range id, previous holder},
-# {'new', range id} or {'exhausted', next range id}.
+# {'new', range id}, {'exhausted', next range id} or {'damaged', the next key's value} (not a range id:
+# written by someone else; the trainer repairs it). A member of the deadlines that is not a range id is
+# removed (counted as 'garbage_removed'), never handed out.
 CLAIM = _META_CHECK + """
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local deadline = now + tonumber(ARGV[5])
-local expired = redis.call('ZRANGEBYSCORE', KEYS[3], '-inf', now, 'LIMIT', 0, 1)
-if #expired > 0 then
+for _ = 1, 64 do
+  local expired = redis.call('ZRANGEBYSCORE', KEYS[3], '-inf', now, 'LIMIT', 0, 1)
+  if #expired == 0 then
+    break
+  end
   local rid = expired[1]
-  local previous = redis.call('HGET', KEYS[4], rid) or ''
-  redis.call('ZADD', KEYS[3], deadline, rid)
-  redis.call('HSET', KEYS[4], rid, ARGV[4])
-  redis.call('HINCRBY', KEYS[5], 'reissued', 1)
-  return {'reissued', rid, previous}
+  if not string.match(rid, '^%d+$') then
+    redis.call('ZREM', KEYS[3], rid)
+    redis.call('HDEL', KEYS[4], rid)
+    redis.call('HINCRBY', KEYS[5], 'garbage_removed', 1)
+  else
+    local previous = redis.call('HGET', KEYS[4], rid) or ''
+    redis.call('ZADD', KEYS[3], deadline, rid)
+    redis.call('HSET', KEYS[4], rid, ARGV[4])
+    redis.call('HINCRBY', KEYS[5], 'reissued', 1)
+    return {'reissued', rid, previous}
+  end
 end
-local nxt = tonumber(redis.call('GET', KEYS[2]) or '0')
+local raw = redis.call('GET', KEYS[2]) or '0'
+if not string.match(raw, '^%d+$') then
+  return {'damaged', raw}
+end
+local nxt = tonumber(raw)
 local limit = tonumber(ARGV[6])
 if limit >= 0 and nxt >= limit then
   return {'exhausted', string.format('%d', nxt)}
@@ -110,11 +125,13 @@ return {redis.call('GET', KEYS[2]) or '', redis.call('ZCARD', KEYS[3]),
 
 # KEYS[1] next, KEYS[2] deadlines, KEYS[3] stats. ARGV: range ids.
 # Hands ranges out again (their records were lost to a trainer's rollback or returned untrained):
-# each range handed out before and not in flight now gets deadline 0 and no holder, so the next
+# each range handed out before (any range, when the position is not a range id) and not in flight
+# now gets deadline 0 and no holder, so the next
 # claim re-issues it before any new range; one in flight is left to its holder, who puts it anyway.
 # Counted as 'requeued'. Returns how many ranges it added.
 REISSUE = """
-local nxt = tonumber(redis.call('GET', KEYS[1]) or '0')
+local raw = redis.call('GET', KEYS[1]) or '0'
+local nxt = string.match(raw, '^%d+$') and tonumber(raw) or math.huge
 local n = 0
 for i = 1, #ARGV do
   if tonumber(ARGV[i]) < nxt and not redis.call('ZSCORE', KEYS[2], ARGV[i]) then
@@ -126,4 +143,53 @@ if n > 0 then
   redis.call('HINCRBY', KEYS[3], 'requeued', n)
 end
 return n
+"""
+
+# KEYS[1] deadlines, KEYS[2] owners, KEYS[3] stats, KEYS[4] meta, KEYS[5] next. ARGV[1] the furthest a
+# deadline may lie ahead (ms). The trainer's sweep of what it did not write: a key of another type is an
+# error naming it; members that are not range ids are removed, and a deadline further ahead than any
+# renewal sets (it would hold its range forever) is set to 0, so the range is re-issued.
+# Returns {range ids in flight, how many removed, how many deadlines reset}.
+SWEEP = """
+local kinds = {'zset', 'hash', 'hash', 'hash', 'string'}
+for i = 1, 5 do
+  local kind = redis.call('TYPE', KEYS[i])['ok']
+  if kind ~= 'none' and kind ~= kinds[i] then
+    return redis.error_reply('key ' .. KEYS[i] .. ' is a ' .. kind .. ', not a ' .. kinds[i])
+  end
+end
+local t = redis.call('TIME')
+local horizon = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000) + tonumber(ARGV[1])
+local all = redis.call('ZRANGE', KEYS[1], 0, -1, 'WITHSCORES')
+local ids, removed, reset = {}, 0, 0
+for i = 1, #all, 2 do
+  local rid = all[i]
+  if not string.match(rid, '^%d+$') then
+    redis.call('ZREM', KEYS[1], rid)
+    redis.call('HDEL', KEYS[2], rid)
+    removed = removed + 1
+  else
+    if tonumber(all[i + 1]) > horizon then
+      redis.call('ZADD', KEYS[1], 0, rid)
+      redis.call('HDEL', KEYS[2], rid)
+      reset = reset + 1
+    end
+    ids[#ids + 1] = rid
+  end
+end
+if removed > 0 then
+  redis.call('HINCRBY', KEYS[3], 'garbage_removed', removed)
+end
+return {ids, removed, reset}
+"""
+
+# KEYS[1] next. ARGV[1] a range id. Moves the position forward to ARGV[1] when it is behind it (the
+# ranges before were all trained: handing them out again would only waste generation); returns 1 if moved.
+RAISE_NEXT = """
+local raw = redis.call('GET', KEYS[1]) or '0'
+if string.match(raw, '^%d+$') and tonumber(raw) >= tonumber(ARGV[1]) then
+  return 0
+end
+redis.call('SET', KEYS[1], ARGV[1])
+return 1
 """

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import array
 import functools
+import logging
 import re
 from collections.abc import Iterable
 from typing import Any
@@ -27,6 +28,7 @@ from cosmos_primitives.queue import claim_scripts
 from cosmos_primitives.queue.periodic import Periodic
 from cosmos_primitives.queue.redis_link import RedisLink
 
+log = logging.getLogger("cosmos.queue")
 CLAIM_KEY_SUFFIXES = ("meta", "next", "deadlines", "owners", "stats")
 
 
@@ -114,7 +116,7 @@ def read_position(client: Any, prefix: str) -> dict[str, Any] | None:
     per_epoch = -(-dataset_size // range_size)
     next_range = stored_int(nxt, keys["next"]) if _text(nxt) else 0
     counts = {f: stored_int(stats.get(f, 0), keys["stats"], f)
-              for f in ("completed", "late_completes", "reissued", "released", "requeued")}
+              for f in ("completed", "late_completes", "reissued", "released", "requeued", "garbage_removed")}
     return {
         "epoch": next_range // per_epoch,
         "next_range": next_range,
@@ -196,6 +198,8 @@ class PromptClaims:
         self._complete_script = client.register_script(claim_scripts.COMPLETE)
         self._release_script = client.register_script(claim_scripts.RELEASE)
         self._reissue_script = client.register_script(claim_scripts.REISSUE)
+        self._sweep_script = client.register_script(claim_scripts.SWEEP)
+        self._raise_next_script = client.register_script(claim_scripts.RAISE_NEXT)
         self._renewers: dict[str, Periodic] = {}
         self._check_reply(self._link.call("check claims settings", lambda: self._check_script(
             keys=[self.keys["meta"]], args=self._meta_args())))
@@ -219,6 +223,16 @@ class PromptClaims:
             "(another --run name, or clear the old one: RunControl.clear_stream / PromptClaims.clear)"
         )
 
+    def _script(self, what: str, fn: Any) -> Any:
+        """``fn()``, one script call; a script that met a value or key type it never writes (the claims
+        keys were written by another program) raises ``ValueError`` naming the keys, not Redis's error."""
+        try:
+            return self._link.call(what, fn)
+        except redis.exceptions.ResponseError as exc:
+            raise ValueError(f"{what}: the prompt claims keys {self.prefix}:claims:* at {self.safe_url} hold values "
+                             f"not written by PromptClaims ({exc}). The trainer job repairs them "
+                             "(TrainedPrompts.audit); else clear the run (PromptClaims.clear)") from None
+
     def _claim(self, range_id: int, job_id: str, reissued: bool) -> Claim:
         epoch, position = divmod(range_id, self.ranges_per_epoch)
         order = epoch_permutation(self.dataset_size, self.seed, epoch)
@@ -233,22 +247,21 @@ class PromptClaims:
             raise ValueError("job_id is empty; give every rollout job its own id (JobRegistry.join returns one)")
         limit = -1 if self.max_epochs is None else self.max_epochs * self.ranges_per_epoch
         keys = [self.keys[k] for k in CLAIM_KEY_SUFFIXES]
-        try:
-            reply = self._check_reply(self._link.call("claim prompts", lambda: self._claim_script(
-                keys=keys, args=[*self._meta_args(), job_id, self._ttl_ms, limit])))
-        except redis.exceptions.ResponseError as exc:  # the script met a value or key type it never writes
-            raise ValueError(f"the prompt claims keys {self.prefix}:claims:* at {self.safe_url} hold values not "
-                             f"written by PromptClaims ({exc}). Clear the run (PromptClaims.clear) or start another "
-                             "run name") from None
+        reply = self._check_reply(self._script("claim prompts", lambda: self._claim_script(
+            keys=keys, args=[*self._meta_args(), job_id, self._ttl_ms, limit])))
         kind = _text(reply[0])
         if kind == "exhausted":
             return None
+        if kind == "damaged":
+            raise ValueError(f"claim prompts: key {self.keys['next']} at {self.safe_url} holds "
+                             f"{_text(reply[1])[:60]!r}, not a range id: not written by PromptClaims. The trainer "
+                             "job repairs it (TrainedPrompts.audit); else clear the run (PromptClaims.clear)")
         return self._claim(stored_int(reply[1], self.keys["deadlines" if kind == "reissued" else "next"]), job_id,
                            reissued=kind == "reissued")
 
     def renew(self, job_id: str) -> int:
         """Move the deadline of every claim ``job_id`` holds to ``claim_ttl_s`` from now; returns how many."""
-        return int(self._link.call("renew claims", lambda: self._renew_script(
+        return int(self._script("renew claims", lambda: self._renew_script(
             keys=[self.keys["deadlines"], self.keys["owners"]], args=[job_id, self._ttl_ms])))
 
     def start_renewal(self, job_id: str, interval_s: float | None = None) -> None:
@@ -271,7 +284,7 @@ class PromptClaims:
         """Mark the range done (its records are on the queue). False, counted as ``late_completes``, when
         the claim had expired and was re-issued to another job (or released): the records put for it
         are then duplicates, which the queue trains once by record id (:meth:`record_id`)."""
-        return bool(self._link.call("complete claim", lambda: self._complete_script(
+        return bool(self._script("complete claim", lambda: self._complete_script(
             keys=[self.keys["deadlines"], self.keys["owners"], self.keys["stats"]],
             args=[claim.range_id, claim.job_id])))
 
@@ -279,27 +292,29 @@ class PromptClaims:
         """Whether ``claim.job_id`` still holds the range (not re-issued, released or completed). A job
         may check before putting a range's records: if another job took the range over, putting
         them only adds duplicates that fill the queue until a trainer drops them."""
-        owner = self._link.call("read claim holder", lambda: self._link.client.hget(
+        owner = self._script("read claim holder", lambda: self._link.client.hget(
             self.keys["owners"], str(claim.range_id)))
         return owner is not None and _text(owner) == claim.job_id
 
     def release(self, job_id: str) -> int:
         """Hand back every claim ``job_id`` holds, to be re-issued before any new range (a job stopping
         cleanly); returns how many."""
-        return int(self._link.call("release claims", lambda: self._release_script(
+        return int(self._script("release claims", lambda: self._release_script(
             keys=[self.keys["deadlines"], self.keys["owners"], self.keys["stats"]], args=[job_id])))
 
     def position(self) -> dict[str, Any]:
         """Where the run is: ``epoch`` (of the next new range), ``next_range`` (global id),
         ``range_in_epoch``, ``ranges_per_epoch``, ``in_flight`` (claims held or waiting for re-issue),
         ``expired`` (of those, past their deadline or released), ``completed``, ``late_completes``,
-        ``reissued``, ``released``, ``requeued`` (:meth:`reissue`; run totals), and the run's
+        ``reissued``, ``released``, ``requeued`` (:meth:`reissue`), ``garbage_removed`` (members of the
+        re-issue list that were no range id, removed by :meth:`claim` or :meth:`in_flight`; run totals), and the run's
         ``dataset_size``, ``range_size``, ``seed``."""
-        position = self._link.call("read claims position", lambda: read_position(self._link.client, self.prefix))
+        position = self._script("read claims position", lambda: read_position(self._link.client, self.prefix))
         if position is None:  # cleared since this object was made: nothing was claimed yet
             position = {"epoch": 0, "next_range": 0, "range_in_epoch": 0, "ranges_per_epoch": self.ranges_per_epoch,
                         "in_flight": 0, "expired": 0, "completed": 0, "late_completes": 0, "reissued": 0,
-                        "released": 0, "requeued": 0, "dataset_size": self.dataset_size, "range_size": self.range_size,
+                        "released": 0, "requeued": 0, "garbage_removed": 0, "dataset_size": self.dataset_size,
+                        "range_size": self.range_size,
                         "seed": self.seed}
         return position
 
@@ -354,8 +369,36 @@ class PromptClaims:
         ids = sorted({int(r) for r in range_ids})
         if not ids:
             return 0
-        return int(self._link.call("reissue ranges", lambda: self._reissue_script(
+        return int(self._script("reissue ranges", lambda: self._reissue_script(
             keys=[self.keys["next"], self.keys["deadlines"], self.keys["stats"]], args=ids)))
+
+    def in_flight(self) -> set[int]:
+        """The range ids in flight (held, or waiting to be re-issued), after sweeping what this library never
+        writes there: members that are not range ids are removed, and a deadline further ahead than
+        ``2 * claim_ttl_s`` (no renewal sets one) is set to 0 so that its range is re-issued. Each is
+        logged as an error."""
+        ids, removed, reset = self._script("sweep claims in flight", lambda: self._sweep_script(
+            keys=[self.keys[k] for k in ("deadlines", "owners", "stats", "meta", "next")], args=[2 * self._ttl_ms]))
+        if int(removed) or int(reset):
+            log.error("prompt claims %s at %s: removed %d members that are not range ids and re-issued %d ranges "
+                      "whose deadline lay further ahead than any renewal sets: not written by PromptClaims (someone "
+                      "else writes the run's Redis)", self.keys["deadlines"], self.safe_url, int(removed), int(reset))
+        return {int(_text(r)) for r in ids}
+
+    def raise_next(self, range_id: int) -> bool:
+        """Move the position forward to ``range_id`` when it is behind it or not a range id (the ranges
+        before ``range_id`` were all trained); returns whether it moved."""
+        return bool(self._script("raise claims position", lambda: self._raise_next_script(
+            keys=[self.keys["next"]], args=[int(range_id)])))
+
+    def reset(self, next_range: int) -> None:
+        """Forget every claim and start the position at ``next_range`` with this object's settings (the
+        trainer repairing claims keys that hold what this library never writes). Ranges that were in
+        flight are no longer held: their holders' :meth:`holds` turns False."""
+        self.clear()
+        self._check_reply(self._link.call("check claims settings", lambda: self._check_script(
+            keys=[self.keys["meta"]], args=self._meta_args())))
+        self._link.call("set claims position", lambda: self._link.client.set(self.keys["next"], int(next_range)))
 
     def clear(self) -> int:
         """Forget every claim and the position (a fresh run); returns how many keys existed."""

@@ -10,6 +10,7 @@ also checks that the re-encoded prompt gives the token ids the engine generated 
 from __future__ import annotations
 
 import contextlib
+import logging
 import warnings
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
@@ -32,6 +33,8 @@ from cosmos_primitives.policy.nonfinite import NonFiniteError
 from cosmos_primitives.queue.base import RolloutQueue
 from cosmos_primitives.queue.record import RolloutRecord, decode_episode_image, record_from_group
 from cosmos_primitives.queue.staleness import StalenessFilter
+
+log = logging.getLogger("cosmos.queue")
 
 if TYPE_CHECKING:  # pragma: no cover
     from cosmos_primitives.rewards.group_scores import GroupScores
@@ -144,6 +147,7 @@ def fetch_records(queue: RolloutQueue, stale: StalenessFilter, want: int, *, tra
                   num_samples_per_prompt: int | None = None,
                   on_dropped: Callable[[list[RolloutRecord]], None] | None = None,
                   num_completions: int | None = None,
+                  already_trained: Callable[[str], bool] | None = None,
                   ) -> tuple[list[RolloutRecord], list[RolloutGroup]]:
     """``want`` records to train on at ``trainer_step``, and their groups rebuilt with ``settings``.
 
@@ -156,7 +160,9 @@ def fetch_records(queue: RolloutQueue, stale: StalenessFilter, want: int, *, tra
     or :func:`check_trainable` with ``processor`` / ``num_samples_per_prompt``; ``num_completions`` is
     its older name) are dead-lettered with
     that reason (``queue.reject``), so that one of them cannot stop the trainer when the batch is
-    collated. The kept records are not acknowledged: ack them after the step.
+    collated. Records whose id ``already_trained`` says the trainer trained before (its own account,
+    :class:`~cosmos_primitives.queue.trained_prompts.TrainedPrompts`, which the run's Redis cannot
+    alter) are acknowledged and skipped. The kept records are not acknowledged: ack them after the step.
 
     Raises:
         TimeoutError: no record arrived for ``timeout_s`` seconds (names the step and the key
@@ -171,6 +177,13 @@ def fetch_records(queue: RolloutQueue, stale: StalenessFilter, want: int, *, tra
         if not got:
             raise TimeoutError(f"no rollout record arrived for {timeout_s}s at trainer step {trainer_step} "
                                "([disaggregated] get_timeout_s); are the rollout ranks alive?")
+        if already_trained is not None:
+            repeated = [r for r in got if already_trained(r.record_id)]
+            if repeated:
+                log.warning("skipped %d delivered records whose prompts this trainer trained before (%s...): "
+                            "generated again by someone", len(repeated), [r.record_id for r in repeated[:3]])
+                queue.ack(repeated)
+                got = [r for r in got if not already_trained(r.record_id)]
         kept, dropped = stale.split(got, trainer_step=trainer_step)
         if dropped and on_dropped is not None:
             on_dropped(dropped)

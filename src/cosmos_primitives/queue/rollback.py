@@ -67,7 +67,10 @@ def regenerate(queue: RedisRolloutQueue, claims: PromptClaims, records: Sequence
     Records whose ids name no prompt range are acknowledged as dropped instead (counted, logged).
     Counted under ``counter`` in ``queue.group_counters()``. Returns how many were returned."""
     ranges, unknown = _ranges(claims, [r.record_id for r in records])
-    claims.reissue(ranges)
+    try:
+        claims.reissue(ranges)
+    except ValueError as error:  # claims keys damaged by another writer: TrainedPrompts.audit re-issues them
+        log.error("could not hand %d prompt ranges out again: %s", len(ranges), error)
     known = [r for r in records if r.record_id not in set(unknown)]
     if unknown:
         log.warning("dropped %d records whose ids name no prompt range (%s...): nothing can generate them again",
