@@ -246,7 +246,7 @@ def main() -> None:
         shares = producer_shares(trained, step - 1)  # lag against the weights that trained them
         trained_prompts.mark(record_id for record_id, _, _ in trained)
         if info.is_rank0:  # re-issue what the claims lost or skipped; reset claims keys holding garbage
-            trained_prompts.audit(claims, grace_steps=audit_grace)
+            trained_prompts.audit(claims, grace_steps=audit_grace, untrain=queue.untrain)
         given_up = cp.parallel.broadcast_object(trained_prompts.last_given_up if info.is_rank0 else None)
         if not info.is_rank0:  # every rank keeps the same account
             trained_prompts.give_up(given_up)

@@ -468,10 +468,11 @@ def test_a_redis_url_holder_cannot_make_a_prompt_be_skipped_or_trained_twice_thr
     authority. Two rollout producers claim ranges of a 24-prompt dataset while a trainer loop takes
     their signed records; mid-epoch an attacker holding only the Redis URL deletes the claims position
     (epoch reset) and adds garbage and trained ranges to the re-issue list, writes garbage into the
-    position, replaces the holders' hash with a string, skips the position two epochs forward,
-    deletes the claims in flight (marks them done), and hands the claims then in flight to a ghost
-    job with a deadline that never comes. Every prompt of epoch 0 is still trained exactly once,
-    no record id is trained twice, no producer crashes, and the damage is logged."""
+    position, replaces the holders' hash with a string, skips the position two epochs forward, adds
+    the prompts not trained yet to the queue's set of trained record ids (``S:done``, which makes the
+    queue drop their records), deletes the claims in flight (marks them done), and hands the claims
+    then in flight to a ghost job with a deadline that never comes. Every prompt of epoch 0 is still
+    trained exactly once, no record id is trained twice, no producer crashes, and the damage is logged."""
     from cosmos_primitives.queue.prompt_claims import PromptClaims, claim_keys
     from cosmos_primitives.queue.trained_prompts import TrainedPrompts
     from cosmos_primitives.sync.run_auth import RunSecret
@@ -490,6 +491,8 @@ def test_a_redis_url_holder_cannot_make_a_prompt_be_skipped_or_trained_twice_thr
         (6, lambda: client.set(keys["next"], "zzz")),
         (8, lambda: (client.delete(keys["owners"]), client.set(keys["owners"], "x"))),  # a key of another type
         (10, lambda: client.set(keys["next"], _int_or_zero(client.get(keys["next"])) + 2 * 8)),
+        (11, lambda: client.zadd(f"{stream}:done", {f"e0-i{i}": time.time() for i in range(24)
+                                                   if f"e0-i{i}" not in trained})),  # "trained" in the queue's set
         (13, lambda: client.delete(keys["deadlines"], keys["owners"])),
         (16, lambda: [(client.zadd(keys["deadlines"], {m: 1e15}), client.hset(keys["owners"], m, "ghost"))
                       for m in client.zrange(keys["deadlines"], 0, -1)]),  # held forever by nobody
@@ -521,7 +524,7 @@ def test_a_redis_url_holder_cannot_make_a_prompt_be_skipped_or_trained_twice_thr
                 done = sum(rid.startswith("e0-") for rid in trained)
                 if attacks and done >= attacks[0][0]:  # one a step: the trainer sees each
                     attacks.pop(0)[1]()
-                ledger.audit(claims, grace_steps=3)
+                ledger.audit(claims, grace_steps=3, untrain=queue.untrain)
         finally:
             stop.set()
             for producer in producers:
@@ -535,5 +538,6 @@ def test_a_redis_url_holder_cannot_make_a_prompt_be_skipped_or_trained_twice_thr
     assert all("not written by PromptClaims" in e for e in errors), errors  # clear errors, never Lua's own
     assert "hold what cosmos_primitives never writes" in caplog.text, caplog.text[-2000:]  # the garbage position
     assert "handed out again" in caplog.text, caplog.text[-2000:]  # the ranges skipped or marked done
+    assert "were marked trained in the queue" in caplog.text, caplog.text[-2000:]  # S:done un-marked
     client.delete(*client.keys(f"{stream}*"))
     client.close()

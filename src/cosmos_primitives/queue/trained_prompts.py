@@ -25,7 +25,7 @@ from __future__ import annotations
 import base64
 import logging
 import re
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 from cosmos_primitives.queue.prompt_claims import PromptClaims, epoch_permutation
@@ -120,12 +120,19 @@ class TrainedPrompts:
                 ranges.append(epoch * self.ranges_per_epoch + p)
         return ranges
 
+    def _untrained_ids(self, range_ids: Iterable[int]) -> list[str]:
+        """The record ids of the untrained prompts of ``range_ids``."""
+        ids = []
+        for range_id in range_ids:
+            epoch, position = divmod(range_id, self.ranges_per_epoch)
+            order = epoch_permutation(self.dataset_size, self.seed, epoch)
+            ids += [f"e{epoch}-i{i}" for i in order[position * self.range_size:(position + 1) * self.range_size]
+                    if not self.is_trained(f"e{epoch}-i{i}")]
+        return ids
+
     def _give_up(self, range_id: int) -> list[str]:
         """Count the untrained prompts of ``range_id`` as settled (untrained); returns their record ids."""
-        epoch, position = divmod(range_id, self.ranges_per_epoch)
-        order = epoch_permutation(self.dataset_size, self.seed, epoch)
-        ids = [f"e{epoch}-i{i}" for i in order[position * self.range_size:(position + 1) * self.range_size]
-               if not self.is_trained(f"e{epoch}-i{i}")]
+        ids = self._untrained_ids([range_id])
         self.give_up(ids)
         self.last_given_up += ids
         return ids
@@ -137,7 +144,8 @@ class TrainedPrompts:
         self.abandoned += sum(1 for r in record_ids if not self.is_trained(r))
         self.mark(record_ids)
 
-    def audit(self, claims: PromptClaims, grace_steps: int, max_reissues: int = 3) -> list[int]:
+    def audit(self, claims: PromptClaims, grace_steps: int, max_reissues: int = 3,
+              untrain: Callable[[list[str]], int] | None = None) -> list[int]:
         """Check the claims against this account and repair them; call it once a step on one rank.
 
         A range of epoch :attr:`low` that the claims handed out (below their position), that is not in
@@ -152,6 +160,11 @@ class TrainedPrompts:
         side skips as bad samples, records dead-lettered every time, or a writer that keeps defeating
         it) is given up: its untrained prompts count as settled so that the epoch can end, counted in
         :attr:`abandoned` and named in an error.
+
+        ``untrain`` (the queue's :meth:`~cosmos_primitives.queue.RedisRolloutQueue.untrain`) is given
+        the untrained prompts' record ids of every range re-issued: an id the queue marks trained
+        (``S:done``, unsigned) although this account never trained it would make the queue drop its
+        records again, so it is un-marked first.
 
         Returns:
             the range ids re-issued by this call.
@@ -198,6 +211,12 @@ class TrainedPrompts:
         if self.low != low:  # the given-up prompts were the epoch's last: the next epoch is audited next step
             return []
         if due:
+            if untrain is not None:
+                marked = untrain(self._untrained_ids(due))
+                if marked:
+                    log.error("%d untrained prompts of the ranges handed out again were marked trained in the queue of "
+                              "%s (S:done): someone else writes the run's Redis. Un-marked, so that their records are "
+                              "trained", marked, claims.prefix)
             requeued = claims.reissue(due)
             for r in due:
                 self._missing_since[r] = self._audits
