@@ -21,7 +21,7 @@ MIN_GAIN = 0.1  # measured gains (seed 0, 1, 2): see the example's docstring
 def test_the_loop_trains_in_one_process_without_files(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.chdir(tmp_path)
     main = runpy.run_path(str(LOOP))["main"]
-    history = main(steps=2, prompts_per_step=2)
+    history = main(steps=2, rollout_batch_size=2)
     assert [h["step"] for h in history] == [1, 2]
     assert all(h["grad_norm"] > 0 and "clip_fraction" in h and 0 <= h["reward"] <= 1 for h in history), history
     assert not dist.is_initialized()
