@@ -62,8 +62,8 @@ def validate(engine, dataset: MCQPromptDataset, cfg: cp.config.Config, mesh: cp.
     count = len(dataset) if val.max_items is None else min(val.max_items, len(dataset))
     mine = list(range(mesh.dp_rank, count, mesh.dp_size))
     sums = torch.zeros(len(names) + 2, dtype=torch.float64)  # per reward, total, items
-    params = SamplingParams(n=1, temperature=val.temperature,
-                            max_new_tokens=cp.config.validation_max_response_length(cfg),
+    params = SamplingParams(num_samples_per_prompt=1, temperature=val.temperature,
+                            max_response_length=cp.config.validation_max_response_length(cfg),
                             seed=cfg.train.seed)
     for start in range(0, len(mine), cfg.rollout.batch_size):
         prompts = []

@@ -54,7 +54,7 @@ def test_sft_warmup_teaches_answers_the_engine_then_writes(qwen_tokenizer) -> No
     assert len(losses) == 60 and losses[-1] < losses[0] / 10, losses
     engine = cp.rollout.HFRolloutEngine(model, qwen_tokenizer)
     groups = engine.generate([Prompt(conversation=p) for p, _ in pairs],
-                             SamplingParams(n=1, max_new_tokens=4, temperature=0.0, seed=0))
+                             SamplingParams(num_samples_per_prompt=1, max_response_length=4, temperature=0.0, seed=0))
     texts = [g.completions[0].text for g in groups]
     # the answers' form, " <digit>" and then the end-of-text token (else the 4 tokens would run on)
     assert all(re.fullmatch(r" \d", text) for text in texts), texts

@@ -94,6 +94,8 @@ WFM_POLICY_DEPRECATED: dict[str, tuple[str, Callable[[Any], Any] | None]] = {
 RENAMED: dict[str, tuple[str, Callable[[Any], Any] | None]] = {
     # prompts per rank and step: one name, [grpo] rollout_batch_size's, in [grpo] and [wfm] alike
     "wfm.data.prompts_per_step": ("wfm.rollout_batch_size", None),
+    # new tokens per completion: [rollout] / [validation] max_response_length's name, in [eval] too
+    "eval.max_tokens": ("eval.max_response_length", None),
 }
 """This library's own older names of a quantity that now has one name everywhere (issue 33): each
 still loads, with a ``FutureWarning`` naming the key to write instead."""
