@@ -192,3 +192,19 @@ def test_api_doc_names_old_keywords_only_in_its_older_names_table() -> None:
         assert re.search(pattern, section), f"docs/api.md's older names lack {pattern}"
         stray = [line[:120] for line in rest.splitlines() if re.search(pattern, line)]
         assert not stray, f"docs/api.md spells the old keyword {pattern} outside its older-names table: {stray[:2]}"
+
+
+def test_cosmos_rl_files_load_without_a_renamed_key_warning() -> None:
+    """cosmos-rl's own keys (``rollout.n_generation``, ``rollout.max_response_length``, its world-model batch
+    sizes) are read by its rule list, never as one of this library's older names."""
+    import warnings
+
+    paths = sorted((ROOT / "tests" / "data" / "cosmos_rl_configs").rglob("*.toml"))
+    assert len(paths) > 20
+    for path in paths:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            load_config(path)
+        renamed = [str(w.message) for w in caught
+                   if issubclass(w.category, FutureWarning) and "deprecated" in str(w.message)]
+        assert not renamed, f"{path.name}: {renamed}"
