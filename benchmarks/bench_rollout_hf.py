@@ -113,14 +113,15 @@ def image_prompt() -> Prompt:
 
 
 def never_emitted_token(model: Any) -> int:
-    """A token id past the vocabulary: as the stop token, every row generates ``max_new_tokens``
+    """A token id past the vocabulary: as the stop token, every row generates ``max_response_length``
     (a random-weight model emits EOS at random)."""
     return model.config.get_text_config().vocab_size
 
 
 def greedy_full_length(model: Any, new_tokens: int) -> SamplingParams:
     """Greedy, 2 samples per prompt, every row ``new_tokens`` long."""
-    return SamplingParams(n=2, temperature=0.0, max_new_tokens=new_tokens, stop_token_ids=(never_emitted_token(model),))
+    return SamplingParams(num_samples_per_prompt=2, temperature=0.0, max_response_length=new_tokens,
+                          stop_token_ids=(never_emitted_token(model),))
 
 
 def variant_compile_config(variant: str, compile_config: Any = None) -> Any:
@@ -206,14 +207,14 @@ def rollout_tokens_per_s(model: Any, processor: Any, *, rows: int = 64, new_toke
     engine = engine or make_engine(model, processor, variant, rows, compile_config)
     n = min(samples_per_prompt, rows)
     prompts = text_prompts(max(1, rows // n))
-    params = SamplingParams(n=n, temperature=1.0, max_new_tokens=new_tokens, seed=0,
+    params = SamplingParams(num_samples_per_prompt=n, temperature=1.0, max_response_length=new_tokens, seed=0,
                             stop_token_ids=(never_emitted_token(model),))
     before = _compile_counters()
     with sampler_of(variant):
         _synchronize(device)
         start = time.perf_counter()
         # warm-up: kernels, allocator; for a static engine the compile and CUDA graph of this very cache shape
-        warm = params if engine.static_cache else attrs.evolve(params, max_new_tokens=min(16, new_tokens))
+        warm = params if engine.static_cache else attrs.evolve(params, max_response_length=min(16, new_tokens))
         engine.generate(prompts, warm)
         _synchronize(device)
         warmup_s = time.perf_counter() - start

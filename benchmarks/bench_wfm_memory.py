@@ -104,7 +104,7 @@ def flowgrpo_memory_2b(dry: bool, work: Path | None = None, *, samples: int = 2,
     with torch.device(dev):
         transformer = diffusers.CosmosTransformer3DModel(**transformer_config)  # float32, as the recipe shards it
     overrides = ["policy.parallelism.dp_shard_size=1", f"wfm.num_samples_per_prompt={samples}",
-                 "wfm.data.prompts_per_step=1",
+                 "wfm.rollout_batch_size=1",
                  f"wfm.num_inference_steps={inference_steps}",
                  f"wfm.train_step_fraction={trained_steps / inference_steps}",
                  f"wfm.data.num_frames={(latent[1] - 1) * 4 + 1}", f"wfm.data.text_dim={text_dim}",

@@ -31,7 +31,7 @@ from cosmos_primitives.policy.teacher import teacher_logprobs
 SUMS = [(f"{a} + {b} =", str(a + b)) for a in range(3) for b in range(3)]
 
 
-def main(steps: int = 15, prompts_per_step: int = 8, seed: int = 0) -> list[dict[str, float]]:
+def main(steps: int = 15, rollout_batch_size: int = 8, seed: int = 0) -> list[dict[str, float]]:
     cp.utils.seed_everything(seed)
     tokenizer = cp.testing.qwen_tokenizer()
     teacher = cp.testing.tiny_qwen3(seed=seed + 1)
@@ -41,7 +41,7 @@ def main(steps: int = 15, prompts_per_step: int = 8, seed: int = 0) -> list[dict
     digits = random.Random(seed)  # the student is shown the form " <digit>", not the sums
     cp.policy.sft_warmup(student, tokenizer, [(p, f" {digits.randint(0, 4)}") for p, _ in SUMS * 4], steps=30, lr=1e-2)
     cfg = cp.load_config(None, ["grpo.num_samples_per_prompt=4", "rollout.max_response_length=3",
-                                "train.optm_lr=5e-3", f"train.train_policy.mini_batch={prompts_per_step * 4}"])
+                                "train.optm_lr=5e-3", f"train.train_policy.mini_batch={rollout_batch_size * 4}"])
     policy = cp.policy.build_policy(cfg.policy, hf_model=student)
     engine = cp.rollout.HFRolloutEngine(student, tokenizer)
     optimizer = cp.policy.build_optimizer(policy, cfg.train)
@@ -49,7 +49,7 @@ def main(steps: int = 15, prompts_per_step: int = 8, seed: int = 0) -> list[dict
     rng = torch.Generator().manual_seed(seed)
     history = []
     for step in range(1, steps + 1):
-        picked = torch.randint(0, len(SUMS), (prompts_per_step,), generator=rng).tolist()
+        picked = torch.randint(0, len(SUMS), (rollout_batch_size,), generator=rng).tolist()
         prompts = [Prompt(conversation=SUMS[i][0], reference=SUMS[i][1]) for i in picked]
         groups = engine.generate(prompts, SamplingParams.from_config(cfg.rollout, cfg.grpo.num_samples_per_prompt,
                                                                      seed=step))

@@ -42,7 +42,7 @@ from cosmos_primitives.eval import (
 
 # flag -> [eval] field
 FLAGS = {"model": "model", "benchmark": "benchmark", "data_dir": "data_dir", "results_dir": "results_dir",
-         "temperature": "temperature", "max_tokens": "max_tokens", "answer_type": "answer_type",
+         "temperature": "temperature", "max_response_length": "max_response_length", "answer_type": "answer_type",
          "datasets": "datasets", "backend": "backend", "batch_size": "batch_size", "limit": "limit"}
 
 
@@ -61,7 +61,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                         help="where predictions are saved, under <model folder name>/<answer_type>/ (and "
                         "found on re-runs); with --score-only, every prediction below it is counted")
     parser.add_argument("--temperature", type=float, help="0 for greedy decoding")
-    parser.add_argument("--max-tokens", type=int)
+    parser.add_argument("--max-response-length", "--max-tokens", "--max_tokens", dest="max_response_length", type=int,
+                        help="new tokens per answer ([eval] max_response_length; --max-tokens: the tool's name)")
     parser.add_argument("--answer-type", choices=["reasoning", "letter"])
     parser.add_argument("--datasets", "--dataset", dest="datasets", type=lambda text: [d for d in text.split(",") if d],
                         help="only these datasets, comma-separated, e.g. robovqa,av")

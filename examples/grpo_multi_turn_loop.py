@@ -45,7 +45,7 @@ def quiz(episode: Episode) -> EnvReply:
     return EnvReply(text=f" {SUMS[follow_up][0]}", reward=reward, done=len(episode.turns) == 2)
 
 
-def main(steps: int = 20, prompts_per_step: int = 8, seed: int = 0) -> list[dict[str, float]]:
+def main(steps: int = 20, rollout_batch_size: int = 8, seed: int = 0) -> list[dict[str, float]]:
     cp.utils.seed_everything(seed)
     model, tokenizer = cp.testing.tiny_qwen3(seed=seed), cp.testing.qwen_tokenizer()
     digits = random.Random(seed)  # the warm-up shows the form of both turns, not the sums
@@ -54,7 +54,7 @@ def main(steps: int = 20, prompts_per_step: int = 8, seed: int = 0) -> list[dict
         for q, _ in SUMS for q2, _ in random.Random(seed).sample(SUMS, 3)]
     cp.policy.sft_warmup(model, tokenizer, forms, steps=40, lr=1e-2)
     cfg = cp.load_config(None, ["grpo.num_samples_per_prompt=8", "rollout.max_response_length=3",
-                                "train.optm_lr=5e-3", f"train.train_policy.mini_batch={prompts_per_step * 8}"])
+                                "train.optm_lr=5e-3", f"train.train_policy.mini_batch={rollout_batch_size * 8}"])
     policy = cp.policy.build_policy(cfg.policy, hf_model=model)
     engine = cp.rollout.HFRolloutEngine(model, tokenizer)
     optimizer = cp.policy.build_optimizer(policy, cfg.train)
@@ -62,7 +62,7 @@ def main(steps: int = 20, prompts_per_step: int = 8, seed: int = 0) -> list[dict
     rng = torch.Generator().manual_seed(seed)
     history = []
     for step in range(1, steps + 1):
-        pairs = torch.randint(0, len(SUMS), (prompts_per_step, 2), generator=rng).tolist()
+        pairs = torch.randint(0, len(SUMS), (rollout_batch_size, 2), generator=rng).tolist()
         prompts = [Prompt(conversation=SUMS[a][0], row={"sums": (a, b)}) for a, b in pairs]
         params = SamplingParams.from_config(cfg.rollout, cfg.grpo.num_samples_per_prompt, seed=step)
         groups = run_episodes(engine, tokenizer, prompts, params, quiz, max_turns=2)

@@ -40,13 +40,13 @@ def reward_sum(completion: str, reference: str) -> float:
     return 0.5 - 0.1 * abs(int(answer) - int(reference)) if len(answer) == 1 and answer.isdigit() else 0.0
 
 
-def main(steps: int = 20, prompts_per_step: int = 8, seed: int = 0) -> list[dict[str, float]]:
+def main(steps: int = 20, rollout_batch_size: int = 8, seed: int = 0) -> list[dict[str, float]]:
     cp.utils.seed_everything(seed)
     model, tokenizer = cp.testing.tiny_qwen3(seed=seed), cp.testing.qwen_tokenizer()
     digits = random.Random(seed)  # the warm-up shows the form " <digit>", not the sums
     cp.policy.sft_warmup(model, tokenizer, [(p, f" {digits.randint(0, 4)}") for p, _ in SUMS * 4], steps=30, lr=1e-2)
     cfg = cp.load_config(None, ["grpo.num_samples_per_prompt=8", "rollout.max_response_length=3",
-                                "train.optm_lr=5e-3", f"train.train_policy.mini_batch={prompts_per_step * 8}"])
+                                "train.optm_lr=5e-3", f"train.train_policy.mini_batch={rollout_batch_size * 8}"])
     policy = cp.policy.build_policy(cfg.policy, hf_model=model)  # trainable, CausalLMPolicy over `model`
     engine = cp.rollout.HFRolloutEngine(model, tokenizer)  # the same module: it always sees the new weights
     optimizer = cp.policy.build_optimizer(policy, cfg.train)
@@ -54,7 +54,7 @@ def main(steps: int = 20, prompts_per_step: int = 8, seed: int = 0) -> list[dict
     rng = torch.Generator().manual_seed(seed)
     history = []
     for step in range(1, steps + 1):
-        picked = torch.randint(0, len(SUMS), (prompts_per_step,), generator=rng).tolist()
+        picked = torch.randint(0, len(SUMS), (rollout_batch_size,), generator=rng).tolist()
         prompts = [Prompt(conversation=SUMS[i][0], reference=SUMS[i][1]) for i in picked]
         groups = engine.generate(prompts, SamplingParams.from_config(cfg.rollout, cfg.grpo.num_samples_per_prompt,
                                                                      seed=step))

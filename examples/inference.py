@@ -50,7 +50,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--max-pixels", type=_number(int, 1), default=81920)
     parser.add_argument("--temperature", type=_number(float, 0), default=0.6, help="0 decodes greedily")
     parser.add_argument("--top-p", type=_number(float, 0, 1, low_open=True), default=0.95)
-    parser.add_argument("--max-tokens", type=_number(int, 1), default=1024)
+    parser.add_argument("--max-response-length", "--max-tokens", dest="max_response_length", type=_number(int, 1),
+                        default=1024, help="new tokens per answer (--max-tokens: its older spelling)")
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--backend", choices=["hf", "vllm"], default="hf")
     parser.add_argument("--dtype", choices=["auto", "bfloat16", "float16", "float32"], default="auto")
@@ -74,8 +75,9 @@ def main(argv: list[str] | None = None) -> str:
     prompt = Prompt(conversation=loaded.conversation, prompt_id="inference", images=loaded.images,
                     videos=loaded.videos, video_fps=loaded.video_fps)
     engine = load_eval_engine(args.model, backend=args.backend, dtype=args.dtype, seed=args.seed)
-    params = SamplingParams(n=1, temperature=args.temperature, top_p=args.top_p if args.temperature > 0 else 1.0,
-                            max_new_tokens=args.max_tokens, seed=args.seed)
+    params = SamplingParams(num_samples_per_prompt=1, temperature=args.temperature,
+                            top_p=args.top_p if args.temperature > 0 else 1.0,
+                            max_response_length=args.max_response_length, seed=args.seed)
     (group,) = engine.generate([prompt], params)
     answer = group.completions[0].text
     print(answer)

@@ -58,7 +58,7 @@ def evaluate(model: Path, benchmark: Path, results: Path) -> dict[str, float]:
     """Greedy held-out accuracy and format rate of an exported model."""
     # greedy, and worded as the recipes trained it: the tiny model has seen no other prompt (the guide's
     # "your single letter answer" and system message leave it answering nothing)
-    cfg = EvalConfig(temperature=0.0, max_tokens=32, batch_size=64, skip_saved=False, max_retries=0,
+    cfg = EvalConfig(temperature=0.0, max_response_length=32, batch_size=64, skip_saved=False, max_retries=0,
                      prompt="training")
     report = cp.eval.evaluate(str(model), str(benchmark), results_dir=results, cfg=cfg, print_table=False)
     outputs = [r["full_response"] for r in report.records]

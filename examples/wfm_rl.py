@@ -8,7 +8,7 @@
 cosmos-rl's world-model files (``configs/cosmos-predict2-5/``) are read as they are (the loader translates them;
 ``python -m cosmos_primitives.migrate FILE`` shows how, docs/from_cosmos_rl.md).
 
-Each step: take this rank's next ``[wfm.data] prompts_per_step`` prompts (``cp.data.WFMPromptSource``: a shuffled,
+Each step: take this rank's next ``[wfm] rollout_batch_size`` prompts (``cp.data.WFMPromptSource``: a shuffled,
 resumable order of a mock set or clip folder, or a stream of tar shards, local or on S3, with ``kind =
 "webdataset"``; the ``[wfm] group_ranks`` ranks of a group read the same ones), roll out ``num_samples_per_prompt``
 videos per prompt (``/ group_ranks`` on each rank of a group) with the SDE sampler (log-probs recorded; with ``[wfm]
@@ -132,7 +132,7 @@ def train(cfg: cp.Config, config_path: str) -> Path:
     # optimizer, checkpoints. A prompt's group of rollouts may span `spread` data ranks ([wfm] group_ranks,
     # cosmos-rl's world-model layout): they read the same prompts and roll out `group` samples each.
     spread = math.gcd(w.group_ranks, data_ranks)
-    group, per_step = w.num_samples_per_prompt // spread, w.data.prompts_per_step
+    group, per_step = w.num_samples_per_prompt // spread, w.rollout_batch_size
     group_index, member = divmod(data_rank, spread)
     if spread * group != w.num_samples_per_prompt:
         raise ValueError(f"[wfm] num_samples_per_prompt = {w.num_samples_per_prompt} cannot be shared by the "

@@ -227,13 +227,14 @@ def test_data_keys_equal_cosmos_rls_own_reading() -> None:
     for path in FILES:
         if path == NFT:
             continue
-        theirs, data = FIXTURE[path.name]["values"], load(path).wfm.data
+        theirs, wfm = FIXTURE[path.name]["values"], load(path).wfm
+        data = wfm.data
         if theirs["dataloader_train.type"] == "local":
             video = "dataloader_train.video_dataloader."
             assert (data.kind, data.path, data.num_frames) == ("clip_folder", theirs[video + "dataset_dir"],
                                                                theirs[video + "num_frames"])
             assert [data.height, data.width] == theirs[video + "video_size"]  # (height, width), cosmos-rl's resize
-            assert data.prompts_per_step == theirs[video + "batch_size"]
+            assert wfm.rollout_batch_size == theirs[video + "batch_size"]
             online = theirs.get("model.text_encoder_config.compute_online", False)  # no text_encoder_config: T5
             assert data.text_encoder == "none"
             assert data.embedding_dir == ("text_embedding" if online else "t5_xxl")
@@ -244,7 +245,7 @@ def test_data_keys_equal_cosmos_rls_own_reading() -> None:
                 "mock", theirs[dataset + "dataset.num_video_frames"], 432, 768)
             assert data.max_tokens == theirs[dataset + "dataset.len_t5"]
             assert data.text_dim == theirs[dataset + "dataset.t5_dim"]
-            assert data.prompts_per_step == theirs[dataset + "batch_size"]
+            assert wfm.rollout_batch_size == theirs[dataset + "batch_size"]
 
 
 DIFFUSERS_CHECKS: dict[str, list[tuple[str, Any]]] = {
@@ -312,7 +313,7 @@ def test_the_diffusers_file_equals_cosmos_rls_own_reading() -> None:
     (term,) = cfg.remote_reward.rewards
     assert (term.name, term.weight, term.score_key, list(term.clip)) == (
         fn["name"], fn["weight"], fn["score_key"], [fn["clip_min"], fn["clip_max"]])
-    assert cfg.wfm.data.prompts_per_step * cfg.wfm.num_samples_per_prompt * cfg.policy.parallelism.dp_shard_size == \
+    assert cfg.wfm.rollout_batch_size * cfg.wfm.num_samples_per_prompt * cfg.policy.parallelism.dp_shard_size == \
         theirs["train.train_batch_per_replica"]
 
 
@@ -553,7 +554,7 @@ def test_a_group_spread_over_two_ranks_trains_as_one_rank(tmp_path: Path) -> Non
     from test_wfm_context_parallel import _recipe_metrics
 
     config = Path(__file__).parents[1] / "examples" / "configs" / "wfm_flowgrpo_tiny.toml"
-    spread = ["wfm.group_ranks=2", "wfm.advantage_std=sample", "wfm.data.prompts_per_step=1"]
+    spread = ["wfm.group_ranks=2", "wfm.advantage_std=sample", "wfm.rollout_batch_size=1"]
     one = _recipe_metrics(config, spread, 1, tmp_path / "out1")
     two = _recipe_metrics(config, spread, 2, tmp_path / "out2")
     assert [r["step"] for r in two] == [r["step"] for r in one] == [1, 2]

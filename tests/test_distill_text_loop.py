@@ -20,7 +20,8 @@ def test_teacher_log_probs_are_the_models_own_for_the_sampled_tokens() -> None:
     tokenizer = cp.testing.qwen_tokenizer()
     model = cp.testing.tiny_qwen3(seed=3).eval()
     groups = cp.rollout.HFRolloutEngine(model, tokenizer).generate(
-        [Prompt(conversation="1 + 1 ="), Prompt(conversation="2 + 0 =")], SamplingParams(n=2, max_new_tokens=3, seed=0))
+        [Prompt(conversation="1 + 1 ="), Prompt(conversation="2 + 0 =")], SamplingParams(num_samples_per_prompt=2,
+                                                                                         max_response_length=3, seed=0))
     batch = collate_rollouts(groups, tokenizer)
     # the same model as teacher: its scores are the engine's own log-probs (temperature 1, no filtering)
     scores = teacher_logprobs(model, batch, micro_batch=3)

@@ -166,7 +166,8 @@ def test_select_cuts_rows_to_their_longest_and_keeps_their_media(tiny_vl_model, 
         Prompt(conversation=[{"role": "user", "content": [ask]}], prompt_id="text2"),
     ]
     engine = HFRolloutEngine(tiny_vl_model, tiny_vl_processor)
-    groups = engine.generate(prompts, SamplingParams(n=2, temperature=1.0, max_new_tokens=4, seed=0))
+    groups = engine.generate(prompts, SamplingParams(num_samples_per_prompt=2, temperature=1.0, max_response_length=4,
+                                                     seed=0))
     batch = collate_rollouts(groups, tiny_vl_processor)
     assert batch.images_per_row.tolist() == [0, 0, 1, 1, 2, 2, 0, 0]
     lengths = batch.lengths()

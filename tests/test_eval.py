@@ -139,7 +139,7 @@ def test_accuracy_table_equals_hand_computed(bench, tmp_path: Path, capsys: pyte
     assert len(by_id["av-1"].images) == 1 and not by_id["av-1"].videos
     assert len(by_id["av-3"].videos) == 1 and by_id["av-3"].video_fps == [2.0]
     assert by_id["ho-2"].images == [] and by_id["ho-2"].videos == []
-    assert engine.params[0].temperature == 0.6 and engine.params[0].max_new_tokens == 1024
+    assert engine.params[0].temperature == 0.6 and engine.params[0].max_response_length == 1024
     assert by_id["av-1"].conversation[0] == {"role": "system", "content": "Answer the questions."}
     assert by_id["av-1"].conversation[-1]["content"][-1]["text"] == GUIDE_MCQ_PROMPT
 
@@ -224,7 +224,7 @@ def test_letter_answer_type_prompt_and_extraction(bench, tmp_path: Path) -> None
         "Which colour fills the image?", "What happens?").replace(
         "(A) red\n(B) green\n(C) blue\n(D) yellow", "(A) stop\n(B) go\n(C) turn")
     # the tool decodes letters greedily with 10 new tokens, whatever [eval] says
-    assert (engine.params[0].temperature, engine.params[0].top_k, engine.params[0].max_new_tokens) == (0.0, 1, 10)
+    assert (engine.params[0].temperature, engine.params[0].top_k, engine.params[0].max_response_length) == (0.0, 1, 10)
 
 
 def test_empty_answers_are_retried_with_more_tokens_and_a_higher_temperature(bench, tmp_path: Path) -> None:
@@ -236,7 +236,7 @@ def test_empty_answers_are_retried_with_more_tokens_and_a_higher_temperature(ben
     report = evaluate(engine, items, data_dir=data, results_dir=tmp_path / "results",
                       cfg=quiet_cfg(max_retries=3, seed=5))
     assert engine.calls == [["av-1", "av-2", "ho-2"]] * 3 + [["av-1"]]
-    assert [(p.max_new_tokens, p.temperature, p.seed) for p in engine.params[:4]] == [
+    assert [(p.max_response_length, p.temperature, p.seed) for p in engine.params[:4]] == [
         (1024, 0.6, 5), (1280, 0.65, 5), (1536, 0.7, 5), (1792, 0.75, 5)]
     assert report.table["overall"]["correct"] == 2
     [av1] = saved(tmp_path / "results", "av", "av-1")

@@ -70,7 +70,7 @@ def test_exported_checkpoint_on_images_and_video(exported: Path, colour_bench, t
     engine = load_eval_engine(exported)
     assert isinstance(engine, HFRolloutEngine)
     recording = RecordingEngine(engine)
-    cfg = EvalConfig(temperature=0.0, max_tokens=4, fps=4.0, max_pixels=3136, min_pixels=3136, batch_size=3,
+    cfg = EvalConfig(temperature=0.0, max_response_length=4, fps=4.0, max_pixels=3136, min_pixels=3136, batch_size=3,
                      max_retries=0)
     report = evaluate(recording, path, data_dir=data, results_dir=tmp_path / "results", cfg=cfg)
 
@@ -146,7 +146,7 @@ def test_vllm_backend_against_standin(standin_vllm, tiny_qwen2_dir: Path, qwen_t
     bench.write_text("".join(json.dumps({"id": str(i), "question": f"Say {w}.", "answer": w}) + "\n"
                              for i, w in enumerate(["yes", "no"])))
     # the stand-in samples only with temperature > 0
-    cfg = EvalConfig(backend="vllm", tp_size=1, temperature=0.7, max_tokens=3, max_model_len=512, seed=5)
+    cfg = EvalConfig(backend="vllm", tp_size=1, temperature=0.7, max_response_length=3, max_model_len=512, seed=5)
     report = evaluate(str(tiny_qwen2_dir), bench, results_dir=tmp_path / "results", cfg=cfg,
                       processor=qwen_tokenizer, print_table=False)
     llm_kwargs = next(kwargs for name, kwargs in vllm.CALLS if name == "LLM")

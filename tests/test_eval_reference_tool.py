@@ -132,13 +132,15 @@ def test_the_processor_is_told_2_fps_as_the_tools_vllm_is(tiny_vl_processor, tmp
 
 @pytest.mark.parametrize("scenario", REFERENCE["retries"], ids=[s["name"] for s in REFERENCE["retries"]])
 def test_retry_policy_equals_the_tools_run_model(scenario: dict, tmp_path: Path) -> None:
-    cfg = EvalConfig(**scenario["config"], batch_size=64, max_pixels=3136, min_pixels=3136)
+    # the scenarios spell the tool's max_tokens: [eval] max_response_length here
+    ours = {"max_response_length" if key == "max_tokens" else key: value for key, value in scenario["config"].items()}
+    cfg = EvalConfig(**ours, batch_size=64, max_pixels=3136, min_pixels=3136)
     items = [mcq_item(letter, item_id=qid) for qid, letter in scenario["items"]]
     engine = ScriptedEngine(scenario["script"])
     report = evaluate(engine, items, results_dir=tmp_path, cfg=cfg, print_table=False)
 
     calls = [{"ids": ids, "temperature": p.temperature, "top_p": p.top_p, "top_k": p.top_k,
-              "repetition_penalty": p.repetition_penalty, "max_tokens": p.max_new_tokens, "seed": p.seed}
+              "repetition_penalty": p.repetition_penalty, "max_tokens": p.max_response_length, "seed": p.seed}
              for ids, p in zip(engine.calls, engine.params)]
     assert calls == scenario["calls"]
     by_id = {r["id"]: r for r in report.records}

@@ -38,7 +38,7 @@ def show(episode):  # a VLM turn receives an image from the environment
 def test_a_turn_is_cut_to_max_tokens_per_turn_leaving_room_for_the_replies() -> None:
     tokenizer, model = cp.testing.qwen_tokenizer(), cp.testing.tiny_qwen3(seed=0)
     engine = cp.rollout.HFRolloutEngine(model, tokenizer)
-    params = SamplingParams(n=2, temperature=1.0, max_new_tokens=32, seed=0)
+    params = SamplingParams(num_samples_per_prompt=2, temperature=1.0, max_response_length=32, seed=0)
     env = lambda episode: EnvReply(text=" again", reward=1.0, done=len(episode.turns) >= 3)  # noqa: E731
     for per_turn, turns in ((0, 1), (5, 3)):  # 0: a turn may take the episode's whole budget (cosmos-rl)
         multi = cp.load_config(None, ["rollout.multi_turn_config.enable=true",

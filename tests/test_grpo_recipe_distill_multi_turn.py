@@ -63,7 +63,7 @@ def test_episodes_are_scored_on_their_last_turn_plus_the_environment_rewards() -
     cfg = cp.load_config(None, ["rollout.multi_turn_config.enable=true", "rollout.max_response_length=64",
                                 "rollout.multi_turn_config.max_assistant_turns=5", "grpo.num_samples_per_prompt=2"])
     engine = cp.rollout.HFRolloutEngine(model, tokenizer)
-    params = SamplingParams(n=2, temperature=1.0, max_new_tokens=4, seed=0)
+    params = SamplingParams(num_samples_per_prompt=2, temperature=1.0, max_response_length=4, seed=0)
     groups = generate_rollouts(engine, tokenizer, [Prompt(conversation="1 + 1 ="), Prompt(conversation="2 + 1 =")],
                                params, _quiz, multi=cfg.rollout.multi_turn_config,
                                max_response_length=cfg.rollout.max_response_length)
@@ -89,7 +89,8 @@ def test_distill_advantages_are_per_token_and_bypass_the_rewards_unless_added() 
     base = ["distillation.enable=true", "distillation.model_name_or_path=t", "grpo.num_samples_per_prompt=2"]
     cfg = cp.load_config(None, base)
     groups = cp.rollout.HFRolloutEngine(student, tokenizer).generate(
-        [Prompt(conversation="1 + 1 =")], SamplingParams(n=2, temperature=1.0, max_new_tokens=5, seed=0))
+        [Prompt(conversation="1 + 1 =")], SamplingParams(num_samples_per_prompt=2, temperature=1.0,
+                                                         max_response_length=5, seed=0))
     batch = collate_rollouts(groups, tokenizer)
     rewards = torch.tensor([1.0, -1.0])
     advantages, metrics = distill_advantages(teacher, batch, rewards, cfg.distillation, temperature=1.0)

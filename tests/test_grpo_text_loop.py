@@ -21,7 +21,7 @@ MIN_GAIN = 0.1  # measured gains (seed 0, 1, 2): see the example's docstring
 def test_the_loop_trains_in_one_process_without_files(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.chdir(tmp_path)
     main = runpy.run_path(str(LOOP))["main"]
-    history = main(steps=2, prompts_per_step=2)
+    history = main(steps=2, rollout_batch_size=2)
     assert [h["step"] for h in history] == [1, 2]
     assert all(h["grad_norm"] > 0 and "clip_fraction" in h and 0 <= h["reward"] <= 1 for h in history), history
     assert not dist.is_initialized()
@@ -54,7 +54,7 @@ def test_sft_warmup_teaches_answers_the_engine_then_writes(qwen_tokenizer) -> No
     assert len(losses) == 60 and losses[-1] < losses[0] / 10, losses
     engine = cp.rollout.HFRolloutEngine(model, qwen_tokenizer)
     groups = engine.generate([Prompt(conversation=p) for p, _ in pairs],
-                             SamplingParams(n=1, max_new_tokens=4, temperature=0.0, seed=0))
+                             SamplingParams(num_samples_per_prompt=1, max_response_length=4, temperature=0.0, seed=0))
     texts = [g.completions[0].text for g in groups]
     # the answers' form, " <digit>" and then the end-of-text token (else the 4 tokens would run on)
     assert all(re.fullmatch(r" \d", text) for text in texts), texts

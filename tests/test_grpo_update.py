@@ -31,7 +31,8 @@ def rollouts(tiny_qwen2_model, qwen_tokenizer):
     engine = HFRolloutEngine(tiny_qwen2_model, qwen_tokenizer)
     prompts = [Prompt(conversation=[{"role": "user", "content": "count" + " up" * i}], prompt_id=str(i))
                for i in range(4)]
-    groups = engine.generate(prompts, SamplingParams(n=4, temperature=1.0, max_new_tokens=6, seed=0))
+    groups = engine.generate(prompts, SamplingParams(num_samples_per_prompt=4, temperature=1.0, max_response_length=6,
+                                                     seed=0))
     return tiny_qwen2_model, collate_rollouts(groups, qwen_tokenizer)
 
 
@@ -119,7 +120,8 @@ def test_top_k_top_p_rollouts_are_scored_under_the_same_distribution(tiny_qwen2_
     engine = HFRolloutEngine(tiny_qwen2_model, qwen_tokenizer)
     prompts = [Prompt(conversation=[{"role": "user", "content": "count" + " up" * i}], prompt_id=str(i))
                for i in range(4)]
-    groups = engine.generate(prompts, SamplingParams(n=4, temperature=1.0, top_k=40, top_p=0.7, max_new_tokens=6,
+    groups = engine.generate(prompts, SamplingParams(num_samples_per_prompt=4, temperature=1.0, top_k=40, top_p=0.7,
+                                                     max_response_length=6,
                                                      seed=0))
     batch = collate_rollouts(groups, qwen_tokenizer)
     sampling = ["rollout.sampling_config.top_k=40", "rollout.sampling_config.top_p=0.7"]

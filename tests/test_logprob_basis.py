@@ -83,8 +83,9 @@ def test_hf_engine_logprobs_equal_trainer_recompute_with_top_k_top_p(kind, tiny_
         prompt = Prompt(conversation=conv, prompt_id="i", images=[cpt.color_image("red")])
     temperature, top_k, top_p = 0.9, 20, 0.9
     engine = HFRolloutEngine(model, processor)
-    groups = engine.generate([prompt], SamplingParams(n=4, temperature=temperature, top_k=top_k, top_p=top_p,
-                                                      max_new_tokens=6, seed=3))
+    groups = engine.generate([prompt], SamplingParams(num_samples_per_prompt=4, temperature=temperature, top_k=top_k,
+                                                      top_p=top_p,
+                                                      max_response_length=6, seed=3))
     for completion in groups[0].completions:
         batch, mask = completion_batch(processor, prompt, completion.token_ids)
         n = len(completion.token_ids)

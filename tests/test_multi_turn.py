@@ -17,7 +17,7 @@ from cosmos_primitives.rollout.hf_engine import HFRolloutEngine
 from cosmos_primitives.rollout.multi_turn import EnvReply, Episode, episode_rewards, run_episodes
 
 PROMPTS = [Prompt(conversation="Tool call:", prompt_id="a"), Prompt(conversation="Look again:", prompt_id="b")]
-PARAMS = SamplingParams(n=2, max_new_tokens=3, seed=0)
+PARAMS = SamplingParams(num_samples_per_prompt=2, max_response_length=3, seed=0)
 
 
 def tool(episode: Episode) -> EnvReply:

@@ -18,7 +18,7 @@ from cosmos_primitives.rollout.hf_engine import HFRolloutEngine
 from cosmos_primitives.rollout.multi_turn import IMAGE_PLACEHOLDER, QWEN_TOOL_REPLY, EnvReply, Episode, run_episodes
 
 CLIP = np.stack([cpt.frame_index_pattern(i, (64, 64)) for i in range(8)])
-PARAMS = SamplingParams(n=2, max_new_tokens=3, seed=0)
+PARAMS = SamplingParams(num_samples_per_prompt=2, max_response_length=3, seed=0)
 
 
 @pytest.fixture

@@ -16,7 +16,7 @@ from cosmos_primitives.rollout.hf_engine import HFRolloutEngine
 from cosmos_primitives.rollout.partial import generate_in_chunks
 
 PROMPTS = [Prompt(conversation="Once upon a time", prompt_id="a"), Prompt(conversation="1 + 1 =", prompt_id="b")]
-PARAMS = SamplingParams(n=2, max_new_tokens=7, seed=0)
+PARAMS = SamplingParams(num_samples_per_prompt=2, max_response_length=7, seed=0)
 
 
 class CountingEngine(HFRolloutEngine):
@@ -70,8 +70,8 @@ def test_finished_completions_are_not_continued_and_the_budget_holds(qwen_tokeni
     model = cpt.tiny_qwen3(seed=0).eval()
     engine = engine_for(model, qwen_tokenizer)
     eos = qwen_tokenizer.eos_token_id
-    # a stop on a common token ends some completions early; the rest run to max_new_tokens
-    params = SamplingParams(n=4, max_new_tokens=7, seed=3, stop_token_ids=(eos,))
+    # a stop on a common token ends some completions early; the rest run to max_response_length
+    params = SamplingParams(num_samples_per_prompt=4, max_response_length=7, seed=3, stop_token_ids=(eos,))
     groups = generate_in_chunks(engine, PROMPTS, params, chunk_tokens=2)
     completions = [c for g in groups for c in g.completions]
     assert all(len(c.token_ids) <= 7 for c in completions)

@@ -19,7 +19,7 @@ from cosmos_primitives.rollout.hf_engine import HFRolloutEngine
 
 TEXT = "Question: what is 2 + 3?\nAnswer:"
 MESSAGES = [{"role": "user", "content": "What is 2 + 3?"}]
-PARAMS = SamplingParams(n=2, temperature=1.0, max_new_tokens=4, seed=0)
+PARAMS = SamplingParams(num_samples_per_prompt=2, temperature=1.0, max_response_length=4, seed=0)
 
 
 def _expected(tokenizer) -> list[list[int]]:

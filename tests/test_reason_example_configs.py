@@ -191,7 +191,7 @@ def test_reason2_grpo_config_trains_what_the_guide_s_4_gpu_rl_trains() -> None:
     ours = _load(OURS / "cosmos_reason2_2b_grpo.toml")
     # the guide's 4-GPU RL: its full config with [policy.parallelism] dp_shard_size = 2 (rollout tp_size 2 there)
     theirs = _load(REASON2 / "configs/cosmos_rl_config.toml", ["policy.parallelism.dp_shard_size=2"])
-    keys = (*SAME_STEP[:-1], "prompts_per_generation", "samples_per_prompt", "steps_per_generation")
+    keys = (*SAME_STEP[:-1], "rollout_batch_size", "num_samples_per_prompt", "steps_per_generation")
     assert {k: llm_vlm_effective(ours)[k] for k in keys} == {k: llm_vlm_effective(theirs)[k] for k in keys}
     assert ours.rollout.parallelism.tp_size == theirs.rollout.parallelism.tp_size
     for section, names in ((ours.grpo, ("kl_beta", "epsilon_low", "epsilon_high", "loss_type", "mu_iterations",

@@ -35,7 +35,8 @@ def prompts() -> list[Prompt]:
 
 def test_batch_layout_and_logprobs_match_engine(tiny_vl_model, tiny_vl_processor) -> None:
     engine = HFRolloutEngine(tiny_vl_model, tiny_vl_processor, weight_version=2)
-    groups = engine.generate(prompts(), SamplingParams(n=2, temperature=1.0, max_new_tokens=5, seed=0))
+    groups = engine.generate(prompts(), SamplingParams(num_samples_per_prompt=2, temperature=1.0,
+                                                       max_response_length=5, seed=0))
     batch = collate_rollouts(groups, tiny_vl_processor)
     assert len(batch) == 6
     assert batch.group_index.tolist() == [0, 0, 1, 1, 2, 2]
@@ -63,7 +64,8 @@ def test_trainer_logprobs_match_the_engine_at_its_sampling_temperature(tiny_vl_m
     """What GRPO trains on: ``cp.policy.token_logprobs`` at the rollout temperature equals the engine's
     log-probs of the sampled tokens (at the first update the policy ratio is exactly 1)."""
     engine = HFRolloutEngine(tiny_vl_model, tiny_vl_processor)
-    groups = engine.generate(prompts(), SamplingParams(n=2, temperature=0.7, max_new_tokens=6, seed=3))
+    groups = engine.generate(prompts(), SamplingParams(num_samples_per_prompt=2, temperature=0.7,
+                                                       max_response_length=6, seed=3))
     batch = collate_rollouts(groups, tiny_vl_processor)
     model = CausalLMPolicy(tiny_vl_model) if wrap else tiny_vl_model
     mask = batch.completion_mask.bool()
@@ -76,7 +78,7 @@ def test_trainer_logprobs_match_the_engine_at_its_sampling_temperature(tiny_vl_m
 
 def test_mismatched_processor_is_named(tiny_vl_model, tiny_vl_processor) -> None:
     engine = HFRolloutEngine(tiny_vl_model, tiny_vl_processor)
-    groups = engine.generate(prompts()[:1], SamplingParams(n=1, max_new_tokens=2, seed=0))
+    groups = engine.generate(prompts()[:1], SamplingParams(num_samples_per_prompt=1, max_response_length=2, seed=0))
     groups[0].prompt_token_ids = groups[0].prompt_token_ids[1:]
     with pytest.raises(ValueError, match="prompt 'p0': re-encoding"):
         collate_rollouts(groups, tiny_vl_processor)
@@ -85,7 +87,7 @@ def test_mismatched_processor_is_named(tiny_vl_model, tiny_vl_processor) -> None
 def test_text_only_groups(tiny_qwen2_model, qwen_tokenizer) -> None:
     engine = HFRolloutEngine(tiny_qwen2_model, qwen_tokenizer)
     ps = [Prompt(conversation=[{"role": "user", "content": "hi" * (i + 1)}], prompt_id=str(i)) for i in range(2)]
-    groups = engine.generate(ps, SamplingParams(n=3, max_new_tokens=4, seed=1))
+    groups = engine.generate(ps, SamplingParams(num_samples_per_prompt=3, max_response_length=4, seed=1))
     batch = collate_rollouts(groups, qwen_tokenizer)
     assert set(batch.inputs) == {"input_ids", "attention_mask"}
     assert batch.completion_mask.sum() == sum(len(c.token_ids) for g in groups for c in g.completions)
@@ -107,7 +109,8 @@ def test_rows_cut_the_media_of_rows_with_different_numbers_of_blocks(tiny_vl_mod
                videos=[frames], video_fps=[2.0]),
     ]
     engine = HFRolloutEngine(tiny_vl_model, tiny_vl_processor)
-    groups = engine.generate(prompts, SamplingParams(n=2, temperature=1.0, max_new_tokens=4, seed=0))
+    groups = engine.generate(prompts, SamplingParams(num_samples_per_prompt=2, temperature=1.0, max_response_length=4,
+                                                     seed=0))
     batch = collate_rollouts(groups, tiny_vl_processor)
     assert batch.images_per_row.tolist() == [0, 0, 1, 1, 2, 2, 0, 0]
     assert batch.videos_per_row.tolist() == [0, 0, 0, 0, 0, 0, 1, 1]
@@ -155,7 +158,8 @@ def test_trainer_rows_have_the_prompt_ids_and_positions_the_engine_generated_fro
 
     monkeypatch.setattr(inner, "get_rope_index", spy)
     engine = HFRolloutEngine(tiny_vl_model, tiny_vl_processor)
-    groups = engine.generate(prompts, SamplingParams(n=2, temperature=1.0, max_new_tokens=4, seed=0))
+    groups = engine.generate(prompts, SamplingParams(num_samples_per_prompt=2, temperature=1.0, max_response_length=4,
+                                                     seed=0))
     engine_ids, engine_mask, engine_positions = calls[0]  # the prefill of the whole (left-padded) batch
     calls.clear()
     batch = collate_rollouts(groups, tiny_vl_processor)
@@ -184,6 +188,7 @@ def test_sampling_params_from_the_rollout_config() -> None:
 
     rollout = config_from_dict({"rollout": {"max_response_length": 12, "sampling_config": {
         "temperature": 0.7, "top_p": 0.9, "top_k": 5, "repetition_penalty": 1.1}}}).rollout
-    params = SamplingParams.from_config(rollout, n=4, seed=3)
-    assert params == SamplingParams(n=4, temperature=0.7, top_p=0.9, top_k=5, repetition_penalty=1.1,
-                                    max_new_tokens=12, seed=3)
+    params = SamplingParams.from_config(rollout, num_samples_per_prompt=4, seed=3)
+    assert params == SamplingParams(num_samples_per_prompt=4, temperature=0.7, top_p=0.9, top_k=5,
+                                    repetition_penalty=1.1,
+                                    max_response_length=12, seed=3)

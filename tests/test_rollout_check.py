@@ -18,7 +18,7 @@ def verdicts_by_name(verdicts) -> dict[str, check.Verdict]:
 @pytest.mark.slow
 def test_command_passes_on_the_hf_engine(tiny_vl_dir, capsys) -> None:
     code = check.main([str(tiny_vl_dir), "--backend", "hf", "--device", "cpu", "--dtype", "float32",
-                       "--max-new-tokens", "4"])
+                       "--max-response-length", "4"])
     out = capsys.readouterr().out
     lines = [line for line in out.splitlines() if line[:4] in ("PASS", "FAIL", "SKIP")]
     names = [line.split(":")[0][5:] for line in lines]
@@ -91,17 +91,17 @@ def test_each_check_fails_on_its_defect(tiny_vl_dir) -> None:
     processor, trainer, build = engines(tiny_vl_dir)
     prompts = check.check_prompts(vision=True)
     logprobs = verdicts_by_name(check.check_logprobs(build(FilterBlindEngine), trainer, processor,
-                                                     {"image": prompts["image"]}, max_new_tokens=4,
+                                                     {"image": prompts["image"]}, max_response_length=4,
                                                      kl_tolerance=1e-3, seed=0))
     assert logprobs["logprobs/image/top_p=1"].status == "PASS"
     assert logprobs["logprobs/image/top_p=0.9"].status == "FAIL", logprobs
     stale = check.check_weight_update(build(StaleEncoderEngine), trainer, processor, prompts["image"], backend="hf",
-                                      max_new_tokens=4, kl_tolerance=1e-3, seed=0)
+                                      max_response_length=4, kl_tolerance=1e-3, seed=0)
     assert stale.status == "FAIL", stale
     fresh = check.check_weight_update(build(HFRolloutEngine), trainer, processor, prompts["image"], backend="hf",
-                                      max_new_tokens=4, kl_tolerance=1e-3, seed=0)
+                                      max_response_length=4, kl_tolerance=1e-3, seed=0)
     assert fresh.status == "PASS", fresh
-    seeds = check.check_seeds(build(SeedPerPromptEngine), prompts["text"], max_new_tokens=4, seed=0)
+    seeds = check.check_seeds(build(SeedPerPromptEngine), prompts["text"], max_response_length=4, seed=0)
     assert seeds.status == "FAIL" and "shared with seed + 1: 2" in seeds.figures, seeds
 
 
@@ -110,7 +110,7 @@ def test_prompts_cover_text_image_video() -> None:
     assert sorted(prompts) == ["image", "text", "video"]
     assert isinstance(prompts["video"], Prompt) and prompts["video"].video_fps == [2.0]
     assert list(check.check_prompts(vision=False)) == ["text"]
-    assert SamplingParams(n=1).top_p == 1.0
+    assert SamplingParams(num_samples_per_prompt=1).top_p == 1.0
 
 
 @pytest.mark.slow
@@ -122,7 +122,7 @@ def test_command_passes_on_the_vllm_standin_and_catches_raw_logprobs(standin_vll
     from cosmos_primitives import testing as cpt
 
     folder = str(cpt.save_tiny_qwen3_vl(tmp_path / "model"))
-    argv = [folder, "--backend", "vllm", "--device", "cpu", "--dtype", "float32", "--max-new-tokens", "4"]
+    argv = [folder, "--backend", "vllm", "--device", "cpu", "--dtype", "float32", "--max-response-length", "4"]
     assert check.main(argv) == 0
     lines = [line for line in capsys.readouterr().out.splitlines() if line[:4] in ("PASS", "FAIL", "SKIP")]
     assert len(lines) == 8 and all(line.startswith("PASS") for line in lines), lines

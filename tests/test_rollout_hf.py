@@ -52,7 +52,8 @@ def test_engine_satisfies_protocol(tiny_vl_model, tiny_vl_processor) -> None:
 def test_image_prompts_n_samples_with_matching_logprobs(tiny_vl_model, tiny_vl_processor) -> None:
     engine = HFRolloutEngine(tiny_vl_model, tiny_vl_processor, weight_version=3)
     prompts = [image_prompt("red", "p0"), image_prompt("blue", "p1")]
-    groups = engine.generate(prompts, SamplingParams(n=3, temperature=0.8, max_new_tokens=6, seed=0))
+    groups = engine.generate(prompts, SamplingParams(num_samples_per_prompt=3, temperature=0.8, max_response_length=6,
+                                                     seed=0))
     assert [g.prompt.prompt_id for g in groups] == ["p0", "p1"]
     for group in groups:
         assert group.weight_version == 3 and len(group.completions) == 3
@@ -69,9 +70,12 @@ def test_image_prompts_n_samples_with_matching_logprobs(tiny_vl_model, tiny_vl_p
 def test_same_seed_same_rollouts_and_different_seed_differs(tiny_vl_model, tiny_vl_processor) -> None:
     engine = HFRolloutEngine(tiny_vl_model, tiny_vl_processor)
     prompts = [image_prompt("green", "g")]
-    a = engine.generate(prompts, SamplingParams(n=4, temperature=1.0, max_new_tokens=5, seed=7))
-    b = engine.generate(prompts, SamplingParams(n=4, temperature=1.0, max_new_tokens=5, seed=7))
-    c = engine.generate(prompts, SamplingParams(n=4, temperature=1.0, max_new_tokens=5, seed=8))
+    a = engine.generate(prompts, SamplingParams(num_samples_per_prompt=4, temperature=1.0, max_response_length=5,
+                                                seed=7))
+    b = engine.generate(prompts, SamplingParams(num_samples_per_prompt=4, temperature=1.0, max_response_length=5,
+                                                seed=7))
+    c = engine.generate(prompts, SamplingParams(num_samples_per_prompt=4, temperature=1.0, max_response_length=5,
+                                                seed=8))
     ids = lambda g: [x.token_ids for x in g[0].completions]  # noqa: E731
     assert ids(a) == ids(b)
     assert ids(a) != ids(c)
@@ -81,7 +85,7 @@ def test_stop_token_ends_completion_and_is_kept(tiny_qwen2_model, qwen_tokenizer
     engine = HFRolloutEngine(tiny_qwen2_model, qwen_tokenizer)
     prompt = Prompt(conversation=[{"role": "user", "content": "hello"}], prompt_id="t")
     # with every token a stop token, each completion is exactly one token and finishes with "stop"
-    groups = engine.generate([prompt], SamplingParams(n=5, max_new_tokens=4, seed=0,
+    groups = engine.generate([prompt], SamplingParams(num_samples_per_prompt=5, max_response_length=4, seed=0,
                                                       stop_token_ids=tuple(range(151936))))
     for c in groups[0].completions:
         assert c.finish_reason == "stop" and len(c.token_ids) == 1 and len(c.logprobs) == 1
@@ -92,7 +96,7 @@ def test_video_prompt(tiny_vl_model, tiny_vl_processor) -> None:
     conv = [{"role": "user", "content": [{"type": "video"}, {"type": "text", "text": "What happens?"}]}]
     prompt = Prompt(conversation=conv, prompt_id="v", videos=[frames], video_fps=[2.0])
     engine = HFRolloutEngine(tiny_vl_model, tiny_vl_processor)
-    groups = engine.generate([prompt, prompt], SamplingParams(n=2, max_new_tokens=4, seed=1))
+    groups = engine.generate([prompt, prompt], SamplingParams(num_samples_per_prompt=2, max_response_length=4, seed=1))
     assert [len(g.completions) for g in groups] == [2, 2]
     c = groups[1].completions[0]
     reference = full_sequence_logprobs(tiny_vl_model, tiny_vl_processor, prompt, c.token_ids, 1.0)
@@ -102,11 +106,13 @@ def test_video_prompt(tiny_vl_model, tiny_vl_processor) -> None:
 def test_mixed_batch_splits_by_max_sequences(tiny_vl_model, tiny_vl_processor) -> None:
     engine = HFRolloutEngine(tiny_vl_model, tiny_vl_processor, max_batch_sequences=4)
     prompts = [image_prompt(c, c) for c in ("red", "green", "blue")]
-    groups = engine.generate(prompts, SamplingParams(n=2, max_new_tokens=3, seed=0, temperature=0.0))
+    groups = engine.generate(prompts, SamplingParams(num_samples_per_prompt=2, max_response_length=3, seed=0,
+                                                     temperature=0.0))
     # greedy: both copies of a prompt agree, and each equals a single-prompt greedy run
     for g in groups:
         assert g.completions[0].token_ids == g.completions[1].token_ids
-        alone = engine.generate([g.prompt], SamplingParams(n=1, max_new_tokens=3, temperature=0.0))
+        alone = engine.generate([g.prompt], SamplingParams(num_samples_per_prompt=1, max_response_length=3,
+                                                           temperature=0.0))
         assert alone[0].completions[0].token_ids == g.completions[0].token_ids
 
 

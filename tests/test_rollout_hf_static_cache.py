@@ -16,7 +16,7 @@ from cosmos_primitives.data.records import Prompt, SamplingParams
 from cosmos_primitives.rollout.hf_engine import HFRolloutEngine
 from test_rollout_hf import full_sequence_logprobs, image_prompt
 
-GREEDY = SamplingParams(n=2, temperature=0.0, max_new_tokens=6)
+GREEDY = SamplingParams(num_samples_per_prompt=2, temperature=0.0, max_response_length=6)
 
 
 @pytest.fixture(autouse=True)
@@ -68,7 +68,7 @@ def test_image_greedy_same_as_dynamic_with_padding_rows(tiny_vl_model, tiny_vl_p
 def test_sampled_logprobs_match_the_model_and_seed_reproduces(tiny_vl_model, tiny_vl_processor) -> None:
     engine = HFRolloutEngine(tiny_vl_model, tiny_vl_processor, max_batch_sequences=4, static_cache=True)
     prompts = [image_prompt("red", "p0"), image_prompt("blue", "p1"), image_prompt("green", "p2")]
-    params = SamplingParams(n=2, temperature=0.8, max_new_tokens=5, seed=3)
+    params = SamplingParams(num_samples_per_prompt=2, temperature=0.8, max_response_length=5, seed=3)
     groups = engine.generate(prompts, params)
     assert [c.token_ids for g in groups for c in g.completions] == \
         [c.token_ids for g in engine.generate(prompts, params) for c in g.completions]
@@ -79,7 +79,8 @@ def test_sampled_logprobs_match_the_model_and_seed_reproduces(tiny_vl_model, tin
 
 
 def test_weight_updates_change_static_output_as_they_change_dynamic(tiny_qwen2_model, qwen_tokenizer) -> None:
-    prompts, params = text_prompts(2, 5), SamplingParams(n=2, temperature=0.0, max_new_tokens=4)
+    prompts, params = text_prompts(2, 5), SamplingParams(num_samples_per_prompt=2, temperature=0.0,
+                                                         max_response_length=4)
     static = HFRolloutEngine(tiny_qwen2_model, qwen_tokenizer, max_batch_sequences=4, static_cache=True)
     dynamic = HFRolloutEngine(tiny_qwen2_model, qwen_tokenizer, max_batch_sequences=4)
     before = static.generate(prompts, params)
@@ -107,14 +108,14 @@ def test_decode_step_is_one_graph_across_prompt_lengths_and_grows_once(tiny_vl_m
                              cache_len_multiple=64,
                              compile_config=CompileConfig(backend=counting_backend, mode=None, fullgraph=True))
     short, long = image_prompt("red", "r"), image_prompt("blue", "Is it blue, or green, or neither? " * 2)
-    params = SamplingParams(n=2, temperature=0.0, max_new_tokens=3)
+    params = SamplingParams(num_samples_per_prompt=2, temperature=0.0, max_response_length=3)
     engine.generate([short], params)  # one prompt and a padding prompt
     compiled = engine.generate([long, short], params)  # other prompt lengths, no padding
     assert len(graphs) == 1 and engine.static_cache_shape == (4, 64)
     eager = HFRolloutEngine(tiny_vl_model, tiny_vl_processor, max_batch_sequences=4).generate([long, short], params)
     assert_same_rollouts(eager, compiled)
     # a request needing more than 64 positions grows the cache (one more graph); a shorter one then reuses it
-    engine.generate([short], SamplingParams(n=2, temperature=0.0, max_new_tokens=40))
+    engine.generate([short], SamplingParams(num_samples_per_prompt=2, temperature=0.0, max_response_length=40))
     engine.generate([long], params)
     assert len(graphs) == 2 and engine.static_cache_shape == (4, 128)
     torch._dynamo.reset()

@@ -119,7 +119,8 @@ def test_generate_and_in_process_weight_update(standin_vllm, tiny_qwen2_dir, qwe
     assert llm_kwargs["logprobs_mode"] == "processed_logprobs"
     assert engine.llm.in_process, "LLM() was built with VLLM_ENABLE_V1_MULTIPROCESSING on"
     prompts = [HI, Prompt(conversation=[{"role": "user", "content": "bye"}], prompt_id="b")]
-    groups = engine.generate(prompts, SamplingParams(n=3, temperature=0.7, max_new_tokens=4, seed=1))
+    groups = engine.generate(prompts, SamplingParams(num_samples_per_prompt=3, temperature=0.7, max_response_length=4,
+                                                     seed=1))
     assert [g.prompt.prompt_id for g in groups] == ["a", "b"]
     for g in groups:
         assert len(g.completions) == 3 and g.weight_version == 0
@@ -190,7 +191,7 @@ def test_weight_update_resets_the_prefix_cache(variant: str, standin_vllm, qwen_
     weights does (for the VL families, the whole model arrives under transformers 5's names)."""
     from cosmos_primitives.rollout.vllm_engine import VLLMRolloutEngine
 
-    params = SamplingParams(n=1, temperature=1.0, max_new_tokens=4, seed=2)
+    params = SamplingParams(num_samples_per_prompt=1, temperature=1.0, max_response_length=4, seed=2)
     engine = VLLMRolloutEngine(tiny_dirs(variant, 0), qwen_tokenizer, dtype="float32")
     before = engine.generate([HI], params)[0].completions[0]  # fills the prefix cache with the old weights' KV
     engine.update_weights(tiny_model(variant, seed=5).state_dict().items(), version=1)
@@ -237,12 +238,12 @@ def test_colocated_engine_sleeps_between_rollouts(standin_vllm, tiny_qwen2_dir, 
 
     engine = VLLMRolloutEngine(str(tiny_qwen2_dir), qwen_tokenizer, dtype="float32", sleep_level=1)
     assert standin_vllm.CALLS[0][1]["enable_sleep_mode"] is True
-    engine.generate([HI], SamplingParams(n=1, max_new_tokens=2))
+    engine.generate([HI], SamplingParams(num_samples_per_prompt=1, max_response_length=2))
     assert engine.llm.asleep == {"weights", "kv_cache"}
     del standin_vllm.CALLS[:]
     engine.update_weights(cpt.tiny_qwen2(seed=5).state_dict().items(), version=1)
     assert engine.llm.asleep == {"kv_cache"}
-    engine.generate([HI], SamplingParams(n=1, max_new_tokens=2))
+    engine.generate([HI], SamplingParams(num_samples_per_prompt=1, max_response_length=2))
     assert [c for c in standin_vllm.CALLS if c[0] not in ("video_fps", "encoder_outputs")] == [
         ("wake_up", ["weights"]), ("collective_rpc", "cosmos_load_weights"), ("reset_prefix_cache", None),
         ("reset_encoder_cache", None), ("wake_up", ["kv_cache"]), ("generate", 1), ("sleep", 1)]
@@ -258,7 +259,7 @@ def test_requests_carry_per_video_fps_and_vllm_sampling_defaults(standin_vllm, t
     frames = [np.zeros((4, 28, 28, 3), dtype=np.uint8), np.zeros((2, 28, 28, 3), dtype=np.uint8)]
     two = Prompt(conversation=[{"role": "user", "content": "compare"}], prompt_id="v", videos=frames,
                  video_fps=[2.0, 4.0])
-    engine.generate([two, HI], SamplingParams(n=1, max_new_tokens=2, top_k=-1))
+    engine.generate([two, HI], SamplingParams(num_samples_per_prompt=1, max_response_length=2, top_k=-1))
     assert [c[1] for c in standin_vllm.CALLS if c[0] == "video_fps"] == [[[2.0, 4.0], []]]
     # a video read from a file goes with its source timing, as the trainer's processor gets it
     timed = Prompt(conversation=[{"role": "user", "content": "when?"}], prompt_id="t", videos=frames[:1],
@@ -266,12 +267,13 @@ def test_requests_carry_per_video_fps_and_vllm_sampling_defaults(standin_vllm, t
                                                      "total_num_frames": 10}])
     _, metadata = VLLMRolloutEngine._request("when?", timed)["multi_modal_data"]["video"]
     assert metadata == {"total_num_frames": 10, "fps": 8.0, "duration": 10 / 8.0, "frames_indices": [0, 3, 6, 9]}
-    sent = engine._sampling_params(SamplingParams(n=1, top_k=-1))
+    sent = engine._sampling_params(SamplingParams(num_samples_per_prompt=1, top_k=-1))
     assert sent.top_k == 0
-    assert engine._sampling_params(SamplingParams(n=1, top_k=7)).top_k == 7
+    assert engine._sampling_params(SamplingParams(num_samples_per_prompt=1, top_k=7)).top_k == 7
 
     standin_vllm.ABORT_AFTER_TOKENS = 1
-    assert engine.generate([HI], SamplingParams(n=2, max_new_tokens=5, temperature=1.0, seed=3)) == []
+    assert engine.generate([HI], SamplingParams(num_samples_per_prompt=2, max_response_length=5, temperature=1.0,
+                                                seed=3)) == []
     assert engine.dropped == {"abort": 2}
 
 
@@ -296,7 +298,7 @@ def test_qwen2_5_vl_video_fps_reaches_the_processor_or_is_refused(release: str, 
 
     standin_vllm.__version__ = release
     engine = VLLMRolloutEngine(tiny_dirs("qwen2_5_vl", 0), tiny_vl_processor, dtype="float32")
-    params = SamplingParams(n=1, max_new_tokens=2, seed=1)
+    params = SamplingParams(num_samples_per_prompt=1, max_response_length=2, seed=1)
     if release == "0.30.0":
         with pytest.raises(ValueError, match=r"0\.31"):
             engine.generate([_video_prompt()], params)
@@ -313,7 +315,7 @@ def test_weight_update_resets_the_encoder_cache(standin_vllm, tiny_dirs, tiny_vl
 
     content = [{"type": "image"}, {"type": "text", "text": "what is it?"}]
     seen = Prompt(conversation=[{"role": "user", "content": content}], prompt_id="i", images=[IMAGE])
-    params = SamplingParams(n=1, max_new_tokens=2, seed=1)
+    params = SamplingParams(num_samples_per_prompt=1, max_response_length=2, seed=1)
 
     def embedded_with(engine) -> list[list[float]]:
         engine.generate([seen], params)
@@ -335,9 +337,9 @@ def test_cuda_cache_is_emptied_before_every_wake_up(standin_vllm, tiny_qwen2_dir
 
     monkeypatch.setattr(torch.cuda, "empty_cache", lambda: standin_vllm.CALLS.append(("empty_cache", None)))
     engine = VLLMRolloutEngine(str(tiny_qwen2_dir), qwen_tokenizer, dtype="float32", sleep_level=1)
-    engine.generate([HI], SamplingParams(n=1, max_new_tokens=2))
+    engine.generate([HI], SamplingParams(num_samples_per_prompt=1, max_response_length=2))
     engine.update_weights(cpt.tiny_qwen2(seed=5).state_dict().items(), version=1)
-    engine.generate([HI], SamplingParams(n=1, max_new_tokens=2))
+    engine.generate([HI], SamplingParams(num_samples_per_prompt=1, max_response_length=2))
     order = [c[0] for c in standin_vllm.CALLS]
     wakes = [i for i, name in enumerate(order) if name == "wake_up"]
     assert len(wakes) == 2 and all(order[i - 1] == "empty_cache" for i in wakes), order
@@ -406,7 +408,8 @@ def test_every_request_and_sample_has_its_own_seed(standin_vllm, tiny_qwen2_dir,
 
     engine = VLLMRolloutEngine(str(tiny_qwen2_dir), qwen_tokenizer, dtype="float32")
     twin = Prompt(conversation=HI.conversation, prompt_id="twin")
-    groups = engine.generate([HI, twin], SamplingParams(n=2, temperature=1.0, max_new_tokens=8, seed=1))
+    groups = engine.generate([HI, twin], SamplingParams(num_samples_per_prompt=2, temperature=1.0,
+                                                        max_response_length=8, seed=1))
     first, second = ([c.token_ids for c in g.completions] for g in groups)
     assert first != second
     # the examples pass seed = run * 1_000_003 + step * 1009 + rank: no child seed is used twice
@@ -449,7 +452,7 @@ def test_expandable_segments_with_sleep_mode_on_vllm_0_20_is_refused(release: st
         VLLMRolloutEngine(str(tiny_qwen2_dir), qwen_tokenizer, dtype="float32", sleep_level=0)  # no sleep: fine
     else:
         engine = VLLMRolloutEngine(str(tiny_qwen2_dir), qwen_tokenizer, dtype="float32", sleep_level=1)
-        engine.generate([HI], SamplingParams(n=1, max_new_tokens=2))
+        engine.generate([HI], SamplingParams(num_samples_per_prompt=1, max_response_length=2))
 
 
 def test_repetition_is_kept_and_aborted_or_failed_completions_are_dropped(standin_vllm, tiny_qwen2_dir,
@@ -465,7 +468,7 @@ def test_repetition_is_kept_and_aborted_or_failed_completions_are_dropped(standi
     standin_vllm.FORCE_FINISH.update({0: "repetition", 1: "error"})
     prompts = [HI, Prompt(conversation=[{"role": "user", "content": "bye"}], prompt_id="b")]
     with caplog.at_level(logging.WARNING):
-        groups = engine.generate(prompts, SamplingParams(n=2, max_new_tokens=3, seed=1))
+        groups = engine.generate(prompts, SamplingParams(num_samples_per_prompt=2, max_response_length=3, seed=1))
     assert [g.prompt.prompt_id for g in groups] == ["a"]
     assert [c.finish_reason for c in groups[0].completions] == ["repetition", "repetition"]
     assert "dropped 2 of 4 completions" in caplog.text and "'error': 2" in caplog.text
@@ -517,8 +520,9 @@ def test_standin_reports_processed_logprobs_after_top_k_top_p(top_k: int, top_p:
 
     temperature = 0.7
     engine = VLLMRolloutEngine(str(tiny_qwen2_dir), qwen_tokenizer, dtype="float32")
-    group = engine.generate([HI], SamplingParams(n=2, temperature=temperature, top_k=top_k, top_p=top_p,
-                                                 max_new_tokens=6, seed=4))[0]
+    group = engine.generate([HI], SamplingParams(num_samples_per_prompt=2, temperature=temperature, top_k=top_k,
+                                                 top_p=top_p,
+                                                 max_response_length=6, seed=4))[0]
     model = engine.llm.hf_model
     for completion in group.completions:
         ids = group.prompt_token_ids + completion.token_ids

@@ -33,7 +33,7 @@ PROMPTS = {  # each rank's own prompts: rank 1 has more than rank 0, so the gath
 
 
 def _params(rank: int) -> SamplingParams:
-    return SamplingParams(n=2, temperature=0.8, max_new_tokens=4, seed=100 + rank)
+    return SamplingParams(num_samples_per_prompt=2, temperature=0.8, max_response_length=4, seed=100 + rank)
 
 
 def _completions(groups) -> list[tuple[str, list[list[int]], list[list[float]]]]:

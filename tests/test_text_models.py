@@ -55,7 +55,7 @@ def test_trainer_logprobs_match_a_direct_forward_and_the_engine(family: str, qwe
     log-probs (temperature 1, its KV-cached forward) agree with both."""
     model = FAMILIES[family][0](seed=0)
     groups = HFRolloutEngine(model, qwen_tokenizer).generate(
-        PROMPTS, SamplingParams(n=2, temperature=1.0, max_new_tokens=5, seed=0))
+        PROMPTS, SamplingParams(num_samples_per_prompt=2, temperature=1.0, max_response_length=5, seed=0))
     batch = collate_rollouts(groups, qwen_tokenizer)
     assert set(batch.inputs) == {"input_ids", "attention_mask"}  # no media, no mm_token_type_ids
     out = token_logprobs(CausalLMPolicy(model, chunk_size=7), batch.rows(slice(0, len(batch))),

@@ -66,7 +66,8 @@ def test_standin_gives_vllms_qwen3_vl_video_prompt(standin_vllm, qwen3_vl_dir, t
     processor = tiny_qwen3_vl_processor
     prompt = _video_prompt()
     engine = VLLMRolloutEngine(qwen3_vl_dir, processor, seed=0, dtype="float32")
-    [group] = engine.generate([prompt], SamplingParams(n=1, temperature=1.0, max_new_tokens=2, seed=0))
+    [group] = engine.generate([prompt], SamplingParams(num_samples_per_prompt=1, temperature=1.0,
+                                                       max_response_length=2, seed=0))
     expected = _vllm_video_ids(processor, render_prompt(processor, prompt))
     assert group.prompt_token_ids == expected
     text = processor.tokenizer.decode(expected)
@@ -88,7 +89,8 @@ def test_trainer_scores_the_prompt_the_engine_used(standin_vllm, qwen3_vl_dir, t
 
     processor = tiny_qwen3_vl_processor
     engine = VLLMRolloutEngine(qwen3_vl_dir, processor, seed=0, dtype="float32")
-    groups = engine.generate([_video_prompt()], SamplingParams(n=2, temperature=1.0, max_new_tokens=4, seed=3))
+    groups = engine.generate([_video_prompt()], SamplingParams(num_samples_per_prompt=2, temperature=1.0,
+                                                               max_response_length=4, seed=3))
     batch = collate_rollouts(groups, processor)
     prompt_ids = groups[0].prompt_token_ids
     for row in range(2):
@@ -116,7 +118,8 @@ def test_a_queue_record_in_vllms_form_passes_the_trainers_check(standin_vllm, qw
 
     processor = tiny_qwen3_vl_processor
     engine = VLLMRolloutEngine(qwen3_vl_dir, processor, seed=0, dtype="float32")
-    [group] = engine.generate([_video_prompt()], SamplingParams(n=2, temperature=1.0, max_new_tokens=2, seed=0))
+    [group] = engine.generate([_video_prompt()], SamplingParams(num_samples_per_prompt=2, temperature=1.0,
+                                                                max_response_length=2, seed=0))
     check_trainable(SimpleNamespace(num_completions=2, prompt_token_ids=group.prompt_token_ids), group, processor,
                     num_samples_per_prompt=2)
     changed = list(group.prompt_token_ids)

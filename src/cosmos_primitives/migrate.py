@@ -42,8 +42,8 @@ def llm_vlm_effective(config: Config) -> dict[str, Any]:
     ranks; None with it), ``lr`` (peak), ``warmup_steps`` (a float up to 1 is that fraction of the
     run's steps: ``warmup_is_fraction``), ``decay_type``, ``min_lr_factor``, ``epochs``,
     ``max_steps``, ``seed`` (None: drawn at start-up), ``mini_batch``, ``sequence_packing``; GRPO
-    adds ``prompts_per_generation`` (per rank), ``samples_per_prompt`` and
-    ``steps_per_generation``.
+    adds ``rollout_batch_size`` (prompts per generation and rank), ``num_samples_per_prompt`` and
+    ``steps_per_generation`` (the ``[grpo]`` keys' names).
     """
     train, grpo = config.train, config.grpo
     shard, replicate = config.policy.parallelism.dp_shard_size, config.policy.parallelism.dp_replicate_size
@@ -69,7 +69,7 @@ def llm_vlm_effective(config: Config) -> dict[str, Any]:
         "sequence_packing": train.train_policy.sequence_packing,
     }
     if not sft:
-        out.update(prompts_per_generation=grpo.rollout_batch_size, samples_per_prompt=grpo.num_samples_per_prompt,
+        out.update(rollout_batch_size=grpo.rollout_batch_size, num_samples_per_prompt=grpo.num_samples_per_prompt,
                    steps_per_generation=generation // per_rank)
     return out
 

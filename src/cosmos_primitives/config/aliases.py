@@ -84,19 +84,30 @@ def _wfm_lora_as_policy_lora(table: object) -> object:
 
 
 # The world-model recipe's own spellings of [policy] keys, from before one config per component.
-DEPRECATED: dict[str, tuple[str, Callable[[Any], Any] | None]] = {
+WFM_POLICY_DEPRECATED: dict[str, tuple[str, Callable[[Any], Any] | None]] = {
     "wfm.model": ("policy.model_name_or_path", None),
     "wfm.dtype": ("policy.dtype", None),
     "wfm.gradient_checkpointing": ("policy.model_gradient_checkpointing", None),
     "wfm.lora": ("policy.lora", _wfm_lora_as_policy_lora),
 }
 
+RENAMED: dict[str, tuple[str, Callable[[Any], Any] | None]] = {
+    # prompts per rank and step: one name, [grpo] rollout_batch_size's, in [grpo] and [wfm] alike
+    "wfm.data.prompts_per_step": ("wfm.rollout_batch_size", None),
+    # new tokens per completion: [rollout] / [validation] max_response_length's name, in [eval] too
+    "eval.max_tokens": ("eval.max_response_length", None),
+}
+"""This library's own older names of a quantity that now has one name everywhere (issue 33): each
+still loads, with a ``FutureWarning`` naming the key to write instead."""
+
+DEPRECATED: dict[str, tuple[str, Callable[[Any], Any] | None]] = {**WFM_POLICY_DEPRECATED, **RENAMED}
+
 DEPRECATED_DEFAULTS: dict[str, Any] = {
     "policy.model_name_or_path": "tiny",
     "policy.dtype": "float32",
     "policy.lora": {"target_modules": list(DIFFUSERS_LORA_TARGETS)},
 }
-"""What the :data:`DEPRECATED` ``[wfm]`` keys defaulted to. A file that still spells any of them gets
+"""What the :data:`WFM_POLICY_DEPRECATED` ``[wfm]`` keys defaulted to. A file that still spells any of them gets
 these values for the ones it sets in neither spelling, so that it trains as it did (the ``[policy]``
 defaults differ: no model, ``bfloat16``, no LoRA)."""
 

@@ -28,7 +28,7 @@ MAPPED = {
     "evaluation.fps": "fps",
     "evaluation.seed": "seed",
     "generation.max_retries": "max_retries",
-    "generation.max_tokens": "max_tokens",
+    "generation.max_tokens": "max_response_length",
     "generation.temperature": "temperature",
     "generation.repetition_penalty": "repetition_penalty",
 }

@@ -42,8 +42,9 @@ class EvalConfig(Section):
     ``"training"``).
 
     Generation: ``temperature``, ``top_p``, ``top_k`` (-1: off), ``repetition_penalty``,
-    ``max_tokens``, ``seed`` (every generate call); ``max_retries``: items whose answer is empty are
-    sampled again up to this many times, retry ``r`` with ``max_tokens + 256 r`` new tokens at
+    ``max_response_length`` (new tokens; the tool's ``max_tokens``, formerly this section's too),
+    ``seed`` (every generate call); ``max_retries``: items whose answer is empty are sampled again
+    up to this many times, retry ``r`` with ``max_response_length + 256 r`` new tokens at
     temperature ``min(temperature + 0.05 r, 0.9)`` (``cp.eval.sampling``).
     ``skip_saved``: items with a saved prediction are not generated again.
     ``backend``: ``"hf"`` (transformers ``generate``) or ``"vllm"`` (optional extra, GPU), with
@@ -80,7 +81,7 @@ class EvalConfig(Section):
     top_p: float = 0.95
     top_k: int = -1
     repetition_penalty: float = 1.0
-    max_tokens: AtLeastOne = 1024
+    max_response_length: AtLeastOne = 1024
     seed: int = 1
     max_retries: int = 10
     # media

@@ -16,7 +16,7 @@ from typing import Any
 
 import msgspec
 
-from cosmos_primitives.config.aliases import ALIASES, DEPRECATED, DEPRECATED_DEFAULTS
+from cosmos_primitives.config.aliases import ALIASES, DEPRECATED, DEPRECATED_DEFAULTS, WFM_POLICY_DEPRECATED
 from cosmos_primitives.config.compat import cosmos_rl, cosmos_rl_wfm, pre_pass
 from cosmos_primitives.config.errors import ConfigError
 from cosmos_primitives.config.eval_yaml import SECTIONS as EVAL_SECTIONS
@@ -113,13 +113,15 @@ def _warn_deprecated(alias: str, source: str, stacklevel: int) -> None:
 
 
 def _apply_deprecated(tree: dict[str, Any], source: str) -> None:
-    """Warn about each :data:`DEPRECATED` key in ``tree``; when there is one, give the canonical keys
-    the file sets in neither spelling their old defaults (:data:`DEPRECATED_DEFAULTS`)."""
+    """Warn about each :data:`DEPRECATED` key in ``tree``; when one of the old ``[wfm]`` policy keys
+    is there, give the canonical keys the file sets in neither spelling their old defaults
+    (:data:`DEPRECATED_DEFAULTS`)."""
     present = [alias for alias in DEPRECATED if _has(tree, alias)]
-    if not present:
-        return
     for alias in present:
         _warn_deprecated(alias, source, stacklevel=4)  # the caller of load_config / config_from_dict
+    present = [alias for alias in present if alias in WFM_POLICY_DEPRECATED]
+    if not present:
+        return
     spelled_old = {DEPRECATED[alias][0] for alias in present}
     filled = {k: v for k, v in DEPRECATED_DEFAULTS.items() if k not in spelled_old and not _has(tree, k)}
     for key, value in filled.items():

@@ -116,8 +116,6 @@ class WFMDataConfig(Section):
     text_encoder: Literal["hash", "none"] = "hash"
     allow_pickle: bool = False
     mock_num_samples: AtLeastOne = 8
-    # prompts per rank per update; each is rolled out [wfm] num_samples_per_prompt times
-    prompts_per_step: AtLeastOne = 1
     # precomputed embedding of [wfm] negative_prompt (.npy / .safetensors), needed for guidance
     # with text_encoder = "none"; the hashing embedder embeds the negative prompt itself
     negative_embedding: str = ""
@@ -187,6 +185,9 @@ class WFMConfig(Section):
 
     algorithm: Literal["flow_grpo", "ddrl", "diffusion_nft"] = "flow_grpo"
     num_samples_per_prompt: AtLeastOne = 8
+    # prompts per rank per update (the name [grpo] uses; formerly [wfm.data] prompts_per_step); each is
+    # rolled out num_samples_per_prompt times
+    rollout_batch_size: AtLeastOne = 1
     num_inference_steps: AtLeastOne = 20
     eval_num_inference_steps: int = 40
     # evaluate (deterministic rollouts of fixed prompts and seeds) every eval_freq steps, and before the

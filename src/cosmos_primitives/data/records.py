@@ -6,34 +6,67 @@ trainers collate :class:`RolloutGroup`, engines return them and the queue carrie
 
 from __future__ import annotations
 
+import warnings
 from typing import TYPE_CHECKING, Any
 
 import attrs
+
+from cosmos_primitives.utils.renamed import renamed_keyword
 
 if TYPE_CHECKING:  # pragma: no cover
     from cosmos_primitives.config.rollout import RolloutConfig
 
 
-@attrs.define
+@attrs.define(init=False)
 class SamplingParams:
-    """How to sample. ``top_k = -1`` and ``top_p = 1.0`` disable those filters."""
+    """How to sample. ``top_k = -1`` and ``top_p = 1.0`` disable those filters.
 
-    n: int = 1
+    ``num_samples_per_prompt`` completions per prompt (``[grpo] num_samples_per_prompt``), each of at
+    most ``max_response_length`` new tokens (``[rollout] max_response_length``). The older keywords
+    and attributes ``n`` and ``max_new_tokens`` still work, with a ``FutureWarning``.
+    """
+
+    num_samples_per_prompt: int = 1
     temperature: float = 1.0
     top_p: float = 1.0
     top_k: int = -1
     repetition_penalty: float = 1.0
-    max_new_tokens: int = 256
+    max_response_length: int = 256
     seed: int | None = None
     stop_token_ids: tuple[int, ...] = ()
 
+    def __init__(self, *args: Any, n: int | None = None, max_new_tokens: int | None = None, **kwargs: Any) -> None:
+        for old, new, value in (("n", "num_samples_per_prompt", n),
+                                ("max_new_tokens", "max_response_length", max_new_tokens)):
+            if value is not None:
+                kwargs[new] = renamed_keyword(kwargs.get(new), value, new=new, old=old, where="SamplingParams")
+        self.__attrs_init__(*args, **kwargs)
+
+    @property
+    def n(self) -> int:
+        """The older name of :attr:`num_samples_per_prompt` (``FutureWarning``)."""
+        _warn_renamed_attribute("n", "num_samples_per_prompt")
+        return self.num_samples_per_prompt
+
+    @property
+    def max_new_tokens(self) -> int:
+        """The older name of :attr:`max_response_length` (``FutureWarning``)."""
+        _warn_renamed_attribute("max_new_tokens", "max_response_length")
+        return self.max_response_length
+
     @classmethod
-    def from_config(cls, rollout: RolloutConfig, n: int, seed: int | None = None) -> SamplingParams:
-        """``n`` samples per prompt with ``[rollout.sampling_config]`` and ``[rollout] max_response_length``."""
+    def from_config(cls, rollout: RolloutConfig, num_samples_per_prompt: int | None = None, seed: int | None = None,
+                    *, n: int | None = None) -> SamplingParams:
+        """``num_samples_per_prompt`` samples per prompt with ``[rollout.sampling_config]`` and ``[rollout]
+        max_response_length`` (``n``: its older keyword, ``FutureWarning``)."""
+        count = renamed_keyword(num_samples_per_prompt, n, new="num_samples_per_prompt", old="n",
+                                where="SamplingParams.from_config")
+        if count is None:
+            raise TypeError("SamplingParams.from_config needs num_samples_per_prompt ([grpo] num_samples_per_prompt)")
         sampling = rollout.sampling_config
-        return cls(n=n, temperature=sampling.temperature, top_p=sampling.top_p, top_k=sampling.top_k,
-                   repetition_penalty=sampling.repetition_penalty, max_new_tokens=rollout.max_response_length,
-                   seed=seed)
+        return cls(num_samples_per_prompt=count, temperature=sampling.temperature, top_p=sampling.top_p,
+                   top_k=sampling.top_k, repetition_penalty=sampling.repetition_penalty,
+                   max_response_length=rollout.max_response_length, seed=seed)
 
     @classmethod
     def for_validation(cls, config: Any) -> SamplingParams:
@@ -42,9 +75,14 @@ class SamplingParams:
         ``max_response_length`` (None: ``[rollout] max_response_length``), seeded with ``[train] seed``."""
         val = config.validation
         top_p = val.top_p if val.top_p is not None else config.rollout.sampling_config.top_p
-        return cls(n=1, temperature=val.temperature, top_p=top_p,
-                   max_new_tokens=val.max_response_length or config.rollout.max_response_length,
+        return cls(num_samples_per_prompt=1, temperature=val.temperature, top_p=top_p,
+                   max_response_length=val.max_response_length or config.rollout.max_response_length,
                    seed=config.train.seed)
+
+
+def _warn_renamed_attribute(old: str, new: str) -> None:
+    warnings.warn(f"SamplingParams.{old} is now SamplingParams.{new} (one name per quantity)", FutureWarning,
+                  stacklevel=3)
 
 
 @attrs.define

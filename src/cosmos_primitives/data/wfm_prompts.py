@@ -35,7 +35,7 @@ class WFMPromptSource:
         seed: the shuffle's seed (``[train] seed``).
         rank, world_size: this reader among the readers of distinct prompts (the ranks of one
             ``[wfm] group_ranks`` group share a reader rank).
-        per_step: prompts per step (``[wfm.data] prompts_per_step``).
+        per_step: prompts per step (``[wfm] rollout_batch_size``).
         bad_sample_budget: bad samples allowed before the run stops (-1: any number).
     """
 

@@ -34,7 +34,7 @@ from cosmos_primitives.rollout.base import RolloutEngine
 
 # settings that change what a prediction is; saved with it and compared on re-runs
 SETTING_KEYS = ("answer_type", "prompt", "system_prompt", "temperature", "top_p", "top_k", "repetition_penalty",
-                "max_tokens", "seed", "max_retries", "fps", "max_pixels", "min_pixels", "max_frames",
+                "max_response_length", "seed", "max_retries", "fps", "max_pixels", "min_pixels", "max_frames",
                 "processor_fps")
 
 
@@ -66,8 +66,13 @@ class EvalReport:
         return text
 
 
+# results folders written before [eval] max_tokens became max_response_length hold the old name; saving
+# under it keeps their predictions comparable (not reported as made with other settings)
+SAVED_AS = {"max_response_length": "max_tokens"}
+
+
 def _settings(cfg: EvalConfig) -> dict[str, Any]:
-    return {key: getattr(cfg, key) for key in SETTING_KEYS}
+    return {SAVED_AS.get(key, key): getattr(cfg, key) for key in SETTING_KEYS}
 
 
 def _record(item: BenchmarkItem, cfg: EvalConfig, prompt_tokens: int, completion: Completion, attempts: int,

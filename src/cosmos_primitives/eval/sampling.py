@@ -3,11 +3,11 @@
 The tool (cosmos-reason1 ``tools/eval/evaluate.py``, ``run_model``) generates every item once,
 then samples the items whose answer came out empty again, up to ``max_retries`` times:
 
-- first try, ``"reasoning"``: ``temperature``, ``top_p = 0.95``, ``max_tokens``,
+- first try, ``"reasoning"``: ``temperature``, ``top_p = 0.95``, ``max_response_length``,
   ``repetition_penalty`` of the config; ``"letter"``: greedy (``temperature = 0``, ``top_k = 1``),
   10 new tokens, whatever the config says;
-- retry ``r`` (1, 2, ...): the first try's settings with ``max_tokens + 256 * r`` new tokens and
-  temperature ``min(temperature + 0.05 * r, 0.9)`` (the config's ``max_tokens`` and
+- retry ``r`` (1, 2, ...): the first try's settings with ``max_response_length + 256 * r`` new tokens and
+  temperature ``min(temperature + 0.05 * r, 0.9)`` (the config's ``max_response_length`` and
   ``temperature``, also for ``"letter"``, whose ``top_k = 1`` keeps it greedy);
 - every call uses the config's ``seed``.
 
@@ -30,10 +30,11 @@ RETRY_MAX_TEMPERATURE = 0.9
 def first_sampling_params(cfg: EvalConfig) -> SamplingParams:
     """One completion per prompt, first try."""
     if cfg.answer_type == "letter":
-        return SamplingParams(n=1, temperature=0.0, top_p=1.0, top_k=1, max_new_tokens=LETTER_MAX_TOKENS,
-                              seed=cfg.seed)
-    return SamplingParams(n=1, temperature=cfg.temperature, top_p=cfg.top_p, top_k=cfg.top_k,
-                          repetition_penalty=cfg.repetition_penalty, max_new_tokens=cfg.max_tokens, seed=cfg.seed)
+        return SamplingParams(num_samples_per_prompt=1, temperature=0.0, top_p=1.0, top_k=1,
+                              max_response_length=LETTER_MAX_TOKENS, seed=cfg.seed)
+    return SamplingParams(num_samples_per_prompt=1, temperature=cfg.temperature, top_p=cfg.top_p, top_k=cfg.top_k,
+                          repetition_penalty=cfg.repetition_penalty, max_response_length=cfg.max_response_length,
+                          seed=cfg.seed)
 
 
 def retry_sampling_params(cfg: EvalConfig, retry: int) -> SamplingParams:
@@ -42,11 +43,11 @@ def retry_sampling_params(cfg: EvalConfig, retry: int) -> SamplingParams:
         raise ValueError(f"retries are numbered from 1, got {retry}")
     first = first_sampling_params(cfg)
     return SamplingParams(
-        n=1,
+        num_samples_per_prompt=1,
         temperature=min(cfg.temperature + RETRY_TEMPERATURE_STEP * retry, RETRY_MAX_TEMPERATURE),
         top_p=first.top_p,
         top_k=first.top_k,
         repetition_penalty=first.repetition_penalty,
-        max_new_tokens=cfg.max_tokens + RETRY_EXTRA_TOKENS * retry,
+        max_response_length=cfg.max_response_length + RETRY_EXTRA_TOKENS * retry,
         seed=cfg.seed,
     )

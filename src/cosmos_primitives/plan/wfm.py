@@ -3,7 +3,7 @@ diffusers flow transformer), from its config and the transformer's ``config.json
 is built.
 
 Notation (per rank): ``S`` FSDP shard ranks (``dp_shard x cp``), ``c`` bytes of ``[policy] dtype``,
-``B`` rollouts per step (``[wfm.data] prompts_per_step x [wfm] num_samples_per_prompt``), ``m`` the
+``B`` rollouts per step (``[wfm] rollout_batch_size x num_samples_per_prompt``), ``m`` the
 micro-batch (``[train.train_policy] mini_batch``, at most a mini-batch of ``B / num_minibatches``),
 ``T`` video tokens of one sample on this rank (latent frames x H'/2 x W'/2 / cp), ``L x D`` the text
 embedding of one sample (``[wfm.data] max_tokens x text_dim``), ``n`` transformer blocks, ``N`` its
@@ -247,7 +247,7 @@ class WFMMemoryEstimate(NamedTuple):
                 f"{device_memory / GIB:.1f} GiB: expect out-of-memory. Options: [policy] "
                 "model_gradient_checkpointing = true, a smaller [train.train_policy] mini_batch (samples per "
                 "forward / backward; the gradients are accumulated), more ranks (dp_shard_size, cp_size), "
-                "fewer [wfm.data] prompts_per_step or [wfm] num_samples_per_prompt")
+                "a smaller [wfm] rollout_batch_size or num_samples_per_prompt")
         return "\n".join(lines)
 
 
@@ -293,7 +293,7 @@ def estimate_wfm_memory(cfg: Config, shape: WFMShape, *, world_size: int, sharde
     latent_bytes = 4 * channels * frames * height * width
     pt, ph, pw = shape.patch
     tokens = math.ceil((frames // pt) * (height // ph) * (width // pw) / cp_size)
-    batch = data.prompts_per_step * w.num_samples_per_prompt
+    batch = w.rollout_batch_size * w.num_samples_per_prompt
     mini = math.ceil(batch / w.num_minibatches)
     micro = min(max(1, cfg.train.train_policy.mini_batch), mini)
     text_sample = data.max_tokens * shape.text_dim

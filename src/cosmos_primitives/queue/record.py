@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 import msgspec
 
 from cosmos_primitives.queue.errors import MalformedRecordError
+from cosmos_primitives.utils.renamed import renamed_keyword
 
 if TYPE_CHECKING:  # pragma: no cover
     from cosmos_primitives.data.records import RolloutGroup
@@ -207,17 +208,23 @@ def check_record(record: RolloutRecord, vocab_size: int | None = None) -> None:
                          "media parts")
 
 
-def record_byte_limit(max_tokens: int, num_completions: int, *, episode_images: bool = False) -> int:
+def record_byte_limit(max_tokens: int, num_samples_per_prompt: int | None = None, *, episode_images: bool = False,
+                      num_completions: int | None = None) -> int:
     """The largest encoded record (bytes) a trainer accepts: :data:`BYTES_PER_TOKEN` for each of the
-    ``max_tokens`` a sequence may hold, for the prompt and each of the ``num_completions`` completions,
-    plus :data:`RECORD_BYTES_OVERHEAD`, plus :data:`MAX_EPISODE_IMAGE_BYTES` with ``episode_images``
-    (multi-turn runs). With ``[policy] model_max_length = 4096`` and 8 completions: 2.4 MB; a record
-    above it cannot fit the trainer's sequences whatever its content."""
-    if max_tokens < 1 or num_completions < 1:
-        raise ValueError(f"record_byte_limit(max_tokens={max_tokens}, num_completions={num_completions}): both "
+    ``max_tokens`` a sequence may hold, for the prompt and each of its ``num_samples_per_prompt``
+    completions, plus :data:`RECORD_BYTES_OVERHEAD`, plus :data:`MAX_EPISODE_IMAGE_BYTES` with
+    ``episode_images`` (multi-turn runs). With ``[policy] model_max_length = 4096`` and 8 completions:
+    2.4 MB; a record above it cannot fit the trainer's sequences whatever its content.
+    ``num_completions`` is the older keyword of ``num_samples_per_prompt`` (``FutureWarning``)."""
+    samples = renamed_keyword(num_samples_per_prompt, num_completions, new="num_samples_per_prompt",
+                              old="num_completions", where="record_byte_limit")
+    if samples is None:
+        raise TypeError("record_byte_limit needs num_samples_per_prompt ([grpo] num_samples_per_prompt)")
+    if max_tokens < 1 or samples < 1:
+        raise ValueError(f"record_byte_limit(max_tokens={max_tokens}, num_samples_per_prompt={samples}): both "
                          "must be >= 1")
     images = MAX_EPISODE_IMAGE_BYTES if episode_images else 0
-    return BYTES_PER_TOKEN * max_tokens * (num_completions + 1) + RECORD_BYTES_OVERHEAD + images
+    return BYTES_PER_TOKEN * max_tokens * (samples + 1) + RECORD_BYTES_OVERHEAD + images
 
 
 def encode_episode_image(image: Any) -> bytes:

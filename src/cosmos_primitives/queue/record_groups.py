@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import warnings
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -33,6 +32,7 @@ from cosmos_primitives.policy.nonfinite import NonFiniteError
 from cosmos_primitives.queue.base import RolloutQueue
 from cosmos_primitives.queue.record import RolloutRecord, decode_episode_image, record_from_group
 from cosmos_primitives.queue.staleness import StalenessFilter
+from cosmos_primitives.utils.renamed import renamed_keyword
 
 log = logging.getLogger("cosmos.queue")
 
@@ -103,14 +103,8 @@ def group_from_record(record: RolloutRecord, settings: MediaSettings | None = No
 
 def _renamed_samples_per_prompt(value: int | None, old: int | None, where: str) -> int | None:
     """``num_samples_per_prompt``, taking the older keyword ``num_completions`` with a ``FutureWarning``."""
-    if old is None:
-        return value
-    if value is not None and value != old:
-        raise TypeError(f"{where}: num_samples_per_prompt={value} and num_completions={old} differ; "
-                        "pass num_samples_per_prompt only")
-    warnings.warn(f"{where}(num_completions=...) is now num_samples_per_prompt=... (the [grpo] key's name)",
-                  FutureWarning, stacklevel=3)
-    return old
+    return renamed_keyword(value, old, new="num_samples_per_prompt", old="num_completions", where=where, stacklevel=4)
+
 
 def check_trainable(record: RolloutRecord, group: RolloutGroup, processor: Any = None,
                     num_samples_per_prompt: int | None = None, *, num_completions: int | None = None) -> None:

@@ -21,7 +21,7 @@ class RolloutEngine(Protocol):
     weight_version: int
 
     def generate(self, prompts: Sequence[Prompt], params: SamplingParams) -> list[RolloutGroup]:
-        """``params.n`` completions for each prompt, in prompt order."""
+        """``params.num_samples_per_prompt`` completions for each prompt, in prompt order."""
         ...
 
     def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]], version: int) -> None:

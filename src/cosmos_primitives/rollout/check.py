@@ -34,6 +34,7 @@ import numpy as np
 import torch
 
 from cosmos_primitives.data.records import Prompt, RolloutGroup, SamplingParams
+from cosmos_primitives.utils.renamed import renamed_keyword
 
 
 class Verdict(NamedTuple):
@@ -105,12 +106,12 @@ def agreement(trainer: torch.Tensor, engine: torch.Tensor, mask: torch.Tensor) -
 
 
 def check_logprobs(engine: Any, model: torch.nn.Module, processor: Any, prompts: dict[str, Prompt], *,
-                   max_new_tokens: int, kl_tolerance: float, seed: int) -> list[Verdict]:
+                   max_response_length: int, kl_tolerance: float, seed: int) -> list[Verdict]:
     verdicts = []
     for kind, prompt in prompts.items():
         for top_p in (1.0, 0.9):
-            params = SamplingParams(n=4, temperature=1.0, top_p=top_p, top_k=-1, max_new_tokens=max_new_tokens,
-                                    seed=seed)
+            params = SamplingParams(num_samples_per_prompt=4, temperature=1.0, top_p=top_p, top_k=-1,
+                                    max_response_length=max_response_length, seed=seed)
             name = f"logprobs/{kind}/top_p={top_p:g}"
             try:
                 groups = engine.generate([prompt], params)
@@ -144,14 +145,15 @@ def engine_named(model: torch.nn.Module, named: Sequence[tuple[str, torch.Tensor
 
 
 def check_weight_update(engine: Any, model: torch.nn.Module, processor: Any, prompt: Prompt | None, *,
-                        backend: str, max_new_tokens: int, kl_tolerance: float, seed: int) -> Verdict:
+                        backend: str, max_response_length: int, kl_tolerance: float, seed: int) -> Verdict:
     name = "weight_update/repeated_image"
     if prompt is None:
         return Verdict(name, "SKIP", "text-only model: no image encoder to cache")
     vision = [(n, p) for n, p in model.named_parameters() if "visual" in n or "vision" in n]
     if not vision:
         return Verdict(name, "SKIP", "no parameter named '*visual*' / '*vision*' to perturb")
-    params = SamplingParams(n=2, temperature=1.0, max_new_tokens=max_new_tokens, seed=seed)
+    params = SamplingParams(num_samples_per_prompt=2, temperature=1.0, max_response_length=max_response_length,
+                            seed=seed)
     engine.generate([prompt], params)  # the image is now in any cache the engine keeps
     originals = [(n, p.detach().clone()) for n, p in vision]
     generator = torch.Generator().manual_seed(seed)
@@ -184,15 +186,17 @@ def check_weight_update(engine: Any, model: torch.nn.Module, processor: Any, pro
                                  f"{kl_tolerance:g}), max |diff| {worst_new:.3e}; new vs old weights k3 {moved:.3e}")
 
 
-def check_seeds(engine: Any, prompt: Prompt, *, max_new_tokens: int, seed: int) -> Verdict:
-    params = SamplingParams(n=2, temperature=1.0, max_new_tokens=max_new_tokens, seed=seed)
+def check_seeds(engine: Any, prompt: Prompt, *, max_response_length: int, seed: int) -> Verdict:
+    params = SamplingParams(num_samples_per_prompt=2, temperature=1.0, max_response_length=max_response_length,
+                            seed=seed)
 
     def completions(p: SamplingParams) -> list[tuple[int, ...]]:
         return [tuple(c.token_ids) for g in engine.generate([prompt, prompt], p) for c in g.completions]
 
     first = completions(params)
     again = completions(params)
-    following = completions(SamplingParams(n=2, temperature=1.0, max_new_tokens=max_new_tokens, seed=seed + 1))
+    following = completions(SamplingParams(num_samples_per_prompt=2, temperature=1.0,
+                                           max_response_length=max_response_length, seed=seed + 1))
     distinct = len(set(first))
     shared = len(set(first) & set(following))
     ok = distinct == len(first) and first == again and shared == 0
@@ -201,20 +205,28 @@ def check_seeds(engine: Any, prompt: Prompt, *, max_new_tokens: int, seed: int) 
                    f"{first == again}, shared with seed + 1: {shared}")
 
 
-def run_checks(engine: Any, model: torch.nn.Module, processor: Any, *, backend: str = "hf", max_new_tokens: int = 8,
-               kl_tolerance: float = 1e-3, seed: int = 0) -> list[Verdict]:
-    """Every check against ``engine`` with ``model`` as the trainer (module docstring); one verdict each."""
+def run_checks(engine: Any, model: torch.nn.Module, processor: Any, *, backend: str = "hf",
+               max_response_length: int | None = None, kl_tolerance: float = 1e-3, seed: int = 0,
+               max_new_tokens: int | None = None) -> list[Verdict]:
+    """Every check against ``engine`` with ``model`` as the trainer (module docstring); one verdict each.
+    ``max_response_length`` (None: 8) new tokens per completion; ``max_new_tokens`` is its older
+    keyword (``FutureWarning``)."""
+    max_response_length = renamed_keyword(max_response_length, max_new_tokens, new="max_response_length",
+                                          old="max_new_tokens", where="run_checks")
+    if max_response_length is None:
+        max_response_length = 8
     vision = getattr(processor, "image_processor", None) is not None
     prompts = check_prompts(vision)
-    verdicts = check_logprobs(engine, model, processor, prompts, max_new_tokens=max_new_tokens,
+    verdicts = check_logprobs(engine, model, processor, prompts, max_response_length=max_response_length,
                               kl_tolerance=kl_tolerance, seed=seed)
     try:
         verdicts.append(check_weight_update(engine, model, processor, prompts.get("image"), backend=backend,
-                                            max_new_tokens=max_new_tokens, kl_tolerance=kl_tolerance, seed=seed))
+                                            max_response_length=max_response_length, kl_tolerance=kl_tolerance,
+                                            seed=seed))
     except Exception as exc:
         verdicts.append(failed("weight_update/repeated_image", exc))
     try:
-        verdicts.append(check_seeds(engine, prompts["text"], max_new_tokens=max_new_tokens, seed=seed))
+        verdicts.append(check_seeds(engine, prompts["text"], max_response_length=max_response_length, seed=seed))
     except Exception as exc:
         verdicts.append(failed("seeds/independent", exc))
     return verdicts
@@ -228,7 +240,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--dtype", default="bfloat16", help="the engine's dtype (as [policy] dtype)")
     parser.add_argument("--trainer-dtype", default="float32", help="the trainer forward's dtype")
-    parser.add_argument("--max-new-tokens", type=int, default=16)
+    parser.add_argument("--max-response-length", "--max-new-tokens", type=int, default=16,
+                        help="new tokens per completion (--max-new-tokens: its older spelling)")
     parser.add_argument("--kl-tolerance", type=float, default=1e-3,
                         help="largest acceptable token mean of k3 KL(engine || trainer), in nats")
     parser.add_argument("--seed", type=int, default=0)
@@ -242,7 +255,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     engine, _ = build_rollout_engine(RolloutConfig(backend=args.backend), args.model, processor, dtype=args.dtype,
                                      device=args.device, seed=args.seed, colocated=False)
     model = load_hf_model(args.model, dtype=args.trainer_dtype, device=args.device).eval()
-    verdicts = run_checks(engine, model, processor, backend=args.backend, max_new_tokens=args.max_new_tokens,
+    verdicts = run_checks(engine, model, processor, backend=args.backend, max_response_length=args.max_response_length,
                           kl_tolerance=args.kl_tolerance, seed=args.seed)
     for verdict in verdicts:
         print(verdict.line(), flush=True)

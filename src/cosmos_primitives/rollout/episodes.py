@@ -47,7 +47,7 @@ def generate_rollouts(engine: Any, processor: Any, prompts: Sequence[Prompt], pa
                       env: Environment | None, *, multi: MultiTurnConfig,
                       max_response_length: int, chunk_tokens: int = 0,
                       between_chunks: Callable[[], None] | None = None) -> list[RolloutGroup]:
-    """One step's rollouts: ``engine.generate`` without an environment; with one, ``params.n``
+    """One step's rollouts: ``engine.generate`` without an environment; with one, ``params.num_samples_per_prompt``
     episodes per prompt of at most ``multi.max_assistant_turns`` model turns, ``max_response_length``
     (``[rollout]``) tokens each (model and environment tokens together), a turn at most
     ``multi.max_tokens_per_turn`` of them when set, the replies entering the chat as tool responses
@@ -62,7 +62,7 @@ def generate_rollouts(engine: Any, processor: Any, prompts: Sequence[Prompt], pa
     if env is None:
         return engine.generate(prompts, params)
     if multi.max_tokens_per_turn:
-        params = attrs.evolve(params, max_new_tokens=min(params.max_new_tokens, multi.max_tokens_per_turn))
+        params = attrs.evolve(params, max_response_length=min(params.max_response_length, multi.max_tokens_per_turn))
     return run_episodes(engine, processor, prompts, params, env, max_turns=multi.max_assistant_turns,
                         max_tokens=max_response_length,
                         reply_template=QWEN_TOOL_REPLY if multi.enable_tools else "{text}")

@@ -40,12 +40,13 @@ class HFRolloutEngine:
         stop_token_ids: default stop tokens (default: the model's EOS ids, e.g. ``<|im_end|>``).
         weight_version: version tag of the current weights.
         static_cache: decode into a static KV cache kept across calls (``[rollout] hf_static_cache``),
-            compiled with CUDA graphs on CUDA. Every call then has ``max_batch_sequences // n * n``
-            rows: a short last chunk is padded with copies of its last prompt, whose rows stop
-            after one token and are dropped. The cache stays allocated between calls (``rows x
-            max_cache_len x layers x 2 x kv_heads x head_dim`` elements in the model's dtype),
-            also while a colocated trainer steps. Off by default until measured on a GPU.
-        cache_len_multiple: the static cache holds ``prompt + max_new_tokens`` tokens rounded up to
+            compiled with CUDA graphs on CUDA. Every call then has ``max_batch_sequences // k * k``
+            rows (``k = params.num_samples_per_prompt``): a short last chunk is padded with copies of
+            its last prompt, whose rows stop after one token and are dropped. The cache stays
+            allocated between calls (``rows x max_cache_len x layers x 2 x kv_heads x head_dim``
+            elements in the model's dtype), also while a colocated trainer steps. Off by default until
+            measured on a GPU.
+        cache_len_multiple: the static cache holds ``prompt + max_response_length`` tokens rounded up to
             this multiple (a longer request grows it: one more compiled graph).
         compile_config: ``transformers.CompileConfig`` of the static-cache decode step; default:
             ``CompileConfig(dynamic=False, mode="reduce-overhead")`` on CUDA and no compile
@@ -86,19 +87,19 @@ class HFRolloutEngine:
 
     @torch.no_grad()
     def generate(self, prompts: Sequence[Prompt], params: SamplingParams) -> list[RolloutGroup]:
-        """``params.n`` completions per prompt (prompt order kept; copies of a prompt adjacent).
+        """``params.num_samples_per_prompt`` completions per prompt (prompt order kept; copies of a prompt adjacent).
 
         The same ``params.seed`` on the same device and engine settings gives the same rollouts;
         the uniforms are drawn on the model's device, so a CPU and a GPU run of one seed differ.
         """
-        if params.n < 1:
-            raise ValueError(f"SamplingParams.n must be >= 1, got {params.n}")
+        if params.num_samples_per_prompt < 1:
+            raise ValueError(f"SamplingParams.num_samples_per_prompt must be >= 1, got {params.num_samples_per_prompt}")
         generator = torch.Generator(device=self.device)
         if params.seed is not None:
             generator.manual_seed(params.seed)
         else:
             generator.seed()  # a fresh seed for this generator only; torch's global RNG is left alone
-        per_call = max(1, self.max_batch_sequences // params.n)
+        per_call = max(1, self.max_batch_sequences // params.num_samples_per_prompt)
         was_training = self.model.training
         self.model.eval()
         try:
@@ -118,7 +119,7 @@ class HFRolloutEngine:
         batch = encode_prompts(self.processor, prompts)
         prompt_ids = [row[mask.bool()].tolist()
                       for row, mask in zip(batch["input_ids"][:real_prompts], batch["attention_mask"][:real_prompts])]
-        batch = repeat_batch(batch, prompts, params.n)
+        batch = repeat_batch(batch, prompts, params.num_samples_per_prompt)
         batch = {k: v.to(self.device) if torch.is_tensor(v) else v for k, v in batch.items()}
         sampler = InverseCDFSampler(params.temperature, params.top_k, params.top_p, generator)
         stop = tuple(params.stop_token_ids) or self.stop_token_ids
@@ -127,11 +128,11 @@ class HFRolloutEngine:
             kwargs["repetition_penalty"] = params.repetition_penalty
         if self.static_cache:
             rows, prompt_len = batch["input_ids"].shape
-            kwargs.update(self._static_cache_kwargs(rows, prompt_len + params.max_new_tokens,
-                                                    real_rows=real_prompts * params.n))
+            kwargs.update(self._static_cache_kwargs(rows, prompt_len + params.max_response_length,
+                                                    real_rows=real_prompts * params.num_samples_per_prompt))
         output = self.model.generate(
             **batch,
-            max_new_tokens=params.max_new_tokens,
+            max_new_tokens=params.max_response_length,
             do_sample=False,
             logits_processor=[sampler],
             eos_token_id=list(stop),
@@ -142,13 +143,13 @@ class HFRolloutEngine:
         _, logprobs = sampler.token_logprobs()
         prompt_len = batch["input_ids"].shape[1]
         # step i of the sampler produced generated[:, i]; after a row stops, generate() pads it
-        generated = output[:real_prompts * params.n, prompt_len:].cpu()
+        generated = output[:real_prompts * params.num_samples_per_prompt, prompt_len:].cpu()
         groups = []
         for p_index, prompt in enumerate(prompts[:real_prompts]):
             completions = []
-            for k in range(params.n):
-                row = p_index * params.n + k
-                completions.append(self._completion(generated[row], logprobs[row], stop, params.max_new_tokens))
+            for k in range(params.num_samples_per_prompt):
+                row = p_index * params.num_samples_per_prompt + k
+                completions.append(self._completion(generated[row], logprobs[row], stop, params.max_response_length))
             groups.append(RolloutGroup(prompt=prompt, prompt_token_ids=prompt_ids[p_index],
                                        completions=completions, weight_version=self.weight_version))
         return groups

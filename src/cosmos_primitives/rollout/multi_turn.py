@@ -83,7 +83,7 @@ def continue_generations(engine: RolloutEngine, prompts: Sequence[Prompt], budge
     out: list[tuple[Completion, int] | None] = [None] * len(prompts)
     for limit in sorted(set(budgets)):
         picked = [i for i, b in enumerate(budgets) if b == limit]
-        turn = attrs.evolve(params, n=1, max_new_tokens=limit,
+        turn = attrs.evolve(params, num_samples_per_prompt=1, max_response_length=limit,
                             seed=None if params.seed is None else params.seed + seed_offset)
         for i, group in zip(picked, engine.generate([prompts[i] for i in picked], turn)):
             out[i] = (group.completions[0], group.weight_version)
@@ -110,14 +110,14 @@ def _replies(env: Environment, episodes: Sequence[Episode]) -> list[EnvReply]:
 def run_episodes(engine: RolloutEngine, tokenizer: Any, prompts: Sequence[Prompt], params: SamplingParams,
                  env: Environment, *, max_turns: int = 4, max_tokens: int | None = None,
                  reply_template: str = "{text}") -> list[RolloutGroup]:
-    """``params.n`` episodes per prompt, each of at most ``max_turns`` model turns.
+    """``params.num_samples_per_prompt`` episodes per prompt, each of at most ``max_turns`` model turns.
 
     Args:
         engine: any rollout engine (``HFRolloutEngine``, ``VLLMRolloutEngine``): each turn is one
             ``generate`` call over the episodes still running, from their token ids.
         tokenizer: the model's tokenizer (encodes the replies; decodes the turns for the environment),
             or its processor (needed when the environment returns images).
-        params: sampling of every turn; ``max_new_tokens`` is the budget of one model turn, ``seed``
+        params: sampling of every turn; ``max_response_length`` is the budget of one model turn, ``seed``
             (when set) seeds turn ``t`` with ``seed + t``.
         env: ``env(episode) -> EnvReply`` (or an awaitable of one), called after every model turn.
         max_turns: model turns per episode at most; the episode ends after the last one.
@@ -151,7 +151,7 @@ def run_episodes(engine: RolloutEngine, tokenizer: Any, prompts: Sequence[Prompt
         running = [e for e in asking if not e.done]
         if not running:
             break
-        budget = [params.max_new_tokens if max_tokens is None else min(params.max_new_tokens,
+        budget = [params.max_response_length if max_tokens is None else min(params.max_response_length,
                                                                         max_tokens - len(e.token_ids))
                   for e in running]
         more = continue_generations(engine, [_continuation(e) for e in running], budget, params, turn)

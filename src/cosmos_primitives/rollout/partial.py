@@ -32,7 +32,7 @@ def generate_in_chunks(engine: RolloutEngine, prompts: Sequence[Prompt], params:
     After each chunk ``between_chunks()`` runs (e.g. the rollout job's check for a new weight
     version, which loads it into ``engine``); completions that hit the chunk's end without finishing
     go on from their exact token ids (``Prompt.token_ids``) under whatever weights the engine then
-    holds, until they stop or reach ``params.max_new_tokens``.
+    holds, until they stop or reach ``params.max_response_length``.
 
     Args:
         engine: a text rollout engine (a continuation is given as token ids, which are text only).
@@ -47,8 +47,8 @@ def generate_in_chunks(engine: RolloutEngine, prompts: Sequence[Prompt], params:
     """
     if chunk_tokens < 1:
         raise ValueError(f"chunk_tokens = {chunk_tokens} must be at least 1")
-    total = params.max_new_tokens
-    first = engine.generate(prompts, attrs.evolve(params, max_new_tokens=min(chunk_tokens, total)))
+    total = params.max_response_length
+    first = engine.generate(prompts, attrs.evolve(params, max_response_length=min(chunk_tokens, total)))
     versions = [g.weight_version for g in first]
     pending = [_Pending(i, g.prompt, list(g.prompt_token_ids), c) for i, g in enumerate(first) for c in g.completions]
     continued: list[_Pending] = []

@@ -321,12 +321,12 @@ class VLLMRolloutEngine:
 
     def _sampling_params(self, params: SamplingParams, seed: int | None = None) -> Any:
         kwargs: dict[str, Any] = {
-            "n": params.n,
+            "n": params.num_samples_per_prompt,
             "temperature": params.temperature,
             "top_p": params.top_p,
             "top_k": params.top_k if params.top_k > 0 else 0,  # vLLM's "off" (its default)
             "repetition_penalty": params.repetition_penalty,
-            "max_tokens": params.max_new_tokens,
+            "max_tokens": params.max_response_length,
             "logprobs": 0,  # the sampled token's log-prob only
             "seed": seed,
         }
@@ -372,7 +372,7 @@ class VLLMRolloutEngine:
         """One ``SamplingParams`` per prompt, each with its own :func:`request_seed` (None: unseeded)."""
         if params.seed is None:
             return [self._sampling_params(params)] * len(prompts)
-        return [self._sampling_params(params, request_seed(params.seed, rank, i, params.n))
+        return [self._sampling_params(params, request_seed(params.seed, rank, i, params.num_samples_per_prompt))
                 for i in range(len(prompts))]
 
     def _group_requests(self, prompts: Sequence[Prompt], params: SamplingParams) -> tuple[list[Prompt], Any, int]:

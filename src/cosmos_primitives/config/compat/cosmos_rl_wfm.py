@@ -358,7 +358,9 @@ def _read_cosmos(f: _File, reading: WorldModelReading) -> dict[str, Any]:
 
     # data; a rank's rollouts (one per prompt) go through the network in one forward, as there
     w["data"] = _cosmos_data(f, reading)
-    train["train_policy"] = {"mini_batch": w["data"].get("prompts_per_step", 1)}
+    if "rollout_batch_size" in w["data"]:
+        w["rollout_batch_size"] = w["data"].pop("rollout_batch_size")
+    train["train_policy"] = {"mini_batch": w.get("rollout_batch_size", 1)}
     ours["wfm"], ours["train"] = w, train
     return ours
 
@@ -380,7 +382,7 @@ def _cosmos_data(f: _File, reading: WorldModelReading) -> dict[str, Any]:
         offline = f.get(video + "offline_text_embedding")
         online = f.get("model.text_encoder_config.compute_online") if f.has("model.text_encoder_config") else False
         data.update(kind="clip_folder", path=f.get(video + "dataset_dir"), num_frames=f.get(video + "num_frames"),
-                    height=height, width=width, prompts_per_step=f.get(video + "batch_size"), text_encoder="none")
+                    height=height, width=width, rollout_batch_size=f.get(video + "batch_size"), text_encoder="none")
         if offline and not online:
             data["embedding_dir"] = "t5_xxl" if f.get(video + "text_encoder_type") == "t5_xxl" else "cosmos_reason1"
             reading.translated.append(f"offline text embeddings: <dataset>/{data['embedding_dir']}/<name>.pickle there; "
@@ -405,7 +407,7 @@ def _cosmos_data(f: _File, reading: WorldModelReading) -> dict[str, Any]:
         height, width = MOCK_VIDEO_SIZE[str(f.get(dataset + "dataset.resolution", "512"))]
         data.update(kind="mock", mock_num_samples=MOCK_LENGTH, num_frames=f.get(dataset + "dataset.num_video_frames"),
                     height=height, width=width, max_tokens=f.get(dataset + "dataset.len_t5"),
-                    text_dim=f.get(dataset + "dataset.t5_dim", T5_DIM), prompts_per_step=f.get(dataset + "batch_size"),
+                    text_dim=f.get(dataset + "dataset.t5_dim", T5_DIM), rollout_batch_size=f.get(dataset + "batch_size"),
                     text_encoder="hash")
         reading.translated.append("mock data: random clips with random captions' embeddings (the hashing embedder; "
                                   "cosmos-rl draws Gaussian embeddings)")
@@ -439,7 +441,7 @@ def _read_diffusers(f: _File, reading: WorldModelReading) -> dict[str, Any]:
         per_rank = max(per_rank, 1)
     else:
         reading.translated.append(f"train.train_batch_per_replica = {batch} rollouts per replica: {batch // reading.data_ranks} "
-                                  f"per data-parallel rank = {per_rank} prompts x n_generation {n} (wfm.data.prompts_per_step)")
+                                  f"per data-parallel rank = {per_rank} prompts x n_generation {n} (wfm.rollout_batch_size)")
     steps = f.get(d + "sample.num_steps")
     guidance = f.get(d + "sample.guidance_scale")
     if guidance > 1.0:
@@ -452,6 +454,7 @@ def _read_diffusers(f: _File, reading: WorldModelReading) -> dict[str, Any]:
     w = {
         "algorithm": "diffusion_nft",
         "num_samples_per_prompt": n,
+        "rollout_batch_size": per_rank,
         "num_inference_steps": steps,
         "eval_num_inference_steps": f.get(d + "sample.eval_num_steps") if validating else 0,
         "eval_freq": f.get("validation.freq"),
@@ -465,7 +468,7 @@ def _read_diffusers(f: _File, reading: WorldModelReading) -> dict[str, Any]:
         "num_minibatches": minibatches,
         "start_reward_server": False,
         "data": {"kind": "clip_folder", "path": "", "num_frames": f.get(d + "train_frames"), "height": height,
-                 "width": width, "max_tokens": f.get(d + "max_prompt_length"), "prompts_per_step": per_rank,
+                 "width": width, "max_tokens": f.get(d + "max_prompt_length"),
                  "text_encoder": "none", "fps": 16.0},
     }
     reading.unless_given["wfm.data.path"] = (
@@ -572,9 +575,9 @@ def effective_values(config: Any, data_ranks: int) -> dict[str, Any]:
     (``config``: a ``cp.Config``; a ``[wfm] group_ranks`` group shares its prompts.)"""
     w = config.wfm
     spread = math.gcd(w.group_ranks, data_ranks)
-    per_rank = w.data.prompts_per_step * w.num_samples_per_prompt // spread
+    per_rank = w.rollout_batch_size * w.num_samples_per_prompt // spread
     return {"samples_per_step_per_rank": per_rank, "samples_per_step": per_rank * data_ranks,
-            "prompts_per_step": w.data.prompts_per_step * data_ranks // spread,
+            "prompts_per_step": w.rollout_batch_size * data_ranks // spread,
             "num_samples_per_prompt": w.num_samples_per_prompt, "lr": config.train.optm_lr,
             "warmup_steps": config.train.optm_warmup_steps, "algorithm": w.algorithm,
             "max_steps": config.train.max_steps, "data_ranks": data_ranks}
