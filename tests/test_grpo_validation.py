@@ -82,4 +82,5 @@ def test_validation_top_p_unset_is_the_rollout_s_as_cosmos_rl(rows: Path) -> Non
     cfg = _config(rows, "rollout.sampling_config.top_p=0.9", "validation.top_p=0.95", "validation.temperature=0.6",
                   "validation.max_response_length=33", "train.seed=5")
     params = cp.data.SamplingParams.for_validation(cfg)
-    assert (params.num_samples_per_prompt, params.top_p, params.temperature, params.max_response_length, params.seed) == (1, 0.95, 0.6, 33, 5)
+    got = (params.num_samples_per_prompt, params.top_p, params.temperature, params.max_response_length, params.seed)
+    assert got == (1, 0.95, 0.6, 33, 5)
