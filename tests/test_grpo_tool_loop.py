@@ -17,7 +17,7 @@ def _mean(history: list[dict[str, float]], key: str, part: slice) -> float:
 
 
 @pytest.mark.slow
-@pytest.mark.timeout(1800)  # the limit leaves room for a machine shared with other jobs
+@pytest.mark.timeout(1800)  # ~160 s of CPU time; the limit leaves room for a machine shared with other jobs
 def test_the_tool_loop_learns_to_call_the_tool_and_use_its_answer(qwen_tokenizer, tmp_path: Path,
                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
     """Seed 0, the example's default 10 steps: over the first two steps the warmed-up model calls the
