@@ -21,8 +21,10 @@ reward 0.28 -> 0.66, call rate 0.35 -> 0.97 (0.17 at step 1, 0.89 at step 4), an
 call 0.64 -> 0.67. The answer after a call is right ~70% of the time, not always, so the reward stays
 noisy between steps (0.36-0.84 once the model calls). ``--no-tool`` (the tool answers "unavailable")
 is the control: no answer can beat a guess's 1 in 5 there. Time (the test, 2 CPU cores): 158 s of
-CPU (user + sys), 325 s wall on a
-machine shared with other jobs (load ~10).
+CPU (user + sys), 325 s wall on a machine shared with other jobs (load ~10).
+It rests on the warm-up teaching the repeat: with 40 or 48 warm-up steps instead of 60 (measured,
+seed 0) answers after a call are right less often, and the call rate over the last three steps ends
+at 0.00 (40: calling stops) or 0.75 (48), the reward gain at 0.04 or 0.17.
 tests/test_grpo_tool_loop.py holds seed 0 to these figures with margins.
 """
 
