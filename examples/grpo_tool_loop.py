@@ -84,17 +84,17 @@ def warmup_forms(tokenizer: Any, seed: int, direct_per_call: int = 4) -> list[tu
     return forms
 
 
-def main(steps: int = 10, prompts_per_step: int = 8, seed: int = 0, tool_works: bool = True,
+def main(steps: int = 10, rollout_batch_size: int = 8, seed: int = 0, tool_works: bool = True,
          tokenizer: Any = None, warmup_steps: int = 60, warmup_lr: float = 1e-2,
          init: float = 0.1) -> list[dict[str, float]]:
-    """Warm up, then ``steps`` GRPO steps of ``prompts_per_step`` prompts x 8 episodes; returns per step
+    """Warm up, then ``steps`` GRPO steps of ``rollout_batch_size`` prompts x 8 episodes; returns per step
     the mean reward, the call rate, the rate of right answers after a call, and the grad norm."""
     cp.utils.seed_everything(seed)
     model = cp.testing.tiny_qwen3(seed=seed, initializer_range=init)
     tokenizer = tokenizer or cp.testing.qwen_tokenizer()
     cp.policy.sft_warmup(model, tokenizer, warmup_forms(tokenizer, seed), steps=warmup_steps, lr=warmup_lr)
     cfg = cp.load_config(None, ["grpo.num_samples_per_prompt=8", "rollout.max_response_length=2",
-                                "train.optm_lr=5e-3", f"train.train_policy.mini_batch={prompts_per_step * 8}"])
+                                "train.optm_lr=5e-3", f"train.train_policy.mini_batch={rollout_batch_size * 8}"])
     policy = cp.policy.build_policy(cfg.policy, hf_model=model)
     engine = cp.rollout.HFRolloutEngine(model, tokenizer)
     optimizer = cp.policy.build_optimizer(policy, cfg.train)
@@ -102,8 +102,8 @@ def main(steps: int = 10, prompts_per_step: int = 8, seed: int = 0, tool_works: 
     rng, env = torch.Generator().manual_seed(seed), make_env(tool_works)
     history = []
     for step in range(1, steps + 1):
-        keys = torch.randint(0, DIGITS, (prompts_per_step,), generator=rng).tolist()
-        tables = torch.randint(0, DIGITS, (prompts_per_step, DIGITS), generator=rng).tolist()
+        keys = torch.randint(0, DIGITS, (rollout_batch_size,), generator=rng).tolist()
+        tables = torch.randint(0, DIGITS, (rollout_batch_size, DIGITS), generator=rng).tolist()
         prompts = [Prompt(conversation=f" k{KEYS[k]} =", row={"key": k, "table": t}) for k, t in zip(keys, tables)]
         params = SamplingParams.from_config(cfg.rollout, cfg.grpo.num_samples_per_prompt, seed=step)
         groups = run_episodes(engine, tokenizer, prompts, params, env, max_turns=2, reply_template=QWEN_TOOL_REPLY)
