@@ -42,14 +42,9 @@ import time
 from typing import Any
 
 import cosmos_primitives as cp
-from cosmos_primitives.data import (
-    BadSampleError,
-    BadSampleTracker,
-    SamplingParams,
-    bad_sample_boundary,
-    prompt_dataset,
-)
+from cosmos_primitives.data import BadSampleTracker, SamplingParams, prompt_dataset
 from cosmos_primitives.queue import RedisRolloutQueue, RolloutThrottle, records_from_scores
+from cosmos_primitives.queue.claimed_prompts import claim_prompts, finish_claim
 from cosmos_primitives.queue.disaggregated_plan import plan_jobs
 from cosmos_primitives.queue.job_registry import JobRegistry
 from cosmos_primitives.queue.prompt_claims import PromptClaims
@@ -221,30 +216,11 @@ def main() -> None:
         # one broadcast per step; the other ranks of a TP engine pass no prompts of their own to generate
         action, detail = next_action(client, control, throttle, trainer_lost, log) if lead else ("", None)
         claim, prompts, ids, params = None, [], [], None
-        if action == "claim":
-            try:
-                claim = claims.claim(job_id)
-            except ValueError as error:  # claims keys damaged by another writer: the trainer resets them
-                log.error(f"[rollout] {job_id}: {error}; trying again in {dis.poll_s}s")
-                action, claim = "wait", None
-        if action == "claim" and claim is None:
-            action, detail = "stop", None
-        elif action == "claim":
-            for index in claim.indices:
-                try:
-                    with bad_sample_boundary(f"sample {index}"):  # one bad row skips that row
-                        prompts.append(dataset[index])
-                    ids.append(claims.record_id(claim, index))
-                except BadSampleError as error:
-                    bad.record(error, sample=index)
-            try:
-                held = claims.holds(claim)
-            except ValueError as error:  # claims keys damaged: putting anyway only risks duplicates, trained once
-                log.error(f"[rollout] {job_id}: {error}")
-                held = True
-            if prompts and held:  # else the claim expired and went to another job while we waited
-                params = SamplingParams.from_config(cfg.rollout, grpo.num_samples_per_prompt,
-                                                    seed=cfg.train.seed * 1_000_003 + claim.range_id * 1009)
+        if action == "claim":  # damaged claims keys: "wait" (logged) until the trainer's audit resets them
+            action, claim, prompts, ids = claim_prompts(claims, job_id, dataset, bad, log)
+        if prompts:  # none: every epoch handed out, or the claim expired and went to another job meanwhile
+            params = SamplingParams.from_config(cfg.rollout, grpo.num_samples_per_prompt,
+                                                seed=cfg.train.seed * 1_000_003 + claim.range_id * 1009)
         if group is not None:
             action, detail, params = cp.parallel.broadcast_object((action, detail, params), src=info.rank - tp_rank,
                                                                   group=group)
@@ -281,11 +257,7 @@ def main() -> None:
                 queue.put_many(records)
         if not lead:
             continue
-        try:
-            late = not claims.complete(claim)  # the claim had expired and gone to another job
-        except ValueError as error:  # claims keys damaged: the trainer re-issues what it did not train
-            log.error(f"[rollout] {job_id}: {error}")
-            late = True
+        late = finish_claim(claims, claim, job_id, log)  # it had expired and gone to another job
         counts["records_put"] += len(records)
         counts["ranges"] += 1
         log.info(f"[rollout] {job_id}: epoch {claim.epoch} range {claim.range_id}: {len(records)} records with "

@@ -61,7 +61,7 @@ def validate(engine, dataset: MCQPromptDataset, cfg: cp.config.Config, mesh: cp.
     count = cp.config.validation_item_count(cfg, len(dataset))
     mine = list(range(mesh.dp_rank, count, mesh.dp_size))
     sums = torch.zeros(len(names) + 2, dtype=torch.float64)  # per reward, total, items
-    params = SamplingParams.for_validation(cfg)
+    params = SamplingParams.for_validation(cfg.validation, cfg.rollout, seed=cfg.train.seed)
     for start in range(0, len(mine), cfg.rollout.batch_size):
         prompts = []
         for index in mine[start:start + cfg.rollout.batch_size]:

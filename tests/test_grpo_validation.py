@@ -78,9 +78,9 @@ def test_validation_dataset_test_size_takes_the_first_items_as_cosmos_rl_s_disti
 
 def test_validation_top_p_unset_is_the_rollout_s_as_cosmos_rl(rows: Path) -> None:
     cfg = _config(rows, "rollout.sampling_config.top_p=0.9")
-    assert cp.data.SamplingParams.for_validation(cfg).top_p == 0.9
+    assert cp.data.SamplingParams.for_validation(cfg.validation, cfg.rollout, seed=cfg.train.seed).top_p == 0.9
     cfg = _config(rows, "rollout.sampling_config.top_p=0.9", "validation.top_p=0.95", "validation.temperature=0.6",
                   "validation.max_response_length=33", "train.seed=5")
-    params = cp.data.SamplingParams.for_validation(cfg)
+    params = cp.data.SamplingParams.for_validation(cfg.validation, cfg.rollout, seed=cfg.train.seed)
     got = (params.num_samples_per_prompt, params.top_p, params.temperature, params.max_response_length, params.seed)
     assert got == (1, 0.95, 0.6, 33, 5)

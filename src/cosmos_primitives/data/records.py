@@ -15,6 +15,7 @@ from cosmos_primitives.utils.renamed import renamed_keyword
 
 if TYPE_CHECKING:  # pragma: no cover
     from cosmos_primitives.config.rollout import RolloutConfig
+    from cosmos_primitives.config.validation import ValidationConfig
 
 
 @attrs.define(init=False)
@@ -69,15 +70,15 @@ class SamplingParams:
                    max_response_length=rollout.max_response_length, seed=seed)
 
     @classmethod
-    def for_validation(cls, config: Any) -> SamplingParams:
-        """GRPO validation's sampling (one completion per item) from a whole config: ``[validation]``
-        ``temperature``, ``top_p`` (None: ``[rollout.sampling_config] top_p``, cosmos-rl's fallback) and
-        ``max_response_length`` (None: ``[rollout] max_response_length``), seeded with ``[train] seed``."""
-        val = config.validation
-        top_p = val.top_p if val.top_p is not None else config.rollout.sampling_config.top_p
-        return cls(num_samples_per_prompt=1, temperature=val.temperature, top_p=top_p,
-                   max_response_length=val.max_response_length or config.rollout.max_response_length,
-                   seed=config.train.seed)
+    def for_validation(cls, validation: ValidationConfig, rollout: RolloutConfig,
+                       seed: int | None = None) -> SamplingParams:
+        """GRPO validation's sampling (one completion per item): ``[validation]`` ``temperature``,
+        ``top_p`` (None: ``[rollout.sampling_config] top_p``, cosmos-rl's fallback) and
+        ``max_response_length`` (None: ``[rollout] max_response_length``); the recipes seed it with
+        ``[train] seed``."""
+        top_p = validation.top_p if validation.top_p is not None else rollout.sampling_config.top_p
+        return cls(num_samples_per_prompt=1, temperature=validation.temperature, top_p=top_p,
+                   max_response_length=validation.max_response_length or rollout.max_response_length, seed=seed)
 
 
 def _warn_renamed_attribute(old: str, new: str) -> None:
