@@ -358,6 +358,38 @@ def test_a_redis_url_holder_cannot_inject_records(redis_url):
     client.close()
 
 
+def test_a_redis_url_holder_cannot_read_records(redis_url):
+    """Issue 30 acceptance: with the run secret the records in Redis are sealed (encrypted, then
+    MACed): a holder of the Redis URL reading the stream finds neither the conversation's text, the
+    completions, the media path nor the record id in the bytes, and two puts of one record differ (a
+    fresh nonce each), while the run's trainer reads the record back whole."""
+    from cosmos_primitives.queue.record import encode_record
+    from cosmos_primitives.sync.run_auth import RunSecret
+    from test_queue_redis import make_record
+
+    stream = f"{PREFIX}:sealed-{uuid.uuid4().hex[:6]}"
+    secret = RunSecret(SECRET)
+    client = redis.Redis.from_url(redis_url)
+    record = make_record(7)
+    record.completions = ["the secret answer", "another answer"]
+    with RedisRolloutQueue(RedisConfig(stream=stream), url=redis_url, secret=secret, consumer="trainer-0") as trainer, \
+            RedisRolloutQueue(RedisConfig(stream=stream), url=redis_url, secret=secret) as rollout:
+        trainer.get(1, timeout=0.05)  # creates the consumer group
+        rollout.put(record)
+        rollout.put(record)
+        raw = [fields[b"record"] for _, fields in client.xrange(stream)]
+        assert len(raw) == 2 and raw[0] != raw[1]
+        plain = encode_record(record)
+        for leaked in (b"question 7", b"the secret answer", b"clips/a.mp4", b"rec-0007", plain[:64]):
+            assert all(leaked not in payload for payload in raw), leaked
+        got = trainer.get(2, timeout=2)
+        assert [r.record_id for r in got] == ["rec-0007"]  # the copy is trained once
+        assert got[0].completions == ["the secret answer", "another answer"]
+        assert got[0].conversation == record.conversation
+    client.delete(stream, *client.keys(f"{stream}:*"))
+    client.close()
+
+
 def test_a_redis_url_holder_cannot_set_the_weight_version(redis_url, caplog):
     """Issue 30 item 1, run state: the trainer signs ``S:weight_version``; rollout jobs ignore a value
     not signed with the run secret (a plain huge or negative number, an envelope signed with another

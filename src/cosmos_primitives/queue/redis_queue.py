@@ -31,7 +31,6 @@ republish the weight version, and carry on with the records put after the restar
 
 from __future__ import annotations
 
-import hmac
 import json
 import logging
 import os
@@ -59,8 +58,7 @@ from cosmos_primitives.sync.run_auth import AuthError, RateLimitedLog, RunSecret
 REDIS_URL_ENV = "COSMOS_REDIS_URL"
 RECORD_FIELD = b"record"
 # a signed payload: this prefix, HMAC-SHA256(secret, purpose | stream | record bytes), the record bytes
-SIGNED_RECORD_PREFIX = b"cp-signed-record-v1:"
-_MAC_BYTES = 32
+SEALED_RECORD_PREFIX = b"cp-sealed-record-v1:"
 # records per script call, keeping one Redis command's arguments to a few MB
 _CHUNK = 64
 
@@ -137,10 +135,12 @@ class RedisRolloutQueue:
         max_bytes: entries whose payload is larger are dead-lettered at :meth:`get` without being
             decoded (:func:`~cosmos_primitives.queue.record.record_byte_limit`). None: no bound.
         secret: the run secret (:class:`~cosmos_primitives.sync.run_auth.RunSecret`). Given, every
-            record :meth:`put` writes carries ``HMAC-SHA256(secret, "rollout-record" | stream | record)``
-            and :meth:`get` dead-letters an entry without a valid one (written by someone holding the
+            record :meth:`put` writes is sealed (``RunSecret.seal``: encrypted with a SHAKE-256
+            keystream of a fresh nonce, then ``HMAC-SHA256(secret, "rollout-record" | stream | nonce |
+            ciphertext)``), so a holder of the Redis URL can neither read nor forge one, and
+            :meth:`get` dead-letters an entry without a valid seal (written by someone holding the
             Redis URL but not the secret, or moved from another run's stream) before decoding it.
-            None: records are written unsigned and a signature is not checked.
+            None: records are written in the clear and unsigned; a sealed one is dead-lettered.
     """
 
     def __init__(self, config: RedisConfig | None = None, *, url: str | None = None,
@@ -382,25 +382,26 @@ class RedisRolloutQueue:
         return float(info.get("uptime_in_seconds", float("inf")))
 
     def _signed(self, payload: bytes) -> bytes:
+        """With a secret, the record sealed (encrypted, then MACed) for this stream: readable and valid
+        only to a job of this run."""
         if self._secret is None:
             return payload
-        return SIGNED_RECORD_PREFIX + self._record_mac(payload) + payload
-
-    def _record_mac(self, payload: bytes) -> bytes:
-        return self._secret.mac(b"rollout-record", self.stream.encode(), payload)
+        return SEALED_RECORD_PREFIX + self._secret.seal(b"rollout-record", self.stream.encode(), payload)
 
     def _verified(self, payload: bytes, entry_id: str) -> bytes:
-        """The record bytes of an entry's payload; with a secret, only when its MAC is this run's."""
-        signed = payload.startswith(SIGNED_RECORD_PREFIX)
-        body = payload[len(SIGNED_RECORD_PREFIX) + _MAC_BYTES:] if signed else payload
+        """The record bytes of an entry's payload; with a secret, only when it was sealed with this run's
+        secret for this stream."""
         if self._secret is None:
-            return body
-        if not signed:
+            if payload.startswith(SEALED_RECORD_PREFIX):
+                raise MalformedRecordError(entry_id, "the record is sealed with a run secret and this queue has "
+                                           "none: start every job of the run with the same $COSMOS_RUN_SECRET")
+            return payload
+        if not payload.startswith(SEALED_RECORD_PREFIX):
             raise MalformedRecordError(entry_id, "the record is not signed with the run secret: a job of this "
-                                       "run signs every record it puts (someone holding only the Redis URL wrote "
+                                       "run seals every record it puts (someone holding only the Redis URL wrote "
                                        "it, or a rollout job started without $COSMOS_RUN_SECRET)")
-        mac = payload[len(SIGNED_RECORD_PREFIX):len(SIGNED_RECORD_PREFIX) + _MAC_BYTES]
-        if not hmac.compare_digest(mac, self._record_mac(body)):
+        body = self._secret.unseal(b"rollout-record", self.stream.encode(), payload[len(SEALED_RECORD_PREFIX):])
+        if body is None:
             raise MalformedRecordError(entry_id, "the record's signature does not match (another run secret, "
                                        "another run's stream, or altered bytes)")
         return body

@@ -26,6 +26,7 @@ import time
 from collections import OrderedDict
 
 import msgspec
+import numpy as np
 
 SECRET_ENV = "COSMOS_RUN_SECRET"
 SECRET_FILE_ENV = "COSMOS_RUN_SECRET_FILE"
@@ -39,6 +40,11 @@ class RunSecretError(ValueError):
 
 class AuthError(ValueError):
     """A message or connection failed authentication (bad MAC, wrong purpose, too old, replayed)."""
+
+
+def _xor(a: bytes, b: bytes) -> bytes:
+    """Byte-wise XOR of two byte strings of one length."""
+    return (np.frombuffer(a, dtype=np.uint8) ^ np.frombuffer(b, dtype=np.uint8)).tobytes()
 
 
 class RunSecret:
@@ -114,6 +120,34 @@ class RunSecret:
             h.update(len(part).to_bytes(8, "big"))
             h.update(part)
         return h.digest()
+
+    def keystream(self, purpose: bytes, nonce: bytes, length: int) -> bytes:
+        """``length`` pseudo-random bytes from the key, ``purpose`` and ``nonce``: SHAKE-256 of the three,
+        each length-prefixed, used as an extendable-output PRF (a stream cipher's keystream). Never
+        reuse a nonce for one purpose: :meth:`seal` draws 16 random bytes each time."""
+        xof = hashlib.shake_256()
+        for part in (self._key, purpose, nonce):
+            xof.update(len(part).to_bytes(8, "big"))
+            xof.update(part)
+        return xof.digest(length)
+
+    def seal(self, purpose: bytes, context: bytes, body: bytes) -> bytes:
+        """``body`` encrypted then MACed: ``nonce (16) | HMAC-SHA256(purpose, context, nonce, ciphertext)
+        (32) | ciphertext``, the ciphertext ``body`` XOR :meth:`keystream`. Only a holder of the key
+        reads it (:meth:`unseal`); ``context`` (e.g. the stream's name) binds it to one place."""
+        nonce = secrets.token_bytes(16)
+        cipher = _xor(body, self.keystream(purpose, nonce, len(body)))
+        return nonce + self.mac(purpose, context, nonce, cipher) + cipher
+
+    def unseal(self, purpose: bytes, context: bytes, sealed: bytes) -> bytes | None:
+        """The body :meth:`seal` sealed for ``purpose`` and ``context``; None when the MAC does not match
+        (another key, another context, altered or truncated bytes)."""
+        if len(sealed) < 48:
+            return None
+        nonce, mac, cipher = sealed[:16], sealed[16:48], sealed[48:]
+        if not hmac.compare_digest(mac, self.mac(purpose, context, nonce, cipher)):
+            return None
+        return _xor(cipher, self.keystream(purpose, nonce, len(cipher)))
 
     def sign(self, purpose: str, body: bytes, *, now: float | None = None) -> bytes:
         """``body`` wrapped as an encoded :class:`SignedMessage` for ``purpose``."""
