@@ -33,9 +33,13 @@ IM_END = 151645
 
 
 def _sums(n: int) -> list[dict[str, str]]:
+    """``n`` sums with answers 3 to 6 only: the tiny model learns the format, not arithmetic, so its
+    sampled answers are right about one time in four, and a step's 128 rollouts (the files' seed is
+    unset: they differ run to run) hold right and wrong ones (with answers 3 to 17 about one in 15
+    was right, and a step's rollouts were all wrong in one suite run)."""
     rows = []
     for i in range(n):
-        a, b = i % 9 + 1, (3 * i) % 7 + 2
+        a, b = i % 3 + 1, (3 * i) % 2 + 2
         rows.append({"prompt": f"What is {a} + {b}? Put the final answer in \\boxed{{}}.", "result": f"${a + b}$"})
     return rows
 

@@ -370,8 +370,9 @@ def test_every_prompt_of_the_epoch_is_trained_once_across_trainer_rollout_and_re
             return [row for path in (tmp_path / "trainer").glob("*/records.jsonl") for row in read_jsonl(path)]
 
         def saved_steps() -> list[int]:  # complete checkpoints only (an async save lands a little later)
-            return [int(p.parent.name.removeprefix("step_"))
-                    for p in (tmp_path / "trainer").glob("*/checkpoints/step_*/COMPLETE")]
+            names = [p.parent.name.removeprefix("step_")  # not step_<n>.tmp: a save being written
+                     for p in (tmp_path / "trainer").glob("*/checkpoints/step_*/COMPLETE")]
+            return [int(name) for name in names if name.isdigit()]
 
         def past_a_checkpoint() -> bool:  # a step trained after the last complete save: its training is lost
             steps = {row["step"] for row in trained_rows()}

@@ -71,7 +71,7 @@ def run(cmd: list[str], log_path: Path, env: dict[str, str] | None = None) -> st
 
 def held_out_accuracy(model: Path, benchmark: Path, results: Path) -> float:
     """Greedy accuracy on the held-out split, with the quickstart's evaluation settings."""
-    cfg = EvalConfig(temperature=0.0, max_tokens=32, batch_size=64, skip_saved=False, max_retries=0,
+    cfg = EvalConfig(temperature=0.0, max_response_length=32, batch_size=64, skip_saved=False, max_retries=0,
                      prompt="training")
     overall = cp.eval.evaluate(str(model), str(benchmark), results_dir=results, cfg=cfg,
                                print_table=False).table["overall"]
