@@ -37,7 +37,6 @@ REPO = Path(__file__).resolve().parents[1]
 RUN_TIMEOUT_S = 2400
 MIN_GAIN_POINTS = 15.0
 TARGET_ACCURACY = 0.9
-JOBS_STEPS = 20
 
 
 @pytest.fixture(autouse=True)
@@ -150,10 +149,9 @@ def test_one_launch_learns_through_a_killed_rollout_job(quickstart: dict, tmp_pa
     out = quickstart["out"]
     dis_out = out / "grpo_jobs"
     logs = tmp_path / "logs"
-    # 20 of the config's 30 steps: the colocated run's training reward is flat from about step 13
     overrides = [f"policy.model_name_or_path={quickstart['sft_model']}", f"train.output_dir={dis_out}",
                  f"train.train_policy.dataset.name={out / 'data' / 'train.jsonl'}", "custom={}",
-                 "disaggregated.claim_ttl_s=10", f"train.max_steps={JOBS_STEPS}"]
+                 "disaggregated.claim_ttl_s=10"]
     cfg = cp.load_config(REPO / "examples" / "configs" / "grpo_tiny_jobs.toml", overrides)
     env = {**os.environ, "PYTHONUNBUFFERED": "1", "COSMOS_REDIS_URL": "", "PYTHON": sys.executable,
            "RUN": "learning_one_launch", "LOGS": str(logs), "CONFIG": "examples/configs/grpo_tiny_jobs.toml"}
