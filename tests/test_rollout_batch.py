@@ -192,3 +192,23 @@ def test_sampling_params_from_the_rollout_config() -> None:
     assert params == SamplingParams(num_samples_per_prompt=4, temperature=0.7, top_p=0.9, top_k=5,
                                     repetition_penalty=1.1,
                                     max_response_length=12, seed=3)
+
+
+def test_vision_block_markers_are_looked_up_without_building_the_vocabulary(qwen_tokenizer, monkeypatch) -> None:
+    """The trainer asks for the markers once per record: ``get_vocab()`` rebuilds the 152k-entry dict
+    each call (0.3 s on a CPU), so the lookup goes through ``convert_tokens_to_ids``."""
+    from tokenizers import Tokenizer, models
+    from transformers import PreTrainedTokenizerFast
+
+    from cosmos_primitives.data.rollout_batch import vision_block_markers
+
+    monkeypatch.setattr(type(qwen_tokenizer), "get_vocab", lambda self: pytest.fail("get_vocab() was called"))
+    assert vision_block_markers(qwen_tokenizer) == {qwen_tokenizer.convert_tokens_to_ids("<|vision_start|>"),
+                                                    qwen_tokenizer.convert_tokens_to_ids("<|vision_end|>")}
+    assert len(vision_block_markers(qwen_tokenizer)) == 2
+    # a tokenizer without the markers maps them to its unknown token: no markers
+    plain = PreTrainedTokenizerFast(tokenizer_object=Tokenizer(models.WordLevel({"[UNK]": 0, "a": 1},
+                                                                                  unk_token="[UNK]")),
+                                    unk_token="[UNK]")
+    assert vision_block_markers(plain) == frozenset()
+    assert vision_block_markers(object()) == frozenset()
