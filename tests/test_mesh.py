@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 import pytest
 import torch
 import torch.distributed as dist
@@ -139,3 +141,26 @@ def _return_tensor() -> torch.Tensor:
 def test_run_distributed_returns_tensors_after_children_exit() -> None:
     a, b = run_distributed(_return_tensor, 2)
     assert torch.equal(a, torch.zeros(1000)) and torch.equal(b, torch.ones(1000))
+
+
+def _where_started() -> tuple[int, str | None, bool]:
+    import sys
+
+    return os.getppid(), os.environ.get("CP_RUN_DISTRIBUTED_PROBE"), "transformers" in sys.modules
+
+
+def test_run_distributed_forks_ranks_from_a_preloaded_server_with_the_callers_environment(monkeypatch) -> None:
+    """The ranks are forked from a server that imported torch and transformers once (a spawned
+    interpreter imports them afresh per rank: most of a short distributed test's CPU time); each
+    still gets the caller's environment as it is at the call, not the server's."""
+    run_distributed(_return_tensor, 1)  # the server is running from here on
+    monkeypatch.setenv("CP_RUN_DISTRIBUTED_PROBE", "set after the server started")
+    forked = run_distributed(_where_started, 2)
+    assert all(parent != os.getpid() for parent, _, _ in forked)  # the fork server's children
+    assert all(loaded for _, _, loaded in forked)  # transformers came preloaded, not imported by the rank
+    assert {probe for _, probe, _ in forked} == {"set after the server started"}
+    spawned = run_distributed(_where_started, 1, start_method="spawn")
+    assert spawned[0][0] == os.getpid() and spawned[0][1] == "set after the server started"
+    assert not spawned[0][2]
+    with pytest.raises(ValueError, match="start_method"):
+        run_distributed(_where_started, 1, start_method="fork")
