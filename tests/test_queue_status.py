@@ -200,3 +200,13 @@ def test_a_signed_weight_version_shows_its_number(redis_url: str) -> None:
         queue.publish_weight_version(5)
     done = status("--redis", redis_url, "--run", "status-signed-version", "--json")
     assert json.loads(done.stdout)["weight_version"] == 5, done.stdout + done.stderr
+
+
+def test_the_status_command_and_the_queue_import_no_torch() -> None:
+    """``status`` is an operator's quick look at a run: it (and a process that only moves records)
+    reads Redis and must not pay torch's import (2-3 CPU-s) for it."""
+    code = ("import sys, cosmos_primitives.queue.status, cosmos_primitives.queue.redis_queue; "
+            "print('torch' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "False"
