@@ -69,7 +69,8 @@ def sampling_logprobs(logits: torch.Tensor, temperature: float = 1.0, top_k: int
     """
     if temperature <= 0:
         raise ValueError(f"temperature must be > 0 to score a sampling distribution, got {temperature}")
-    scaled = logits.float() / temperature
+    # x / 1.0 == x exactly: skip the pass over [N, V] (most rollouts sample at temperature 1)
+    scaled = logits.float() / temperature if temperature != 1.0 else logits.float()
     if not filtering_active(top_k, top_p, scaled.shape[-1]):
         return torch.log_softmax(scaled, dim=-1)
     keep = sampling_keep_mask(scaled, top_k, top_p)
