@@ -63,3 +63,22 @@ def test_a_part_cut_short_keeps_its_partial_figures(tmp_path: Path) -> None:
     assert record["status"].startswith("timed out")
     assert record["figures"] == {"torch": "x"}
     assert any("cut short" in note for note in record["notes"])
+
+
+def test_a_dry_run_part_starts_with_the_pack_imported(tmp_path: Path) -> None:
+    """A dry-run part is forked from the process that imported the pack (torch, transformers, the
+    library), so its CPU time is the part's own work, not a fresh interpreter's ~3 CPU-s of imports;
+    it still runs through ``gpu_suite.main``'s ``--part`` command line and writes its result and log."""
+    import resource
+
+    import gpu_suite
+
+    (tmp_path / "work").mkdir()
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    record = gpu_suite.run_part("weight_sync_7b", 60, True, tmp_path, tmp_path / "work")
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    cpu_s = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+    assert record["status"] == "ok", record.get("log_tail")
+    assert record["figures"]["copy_first_verified"] is True
+    assert (tmp_path / "gpu_suite.log").read_text().startswith("\n===== weight_sync_7b: ok =====")
+    assert cpu_s < 1.5, f"the dry-run part took {cpu_s:.2f} CPU-s: it imported the pack afresh"
