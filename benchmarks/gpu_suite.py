@@ -115,6 +115,15 @@ def _run_forked(argv: list[str], env: dict[str, str], log_path: Path, box_s: flo
     return proc.exitcode
 
 
+def part_command(name: str, result_path: Path, work: Path, dry: bool) -> tuple[list[str], dict[str, str]]:
+    """The command line and environment of one part's child process (``gpu_suite.py --part``)."""
+    cmd = [sys.executable, __file__, "--part", name, "--result", str(result_path), "--work", str(work)]
+    if dry:
+        cmd.append("--dry-run")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO / "src"), os.environ.get("PYTHONPATH", "")])}
+    return cmd, env
+
+
 def run_part(name: str, box_s: float, dry: bool, out: Path, work: Path) -> dict[str, Any]:
     """Run one part in a child process (``--part``) within ``box_s`` seconds; its record.
 
@@ -122,10 +131,7 @@ def run_part(name: str, box_s: float, dry: bool, out: Path, work: Path) -> dict[
     same command line (parsed by :func:`main`), so it starts with what this process imported
     (:data:`DRY_RUN_PRELOAD`) instead of importing torch and transformers again."""
     result_path, log_path = work / f"{name}.json", work / f"{name}.log"
-    cmd = [sys.executable, __file__, "--part", name, "--result", str(result_path), "--work", str(work / name)]
-    if dry:
-        cmd.append("--dry-run")
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO / "src"), os.environ.get("PYTHONPATH", "")])}
+    cmd, env = part_command(name, result_path, work / name, dry)
     start = time.perf_counter()
     with log_path.open("wb") as log:
         if dry:
