@@ -20,9 +20,13 @@ part passed, 1 otherwise.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime
+import importlib
+import io
 import json
 import math
+import multiprocessing
 import os
 import platform
 import subprocess
@@ -34,11 +38,21 @@ from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
 DRY_RUN_BOX_S = 90
+"""Each part's time box in a dry run (tiny shapes; the whole dry run stays under 2 minutes on 2 cores
+when nothing fails)."""
 PARTIAL = "partial.json"
 """A part that measures several things writes its figures so far to ``<work>/partial.json``
 (``gpu_parts_speed.save_partial``) after each, so a time box or a crash still keeps them."""
-"""Each part's time box in a dry run (tiny shapes; the whole dry run stays under 2 minutes on 2 cores
-when nothing fails)."""
+DRY_RUN_PRELOAD = (
+    "transformers.models.qwen2.modeling_qwen2",
+    "transformers.models.qwen2_5_vl.modeling_qwen2_5_vl",
+    "cosmos_primitives",
+    "cosmos_primitives.policy",
+    "cosmos_primitives.testing",
+    "diffusers",
+)
+"""What a dry run imports once, before its parts are forked, beyond ``gpu_suite_parts`` itself: a fresh
+interpreter per part spent 3-5 CPU-s importing these, most of a tiny part's cost."""
 
 
 def install_wheels(folder: Path) -> None:
@@ -72,20 +86,66 @@ def machine() -> dict[str, Any]:
     return info
 
 
-def run_part(name: str, box_s: float, dry: bool, out: Path, work: Path) -> dict[str, Any]:
-    """Run one part in a child process (``--part``) within ``box_s`` seconds; its record."""
-    result_path, log_path = work / f"{name}.json", work / f"{name}.log"
-    cmd = [sys.executable, __file__, "--part", name, "--result", str(result_path), "--work", str(work / name)]
+def _forked_part(argv: list[str], env: dict[str, str], log_path: Path) -> None:
+    """The body of a dry-run part's forked process: what a fresh ``gpu_suite.py`` child would see (its
+    working directory, environment, output to the part's log), then :func:`main` on ``argv``."""
+    os.chdir(REPO)
+    os.environ.clear()
+    os.environ.update(env)
+    log_fd = os.open(log_path, os.O_WRONLY | os.O_APPEND)
+    os.dup2(log_fd, 1)
+    os.dup2(log_fd, 2)
+    os.close(log_fd)
+    # the parent's sys.stdout may not write to fd 1 (pytest captures it): write to the log's descriptors
+    sys.stdout = io.TextIOWrapper(io.FileIO(1, "w", closefd=False), line_buffering=True)
+    sys.stderr = io.TextIOWrapper(io.FileIO(2, "w", closefd=False), write_through=True)
+    sys.exit(main(argv))
+
+
+def _run_forked(argv: list[str], env: dict[str, str], log_path: Path, box_s: float) -> int | None:
+    """Fork a process running :func:`_forked_part`; its exit code, or None when it outran ``box_s``
+    (it is killed, as ``subprocess.run`` kills a child past its timeout)."""
+    proc = multiprocessing.get_context("fork").Process(target=_forked_part, args=(argv, env, log_path))
+    proc.start()
+    proc.join(box_s)
+    if proc.is_alive():
+        proc.kill()
+        proc.join()
+        return None
+    return proc.exitcode
+
+
+def part_command(name: str, result_path: Path, work: Path, dry: bool) -> tuple[list[str], dict[str, str]]:
+    """The command line and environment of one part's child process (``gpu_suite.py --part``)."""
+    cmd = [sys.executable, __file__, "--part", name, "--result", str(result_path), "--work", str(work)]
     if dry:
         cmd.append("--dry-run")
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO / "src"), os.environ.get("PYTHONPATH", "")])}
+    return cmd, env
+
+
+def run_part(name: str, box_s: float, dry: bool, out: Path, work: Path) -> dict[str, Any]:
+    """Run one part in a child process (``--part``) within ``box_s`` seconds; its record.
+
+    On a GPU the child is a fresh interpreter. In a dry run it is forked from this process with the
+    same command line (parsed by :func:`main`), so it starts with what this process imported
+    (:data:`DRY_RUN_PRELOAD`) instead of importing torch and transformers again."""
+    result_path, log_path = work / f"{name}.json", work / f"{name}.log"
+    cmd, env = part_command(name, result_path, work / name, dry)
     start = time.perf_counter()
     with log_path.open("wb") as log:
-        try:
-            proc = subprocess.run(cmd, cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT, timeout=box_s)
-            status = "ok" if proc.returncode == 0 and result_path.exists() else f"failed (exit {proc.returncode})"
-        except subprocess.TimeoutExpired:
-            status = f"timed out after {box_s:.0f} s"
+        if dry:
+            code = _run_forked(cmd[2:], env, log_path, box_s)
+        else:
+            try:
+                code = subprocess.run(cmd, cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT,
+                                      timeout=box_s).returncode
+            except subprocess.TimeoutExpired:
+                code = None
+    if code is None:
+        status = f"timed out after {box_s:.0f} s"
+    else:
+        status = "ok" if code == 0 and result_path.exists() else f"failed (exit {code})"
     record: dict[str, Any] = {"status": status, "seconds": round(time.perf_counter() - start, 1), "box_s": box_s}
     log = log_path.read_text(errors="replace")
     with (out / "gpu_suite.log").open("a", errors="replace") as combined:
@@ -150,7 +210,7 @@ def child(args: argparse.Namespace) -> None:
     Path(args.result).write_text(json.dumps(result, indent=1, default=str))
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", type=Path, default=REPO / "outputs" / "gpu_suite",
                         help="where the JSON, table and logs go")
@@ -162,7 +222,7 @@ def main() -> int:
     parser.add_argument("--part", help=argparse.SUPPRESS)
     parser.add_argument("--result", help=argparse.SUPPRESS)
     parser.add_argument("--work", help=argparse.SUPPRESS)
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     if args.part:
         child(args)
         return 0
@@ -182,6 +242,10 @@ def main() -> int:
     if args.dry_run:
         os.environ["COSMOS_DEVICE"] = "cpu"
         os.environ["CUDA_VISIBLE_DEVICES"] = ""
+        for module in DRY_RUN_PRELOAD:
+            # one not installed: the part that needs it fails with the error in its log
+            with contextlib.suppress(ImportError):
+                importlib.import_module(module)
     args.out.mkdir(parents=True, exist_ok=True)
     report: dict[str, Any] = {"dry_run": args.dry_run, "machine": machine(), "parts": {}}
     if not args.dry_run and report["machine"]["gpu"] is None:

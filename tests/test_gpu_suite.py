@@ -53,13 +53,45 @@ def test_each_device_command_fits_its_box_and_every_part_is_in_one() -> None:
     assert COMMAND_BOX_S <= 340
 
 
-def test_a_part_cut_short_keeps_its_partial_figures(tmp_path: Path) -> None:
+@pytest.mark.parametrize("dry", [True, False], ids=["forked", "fresh_interpreter"])
+def test_a_part_cut_short_keeps_its_partial_figures(tmp_path: Path, dry: bool) -> None:
     import gpu_suite
 
     work = tmp_path / "work"
     (work / "probes").mkdir(parents=True)
     (work / "probes" / gpu_suite.PARTIAL).write_text(json.dumps({"figures": {"torch": "x"}}))
-    record = gpu_suite.run_part("probes", 0.01, True, tmp_path, work)
+    record = gpu_suite.run_part("probes", 0.01, dry, tmp_path, work)
     assert record["status"].startswith("timed out")
     assert record["figures"] == {"torch": "x"}
     assert any("cut short" in note for note in record["notes"])
+
+
+def test_a_dry_run_part_starts_with_the_pack_imported(tmp_path: Path) -> None:
+    """A dry-run part is forked from the process that imported the pack (torch, transformers, the
+    library), so its CPU time is the part's own work, not a fresh interpreter's ~3 CPU-s of imports;
+    it still runs through ``gpu_suite.main``'s ``--part`` command line and writes its result and log."""
+    import resource
+
+    import gpu_suite
+
+    (tmp_path / "work").mkdir()
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    record = gpu_suite.run_part("weight_sync_7b", 60, True, tmp_path, tmp_path / "work")
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    cpu_s = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+    assert record["status"] == "ok", record.get("log_tail")
+    assert record["figures"]["copy_first_verified"] is True
+    assert (tmp_path / "gpu_suite.log").read_text().startswith("\n===== weight_sync_7b: ok =====")
+    assert cpu_s < 1.5, f"the dry-run part took {cpu_s:.2f} CPU-s: it imported the pack afresh"
+
+
+def test_the_part_command_line_a_gpu_run_starts_works_in_a_fresh_interpreter(tmp_path: Path) -> None:
+    """The dry run forks its parts; the GPU run starts ``gpu_suite.py --part`` as a new interpreter,
+    so that command line is run here as it is there (on the cheapest part, in its dry shapes)."""
+    import gpu_suite
+
+    result = tmp_path / "weight_sync_7b.json"
+    cmd, env = gpu_suite.part_command("weight_sync_7b", result, tmp_path / "work", dry=True)
+    proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    assert json.loads(result.read_text())["figures"]["copy_first_verified"] is True
