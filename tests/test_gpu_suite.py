@@ -69,16 +69,26 @@ def test_a_part_cut_short_keeps_its_partial_figures(tmp_path: Path, dry: bool) -
 def test_a_dry_run_part_starts_with_the_pack_imported(tmp_path: Path) -> None:
     """A dry-run part is forked from the process that imported the pack (torch, transformers, the
     library), so its CPU time is the part's own work, not a fresh interpreter's ~3 CPU-s of imports;
-    it still runs through ``gpu_suite.main``'s ``--part`` command line and writes its result and log."""
-    import resource
-
-    import gpu_suite
-
-    (tmp_path / "work").mkdir()
-    before = resource.getrusage(resource.RUSAGE_CHILDREN)
-    record = gpu_suite.run_part("weight_sync_7b", 60, True, tmp_path, tmp_path / "work")
-    after = resource.getrusage(resource.RUSAGE_CHILDREN)
-    cpu_s = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+    it still runs through ``gpu_suite.main``'s ``--part`` command line and writes its result and log.
+    (The pack runs in a fresh interpreter here, as ``gpu_suite.py --dry-run`` does: forking this test
+    worker, with its own threads, is not what the pack does.)"""
+    probe = (
+        "import json, resource, sys\n"
+        f"sys.path.insert(0, {str(ROOT / 'benchmarks')!r})\n"
+        "import importlib, gpu_suite\n"
+        "for module in gpu_suite.DRY_RUN_PRELOAD: importlib.import_module(module)  # as main() does\n"
+        "from pathlib import Path\n"
+        f"out = Path({str(tmp_path)!r}); (out / 'work').mkdir()\n"
+        "before = resource.getrusage(resource.RUSAGE_CHILDREN)\n"
+        "record = gpu_suite.run_part('weight_sync_7b', 60, True, out, out / 'work')\n"
+        "after = resource.getrusage(resource.RUSAGE_CHILDREN)\n"
+        "cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)\n"
+        "print(json.dumps({'record': record, 'cpu_s': cpu}))\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", probe], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    result = json.loads(proc.stdout.strip().splitlines()[-1])
+    record, cpu_s = result["record"], result["cpu_s"]
     assert record["status"] == "ok", record.get("log_tail")
     assert record["figures"]["copy_first_verified"] is True
     assert (tmp_path / "gpu_suite.log").read_text().startswith("\n===== weight_sync_7b: ok =====")
