@@ -466,11 +466,18 @@ def test_a_lora_trainer_of_two_ranks_checkpoints_and_resumes_with_the_queue_kept
         assert (run_dir / "checkpoints" / "step_3").is_dir()
         finish(second, logs / "rollout_2.log", timeout_s=120)
         rollout_log = (logs / "rollout_2.log").read_text(errors="replace")
-        assert int(re.search(r"loaded weight version (\d+)", rollout_log).group(1)) >= 2, rollout_log[-3000:]
-        assert "stopping (trainer finished at step 3)" in rollout_log
         # the queue and the claims were kept: step 3 trained prompts the first run had not
-        step3 = {r["record_id"] for r in read_jsonl(run_dir / "records.jsonl") if r["step"] == 3}
-        assert step3 and not step3 & first_ids
+        step3 = [r for r in read_jsonl(run_dir / "records.jsonl") if r["step"] == 3]
+        assert step3 and not {r["record_id"] for r in step3} & first_ids
+        loaded = re.search(r"loaded weight version (\d+)", rollout_log)
+        if loaded is None:
+            # A race the run may take (seen on a loaded machine): the first job's queued records were
+            # enough for step 3, and the trainer finished before this job fetched any weights.
+            assert "finished before this job had weights" in rollout_log, rollout_log[-3000:]
+            assert {r["producer"] for r in step3} == {job_id_in(logs / "rollout_1.log")}
+        else:
+            assert int(loaded.group(1)) >= 2, rollout_log[-3000:]
+            assert "stopping (trainer finished at step 3)" in rollout_log
     finally:
         for proc in procs:
             if proc.poll() is None:
