@@ -9,6 +9,10 @@ PYTEST_PARALLEL ?= -n auto --maxprocesses=4 --dist loadfile --no-loadscope-reord
 # CPU time was that page-fault work (sys). These tunables keep freed memory in the heap for reuse (the
 # processes and everything they start inherit them). tests/test_suite_allocator.py checks they take.
 SUITE_MALLOC ?= glibc.malloc.mmap_threshold=2147483647:glibc.malloc.trim_threshold=4294967296
+# Python caches the bytecode of what it imports (setup installs with pip --no-compile): a shell with
+# PYTHONDONTWRITEBYTECODE=1 would have every process of the suite compile the library and the parts of
+# torch / transformers it uses again (about 6 CPU-s each). tests/test_suite_bytecode.py checks this.
+unexport PYTHONDONTWRITEBYTECODE
 
 .PHONY: setup demo test lint lock check-latest
 setup:
