@@ -3,9 +3,6 @@ and input paths (demo assets only where asked for with ``demo:``, missing paths 
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -13,6 +10,7 @@ import pytest
 import cosmos_primitives as cp
 from cosmos_primitives.config import ConfigError, check_input_paths, load_config
 from cosmos_primitives.testing.demo_assets import ensure_demo_assets
+from cosmos_primitives.testing.forked_script import run_script
 
 REPO = Path(__file__).resolve().parents[1]
 CONFIGS = REPO / "examples" / "configs"
@@ -90,12 +88,10 @@ def test_recipe_with_a_wrong_model_path_stops_before_creating_anything(tmp_path:
     path; the path is not created (it used to get a random model, then train and exit 0)."""
     model = tmp_path / "models" / "my_qwen"
     config = CONFIGS / "sft_tiny.toml"
-    env = {**os.environ, "PYTHONPATH": str(REPO / "src")}
-    proc = subprocess.run([sys.executable, "examples/sft.py", "--config", str(config),
-                           f"policy.model_name_or_path={model}", f"train.output_dir={tmp_path / 'out'}"],
-                          cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+    proc = run_script(["examples/sft.py", "--config", config, f"policy.model_name_or_path={model}",
+                       f"train.output_dir={tmp_path / 'out'}"], tmp_path / "run.log", cwd=REPO)
     assert proc.returncode != 0
-    assert f"{config}: key 'policy.model_name_or_path' = '{model}': no such file" in proc.stderr
+    assert f"{config}: key 'policy.model_name_or_path' = '{model}': no such file" in proc.stdout
     assert not model.exists()
     assert cp.config.DEMO_PREFIX == "demo:"
 

@@ -11,14 +11,13 @@ from __future__ import annotations
 import json
 import re
 import signal
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 import cosmos_primitives as cp
 from cosmos_primitives.checkpoint import PREEMPTED_EXIT_CODE, find_latest_checkpoint
+from cosmos_primitives.testing.forked_script import run_script
 from cosmos_primitives.testing.recipe_runs import finish, kill_when, launch_recipe, only_run_dir
 
 REPO = Path(__file__).resolve().parents[1]
@@ -51,9 +50,9 @@ def run(overrides: list[str], out: Path) -> tuple[str, Path]:
     """Run the recipe through a user script in one plain process; assert exit 0; return its log and run directory."""
     script = out.parent / "my_grpo.py"
     script.write_text(USER_SCRIPT)
-    cmd = [sys.executable, str(script), "--config", str(CONFIG), f"train.output_dir={out}", *overrides]
-    proc = subprocess.run(cmd, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=300)
-    log = proc.stdout.decode(errors="replace")
+    proc = run_script([script, "--config", CONFIG, f"train.output_dir={out}", *overrides], out.parent / "run.log",
+                      cwd=REPO)
+    log = proc.stdout
     assert proc.returncode == 0, f"the colocated run exited with {proc.returncode}:\n{log[-5000:]}"
     run_dir = cp.utils.latest_run_dir(out)
     assert run_dir is not None

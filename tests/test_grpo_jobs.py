@@ -36,6 +36,7 @@ from cosmos_primitives.queue.record_metrics import (
     share_metrics,
 )
 from cosmos_primitives.sync.run_auth import RunSecret
+from cosmos_primitives.testing.forked_script import run_script
 from cosmos_primitives.testing.recipe_runs import finish, kill_tree, kill_when, launch_recipe, only_run_dir
 
 REPO = Path(__file__).resolve().parents[1]
@@ -125,21 +126,20 @@ def test_step_summary_per_producer_with_versions_and_lag() -> None:
 
 
 def test_trainer_job_refuses_a_private_redis_server(tmp_path: Path) -> None:
-    proc = subprocess.run([sys.executable, "examples/grpo_trainer_job.py", "--config", str(CONFIG), "--run", "x",
-                           "disaggregated.start_local_redis=true", f"train.output_dir={tmp_path}"],
-                          cwd=REPO, capture_output=True, text=True, timeout=120)
+    proc = run_script(["examples/grpo_trainer_job.py", "--config", CONFIG, "--run", "x",
+                       "disaggregated.start_local_redis=true", f"train.output_dir={tmp_path}"], tmp_path / "run.log",
+                      cwd=REPO, timeout_s=120)
     assert proc.returncode != 0
-    assert "independent jobs need a Redis every job can reach" in proc.stderr, proc.stderr[-2000:]
+    assert "independent jobs need a Redis every job can reach" in proc.stdout, proc.stdout[-2000:]
 
 
 @pytest.mark.parametrize("script", ["grpo_trainer_job.py", "grpo_rollout_job.py"])
 def test_jobs_refuse_to_start_without_the_run_secret(script: str, tmp_path: Path) -> None:
     env = {k: v for k, v in os.environ.items() if not k.startswith("COSMOS_RUN_SECRET")}
-    proc = subprocess.run([sys.executable, f"examples/{script}", "--config", str(CONFIG), "--run", "x", "--redis",
-                           "redis://127.0.0.1:1/0", f"train.output_dir={tmp_path}"],
-                          cwd=REPO, capture_output=True, text=True, timeout=120, env=env)
+    proc = run_script([f"examples/{script}", "--config", CONFIG, "--run", "x", "--redis", "redis://127.0.0.1:1/0",
+                       f"train.output_dir={tmp_path}"], tmp_path / "run.log", cwd=REPO, env=env, timeout_s=120)
     assert proc.returncode != 0
-    assert "no run secret: set $COSMOS_RUN_SECRET" in proc.stderr, proc.stderr[-2000:]
+    assert "no run secret: set $COSMOS_RUN_SECRET" in proc.stdout, proc.stdout[-2000:]
 
 
 def test_launch_scripts_keep_redis_private_and_secrets_off_command_lines() -> None:

@@ -3,14 +3,13 @@ prompt stream does, instead of running its epochs without a step and exporting t
 
 from __future__ import annotations
 
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 import cosmos_primitives as cp
 from cosmos_primitives.testing.demo_assets import ensure_demo_assets
+from cosmos_primitives.testing.forked_script import run_script
 
 pytestmark = pytest.mark.slow
 
@@ -24,10 +23,9 @@ def test_an_sft_run_whose_every_sample_is_bad_stops_with_an_error(tmp_path: Path
     # 8 tokens hold no sample: every one is bad, and the budget is far from spent
     overrides = [*paths, f"train.output_dir={tmp_path / 'runs'}", "train.train_policy.packing_budget=8",
                  "train.train_policy.dataset.bad_sample_budget=1000"]
-    run = subprocess.run([sys.executable, "examples/sft.py", "--config", str(CONFIG), *overrides], cwd=REPO,
-                         capture_output=True, text=True, timeout=300)
-    assert run.returncode != 0, run.stdout[-2000:] + run.stderr[-2000:]
+    run = run_script(["examples/sft.py", "--config", CONFIG, *overrides], tmp_path / "run.log", cwd=REPO)
+    assert run.returncode != 0, run.stdout[-4000:]
     # the loader's own check (cp.data.NoGoodSamplesError) speaks first; the recipe's is the multi-rank backstop
-    assert "NoGoodSamplesError: all 4 samples drawn in epoch 0 were bad samples: nothing to train on" in run.stderr
-    assert "exceed the packing budget of 8" in run.stderr  # the worst offenders, with the reason
+    assert "NoGoodSamplesError: all 4 samples drawn in epoch 0 were bad samples: nothing to train on" in run.stdout
+    assert "exceed the packing budget of 8" in run.stdout  # the worst offenders, with the reason
     assert not list((tmp_path / "runs").glob("*/safetensors/final"))  # nothing exported

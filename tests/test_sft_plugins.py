@@ -9,7 +9,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import subprocess
 import sys
 from pathlib import Path
 
@@ -28,6 +27,7 @@ from cosmos_primitives.data import (
     make_plugin,
 )
 from cosmos_primitives.data.cosmos_rl_shim import capturing_launch, install, is_stand_in
+from cosmos_primitives.testing.forked_script import run_script
 
 REPO = Path(__file__).resolve().parents[1]
 REASON1 = REPO / "tests" / "data" / "plugins" / "cosmos_reason1"
@@ -327,12 +327,11 @@ def test_a_plugin_key_the_recipe_does_not_read_is_an_error() -> None:
 
 def test_the_sft_recipe_stops_on_an_unread_plugin_key(tmp_path: Path) -> None:
     paths = [f"policy.model_name_or_path={tmp_path}", f"train.train_policy.dataset.name={tmp_path}"]  # exist
-    proc = subprocess.run([sys.executable, "examples/sft.py", "--config", "examples/configs/sft_tiny.toml", *paths,
-                           f"train.output_dir={tmp_path / 'out'}", "validation.dataset.plugin=my_pkg.data:Val"],
-                          cwd=REPO, capture_output=True, text=True, timeout=120,
-                          env={**os.environ, "PYTHONPATH": str(REPO / "src")})
+    proc = run_script(["examples/sft.py", "--config", "examples/configs/sft_tiny.toml", *paths,
+                       f"train.output_dir={tmp_path / 'out'}", "validation.dataset.plugin=my_pkg.data:Val"],
+                      tmp_path / "run.log", cwd=REPO, timeout_s=120)
     assert proc.returncode != 0
-    assert "key 'validation.dataset.plugin' = 'my_pkg.data:Val' is not read by this recipe" in proc.stderr
+    assert "key 'validation.dataset.plugin' = 'my_pkg.data:Val' is not read by this recipe" in proc.stdout
     assert not (tmp_path / "out").exists()  # stopped before anything was written or trained
 
 

@@ -1,7 +1,7 @@
 """Run a function in N gloo processes, the way ``torchrun`` would, and collect the results.
 
-The processes come from a fork server (:mod:`multiprocessing.forkserver`) that imported torch,
-transformers and the library once: a spawned process imports them afresh (3-5 CPU-s each on a
+The processes come from a fork server (:mod:`~cosmos_primitives.testing.fork_server`) that imported
+torch, transformers and the library once: a spawned process imports them afresh (3-5 CPU-s each on a
 small CPU, most of what a short distributed test costs), a forked one starts with them loaded.
 """
 
@@ -17,22 +17,8 @@ from typing import Any
 import torch.multiprocessing as mp
 
 from cosmos_primitives.parallel.distributed import free_port
+from cosmos_primitives.testing.fork_server import fork_server_context
 
-# What the fork server imports once for every process it forks; a name that is not installed is skipped.
-FORKSERVER_PRELOAD = (
-    "torch",
-    "torch.distributed.checkpoint",
-    "torch.distributed.fsdp",
-    "torch.distributed.tensor",
-    "transformers",
-    "transformers.models.qwen2.modeling_qwen2",
-    "transformers.models.qwen2_5_vl.modeling_qwen2_5_vl",
-    "transformers.models.qwen3.modeling_qwen3",
-    "transformers.models.qwen3_vl.modeling_qwen3_vl",
-    "cosmos_primitives.testing",
-    "cosmos_primitives.parallel.distributed",
-    "cosmos_primitives.policy",
-)
 START_METHODS = ("forkserver", "spawn")
 
 
@@ -70,8 +56,8 @@ def run_distributed(fn: Callable[..., Any], world_size: int, args: Sequence[Any]
 
     Args:
         start_method: ``"forkserver"`` (default: forked from a server that imported
-            :data:`FORKSERVER_PRELOAD` once per calling process) or ``"spawn"`` (a fresh interpreter
-            per rank).
+            :data:`~cosmos_primitives.testing.fork_server.FORKSERVER_PRELOAD` once per calling
+            process) or ``"spawn"`` (a fresh interpreter per rank).
 
     Returns:
         The return values, ordered by rank.
@@ -82,9 +68,7 @@ def run_distributed(fn: Callable[..., Any], world_size: int, args: Sequence[Any]
     """
     if start_method not in START_METHODS:
         raise ValueError(f"start_method must be one of {START_METHODS}, got {start_method!r}")
-    ctx = mp.get_context(start_method)
-    if start_method == "forkserver":
-        ctx.set_forkserver_preload(list(FORKSERVER_PRELOAD))
+    ctx = fork_server_context() if start_method == "forkserver" else mp.get_context(start_method)
     results = ctx.Queue()
     port = free_port()
     child_env = {**os.environ, **(env or {})}

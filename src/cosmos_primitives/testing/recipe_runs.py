@@ -1,5 +1,5 @@
-"""Run an example recipe as users do (``python`` / ``torchrun`` subprocesses), wait for it, or SIGKILL
-it at a chosen moment: the pieces of end-to-end kill-and-resume tests."""
+"""Run an example recipe as users do (``python`` / ``torchrun``), wait for it, or SIGKILL it at a chosen
+moment: the pieces of end-to-end kill-and-resume tests."""
 
 from __future__ import annotations
 
@@ -13,39 +13,46 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from cosmos_primitives.checkpoint.manager import PAUSE_ENV
+from cosmos_primitives.testing.forked_script import ScriptProcess, start_script
 
 RUN_TIMEOUT_S = 300.0
 
 
 def launch_recipe(script: str | Path, config: str | Path, overrides: Sequence[str], log: Path, *, cwd: str | Path,
                   nproc: int = 1, env: dict[str, str] | None = None, torchrun: bool | None = None,
-                  new_session: bool = False) -> subprocess.Popen:
+                  new_session: bool = False, fork: bool = True) -> subprocess.Popen | ScriptProcess:
     """Start ``script --config config *overrides`` from ``cwd``, stdout and stderr appended to ``log``.
 
     ``nproc > 1`` (or ``torchrun=True``) runs it under ``torch.distributed.run --standalone`` (a free
-    rendezvous port, so parallel test sessions do not collide). The checkpoint pause hook
-    (``PAUSE_ENV``) is only set when ``env`` sets it. ``new_session``: the run gets a process group
-    of its own, which :func:`kill_tree` kills whole (a job started on its own, as on another node).
+    rendezvous port, so parallel test sessions do not collide). One process without torchrun is
+    ``python script ...``: forked from the fork server, which has imported torch, transformers and the
+    library (:func:`~cosmos_primitives.testing.forked_script.start_script`), unless ``fork=False`` (a
+    fresh interpreter). The checkpoint pause hook (``PAUSE_ENV``) is only set when ``env`` sets it.
+    ``new_session``: the run gets a process group of its own, which :func:`kill_tree` kills whole (a
+    job started on its own, as on another node).
     """
+    full_env = {k: v for k, v in os.environ.items() if k != PAUSE_ENV}
+    full_env.update(env or {})
     if not (nproc > 1 if torchrun is None else torchrun):
+        if fork:
+            return start_script([script, "--config", config, *overrides], log, cwd=cwd, env=full_env,
+                                new_session=new_session)
         cmd = [sys.executable, str(script)]
     else:
         cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}", str(script)]
-    full_env = {k: v for k, v in os.environ.items() if k != PAUSE_ENV}
-    full_env.update(env or {})
     with open(log, "ab") as out:
         return subprocess.Popen([*cmd, "--config", str(config), *overrides], cwd=cwd, env=full_env, stdout=out,
                                 stderr=subprocess.STDOUT, start_new_session=new_session)
 
 
-def kill_tree(proc: subprocess.Popen) -> None:
+def kill_tree(proc: subprocess.Popen | ScriptProcess) -> None:
     """SIGKILL every process of a run launched with ``new_session=True`` (the launcher and its workers) and reap it."""
     with contextlib.suppress(ProcessLookupError):  # already gone
         os.killpg(proc.pid, signal.SIGKILL)
     proc.wait()
 
 
-def finish(proc: subprocess.Popen, log: Path, timeout_s: float = RUN_TIMEOUT_S) -> str:
+def finish(proc: subprocess.Popen | ScriptProcess, log: Path, timeout_s: float = RUN_TIMEOUT_S) -> str:
     """Wait for a launched run and return its log; AssertionError (with the log's end) unless it exited with 0."""
     try:
         proc.wait(timeout=timeout_s)
@@ -58,7 +65,7 @@ def finish(proc: subprocess.Popen, log: Path, timeout_s: float = RUN_TIMEOUT_S) 
     return text
 
 
-def kill_when(proc: subprocess.Popen, ready: Callable[[], bool], log: Path, what: str,
+def kill_when(proc: subprocess.Popen | ScriptProcess, ready: Callable[[], bool], log: Path, what: str,
               timeout_s: float = RUN_TIMEOUT_S, sig: int = signal.SIGKILL) -> None:
     """Send ``sig`` to ``proc`` as soon as ``ready()`` is true; AssertionError if the run ends or stalls first.
 
