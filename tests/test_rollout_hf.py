@@ -149,3 +149,16 @@ def test_sampler_frequencies_match_distribution() -> None:
     top_p(torch.zeros(20000, 1, dtype=torch.long), scores)
     kept = torch.bincount(top_p.token_logprobs()[0][:, 0], minlength=4)
     assert kept[0] == 0 and kept[1] == 0  # 0.4 + 0.3 reaches 0.65: only the two largest remain
+
+
+def test_a_zero_uniform_draws_the_first_token_the_filtered_distribution_keeps(monkeypatch) -> None:
+    """u = 0 would land on token 0 whatever its probability; a dropped token is never drawn: the first kept
+    token is (the inverse CDF's limit as u falls to 0), found by a search rather than a pass over the vocabulary."""
+    scores = torch.tensor([[0.1, 1.5, -1.0, 0.5, 2.0], [3.0, 0.0, 0.0, 0.0, 0.0]])
+    monkeypatch.setattr(torch, "rand", lambda *shape, **kw: torch.zeros(*shape, dtype=kw.get("dtype")))
+    sampler = InverseCDFSampler(temperature=1.0, top_k=2)
+    out = sampler(torch.zeros(2, 1, dtype=torch.long), scores)
+    # row 0 keeps tokens 1 and 4: token 1 comes first (4 is the more likely); row 1 keeps token 0 and a tie
+    assert out.argmax(-1).tolist() == [1, 0]
+    _, logprobs = sampler.token_logprobs()
+    assert torch.isfinite(logprobs).all()

@@ -74,10 +74,14 @@ class InverseCDFSampler(LogitsProcessor):
                 f"torch.Generator(device={str(logprobs.device)!r}).manual_seed(seed)"
             )
         cdf = logprobs.exp().cumsum(dim=-1)
+        total = cdf[:, -1:]
         u = torch.rand(cdf.shape[0], 1, generator=self.generator, device=cdf.device, dtype=cdf.dtype)
-        token = torch.searchsorted(cdf, u * cdf[:, -1:]).clamp_max(cdf.shape[-1] - 1)
-        # u * total can land exactly on a plateau's edge; a dropped token (probability 0) is never chosen
-        return torch.where(logprobs.gather(-1, token) > float("-inf"), token, logprobs.argmax(-1, keepdim=True))
+        # the first token whose cdf reaches u * total: one that has probability > 0, unless u = 0 lands
+        # on a dropped token 0; then the first token that can be drawn (a search, not a pass over V)
+        last = cdf.shape[-1] - 1
+        token = torch.searchsorted(cdf, u * total).clamp_max(last)
+        first = torch.searchsorted(cdf, torch.full_like(total, torch.finfo(cdf.dtype).tiny)).clamp_max(last)
+        return torch.where(logprobs.gather(-1, token) > float("-inf"), token, first)
 
     def token_logprobs(self) -> tuple[torch.Tensor, torch.Tensor]:
         """(tokens ``[B, steps]`` long, log-probs ``[B, steps]`` float32) recorded so far, on the CPU.
