@@ -28,7 +28,7 @@ def late():
     print("thread done", flush=True)
 threading.Thread(target=late).start()
 atexit.register(lambda: print("atexit ran"))
-print(json.dumps({"argv": sys.argv, "cwd": os.getcwd(), "var": os.environ.get("FORKED_VAR"), "helper": helper.X,
+print(json.dumps({"argv": sys.argv, "orig_argv": sys.orig_argv, "cwd": os.getcwd(), "var": os.environ.get("FORKED_VAR"), "helper": helper.X,
                   "name": __name__, "loaded": loaded_at_start, "pgid_is_pid": os.getpgid(0) == os.getpid(),
                   "stdin": sys.stdin.read()}))
 code = sys.argv[1]
@@ -63,6 +63,7 @@ def test_a_forked_script_runs_as_python_would_with_the_server_s_modules_loaded(s
     assert done.returncode == 0, done.stdout
     seen = _first_json(done.stdout)
     assert seen["argv"] == [str(script), "0", "--flag"]
+    assert seen["orig_argv"] == [sys.executable, str(script), "0", "--flag"]  # what a resume command quotes
     assert seen["cwd"] == str(tmp_path) and seen["var"] == "from the caller" and seen["helper"] == 7
     assert seen["name"] == "__main__" and seen["stdin"] == ""
     assert seen["loaded"] == ["cosmos_primitives.policy", "torch", "transformers"]
@@ -110,3 +111,31 @@ def test_the_preload_holds_every_library_module_the_recipes_import() -> None:
                 named.update(alias.name for alias in node.names)
     library = {name for name in named if name.startswith("cosmos_primitives")}
     assert library - set(FORKSERVER_PRELOAD) == set()
+
+
+SIGNALS_AND_PATH = """
+import json, signal, sys
+import on_the_path
+print(json.dumps({"ignored": signal.getsignal(signal.SIGINT) is signal.SIG_IGN,
+                  "blocked": signal.SIGINT in signal.pthread_sigmask(signal.SIG_BLOCK, ()), "found": on_the_path.Y}))
+"""
+
+
+@pytest.mark.parametrize("caller_ignores", [True, False])
+def test_the_script_keeps_what_an_exec_d_child_keeps_and_finds_the_callers_pythonpath(
+        tmp_path: Path, caller_ignores: bool) -> None:
+    """SIGINT ignored by the caller stays ignored (a suite run as ``make test &``), a handler of the caller's
+    does not carry over (the script gets Python's own), and the mask is the caller's; ``PYTHONPATH`` as
+    the interpreter reads it."""
+    (tmp_path / "lib").mkdir()
+    (tmp_path / "lib" / "on_the_path.py").write_text("Y = 'yes'\n")
+    script = tmp_path / "probe.py"
+    script.write_text(SIGNALS_AND_PATH)
+    env = {**os.environ, "PYTHONPATH": "lib"}
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN if caller_ignores else lambda *_: None)
+    try:
+        done = run_script([script], tmp_path / "run.log", cwd=tmp_path, env=env)
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    assert done.returncode == 0, done.stdout
+    assert _first_json(done.stdout) == {"ignored": caller_ignores, "blocked": False, "found": "yes"}

@@ -4,7 +4,9 @@ transformers and the library, instead of in a fresh interpreter.
 A recipe started as a fresh interpreter spends 4-5 CPU-s importing before its first line of work, most
 of what a tiny test run costs on a small CPU. The forked process starts with those modules loaded and
 then does what the interpreter would: the script runs as ``__main__`` with ``sys.argv``, the working
-directory, the environment, stdin from ``/dev/null`` and stdout / stderr appended to a log file; at its
+directory, the environment (its ``PYTHONPATH`` on ``sys.path``), what an exec'd child keeps of the
+caller's signals (SIGINT ignored or not, the signal mask), stdin from ``/dev/null`` and stdout / stderr
+appended to a log file; at its
 end the interpreter's shutdown (non-daemon threads joined, ``atexit`` handlers, streams flushed) and
 its exit status (``sys.exit`` codes, 1 after an uncaught exception, death by SIGINT after an uncaught
 ``KeyboardInterrupt``). What differs: modules the server imported read their environment when the server
@@ -30,7 +32,8 @@ from pathlib import Path
 from cosmos_primitives.testing.fork_server import fork_server_context
 
 
-def _script_main(argv: list[str], cwd: str, env: dict[str, str], log: str, new_session: bool) -> None:
+def _script_main(argv: list[str], cwd: str, env: dict[str, str], log: str, new_session: bool,
+                 sigint_ignored: bool, sigmask: set[int]) -> None:
     """The forked process: become ``python *argv`` run from ``cwd`` and exit as it would."""
     # started as a daemon so that a test process never waits for a script left running at its exit;
     # the script itself may start processes of its own
@@ -57,10 +60,16 @@ def _script_main(argv: list[str], cwd: str, env: dict[str, str], log: str, new_s
         import torch
 
         torch.set_num_threads(int(threads))
+    # what a child exec'd by the caller would keep: an ignored SIGINT and the signal mask (a handler resets)
+    signal.signal(signal.SIGINT, signal.SIG_IGN if sigint_ignored else signal.default_int_handler)
+    signal.pthread_sigmask(signal.SIG_SETMASK, sigmask)
     os.chdir(cwd)
     script = os.path.abspath(argv[0])
     sys.argv = list(argv)
-    sys.path.insert(0, os.path.dirname(script))  # what `python script.py` puts first
+    sys.orig_argv = [sys.executable, *argv]
+    # what `python script.py` puts first: the script's folder, then the caller's PYTHONPATH
+    extra = [os.path.abspath(p) for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
+    sys.path[:0] = [os.path.dirname(script), *(p for p in extra if p not in sys.path)]
     atexit._clear()  # the server's handlers are not the script's
     code = 0
     interrupted = False
@@ -145,7 +154,8 @@ def start_script(argv: Sequence[str | Path], log: str | Path, *, cwd: str | Path
 
     Args:
         argv: the script's path (relative to ``cwd`` or absolute) and its arguments.
-        env: the whole environment of the script (default: this process's).
+        env: the whole environment of the script (default: this process's); its ``PYTHONPATH`` is put on
+            ``sys.path``, as an interpreter would.
         new_session: the script gets a session and process group of its own (``os.killpg(pid, ...)``
             reaches it and whatever it starts), as ``subprocess.Popen(start_new_session=True)``.
     """
@@ -154,7 +164,9 @@ def start_script(argv: Sequence[str | Path], log: str | Path, *, cwd: str | Path
     ctx = fork_server_context()
     process = ctx.Process(target=_script_main, name=f"script {Path(args[0]).name}", daemon=True,
                           args=(args, str(Path(cwd).resolve()), dict(os.environ if env is None else env),
-                                str(Path(log).resolve()), new_session))
+                                str(Path(log).resolve()), new_session,
+                                signal.getsignal(signal.SIGINT) is signal.SIG_IGN,
+                                signal.pthread_sigmask(signal.SIG_BLOCK, ())))
     process.start()
     return ScriptProcess(process, [sys.executable, *args])
 
