@@ -28,7 +28,8 @@ def late():
     print("thread done", flush=True)
 threading.Thread(target=late).start()
 atexit.register(lambda: print("atexit ran"))
-print(json.dumps({"argv": sys.argv, "orig_argv": sys.orig_argv, "cwd": os.getcwd(), "var": os.environ.get("FORKED_VAR"), "helper": helper.X,
+print(json.dumps({"argv": sys.argv, "orig_argv": sys.orig_argv,
+                  "cwd": os.getcwd(), "var": os.environ.get("FORKED_VAR"), "helper": helper.X,
                   "name": __name__, "loaded": loaded_at_start, "pgid_is_pid": os.getpgid(0) == os.getpid(),
                   "stdin": sys.stdin.read()}))
 code = sys.argv[1]
