@@ -12,8 +12,8 @@ import multiprocessing
 from multiprocessing.context import ForkServerContext
 
 # What the fork server imports once for every process it forks; a name that is not installed is skipped.
-# The library's modules are those the example recipes import (tests/test_fork_server.py checks the list
-# against them); the third-party ones are what the recipes go on to import.
+# The library's modules are those the example recipes import (tests/test_forked_script.py checks the
+# list against them); the third-party ones are what the recipes go on to import.
 FORKSERVER_PRELOAD = (
     "torch",
     "torch.distributed.checkpoint",

@@ -6,11 +6,11 @@ of what a tiny test run costs on a small CPU. The forked process starts with tho
 then does what the interpreter would: the script runs as ``__main__`` with ``sys.argv``, the working
 directory, the environment (its ``PYTHONPATH`` on ``sys.path``), what an exec'd child keeps of the
 caller's signals (SIGINT ignored or not, the signal mask), stdin from ``/dev/null`` and stdout / stderr
-appended to a log file; at its
-end the interpreter's shutdown (non-daemon threads joined, ``atexit`` handlers, streams flushed) and
-its exit status (``sys.exit`` codes, 1 after an uncaught exception, death by SIGINT after an uncaught
-``KeyboardInterrupt``). What differs: modules the server imported read their environment when the server
-started, not when the script did (none of this library's modules read it at import time).
+appended to a log file; at its end the interpreter's shutdown (non-daemon threads joined, ``atexit``
+handlers, streams flushed) and its exit status (``sys.exit`` codes, 1 after an uncaught exception,
+death by SIGINT after an uncaught ``KeyboardInterrupt``). What differs: modules the server imported read
+their environment when the server started, not when the script did (none of this library's modules
+read it at import time).
 """
 
 from __future__ import annotations
