@@ -253,6 +253,33 @@ def test_ctrl_c_inside_a_checkpoint_save_leaves_no_tmp_and_exits_130(tmp_path: P
         raise ValueError("not an interrupt")
 
 
+class _InterruptedFinalizer:
+    """A ``__del__`` that a Ctrl-C lands in (as in decord's ``VideoReader.__del__`` during a recipe's run)."""
+
+    def __del__(self) -> None:
+        raise KeyboardInterrupt
+
+
+def test_ctrl_c_landing_in_a_finalizer_still_stops_the_run(capfd: pytest.CaptureFixture[str]) -> None:
+    """Python only prints an exception raised in a ``__del__`` ("Exception ignored in") and goes on."""
+    from cosmos_primitives.checkpoint import exit_on_interrupt
+
+    hook = sys.unraisablehook
+    went_on = False
+    with pytest.raises(SystemExit) as stop, exit_on_interrupt():
+        _InterruptedFinalizer()  # dropped at once: its finalizer runs here
+        for _ in range(1000):  # the code that runs next
+            time.sleep(0.001)
+        went_on = True
+    assert stop.value.code == INTERRUPTED_EXIT_CODE and not went_on
+    err = capfd.readouterr().err
+    assert "stopped at step" in err and "Exception ignored" not in err and "KeyboardInterrupt" not in err
+    assert sys.unraisablehook is hook  # put back at the block's end
+    with exit_on_interrupt():
+        pass
+    assert sys.unraisablehook is hook
+
+
 def test_wfm_curves_leave_out_kl_without_a_kl_term() -> None:
     import importlib.util
 

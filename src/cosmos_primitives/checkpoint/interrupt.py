@@ -18,6 +18,11 @@ and a ``KeyboardInterrupt`` (SIGINT, Ctrl-C) anywhere in the run then:
   traceback. A second Ctrl-C while the save finishes stops waiting for it; its ``.tmp`` folder is
   then removed by the next ``train.resume=true``.
 
+A Ctrl-C that Python would drop is delivered again: one landing while a finalizer runs (a ``__del__``,
+e.g. a video decoder freeing its handle, or a weakref callback) is only printed as "Exception ignored
+in" and the run goes on. Inside the block such an interrupt is raised again in the code that runs
+next, without the message.
+
 The step is the last one the run's :class:`~cosmos_primitives.logging.MetricsTracker` logged; the
 checkpoints are those of the run's :class:`~cosmos_primitives.checkpoint.CheckpointManager` (each
 registers itself when made).
@@ -25,6 +30,7 @@ registers itself when made).
 
 from __future__ import annotations
 
+import _thread
 import contextlib
 import os
 import shlex
@@ -85,12 +91,26 @@ def _stop() -> None:
 def exit_on_interrupt() -> Iterator[None]:
     """Turn a ``KeyboardInterrupt`` inside the block into the stop described in the module docstring
     (``SystemExit(130)``); anything else passes through."""
+    previous_hook = sys.unraisablehook
+
+    def redeliver_dropped_interrupt(unraisable: Any) -> None:
+        if isinstance(unraisable.exc_value, KeyboardInterrupt):
+            # from another thread: called here, the handler would raise inside this hook, dropped again;
+            # the main thread meets it in the code it runs next (a finalizer again: delivered again)
+            _thread.start_new_thread(_thread.interrupt_main, ())
+        else:
+            previous_hook(unraisable)
+
+    sys.unraisablehook = redeliver_dropped_interrupt
     try:
         yield
     except BaseException as exc:
         if not _is_interrupt(exc):
             raise
         _stop()
+    finally:
+        if sys.unraisablehook is redeliver_dropped_interrupt:
+            sys.unraisablehook = previous_hook
 
 
 def _is_interrupt(exc: BaseException) -> bool:
