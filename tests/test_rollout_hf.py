@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import pytest
 import torch
@@ -149,6 +151,45 @@ def test_sampler_frequencies_match_distribution() -> None:
     top_p(torch.zeros(20000, 1, dtype=torch.long), scores)
     kept = torch.bincount(top_p.token_logprobs()[0][:, 0], minlength=4)
     assert kept[0] == 0 and kept[1] == 0  # 0.4 + 0.3 reaches 0.65: only the two largest remain
+
+
+@pytest.mark.parametrize(("temperature", "top_k"), [(1.0, -1), (0.7, -1), (1.0, 40)])
+def test_the_block_search_draws_the_token_of_the_full_inverse_cdf(temperature: float, top_k: int) -> None:
+    """Two-level search (block sums, then one block's cumulative sum) vs the whole row's CDF in float64, for
+    the same uniforms: the same token, over a vocabulary of 4 whole blocks and a partial one, and the
+    log-prob of the distribution sampled from."""
+    from cosmos_primitives.algo.sampling_distribution import sampling_logprobs
+    from cosmos_primitives.rollout.token_sampler import BLOCK
+
+    vocab = 4 * BLOCK + 357
+    scores = torch.randn(512, vocab, generator=torch.Generator().manual_seed(1)) * 3
+    scores[::3, BLOCK + 5] += 12  # some rows almost sure of one token, in the second block
+    sampler = InverseCDFSampler(temperature, top_k, generator=torch.Generator().manual_seed(2))
+    sampler(torch.zeros(512, 1, dtype=torch.long), scores)
+    tokens, logprobs = sampler.token_logprobs()
+    expected = sampling_logprobs(scores, temperature, top_k).double()
+    cdf = expected.exp().cumsum(-1)
+    u = torch.rand(512, 1, generator=torch.Generator().manual_seed(2)).double()
+    reference = torch.searchsorted(cdf, u * cdf[:, -1:])[:, 0]
+    assert torch.equal(tokens[:, 0], reference)
+    torch.testing.assert_close(logprobs[:, 0].double(), expected.gather(-1, reference[:, None])[:, 0],
+                               atol=2e-6, rtol=0)
+
+
+def test_a_uniform_just_below_one_draws_the_last_token_the_filtered_distribution_keeps(monkeypatch) -> None:
+    """Whole blocks of dropped tokens after the kept ones: the search never ends past the last kept token."""
+    from cosmos_primitives.rollout.token_sampler import BLOCK
+
+    scores = torch.zeros(2, 3 * BLOCK)
+    scores[0, [3, BLOCK + 7]] = 5.0  # kept by top-k 2: token BLOCK + 7 is the last
+    scores[1, [0, 1]] = 5.0
+    below_one = 1.0 - 2.0 ** -24  # the largest float32 under 1
+    monkeypatch.setattr(torch, "rand", lambda *shape, **kw: torch.full(shape, below_one, dtype=kw.get("dtype")))
+    sampler = InverseCDFSampler(temperature=1.0, top_k=2)
+    sampler(torch.zeros(2, 1, dtype=torch.long), scores)
+    tokens, logprobs = sampler.token_logprobs()
+    assert tokens[:, 0].tolist() == [BLOCK + 7, 1]
+    torch.testing.assert_close(logprobs[:, 0], torch.full((2,), -math.log(2.0)))
 
 
 def test_a_zero_uniform_draws_the_first_token_the_filtered_distribution_keeps(monkeypatch) -> None:
