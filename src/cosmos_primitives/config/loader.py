@@ -195,7 +195,7 @@ def _struct_values_of(tp: Any) -> type[msgspec.Struct] | None:
 
 
 def _known_keys(struct: type[msgspec.Struct], prefix: str) -> Iterable[str]:
-    hints = typing.get_type_hints(struct)
+    hints = _type_hints(struct)
     for field in _struct_fields(struct):
         path = f"{prefix}{field.encode_name}"
         yield path
@@ -211,7 +211,7 @@ def _suggestion(path: str, prefix: str, fields: Iterable[str]) -> str:
     aliases_here = [a for a in (*ALIASES, *cosmos_rl.RULES) if a.startswith(prefix) and "." not in a[len(prefix):]]
     close = difflib.get_close_matches(path, siblings + aliases_here, n=1, cutoff=0.75)
     if not close:
-        everything = list(_known_keys(Config, "")) + list(ALIASES)
+        everything = sorted(_own_keys()[0]) + list(ALIASES)
         close = difflib.get_close_matches(path, everything, n=1, cutoff=0.8)
     if close and close[0] not in ALIASES and close[0] not in siblings:  # a cosmos-rl key read otherwise here
         rule = cosmos_rl.RULES[close[0]]
@@ -404,8 +404,8 @@ def _is_own_key(path: str) -> bool:
 
 def _unknown_key_hint(path: str) -> str:
     prefix = path.rpartition(".")[0]
-    fields = [f.encode_name for f in _struct_fields(_struct_of(_field_type(prefix)) or Config)] \
-        if not prefix or _struct_of(_field_type(prefix)) is not None else []
+    table = _struct_of(_field_type(prefix)) if prefix else Config
+    fields = [f.encode_name for f in _struct_fields(table)] if table is not None else []
     hint = _suggestion(path, f"{prefix}." if prefix else "", fields)
     return hint if hint.startswith("; did you mean") else ""
 
