@@ -96,3 +96,38 @@ def test_same_generator_seed_same_draws_on_the_logits_device() -> None:
 
     assert draw(3) == draw(3)
     assert draw(3) != draw(4)
+
+
+class VocabularyPasses(TorchDispatchMode):
+    """Records, in ``self.passes``, the compute ops that read a whole ``[rows, vocab]`` tensor."""
+
+    HEAVY = frozenset({aten.cumsum.default, aten._log_softmax.default, aten._softmax.default, aten.exp.default,
+             aten.sort.default, aten.sort.stable, aten.argmax.default, aten.max.dim, aten.sum.dim_IntList})
+
+    def __init__(self, full: int) -> None:
+        super().__init__()
+        self.full = full
+        self.passes: list[str] = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if func in self.HEAVY and isinstance(args[0], torch.Tensor) and args[0].numel() == self.full:
+            self.passes.append(func.__name__)
+        return func(*args, **(kwargs or {}))
+
+
+def test_an_unfiltered_draw_makes_one_softmax_pass_and_no_cumulative_sum_over_the_vocabulary() -> None:
+    """What sets the sampler's cost per decode step (``benchmarks/bench_token_sampler.py``): the full
+    CDF over a 152k vocabulary was a log-softmax, its ``exp`` and a ``[B, V]`` cumulative sum; the
+    block search reads the vocabulary once more only to sum it by blocks (a strided view, not
+    counted here as a full-size pass)."""
+    rows, vocab = 8, 5000
+    scores = torch.randn(rows, vocab)
+    counter = VocabularyPasses(rows * vocab)
+    with counter:
+        InverseCDFSampler(temperature=0.7)(torch.zeros(rows, 1, dtype=torch.long), scores)
+    assert counter.passes == ["_softmax.default"]
+    filtered = VocabularyPasses(rows * vocab)
+    with filtered:  # top-p needs the sorted distribution: the sort stays, the full cumulative sum goes
+        InverseCDFSampler(temperature=0.7, top_p=0.9)(torch.zeros(rows, 1, dtype=torch.long), scores)
+    assert "sort.default" in filtered.passes or "sort.stable" in filtered.passes
+    assert filtered.passes.count("cumsum.default") == 1  # the top-p mass over the sorted row, not the draw's
