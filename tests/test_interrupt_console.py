@@ -266,7 +266,8 @@ def test_ctrl_c_landing_in_a_finalizer_still_stops_the_run(capfd: pytest.Capture
 
     hook = sys.unraisablehook
     went_on = False
-    with pytest.raises(SystemExit) as stop, exit_on_interrupt():
+    # SIGINT handled by Python, as in a recipe started from a terminal (a pytest-xdist worker ignores it)
+    with sigint_as_in_a_terminal(), pytest.raises(SystemExit) as stop, exit_on_interrupt():
         _InterruptedFinalizer()  # dropped at once: its finalizer runs here
         for _ in range(1000):  # the code that runs next
             time.sleep(0.001)
