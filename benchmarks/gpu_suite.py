@@ -23,7 +23,6 @@ import argparse
 import contextlib
 import datetime
 import importlib
-import io
 import json
 import math
 import multiprocessing
@@ -89,16 +88,9 @@ def machine() -> dict[str, Any]:
 def _forked_part(argv: list[str], env: dict[str, str], log_path: Path) -> None:
     """The body of a dry-run part's forked process: what a fresh ``gpu_suite.py`` child would see (its
     working directory, environment, output to the part's log), then :func:`main` on ``argv``."""
-    os.chdir(REPO)
-    os.environ.clear()
-    os.environ.update(env)
-    log_fd = os.open(log_path, os.O_WRONLY | os.O_APPEND)
-    os.dup2(log_fd, 1)
-    os.dup2(log_fd, 2)
-    os.close(log_fd)
-    # the parent's sys.stdout may not write to fd 1 (pytest captures it): write to the log's descriptors
-    sys.stdout = io.TextIOWrapper(io.FileIO(1, "w", closefd=False), line_buffering=True)
-    sys.stderr = io.TextIOWrapper(io.FileIO(2, "w", closefd=False), write_through=True)
+    from cosmos_primitives.testing.forked_script import become_child
+
+    become_child(REPO, env, log_path)
     sys.exit(main(argv))
 
 

@@ -32,14 +32,10 @@ from pathlib import Path
 from cosmos_primitives.testing.fork_server import fork_server_context
 
 
-def _script_main(argv: list[str], cwd: str, env: dict[str, str], log: str, new_session: bool,
-                 sigint_ignored: bool, sigmask: set[int]) -> None:
-    """The forked process: become ``python *argv`` run from ``cwd`` and exit as it would."""
-    # started as a daemon so that a test process never waits for a script left running at its exit;
-    # the script itself may start processes of its own
-    multiprocessing.current_process().daemon = False
-    if new_session:
-        os.setsid()
+def become_child(cwd: str | os.PathLike[str], env: dict[str, str], log: str | os.PathLike[str]) -> None:
+    """In a forked process: what a child started with ``cwd``, exactly ``env``, stdin from ``/dev/null``
+    and stdout / stderr appended to ``log`` would have; ``sys.stdout`` / ``sys.stderr`` write to those
+    descriptors line by line (the parent's may not: pytest captures them)."""
     out = os.open(log, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
     os.dup2(out, 1)
     os.dup2(out, 2)
@@ -55,6 +51,18 @@ def _script_main(argv: list[str], cwd: str, env: dict[str, str], log: str, new_s
                                                    write_through=True, errors="backslashreplace")
     os.environ.clear()
     os.environ.update(env)
+    os.chdir(cwd)
+
+
+def _script_main(argv: list[str], cwd: str, env: dict[str, str], log: str, new_session: bool,
+                 sigint_ignored: bool, sigmask: set[int]) -> None:
+    """The forked process: become ``python *argv`` run from ``cwd`` and exit as it would."""
+    # started as a daemon so that a test process never waits for a script left running at its exit;
+    # the script itself may start processes of its own
+    multiprocessing.current_process().daemon = False
+    if new_session:
+        os.setsid()
+    become_child(cwd, env, log)
     threads = env.get("OMP_NUM_THREADS", "")
     if threads.isdigit() and int(threads) > 0:
         import torch
@@ -63,7 +71,6 @@ def _script_main(argv: list[str], cwd: str, env: dict[str, str], log: str, new_s
     # what a child exec'd by the caller would keep: an ignored SIGINT and the signal mask (a handler resets)
     signal.signal(signal.SIGINT, signal.SIG_IGN if sigint_ignored else signal.default_int_handler)
     signal.pthread_sigmask(signal.SIG_SETMASK, sigmask)
-    os.chdir(cwd)
     script = os.path.abspath(argv[0])
     sys.argv = list(argv)
     sys.orig_argv = [sys.executable, *argv]
