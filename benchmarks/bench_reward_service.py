@@ -20,8 +20,6 @@ from __future__ import annotations
 
 import argparse
 import concurrent.futures
-import statistics
-import time
 
 import numpy as np
 
@@ -29,18 +27,9 @@ from cosmos_primitives.config.remote_reward import RemoteRewardConfig
 from cosmos_primitives.rewards.media_stats import brightness
 from cosmos_primitives.rewards.remote import RemoteRewardClient
 from cosmos_primitives.rewards.server import RewardServer
+from timing import median_seconds
 
 TOKEN = "bench"
-
-
-def median_s(fn, repeats: int) -> float:
-    fn()  # warm-up
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
 
 
 def main() -> None:
@@ -57,7 +46,7 @@ def main() -> None:
     mb = media.nbytes / 2**20
     print(f"batch: video uint8 {list(media.shape)} ({mb:.1f} MiB), reward 'brightness', median of {args.repeats}")
 
-    local = median_s(lambda: brightness(media, media_type="video"), args.repeats)
+    local = median_seconds(lambda: brightness(media, media_type="video"), args.repeats)
     with RewardServer(token=TOKEN, workers=2, max_pending=4 * args.batch) as srv:
         def client(poll_interval_s: float) -> RemoteRewardClient:
             return RemoteRewardClient(RemoteRewardConfig(poll_interval_s=poll_interval_s), enqueue_url=srv.enqueue_url,
@@ -66,14 +55,14 @@ def main() -> None:
         fast, default = client(0.005), client(RemoteRewardConfig().poll_interval_s)
         check = fast.score_sync(prompts, media, "video").total
         np.testing.assert_allclose(check, brightness(media, media_type="video")["brightness"], rtol=1e-5)
-        service_fast = median_s(lambda: fast.score_sync(prompts, media, "video"), args.repeats)
-        service_default = median_s(lambda: default.score_sync(prompts, media, "video"), args.repeats)
+        service_fast = median_seconds(lambda: fast.score_sync(prompts, media, "video"), args.repeats)
+        service_default = median_seconds(lambda: default.score_sync(prompts, media, "video"), args.repeats)
 
         def concurrent_batches() -> None:
             with concurrent.futures.ThreadPoolExecutor(args.batch) as pool:
                 list(pool.map(lambda _: fast.score_sync(prompts, media, "video"), range(args.batch)))
 
-        many = median_s(concurrent_batches, max(3, args.repeats // 3))
+        many = median_seconds(concurrent_batches, max(3, args.repeats // 3))
 
     print(f"in-process brightness:              {1e3 * local:8.1f} ms / batch")
     print(f"service, poll 5 ms:                 {1e3 * service_fast:8.1f} ms / batch  "

@@ -16,14 +16,12 @@ and the largest difference of the recorded log-probs.
 from __future__ import annotations
 
 import argparse
-import statistics
-import time
-from collections.abc import Callable
 
 import torch
 
 from cosmos_primitives.algo.sampling_distribution import sampling_logprobs
 from cosmos_primitives.rollout.token_sampler import InverseCDFSampler
+from timing import median_seconds
 
 
 def previous_step(scores: torch.Tensor, temperature: float, top_p: float,
@@ -49,16 +47,6 @@ def current_step(scores: torch.Tensor, temperature: float, top_p: float,
     return tokens[:, 0], logprobs[:, 0]
 
 
-def median_ms(fn: Callable[[], object], repeats: int) -> float:
-    fn()
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times) * 1e3
-
-
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--rows", type=int, default=64)
@@ -71,8 +59,8 @@ def main() -> None:
     u = torch.rand(args.rows, 1, generator=torch.Generator().manual_seed(seed))  # the sampler's first uniforms
     print(f"one decode step, [{args.rows}, {args.vocab}] float32 logits, {torch.get_num_threads()} threads")
     for temperature, top_p in ((1.0, 1.0), (0.7, 1.0), (1.0, 0.9), (0.0, 1.0)):
-        before = median_ms(lambda t=temperature, p=top_p: previous_step(scores, t, p, u), args.repeats)
-        after = median_ms(lambda t=temperature, p=top_p: current_step(scores, t, p, seed), args.repeats)
+        before = median_seconds(lambda t=temperature, p=top_p: previous_step(scores, t, p, u), args.repeats) * 1e3
+        after = median_seconds(lambda t=temperature, p=top_p: current_step(scores, t, p, seed), args.repeats) * 1e3
         old_tokens, old_lp = previous_step(scores, temperature, top_p, u)
         new_tokens, new_lp = current_step(scores, temperature, top_p, seed)
         label = "greedy" if temperature == 0 else f"temperature {temperature}"
