@@ -10,13 +10,14 @@ steps here, to answer a sum as ``\\boxed{N}`` and end its turn, as an instruct m
 model never emits its end token, so every response would run to the file's 2048 tokens (192 of them
 per step take far longer than a test may on a CPU). The data are ``prompt`` / ``result`` rows like
 the file's Hub dataset, the results in LaTeX (``$7$``) as ``boxed_math`` reads them. The run is
-stopped (SIGTERM to torchrun) once the first optimizer step's metrics row is written."""
+stopped (SIGKILL to the launcher and its ranks, ``kill_when(tree=True)``) once the first optimizer
+step's metrics row is written; a SIGTERM would have it finish its second step and save a checkpoint
+first (20 s of the distillation file's test), which other tests check."""
 
 from __future__ import annotations
 
 import json
 import math
-import signal
 from pathlib import Path
 
 import pytest
@@ -97,7 +98,7 @@ def test_cosmos_rl_qwen2_5_grpo_config_runs_with_only_paths_overridden(inputs: t
     # cwd = tmp_path: the file's output_dir "./outputs/..." lands there
     proc = launch_recipe(REPO / "examples" / "grpo_vlm.py", CONFIG,
                          [f"policy.model_name_or_path={model}", f"train.train_policy.dataset.name={data}"],
-                         log, cwd=tmp_path, nproc=1, torchrun=True)
+                         log, cwd=tmp_path, nproc=1, torchrun=True, new_session=True)
     metrics = tmp_path / "outputs" / "qwen2-5-3b-p-fsdp1-tp1-r-tp1-pp1-grpo"
 
     def first_row() -> dict | None:
@@ -105,7 +106,7 @@ def test_cosmos_rl_qwen2_5_grpo_config_runs_with_only_paths_overridden(inputs: t
         return _first_step_row(found[0]) if found else None
 
     kill_when(proc, lambda: first_row() is not None, log, "the first optimizer step's metrics row",
-              timeout_s=400, sig=signal.SIGTERM)
+              timeout_s=400, tree=True)
     text = log.read_text(errors="replace")
     row = first_row()
     assert row is not None
@@ -133,7 +134,7 @@ def _run_to_first_row(config: Path, overrides: list[str], output: str, tmp_path:
     """Run ``config`` under torchrun with ``overrides`` until its first optimizer step's metrics row."""
     log = tmp_path / "run.log"
     proc = launch_recipe(REPO / "examples" / "grpo_vlm.py", config, overrides, log, cwd=tmp_path, nproc=nproc,
-                         torchrun=True)
+                         torchrun=True, new_session=True)
     metrics = tmp_path / "outputs" / output
 
     def first_row() -> dict | None:
@@ -141,7 +142,7 @@ def _run_to_first_row(config: Path, overrides: list[str], output: str, tmp_path:
         return _first_step_row(found[0]) if found else None
 
     kill_when(proc, lambda: first_row() is not None, log, "the first optimizer step's metrics row",
-              timeout_s=560, sig=signal.SIGTERM)
+              timeout_s=560, tree=True)
     row = first_row()
     assert row is not None
     return row, log.read_text(errors="replace")

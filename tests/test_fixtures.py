@@ -184,3 +184,33 @@ def test_each_qwen_tokenizer_is_its_own_copy() -> None:
     assert len(first) == len(second) + 1 and second.padding_side == "right"
     assert second("hi <only_in_the_first_copy>")["input_ids"] != first("hi <only_in_the_first_copy>")["input_ids"]
     assert second("hello world")["input_ids"] == [14990, 1879]
+
+
+def test_kill_tree_reaches_workers_in_sessions_of_their_own(tmp_path) -> None:
+    """A launcher that starts its worker in a new session, as torchrun's does: ``kill_tree`` stops
+    both, where a signal to the launcher's process group would leave the worker running."""
+    import subprocess
+    import sys
+    import time
+
+    from cosmos_primitives.testing.recipe_runs import descendants, kill_tree
+
+    worker_pid = tmp_path / "worker.pid"
+    launcher = ("import subprocess, sys, time\n"
+                "w = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(120)'], start_new_session=True)\n"
+                f"open({str(worker_pid)!r}, 'w').write(str(w.pid))\n"
+                "time.sleep(120)\n")
+    proc = subprocess.Popen([sys.executable, "-c", launcher], start_new_session=True)
+    deadline = time.monotonic() + 30
+    while not (worker_pid.exists() and worker_pid.read_text()):
+        assert time.monotonic() < deadline and proc.poll() is None, "the launcher never started its worker"
+        time.sleep(0.02)
+    worker = int(worker_pid.read_text())
+    assert descendants(proc.pid) == [worker]
+    assert os.getpgid(worker) != proc.pid  # out of the launcher's group
+    kill_tree(proc)
+    assert proc.returncode == -signal.SIGKILL
+    deadline = time.monotonic() + 10
+    while _alive(worker):  # reparented to init (or a subreaper), which reaps it
+        assert time.monotonic() < deadline, "the worker outlived kill_tree"
+        time.sleep(0.02)

@@ -27,6 +27,7 @@ import pytest
 import cosmos_primitives as cp
 from cosmos_primitives.config import EvalConfig
 from cosmos_primitives.logging.tracker import read_metrics
+from cosmos_primitives.testing.recipe_runs import kill_tree
 from test_grpo_jobs import job_id_in, read_jsonl
 
 # the module fixture runs the whole quickstart (SFT, evaluation, GRPO) in the first test: ~8-10 min on two
@@ -130,15 +131,6 @@ def assert_reaches_the_colocated_outcome(quickstart: dict, run_dir: Path, rows: 
     assert final_reward(rows) >= final_reward(colocated_rows) - 0.1
 
 
-def _descendants(pid: int) -> list[int]:
-    """``pid``'s child processes, their children and so on (from ``/proc``)."""
-    try:
-        children = Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
-    except OSError:
-        return []
-    return [d for c in map(int, children) for d in (c, *_descendants(c))]
-
-
 def test_one_launch_learns_through_a_killed_rollout_job(quickstart: dict, tmp_path: Path) -> None:
     """The independent jobs as one launch starts them (``examples/run_jobs_local.sh 2``: a private
     redis-server, the trainer job and two rollout jobs from one config, the SFT export and the quickstart's
@@ -176,11 +168,8 @@ def test_one_launch_learns_through_a_killed_rollout_job(quickstart: dict, tmp_pa
             time.sleep(0.2)
         launch.wait(timeout=max(1.0, deadline - time.monotonic()))
     finally:
-        if launch.poll() is None:
-            os.killpg(launch.pid, signal.SIGKILL)
-            launch.wait()
-        for pid in _descendants(launch.pid):  # nothing of the launch may outlive the test
-            os.kill(pid, signal.SIGKILL)
+        if launch.poll() is None:  # nothing of the launch may outlive the test
+            kill_tree(launch)
     log = log_path.read_text(errors="replace")
     assert launch.returncode == 0, f"the launch exited with {launch.returncode}:\n{log[-5000:]}"
 

@@ -45,10 +45,27 @@ def launch_recipe(script: str | Path, config: str | Path, overrides: Sequence[st
                                 stderr=subprocess.STDOUT, start_new_session=new_session)
 
 
+def descendants(pid: int) -> list[int]:
+    """``pid``'s child processes, their children and so on (from ``/proc``; a child is listed under
+    the thread that started it); parents before their children."""
+    found = []
+    for children in Path(f"/proc/{pid}/task").glob("*/children"):
+        with contextlib.suppress(OSError):  # the thread or process ended meanwhile
+            for child in map(int, children.read_text().split()):
+                found += [child, *descendants(child)]
+    return found
+
+
 def kill_tree(proc: subprocess.Popen | ScriptProcess) -> None:
-    """SIGKILL every process of a run launched with ``new_session=True`` (the launcher and its workers) and reap it."""
+    """SIGKILL every process of a run launched with ``new_session=True`` and reap it: its process group
+    and every descendant, found before the kill (``torchrun``'s launcher starts each worker in a
+    session of its own, which a signal to the launcher's group does not reach)."""
+    tree = descendants(proc.pid)
     with contextlib.suppress(ProcessLookupError):  # already gone
         os.killpg(proc.pid, signal.SIGKILL)
+    for pid in tree:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
     proc.wait()
 
 
@@ -66,20 +83,26 @@ def finish(proc: subprocess.Popen | ScriptProcess, log: Path, timeout_s: float =
 
 
 def kill_when(proc: subprocess.Popen | ScriptProcess, ready: Callable[[], bool], log: Path, what: str,
-              timeout_s: float = RUN_TIMEOUT_S, sig: int = signal.SIGKILL) -> None:
+              timeout_s: float = RUN_TIMEOUT_S, sig: int = signal.SIGKILL, tree: bool = False) -> None:
     """Send ``sig`` to ``proc`` as soon as ``ready()`` is true; AssertionError if the run ends or stalls first.
 
     SIGKILL (the default) is a crash; SIGTERM lets a ``torchrun`` launcher stop its workers (a
-    SIGKILLed launcher would leave them running), waiting up to 60 s before SIGKILL.
+    SIGKILLed launcher would leave them running), waiting up to 60 s before SIGKILL. ``tree``: SIGKILL
+    the whole run at once instead (:func:`kill_tree`; launched with ``new_session=True``), the
+    ``torchrun`` launcher and its workers alike, for a test that needs nothing after ``ready``: it does
+    not wait for the step in progress and a checkpoint, as after a SIGTERM.
     """
     deadline = time.monotonic() + timeout_s
     while not ready():
         if proc.poll() is not None or time.monotonic() > deadline:
-            proc.kill()
+            kill_tree(proc) if tree else proc.kill()
             proc.wait()
             raise AssertionError(f"the run ended (rc {proc.returncode}) or stalled before {what}; end of {log}:\n"
                                  f"{log.read_text(errors='replace')[-4000:]}")
         time.sleep(0.02)
+    if tree:
+        kill_tree(proc)
+        return
     os.kill(proc.pid, sig)
     try:
         proc.wait(timeout=60)
