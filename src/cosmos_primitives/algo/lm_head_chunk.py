@@ -150,8 +150,9 @@ class HeadChunks:
                 continue
             exp = torch.exp(shifted, out=scratch[1][:, :width])
             total += exp.sum(dim=1)
-            # sum_j e_j (z_j - max) as a batched dot product: no third [n, block] temporary
-            dot += torch.bmm(exp.unsqueeze(1), shifted.unsqueeze(2)).view(n)
+            # sum_j e_j (z_j - max), the product written over the shifted logits (no longer needed):
+            # no third [n, block] temporary, and on a CPU half the time of a batched dot product (bmm)
+            dot += shifted.mul_(exp).sum(dim=1)
         log_total = total.log()
         lse = row_max + log_total
         logp = z.gather(1, targets[:, None]).squeeze(1).to(self.dtype) - lse
@@ -165,15 +166,19 @@ class HeadChunks:
         target_grad = _target_grad(z.gather(1, targets[:, None]).squeeze(1).to(self.dtype), lse, g_lp, g_ent,
                                    entropy)
         lse_c, g_lp_c = lse[:, None], g_lp[:, None]
-        scratch = self.scratch(1 if g_ent is None else 2, n)
+        # logits already in the softmax dtype (float32 weights) are overwritten in place: no float32
+        # copy of each block, and one pass less over it
+        in_place = z.dtype == self.dtype
+        scratch = self.scratch(int(not in_place) + int(g_ent is not None), n)
         for block, width in self._blocks(z):
-            logp = torch.sub(block, lse_c, out=scratch[0][:, :width])
+            logp = block.sub_(lse_c) if in_place else torch.sub(block, lse_c, out=scratch[0][:, :width])
             if g_ent is None:
                 grad = logp.exp_().mul_(-g_lp_c)
             else:
-                p = torch.exp(logp, out=scratch[1][:, :width])
-                grad = p.mul_(logp.add_(entropy[:, None]).mul_(g_ent[:, None]).add_(g_lp_c)).neg_()
-            block.copy_(grad)
+                p = torch.exp(logp, out=scratch[-1][:, :width])
+                grad = logp.add_(entropy[:, None]).mul_(g_ent[:, None]).add_(g_lp_c).mul_(p).neg_()
+            if not in_place:
+                block.copy_(grad)
         return z.scatter_(1, targets[:, None], target_grad[:, None].to(z.dtype))
 
 
