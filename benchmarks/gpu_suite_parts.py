@@ -83,17 +83,32 @@ def qwen2_5_vl_3b_config() -> Any:
 
 
 def _run_recipe(name: str, script: str, config: str, overrides: list[str], out: Path, log: Path,
-                timeout_s: float) -> list[dict]:
-    """Run one example as a user would; return its metrics rows (raises with the log tail on failure)."""
+                timeout_s: float, dry: bool) -> list[dict]:
+    """Run one example as a user would; return its metrics rows (raises with the log tail on failure).
+
+    A dry run forks it from this process (the part, which has imported the pack's preload) rather
+    than starting an interpreter that imports torch, transformers and diffusers again."""
     from cosmos_primitives.logging.tracker import read_metrics
+    from cosmos_primitives.testing.forked_script import start_script
     from cosmos_primitives.utils import latest_run_dir
 
-    cmd = [sys.executable, str(REPO / "examples" / script), "--config", str(REPO / "examples" / "configs" / config),
-           f"train.output_dir={out}", *overrides]
+    args = [str(REPO / "examples" / script), "--config", str(REPO / "examples" / "configs" / config),
+            f"train.output_dir={out}", *overrides]
     env = {**os.environ, "PYTHONUNBUFFERED": "1", "PYTHONPATH": os.pathsep.join(
         [str(REPO / "src"), os.environ.get("PYTHONPATH", "")])}
-    with log.open("wb") as f:
-        proc = subprocess.run(cmd, cwd=REPO, env=env, stdout=f, stderr=subprocess.STDOUT, timeout=timeout_s)
+    if dry:
+        log.unlink(missing_ok=True)
+        proc = start_script(args, log, cwd=REPO, env=env, here=True)
+        try:
+            proc.wait(timeout_s)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+            raise
+    else:
+        with log.open("wb") as f:
+            proc = subprocess.run([sys.executable, *args], cwd=REPO, env=env, stdout=f, stderr=subprocess.STDOUT,
+                                  timeout=timeout_s)
     if proc.returncode != 0:
         raise RuntimeError(f"{name} exited with {proc.returncode}; last lines of {log}:\n"
                            f"{log.read_text(errors='replace')[-3000:]}")
@@ -132,7 +147,7 @@ def grpo_step_vl3b(dry: bool, work: Path) -> Result:
     overrides += [f"train.train_policy.dataset.name=demo:{work / 'colour_mcq' / 'train.jsonl'}",
                   "train.ckpt.export_safetensors=false"]
     rows = _run_recipe("grpo_vlm.py", "grpo_vlm.py", "grpo_tiny.toml", overrides, work / "grpo_out",
-                       work / "grpo.log", timeout_s=100 if not dry else 60)
+                       work / "grpo.log", timeout_s=100 if not dry else 60, dry=dry)
     last = rows[-1]
     phases = {p: float(last[f"time/{p}"]) for p in ("rollout", "reward", "logprobs", "update", "sync")
               if f"time/{p}" in last}
@@ -256,7 +271,7 @@ def recipes_bf16(dry: bool, work: Path) -> Result:
             if dry:
                 extra.append("train.max_steps=1")
             rows = _run_recipe(name, script, config, [*overrides, *extra], work / f"{name}_{dtype}",
-                               work / f"{name}_{dtype}.log", timeout_s=60)
+                               work / f"{name}_{dtype}.log", timeout_s=60, dry=dry)
             losses = [float(v) for r in rows for k, v in r.items() if _is_loss(k)]
             runs[dtype] = rows
             finite = bool(losses) and all(math.isfinite(v) for v in losses)

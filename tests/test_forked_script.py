@@ -140,3 +140,22 @@ def test_the_script_keeps_what_an_exec_d_child_keeps_and_finds_the_callers_pytho
         signal.signal(signal.SIGINT, previous)
     assert done.returncode == 0, done.stdout
     assert _first_json(done.stdout) == {"ignored": caller_ignores, "blocked": False, "found": "yes"}
+
+
+def test_a_script_forked_here_starts_with_this_process_s_modules(tmp_path: Path) -> None:
+    """``here=True`` forks the caller (the GPU pack's dry-run parts, which have imported diffusers):
+    the script sees a module only this process has loaded, which the fork server's children do not."""
+    import types
+
+    sys.modules["_forked_here_marker"] = types.ModuleType("_forked_here_marker")
+    try:
+        script = tmp_path / "probe.py"
+        script.write_text("import sys\nprint('loaded' if '_forked_here_marker' in sys.modules else 'absent')\n"
+                          "sys.exit(3)\n")
+        for here, expected in ((True, "loaded"), (False, "absent")):
+            log = tmp_path / f"here_{here}.log"
+            proc = start_script([script], log, cwd=tmp_path, here=here)
+            assert proc.wait(timeout=60) == 3
+            assert log.read_text().split() == [expected]
+    finally:
+        del sys.modules["_forked_here_marker"]

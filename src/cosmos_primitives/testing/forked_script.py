@@ -156,7 +156,7 @@ class ScriptProcess:
 
 
 def start_script(argv: Sequence[str | Path], log: str | Path, *, cwd: str | Path,
-                 env: dict[str, str] | None = None, new_session: bool = False) -> ScriptProcess:
+                 env: dict[str, str] | None = None, new_session: bool = False, here: bool = False) -> ScriptProcess:
     """Start ``python *argv`` from ``cwd``, forked from the fork server; stdout and stderr appended to ``log``.
 
     Args:
@@ -165,10 +165,13 @@ def start_script(argv: Sequence[str | Path], log: str | Path, *, cwd: str | Path
             ``sys.path``, as an interpreter would.
         new_session: the script gets a session and process group of its own (``os.killpg(pid, ...)``
             reaches it and whatever it starts), as ``subprocess.Popen(start_new_session=True)``.
+        here: fork this process instead of the fork server, for a caller that has already imported
+            what the script needs beyond the server's preload (the GPU pack's dry run: diffusers).
+            CPU only: a process that has initialised CUDA cannot be forked.
     """
     args = [str(a) for a in argv]
     Path(log).touch()  # there when this returns, as for a Popen writing to it
-    ctx = fork_server_context()
+    ctx = multiprocessing.get_context("fork") if here else fork_server_context()
     process = ctx.Process(target=_script_main, name=f"script {Path(args[0]).name}", daemon=True,
                           args=(args, str(Path(cwd).resolve()), dict(os.environ if env is None else env),
                                 str(Path(log).resolve()), new_session,
