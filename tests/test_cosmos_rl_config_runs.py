@@ -222,9 +222,7 @@ def test_cosmos_rl_countdown_distill_config_runs_with_only_paths_overridden(inpu
     and data paths overridden: four FSDP ranks (dp_shard_size 4), ``optm_name = "Adam"``, both clip
     bounds off (``epsilon_low`` / ``epsilon_high = -1``, dual clip at 100), ``optm_decay_ratio = 0.0``,
     and validation before training and after every step on the first ``int(0.01 x N)`` validation
-    prompts (``validation.dataset.test_size``, as its launch script reads it). The deepmath file takes
-    the same paths (its validation ``top_p`` aside, checked at start-up by
-    ``test_every_distillation_file_starts_with_only_model_and_data_paths_overridden``)."""
+    prompts (``validation.dataset.test_size``, as its launch script reads it)."""
     student, _ = inputs
     tokenizer = qwen_tokenizer()
     teacher = tiny_qwen2(seed=1)
@@ -247,3 +245,42 @@ def test_cosmos_rl_countdown_distill_config_runs_with_only_paths_overridden(inpu
     validations = [json.loads(line) for path in (tmp_path / "outputs").glob("*/*/metrics.jsonl")
                    for line in path.read_text().splitlines() if "validation/items" in line]
     assert validations and all(v["validation/items"] == 2.0 for v in validations), validations
+
+
+DEEPMATH = CONFIG.parents[1] / "qwen3" / "qwen3-8b-distill-deepmath.toml"
+
+
+@pytest.mark.slow
+def test_cosmos_rl_deepmath_distill_config_runs_with_only_paths_overridden(inputs: tuple[Path, Path],
+                                                                          tmp_path: Path) -> None:
+    """cosmos-rl's ``configs/qwen3/qwen3-8b-distill-deepmath.toml`` with only the student, teacher and data
+    paths overridden, at the file's sizes: two FSDP ranks (``dp_shard_size = 2``), 1,024 rollouts per
+    step and replica (512 per rank: 128 prompts x ``n_generation`` 4), ``loss_type = "token-sum"``,
+    ``mini_batch = 4``, and validation before training of up to 32,768 tokens per answer (the taught
+    student ends its answers long before; the file's ``validation.top_p = 0.95`` is read as cosmos-rl
+    reads it, checked at start-up by
+    ``test_every_distillation_file_starts_with_only_model_and_data_paths_overridden``). The validation
+    file here holds two prompts (aime24's 30 in the file's launch)."""
+    student, _ = inputs
+    tokenizer = qwen_tokenizer()
+    teacher = tiny_qwen2(seed=1)
+    teacher.save_pretrained(tmp_path / "teacher")
+    tokenizer.save_pretrained(tmp_path / "teacher")
+    (tmp_path / "train.jsonl").write_text(_question_rows(256))  # one step: 128 prompts on each of the 2 ranks
+    (tmp_path / "val.jsonl").write_text(_question_rows(2))
+    row, text = _run_to_first_row(DEEPMATH, [f"policy.model_name_or_path={student}",
+                                             f"distillation.model_name_or_path={tmp_path / 'teacher'}",
+                                             f"train.train_policy.dataset.name={tmp_path / 'train.jsonl'}",
+                                             f"validation.dataset.name={tmp_path / 'val.jsonl'}"],
+                                  "qwen3-8b-distillation-deepmath", tmp_path, nproc=2)
+    assert "dp_shard=2, cp=1, tp=1, world_size=2" in text
+    assert "GRPO: 512 rollouts per step and rank: each generation takes grpo.rollout_batch_size = 128 prompts" in text
+    assert "optm_decay_type = 'constant'" in text
+    assert row["teacher_kl"] > 0.5 and math.isfinite(row["teacher_kl"]), row
+    assert row["teacher_kl_advantages"] == pytest.approx(-row["teacher_kl"], rel=1e-4)
+    assert math.isfinite(row["loss"]) and row["grad_norm"] > 0, row
+    assert row["lr"] == pytest.approx(1e-4)
+    assert 1 <= row["response_length"] < 2048, row  # the taught student ends its answers
+    validations = [json.loads(line) for path in (tmp_path / "outputs").glob("*/*/metrics.jsonl")
+                   for line in path.read_text().splitlines() if "validation/items" in line]
+    assert validations and validations[0]["step"] == 0 and validations[0]["validation/items"] == 2.0, validations
