@@ -201,18 +201,45 @@ def test_cosmos_rl_distill_config_runs_with_only_paths_overridden(tmp_path: Path
                                   "qwen3-8b-distillation", tmp_path, nproc=4)
     assert "world_size=4" in text
     assert "tp_size = 2 is vLLM's engine split" in text
-    # a random teacher disagrees with the taught student: a clearly positive sampled reverse KL
+    _assert_a_teacher_kl_step(row)
+
+
+def _assert_a_teacher_kl_step(row: dict) -> None:
+    """A distillation step's metrics row: a random teacher disagrees with the taught student (a clearly
+    positive sampled reverse KL), whose negative is the advantage (kl_penalty_coef 1); a finite loss and
+    a non-zero gradient."""
     assert row["teacher_kl"] > 0.5 and math.isfinite(row["teacher_kl"]), row
-    assert row["teacher_kl_advantages"] == pytest.approx(-row["teacher_kl"], rel=1e-4)  # kl_penalty_coef 1
+    assert row["teacher_kl_advantages"] == pytest.approx(-row["teacher_kl"], rel=1e-4)
     assert math.isfinite(row["loss"]) and row["grad_norm"] > 0, row
 
 
 COUNTDOWN = CONFIG.parent / "qwen2-5-1.5b-distill-countdown.toml"
+DEEPMATH = CONFIG.parents[1] / "qwen3" / "qwen3-8b-distill-deepmath.toml"
 
 
 def _question_rows(n: int) -> str:
     """JSONL of ``n`` sums in the distillation files' prompt column, ``question``."""
     return "".join(json.dumps({"question": r["prompt"], "answer": r["result"].strip("$")}) + "\n" for r in _sums(n))
+
+
+def _run_question_distill_file(config: Path, output: str, student: Path, tmp_path: Path, *, train_items: int,
+                               val_items: int, nproc: int) -> tuple[dict, str, list[dict]]:
+    """``config`` (a distillation file over ``question`` rows) run to its first step with only the student,
+    a random tiny teacher and the two data files overridden; its first step's row, its log and its
+    validation rows."""
+    teacher = tiny_qwen2(seed=1)
+    teacher.save_pretrained(tmp_path / "teacher")
+    qwen_tokenizer().save_pretrained(tmp_path / "teacher")
+    (tmp_path / "train.jsonl").write_text(_question_rows(train_items))
+    (tmp_path / "val.jsonl").write_text(_question_rows(val_items))
+    row, text = _run_to_first_row(config, [f"policy.model_name_or_path={student}",
+                                           f"distillation.model_name_or_path={tmp_path / 'teacher'}",
+                                           f"train.train_policy.dataset.name={tmp_path / 'train.jsonl'}",
+                                           f"validation.dataset.name={tmp_path / 'val.jsonl'}"],
+                                  output, tmp_path, nproc=nproc)
+    validations = [json.loads(line) for path in (tmp_path / "outputs").glob("*/*/metrics.jsonl")
+                   for line in path.read_text().splitlines() if "validation/items" in line]
+    return row, text, validations
 
 
 @pytest.mark.slow
@@ -224,30 +251,15 @@ def test_cosmos_rl_countdown_distill_config_runs_with_only_paths_overridden(inpu
     and validation before training and after every step on the first ``int(0.01 x N)`` validation
     prompts (``validation.dataset.test_size``, as its launch script reads it)."""
     student, _ = inputs
-    tokenizer = qwen_tokenizer()
-    teacher = tiny_qwen2(seed=1)
-    teacher.save_pretrained(tmp_path / "teacher")
-    tokenizer.save_pretrained(tmp_path / "teacher")
-    (tmp_path / "train.jsonl").write_text(_question_rows(ITEMS))
-    (tmp_path / "val.jsonl").write_text(_question_rows(250))  # int(250 x 0.01) = 2 prompts scored
-    row, text = _run_to_first_row(COUNTDOWN, [f"policy.model_name_or_path={student}",
-                                              f"distillation.model_name_or_path={tmp_path / 'teacher'}",
-                                              f"train.train_policy.dataset.name={tmp_path / 'train.jsonl'}",
-                                              f"validation.dataset.name={tmp_path / 'val.jsonl'}"],
-                                  "qwen3-8b-distillation-countdown", tmp_path, nproc=4)
+    # int(250 x 0.01) = 2 validation prompts scored
+    row, text, validations = _run_question_distill_file(COUNTDOWN, "qwen3-8b-distillation-countdown", student,
+                                                        tmp_path, train_items=ITEMS, val_items=250, nproc=4)
     assert "world_size=4" in text
     assert "32 rollouts per step and rank" in text  # 128 per replica over dp_shard_size 4
     assert "optm_decay_type = 'constant'" in text
-    assert row["teacher_kl"] > 0.5 and math.isfinite(row["teacher_kl"]), row
-    assert row["teacher_kl_advantages"] == pytest.approx(-row["teacher_kl"], rel=1e-4)
-    assert math.isfinite(row["loss"]) and row["grad_norm"] > 0, row
+    _assert_a_teacher_kl_step(row)
     assert row["lr"] == pytest.approx(1e-4)  # no warmup, no decay
-    validations = [json.loads(line) for path in (tmp_path / "outputs").glob("*/*/metrics.jsonl")
-                   for line in path.read_text().splitlines() if "validation/items" in line]
     assert validations and all(v["validation/items"] == 2.0 for v in validations), validations
-
-
-DEEPMATH = CONFIG.parents[1] / "qwen3" / "qwen3-8b-distill-deepmath.toml"
 
 
 @pytest.mark.slow
@@ -262,25 +274,13 @@ def test_cosmos_rl_deepmath_distill_config_runs_with_only_paths_overridden(input
     ``test_every_distillation_file_starts_with_only_model_and_data_paths_overridden``). The validation
     file here holds two prompts (aime24's 30 in the file's launch)."""
     student, _ = inputs
-    tokenizer = qwen_tokenizer()
-    teacher = tiny_qwen2(seed=1)
-    teacher.save_pretrained(tmp_path / "teacher")
-    tokenizer.save_pretrained(tmp_path / "teacher")
-    (tmp_path / "train.jsonl").write_text(_question_rows(256))  # one step: 128 prompts on each of the 2 ranks
-    (tmp_path / "val.jsonl").write_text(_question_rows(2))
-    row, text = _run_to_first_row(DEEPMATH, [f"policy.model_name_or_path={student}",
-                                             f"distillation.model_name_or_path={tmp_path / 'teacher'}",
-                                             f"train.train_policy.dataset.name={tmp_path / 'train.jsonl'}",
-                                             f"validation.dataset.name={tmp_path / 'val.jsonl'}"],
-                                  "qwen3-8b-distillation-deepmath", tmp_path, nproc=2)
+    # 256 training prompts: one step of 128 on each of the 2 ranks
+    row, text, validations = _run_question_distill_file(DEEPMATH, "qwen3-8b-distillation-deepmath", student,
+                                                        tmp_path, train_items=256, val_items=2, nproc=2)
     assert "dp_shard=2, cp=1, tp=1, world_size=2" in text
     assert "GRPO: 512 rollouts per step and rank: each generation takes grpo.rollout_batch_size = 128 prompts" in text
     assert "optm_decay_type = 'constant'" in text
-    assert row["teacher_kl"] > 0.5 and math.isfinite(row["teacher_kl"]), row
-    assert row["teacher_kl_advantages"] == pytest.approx(-row["teacher_kl"], rel=1e-4)
-    assert math.isfinite(row["loss"]) and row["grad_norm"] > 0, row
+    _assert_a_teacher_kl_step(row)
     assert row["lr"] == pytest.approx(1e-4)
     assert 1 <= row["response_length"] < 2048, row  # the taught student ends its answers
-    validations = [json.loads(line) for path in (tmp_path / "outputs").glob("*/*/metrics.jsonl")
-                   for line in path.read_text().splitlines() if "validation/items" in line]
     assert validations and validations[0]["step"] == 0 and validations[0]["validation/items"] == 2.0, validations
